@@ -1,0 +1,146 @@
+//! Agents the gateway delivers messages to, behind one trait.
+//!
+//! An agent receives an [`AgentRequest`] and reports what happens through an
+//! [`AgentEvents`] sink: a direct message, status changes, artifacts. The
+//! gateway turns those into ledger events. Built-in agents live here; remote
+//! A2A agents implement the same trait.
+
+pub mod echo;
+pub mod scenario;
+
+use crate::protocol::{AgentCard, Artifact, Message, Task, TaskState};
+use async_trait::async_trait;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// What an agent is asked to do.
+#[derive(Clone, Debug)]
+pub struct AgentRequest {
+    /// The gateway task id (new or continued).
+    pub task_id: String,
+    /// The context id.
+    pub context_id: String,
+    /// The incoming message, with `taskId` and `contextId` filled in.
+    pub message: Message,
+    /// The task so far, when the message continues one.
+    pub task: Option<Task>,
+    /// The caller is streaming.
+    pub streaming: bool,
+    /// Media types the caller accepts.
+    pub accepted_output_modes: Vec<String>,
+    /// Canceled when the task is canceled or the gateway shuts down.
+    pub cancel: CancellationToken,
+}
+
+/// One thing an agent reports.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AgentEvent {
+    /// A direct reply; valid only as the first event of a new exchange, and
+    /// then no task is created.
+    Message(Message),
+    /// The task enters `state`, optionally with a message.
+    Status {
+        /// The new state.
+        state: TaskState,
+        /// A message for the status (a question, an error).
+        message: Option<Message>,
+    },
+    /// An artifact, or a chunk of one.
+    Artifact {
+        /// The artifact.
+        artifact: Artifact,
+        /// Append to the artifact with the same id.
+        append: bool,
+        /// Last chunk of this artifact.
+        last_chunk: bool,
+    },
+}
+
+/// Where an agent sends its events; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct AgentEvents {
+    sender: mpsc::Sender<AgentEvent>,
+}
+
+impl AgentEvents {
+    /// A sink and the receiver the gateway reads from.
+    pub fn channel(capacity: usize) -> (Self, mpsc::Receiver<AgentEvent>) {
+        let (sender, receiver) = mpsc::channel(capacity);
+        (Self { sender }, receiver)
+    }
+
+    /// Reports one event; false when the gateway no longer listens.
+    pub async fn send(&self, event: AgentEvent) -> bool {
+        self.sender.send(event).await.is_ok()
+    }
+
+    /// Reports a status.
+    pub async fn status(&self, state: TaskState, message: Option<Message>) -> bool {
+        self.send(AgentEvent::Status { state, message }).await
+    }
+
+    /// Reports a complete artifact.
+    pub async fn artifact(&self, artifact: Artifact) -> bool {
+        self.send(AgentEvent::Artifact {
+            artifact,
+            append: false,
+            last_chunk: true,
+        })
+        .await
+    }
+}
+
+/// Why an agent failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The agent refused the input as invalid.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// The agent failed while working.
+    #[error("agent failed: {0}")]
+    Failed(String),
+}
+
+/// An agent the gateway delivers messages to.
+#[async_trait]
+pub trait Agent: Send + Sync + 'static {
+    /// The agent's card as registered (interfaces are rewritten on publication).
+    fn card(&self) -> &AgentCard;
+
+    /// Handles one message, reporting through `events` until done.
+    async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError>;
+
+    /// Asks the agent to stop work on a task; the gateway records the cancel.
+    async fn cancel(&self, _task: &Task) -> Result<(), AgentError> {
+        Ok(())
+    }
+}
+
+/// A registered agent: its id and implementation.
+#[derive(Clone)]
+pub struct AgentHandle {
+    /// The agent id (path segment and tenant).
+    pub id: String,
+    /// The implementation.
+    pub agent: Arc<dyn Agent>,
+}
+
+/// Parses a card shipped in `agent-cards/`; panics only on a broken build.
+pub(crate) fn builtin_card(json: &str) -> AgentCard {
+    serde_json::from_str(json).expect("built-in agent card is valid JSON")
+}
+
+/// The built-in agents, by id.
+pub fn builtin_agents() -> Vec<AgentHandle> {
+    vec![
+        AgentHandle {
+            id: "echo".into(),
+            agent: Arc::new(echo::EchoAgent::new()),
+        },
+        AgentHandle {
+            id: "scenario".into(),
+            agent: Arc::new(scenario::ScenarioAgent::new()),
+        },
+    ]
+}

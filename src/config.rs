@@ -1,0 +1,284 @@
+//! Configuration: command-line flags and `BATON_*` variables (through clap),
+//! over an optional `baton.toml`, over defaults. Every bad setting is reported
+//! at once.
+
+use ipnet::IpNet;
+use serde::Deserialize;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Settings as given on the command line or in the environment.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "BATON_LISTEN")]
+    pub listen: Option<String>,
+    /// Directory of the sled ledger.
+    #[arg(long, env = "BATON_DATA")]
+    pub data: Option<PathBuf>,
+    /// Base URL written into published cards (default http://localhost:{port}).
+    #[arg(long, env = "BATON_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// Agent that serves /a2a calls without a tenant.
+    #[arg(long, env = "BATON_DEFAULT_AGENT")]
+    pub default_agent: Option<String>,
+    /// Internal networks Baton may connect to (CIDRs or IPs, comma-separated).
+    #[arg(long, env = "BATON_ALLOW_UPSTREAM", value_delimiter = ',')]
+    pub allow_upstream: Option<Vec<String>>,
+    /// Configuration file (default ./baton.toml if present).
+    #[arg(long, env = "BATON_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Largest request body in bytes.
+    #[arg(long, env = "BATON_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// Log format: text or json.
+    #[arg(long, env = "BATON_LOG_FORMAT")]
+    pub log_format: Option<String>,
+    /// Seconds to drain connections at shutdown.
+    #[arg(long, env = "BATON_SHUTDOWN_GRACE_SECS")]
+    pub shutdown_grace_secs: Option<u64>,
+    /// Longest a blocking SendMessage waits, in seconds.
+    #[arg(long, env = "BATON_TASK_TIMEOUT_SECS")]
+    pub task_timeout_secs: Option<u64>,
+    /// Check the configuration, print it, and exit.
+    #[arg(long)]
+    pub validate_config: bool,
+}
+
+/// Settings as written in `baton.toml` (kebab-case keys).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileConfig {
+    listen: Option<String>,
+    data: Option<PathBuf>,
+    public_url: Option<String>,
+    default_agent: Option<String>,
+    allow_upstream: Option<Vec<String>>,
+    max_body_bytes: Option<usize>,
+    log_format: Option<String>,
+    shutdown_grace_secs: Option<u64>,
+    task_timeout_secs: Option<u64>,
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Ledger directory.
+    pub data_dir: PathBuf,
+    /// Public base URL, when set; else derived from the bound port.
+    pub public_url: Option<String>,
+    /// Default agent id.
+    pub default_agent: String,
+    /// Internal networks allowed for outbound connections.
+    pub allow_upstream: Vec<IpNet>,
+    /// Request body cap.
+    pub max_body_bytes: usize,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Drain bound at shutdown.
+    pub shutdown_grace: Duration,
+    /// Blocking SendMessage bound.
+    pub task_timeout: Duration,
+    /// The file the settings came from, if any.
+    pub config_file: Option<PathBuf>,
+}
+
+/// Every problem found in the settings.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n  - {}", .0.join("\n  - "))]
+pub struct ConfigError(pub Vec<String>);
+
+fn parse_network(text: &str) -> Result<IpNet, String> {
+    let text = text.trim();
+    text.parse::<IpNet>()
+        .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("allow-upstream: {text:?} is not a CIDR or an IP address"))
+}
+
+impl Config {
+    /// Merges flags/env over the file over defaults; `known_agents` are the
+    /// ids the default agent may name.
+    pub fn load(args: &ServeArgs, known_agents: &[&str]) -> Result<Self, ConfigError> {
+        let mut errors = Vec::new();
+        let (file, config_file) = match read_file(args.config.as_deref()) {
+            Ok(found) => found,
+            Err(err) => {
+                errors.push(err);
+                (FileConfig::default(), args.config.clone())
+            }
+        };
+
+        let listen_text = args
+            .listen
+            .clone()
+            .or(file.listen)
+            .unwrap_or_else(|| "127.0.0.1:8080".into());
+        let listen = listen_text.parse().unwrap_or_else(|_| {
+            errors.push(format!(
+                "listen: {listen_text:?} is not an address like 127.0.0.1:8080"
+            ));
+            SocketAddr::from(([127, 0, 0, 1], 8080))
+        });
+
+        let public_url = args.public_url.clone().or(file.public_url).map(|url| {
+            let trimmed = url.trim_end_matches('/').to_string();
+            match reqwest::Url::parse(&trimmed) {
+                Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => {}
+                _ => errors.push(format!("public-url: {url:?} is not an http(s) URL")),
+            }
+            trimmed
+        });
+
+        let default_agent = args
+            .default_agent
+            .clone()
+            .or(file.default_agent)
+            .unwrap_or_else(|| "echo".into());
+        if !known_agents.contains(&default_agent.as_str()) {
+            errors.push(format!(
+                "default-agent: {default_agent:?} is not an agent (known: {})",
+                known_agents.join(", ")
+            ));
+        }
+
+        let allow_upstream = args
+            .allow_upstream
+            .clone()
+            .or(file.allow_upstream)
+            .unwrap_or_default()
+            .iter()
+            .filter(|s| !s.trim().is_empty())
+            .filter_map(|s| parse_network(s).map_err(|e| errors.push(e)).ok())
+            .collect();
+
+        let max_body_bytes = args
+            .max_body_bytes
+            .or(file.max_body_bytes)
+            .unwrap_or(4 * 1024 * 1024);
+        if max_body_bytes == 0 {
+            errors.push("max-body-bytes: must be positive".into());
+        }
+
+        let log_format = match args
+            .log_format
+            .clone()
+            .or(file.log_format)
+            .unwrap_or_else(|| "text".into())
+            .as_str()
+        {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => {
+                errors.push(format!("log-format: {other:?} is not text or json"));
+                LogFormat::Text
+            }
+        };
+
+        let task_timeout_secs = args
+            .task_timeout_secs
+            .or(file.task_timeout_secs)
+            .unwrap_or(300);
+        if task_timeout_secs == 0 {
+            errors.push("task-timeout-secs: must be positive".into());
+        }
+
+        if !errors.is_empty() {
+            return Err(ConfigError(errors));
+        }
+        Ok(Self {
+            listen,
+            data_dir: args
+                .data
+                .clone()
+                .or(file.data)
+                .unwrap_or_else(|| PathBuf::from("./baton-data")),
+            public_url,
+            default_agent,
+            allow_upstream,
+            max_body_bytes,
+            log_format,
+            shutdown_grace: Duration::from_secs(
+                args.shutdown_grace_secs
+                    .or(file.shutdown_grace_secs)
+                    .unwrap_or(10),
+            ),
+            task_timeout: Duration::from_secs(task_timeout_secs),
+            config_file,
+        })
+    }
+}
+
+/// Reads the named file, or `./baton.toml` when it exists.
+fn read_file(path: Option<&Path>) -> Result<(FileConfig, Option<PathBuf>), String> {
+    let path = match path {
+        Some(path) => path.to_path_buf(),
+        None => {
+            let default = PathBuf::from("baton.toml");
+            if !default.exists() {
+                return Ok((FileConfig::default(), None));
+            }
+            default
+        }
+    };
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("config: cannot read {}: {e}", path.display()))?;
+    let file = toml::from_str(&text).map_err(|e| format!("config: {}: {e}", path.display()))?;
+    Ok((file, Some(path)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_apply() {
+        let config = Config::load(&ServeArgs::default(), &["echo"]).unwrap();
+        assert_eq!(config.listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(config.default_agent, "echo");
+        assert_eq!(config.max_body_bytes, 4 * 1024 * 1024);
+    }
+
+    #[test]
+    fn every_error_is_reported() {
+        let args = ServeArgs {
+            listen: Some("nowhere".into()),
+            default_agent: Some("ghost".into()),
+            allow_upstream: Some(vec!["not-a-net".into()]),
+            log_format: Some("xml".into()),
+            ..ServeArgs::default()
+        };
+        let err = Config::load(&args, &["echo"]).unwrap_err();
+        assert_eq!(err.0.len(), 4, "{err}");
+    }
+
+    #[test]
+    fn file_settings_sit_under_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("baton.toml");
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:9000\"\ndefault-agent = \"scenario\"\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(path),
+            default_agent: Some("echo".into()),
+            ..ServeArgs::default()
+        };
+        let config = Config::load(&args, &["echo", "scenario"]).unwrap();
+        assert_eq!(config.listen.port(), 9000);
+        assert_eq!(config.default_agent, "echo");
+    }
+}

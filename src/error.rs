@@ -1,0 +1,221 @@
+//! `GatewayError` and its one mapping onto JSON-RPC errors.
+//!
+//! Error policy: every failure a caller can see is a variant here, and
+//! [`GatewayError::to_rpc_error`] is the only place that turns one into a
+//! `{code, message, data}` object. A2A errors (-32001…-32009) always carry a
+//! `google.rpc.ErrorInfo` entry; invalid params carry `google.rpc.BadRequest`
+//! field violations. Conversion has no side effects: logging happens where the
+//! error is handled, not here.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+/// The error-detail domain of A2A errors.
+pub const A2A_DOMAIN: &str = "a2a-protocol.org";
+
+/// One invalid field, as in `google.rpc.BadRequest.FieldViolation`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FieldViolation {
+    /// Path of the field, e.g. `message.parts[0]`.
+    pub field: String,
+    /// What is wrong with it.
+    pub description: String,
+}
+
+impl FieldViolation {
+    /// A violation of `field`.
+    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            description: description.into(),
+        }
+    }
+}
+
+/// Everything that can go wrong while serving a request.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// -32700: the body is not JSON.
+    #[error("invalid JSON payload: {0}")]
+    Parse(String),
+    /// -32600: JSON, but not a valid JSON-RPC request.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// -32601.
+    #[error("method not found: {0}")]
+    MethodNotFound(String),
+    /// -32602, with the failing fields.
+    #[error("invalid params: {message}")]
+    InvalidParams {
+        /// A summary.
+        message: String,
+        /// Each failing field.
+        violations: Vec<FieldViolation>,
+    },
+    /// -32603.
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// -32001.
+    #[error("task not found: {0}")]
+    TaskNotFound(String),
+    /// -32002.
+    #[error("task {task_id} cannot be canceled in state {state}")]
+    TaskNotCancelable {
+        /// The task.
+        task_id: String,
+        /// Its (terminal) state.
+        state: String,
+    },
+    /// -32003.
+    #[error("push notifications are not supported")]
+    PushNotificationNotSupported,
+    /// -32004.
+    #[error("unsupported operation: {0}")]
+    UnsupportedOperation(String),
+    /// -32005.
+    #[error("content type not supported: {0}")]
+    ContentTypeNotSupported(String),
+    /// -32006.
+    #[error("invalid agent response: {0}")]
+    InvalidAgentResponse(String),
+    /// -32007.
+    #[error("the extended agent card is not configured")]
+    ExtendedAgentCardNotConfigured,
+    /// -32008.
+    #[error("extension {0} is required but was not activated")]
+    ExtensionSupportRequired(String),
+    /// -32009.
+    #[error("A2A version {0:?} is not supported; this server speaks 1.0")]
+    VersionNotSupported(String),
+}
+
+impl GatewayError {
+    /// -32602 for one field.
+    pub fn invalid_field(field: impl Into<String>, description: impl Into<String>) -> Self {
+        let violation = FieldViolation::new(field, description);
+        Self::InvalidParams {
+            message: format!("{}: {}", violation.field, violation.description),
+            violations: vec![violation],
+        }
+    }
+
+    /// -32602 for several fields at once.
+    pub fn invalid_fields(violations: Vec<FieldViolation>) -> Self {
+        let message = violations
+            .iter()
+            .map(|v| format!("{}: {}", v.field, v.description))
+            .collect::<Vec<_>>()
+            .join("; ");
+        Self::InvalidParams {
+            message,
+            violations,
+        }
+    }
+
+    /// The JSON-RPC error code.
+    pub fn code(&self) -> i64 {
+        match self {
+            Self::Parse(_) => -32700,
+            Self::InvalidRequest(_) => -32600,
+            Self::MethodNotFound(_) => -32601,
+            Self::InvalidParams { .. } => -32602,
+            Self::Internal(_) => -32603,
+            Self::TaskNotFound(_) => -32001,
+            Self::TaskNotCancelable { .. } => -32002,
+            Self::PushNotificationNotSupported => -32003,
+            Self::UnsupportedOperation(_) => -32004,
+            Self::ContentTypeNotSupported(_) => -32005,
+            Self::InvalidAgentResponse(_) => -32006,
+            Self::ExtendedAgentCardNotConfigured => -32007,
+            Self::ExtensionSupportRequired(_) => -32008,
+            Self::VersionNotSupported(_) => -32009,
+        }
+    }
+
+    /// The `ErrorInfo.reason` of A2A errors (UPPER_SNAKE_CASE, no `Error` suffix).
+    pub fn reason(&self) -> Option<&'static str> {
+        Some(match self {
+            Self::TaskNotFound(_) => "TASK_NOT_FOUND",
+            Self::TaskNotCancelable { .. } => "TASK_NOT_CANCELABLE",
+            Self::PushNotificationNotSupported => "PUSH_NOTIFICATION_NOT_SUPPORTED",
+            Self::UnsupportedOperation(_) => "UNSUPPORTED_OPERATION",
+            Self::ContentTypeNotSupported(_) => "CONTENT_TYPE_NOT_SUPPORTED",
+            Self::InvalidAgentResponse(_) => "INVALID_AGENT_RESPONSE",
+            Self::ExtendedAgentCardNotConfigured => "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
+            Self::ExtensionSupportRequired(_) => "EXTENSION_SUPPORT_REQUIRED",
+            Self::VersionNotSupported(_) => "VERSION_NOT_SUPPORTED",
+            _ => return None,
+        })
+    }
+
+    /// Whether the same request may succeed if tried again.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Internal(_) | Self::InvalidAgentResponse(_))
+    }
+
+    /// `ErrorInfo.metadata`: the identifiers the error is about.
+    fn info_metadata(&self) -> Value {
+        match self {
+            Self::TaskNotFound(task_id) => json!({ "taskId": task_id }),
+            Self::TaskNotCancelable { task_id, state } => {
+                json!({ "taskId": task_id, "state": state })
+            }
+            Self::VersionNotSupported(version) => {
+                json!({ "requestedVersion": version, "supportedVersions": "1.0" })
+            }
+            Self::ExtensionSupportRequired(uri) => json!({ "extension": uri }),
+            _ => json!({}),
+        }
+    }
+
+    /// The JSON-RPC `error` object.
+    pub fn to_rpc_error(&self) -> Value {
+        let message = self.to_string();
+        if let Some(reason) = self.reason() {
+            return json!({
+                "code": self.code(),
+                "message": message,
+                "data": [{
+                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": reason,
+                    "domain": A2A_DOMAIN,
+                    "metadata": self.info_metadata(),
+                }],
+            });
+        }
+        match self {
+            Self::InvalidParams { violations, .. } if !violations.is_empty() => json!({
+                "code": self.code(),
+                "message": message,
+                "data": [{
+                    "@type": "type.googleapis.com/google.rpc.BadRequest",
+                    "fieldViolations": violations,
+                }],
+            }),
+            _ => json!({ "code": self.code(), "message": message }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a2a_errors_carry_error_info() {
+        let error = GatewayError::TaskNotFound("t1".into()).to_rpc_error();
+        assert_eq!(error["code"], -32001);
+        assert_eq!(error["data"][0]["reason"], "TASK_NOT_FOUND");
+        assert_eq!(error["data"][0]["domain"], A2A_DOMAIN);
+        assert_eq!(error["data"][0]["metadata"]["taskId"], "t1");
+    }
+
+    #[test]
+    fn invalid_params_carry_field_violations() {
+        let error =
+            GatewayError::invalid_field("message.parts", "must not be empty").to_rpc_error();
+        assert_eq!(error["code"], -32602);
+        let violation = &error["data"][0]["fieldViolations"][0];
+        assert_eq!(violation["field"], "message.parts");
+    }
+}

@@ -1,0 +1,377 @@
+//! The A2A methods on top of the ledger and the agents: what each of the
+//! eleven methods does, independent of the JSON-RPC transport.
+
+mod send;
+mod stream;
+pub mod validate;
+
+pub use send::SendOutcome;
+pub use stream::TaskEventStream;
+
+use crate::agents::AgentHandle;
+use crate::error::GatewayError;
+use crate::protocol::*;
+use crate::push::PushDispatcher;
+use crate::store::{self, Ledger, LedgerError, ListQuery, TaskRecord};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use validate::{check_history_length, check_required, finish};
+
+impl From<LedgerError> for GatewayError {
+    fn from(err: LedgerError) -> Self {
+        match err {
+            LedgerError::NotFound(id) => GatewayError::TaskNotFound(id),
+            LedgerError::Transition(t) => GatewayError::UnsupportedOperation(t.to_string()),
+            other => GatewayError::Internal(other.to_string()),
+        }
+    }
+}
+
+/// Who is calling and where the call was addressed.
+#[derive(Clone, Debug)]
+pub struct CallContext {
+    /// The authenticated principal (`anonymous` without keys).
+    pub principal: String,
+    /// The agent the call is addressed to.
+    pub agent_id: String,
+    /// The `Idempotency-Key` header, or the messageId when the handoff
+    /// extension is active.
+    pub idempotency_key: Option<String>,
+}
+
+/// Gateway-wide settings the methods need.
+#[derive(Clone, Debug)]
+pub struct GatewaySettings {
+    /// Longest a blocking SendMessage waits before returning the task as it is.
+    pub task_timeout: Duration,
+}
+
+impl Default for GatewaySettings {
+    fn default() -> Self {
+        Self {
+            task_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The A2A service: eleven methods over the ledger and the agents.
+pub struct Gateway {
+    pub(crate) ledger: Arc<Ledger>,
+    agents: HashMap<String, AgentHandle>,
+    pub(crate) push: PushDispatcher,
+    pub(crate) settings: GatewaySettings,
+    /// Cancel tokens of agent executions in progress, by task id.
+    // std Mutex: map operations only, never held across .await.
+    running: Mutex<HashMap<String, CancellationToken>>,
+    /// Canceled at shutdown: ends streams and agent work.
+    pub(crate) shutdown: CancellationToken,
+}
+
+impl Gateway {
+    /// A gateway over `ledger` serving `agents`.
+    pub fn new(
+        ledger: Arc<Ledger>,
+        agents: Vec<AgentHandle>,
+        push: PushDispatcher,
+        settings: GatewaySettings,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            ledger,
+            agents: agents.into_iter().map(|a| (a.id.clone(), a)).collect(),
+            push,
+            settings,
+            running: Mutex::new(HashMap::new()),
+            shutdown,
+        })
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
+    }
+
+    /// Push delivery and its counters.
+    pub fn push(&self) -> &PushDispatcher {
+        &self.push
+    }
+
+    /// An agent by id.
+    pub fn agent(&self, id: &str) -> Option<&AgentHandle> {
+        self.agents.get(id)
+    }
+
+    /// Every agent, sorted by id.
+    pub fn agents(&self) -> Vec<&AgentHandle> {
+        let mut agents: Vec<_> = self.agents.values().collect();
+        agents.sort_by(|a, b| a.id.cmp(&b.id));
+        agents
+    }
+
+    /// A task the caller may see; others' tasks are reported as not found.
+    fn owned_task(&self, ctx: &CallContext, task_id: &str) -> Result<TaskRecord, GatewayError> {
+        self.ledger
+            .get(task_id)?
+            .filter(|record| record.owner == ctx.principal)
+            .ok_or_else(|| GatewayError::TaskNotFound(task_id.to_string()))
+    }
+
+    /// `GetTask`.
+    pub fn get_task(&self, ctx: &CallContext, req: GetTaskRequest) -> Result<Task, GatewayError> {
+        let mut violations = Vec::new();
+        check_required(&req.id, "id", &mut violations);
+        check_history_length(req.history_length, "historyLength", &mut violations);
+        finish(violations)?;
+        let record = self.owned_task(ctx, &req.id)?;
+        Ok(record.task.view(req.history_length, true))
+    }
+
+    /// `ListTasks`.
+    pub fn list_tasks(
+        &self,
+        ctx: &CallContext,
+        req: ListTasksRequest,
+    ) -> Result<ListTasksResponse, GatewayError> {
+        let mut violations = Vec::new();
+        let page_size = req.page_size.unwrap_or(validate::DEFAULT_PAGE_SIZE);
+        if !(1..=validate::MAX_PAGE_SIZE).contains(&page_size) {
+            violations.push(crate::error::FieldViolation::new(
+                "pageSize",
+                format!(
+                    "must be between 1 and {}, got {page_size}",
+                    validate::MAX_PAGE_SIZE
+                ),
+            ));
+        }
+        check_history_length(req.history_length, "historyLength", &mut violations);
+        let page_token = if req.page_token.is_empty() {
+            None
+        } else {
+            let decoded = store::decode_page_token(&req.page_token);
+            if decoded.is_none() {
+                violations.push(crate::error::FieldViolation::new(
+                    "pageToken",
+                    "is not a token this server issued",
+                ));
+            }
+            decoded
+        };
+        finish(violations)?;
+
+        let query = ListQuery {
+            context_id: (!req.context_id.is_empty()).then(|| req.context_id.clone()),
+            state: (!req.status.is_unspecified()).then_some(req.status),
+            status_after: req.status_timestamp_after,
+            page_size: page_size as usize,
+            page_token,
+        };
+        let page = self.ledger.list(&ctx.principal, &query)?;
+        let include_artifacts = req.include_artifacts.unwrap_or(false);
+        Ok(ListTasksResponse {
+            tasks: page
+                .records
+                .iter()
+                .map(|r| r.task.view(req.history_length, include_artifacts))
+                .collect(),
+            next_page_token: page.next_page_token,
+            page_size,
+            total_size: i32::try_from(page.total_size).unwrap_or(i32::MAX),
+        })
+    }
+
+    /// `CancelTask`.
+    pub async fn cancel_task(
+        &self,
+        ctx: &CallContext,
+        req: CancelTaskRequest,
+    ) -> Result<Task, GatewayError> {
+        let mut violations = Vec::new();
+        check_required(&req.id, "id", &mut violations);
+        finish(violations)?;
+        let record = self.owned_task(ctx, &req.id)?;
+        let not_cancelable = |state: TaskState| GatewayError::TaskNotCancelable {
+            task_id: req.id.clone(),
+            state: state.proto_name().to_string(),
+        };
+        if record.task.status.state.is_terminal() {
+            return Err(not_cancelable(record.task.status.state));
+        }
+        if let Some(agent) = self.agent(&record.agent)
+            && let Err(err) = agent.agent.cancel(&record.task).await
+        {
+            tracing::warn!(task_id = %req.id, %err, "agent refused cancel; canceling at the gateway");
+        }
+        if let Some(token) = self.running.lock().expect("running lock").get(&req.id) {
+            token.cancel();
+        }
+        let record = self
+            .ledger
+            .update(&req.id, |record| {
+                let state = record.task.status.state;
+                if state.is_terminal() {
+                    return Err(not_cancelable(state));
+                }
+                Ok(vec![StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+                    task_id: record.task.id.clone(),
+                    context_id: record.task.context_id.clone(),
+                    status: TaskStatus::now(TaskState::Canceled, None),
+                    metadata: req.metadata.clone(),
+                })])
+            })
+            .await?;
+        Ok(record.task.view(None, true))
+    }
+
+    /// `SubscribeToTask`: the current task, then every later event.
+    pub async fn subscribe(
+        self: &Arc<Self>,
+        ctx: &CallContext,
+        req: SubscribeToTaskRequest,
+    ) -> Result<TaskEventStream, GatewayError> {
+        let mut violations = Vec::new();
+        check_required(&req.id, "id", &mut violations);
+        finish(violations)?;
+        let watcher = self.ledger.hub().watch(&req.id);
+        // The snapshot must be durable before it is shown.
+        self.ledger.sync().await;
+        let record = self.owned_task(ctx, &req.id)?;
+        if record.task.status.state.is_terminal() {
+            return Err(GatewayError::UnsupportedOperation(format!(
+                "task {} is in terminal state {} and cannot be subscribed to",
+                req.id,
+                record.task.status.state.proto_name()
+            )));
+        }
+        Ok(TaskEventStream::from_snapshot(
+            self.clone(),
+            record,
+            watcher,
+            false,
+        ))
+    }
+
+    fn check_push_task(
+        &self,
+        ctx: &CallContext,
+        task_id: &str,
+    ) -> Result<TaskRecord, GatewayError> {
+        let mut violations = Vec::new();
+        check_required(task_id, "taskId", &mut violations);
+        finish(violations)?;
+        self.owned_task(ctx, task_id)
+    }
+
+    /// `CreateTaskPushNotificationConfig`.
+    pub async fn create_push_config(
+        &self,
+        ctx: &CallContext,
+        mut config: TaskPushNotificationConfig,
+    ) -> Result<TaskPushNotificationConfig, GatewayError> {
+        let mut violations = Vec::new();
+        check_required(&config.task_id, "taskId", &mut violations);
+        crate::push::check_config(&config, "", &mut violations);
+        finish(violations)?;
+        self.owned_task(ctx, &config.task_id)?;
+        if config.id.is_empty() {
+            config.id = uuid::Uuid::new_v4().to_string();
+        }
+        config.tenant.clear();
+        self.ledger.put_push_config(&config).await?;
+        Ok(config)
+    }
+
+    /// `GetTaskPushNotificationConfig`.
+    pub fn get_push_config(
+        &self,
+        ctx: &CallContext,
+        req: TaskPushNotificationConfigRef,
+    ) -> Result<TaskPushNotificationConfig, GatewayError> {
+        let mut violations = Vec::new();
+        check_required(&req.task_id, "taskId", &mut violations);
+        check_required(&req.id, "id", &mut violations);
+        finish(violations)?;
+        self.owned_task(ctx, &req.task_id)?;
+        self.ledger
+            .get_push_config(&req.task_id, &req.id)?
+            .ok_or_else(|| {
+                GatewayError::TaskNotFound(format!(
+                    "push config {} of task {}",
+                    req.id, req.task_id
+                ))
+            })
+    }
+
+    /// `ListTaskPushNotificationConfigs`.
+    pub fn list_push_configs(
+        &self,
+        ctx: &CallContext,
+        req: ListTaskPushNotificationConfigsRequest,
+    ) -> Result<ListTaskPushNotificationConfigsResponse, GatewayError> {
+        self.check_push_task(ctx, &req.task_id)?;
+        if req.page_size < 0 {
+            return Err(GatewayError::invalid_field(
+                "pageSize",
+                "must not be negative",
+            ));
+        }
+        let configs = self.ledger.push_configs(&req.task_id)?;
+        let page_size = if req.page_size == 0 {
+            validate::MAX_PAGE_SIZE
+        } else {
+            req.page_size
+        } as usize;
+        let start = if req.page_token.is_empty() {
+            0
+        } else {
+            configs
+                .iter()
+                .position(|c| c.id > req.page_token)
+                .unwrap_or(configs.len())
+        };
+        let page: Vec<_> = configs
+            .iter()
+            .skip(start)
+            .take(page_size)
+            .cloned()
+            .collect();
+        let next_page_token = if start + page.len() < configs.len() {
+            page.last().map(|c| c.id.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(ListTaskPushNotificationConfigsResponse {
+            configs: page,
+            next_page_token,
+        })
+    }
+
+    /// `DeleteTaskPushNotificationConfig`: idempotent.
+    pub async fn delete_push_config(
+        &self,
+        ctx: &CallContext,
+        req: TaskPushNotificationConfigRef,
+    ) -> Result<(), GatewayError> {
+        let mut violations = Vec::new();
+        check_required(&req.task_id, "taskId", &mut violations);
+        check_required(&req.id, "id", &mut violations);
+        finish(violations)?;
+        self.owned_task(ctx, &req.task_id)?;
+        self.ledger
+            .delete_push_config(&req.task_id, &req.id)
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) fn register_running(&self, task_id: &str, token: CancellationToken) {
+        self.running
+            .lock()
+            .expect("running lock")
+            .insert(task_id.to_string(), token);
+    }
+
+    pub(crate) fn unregister_running(&self, task_id: &str) {
+        self.running.lock().expect("running lock").remove(task_id);
+    }
+}

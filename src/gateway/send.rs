@@ -1,0 +1,591 @@
+//! SendMessage and SendStreamingMessage: validation, continuation rules,
+//! idempotency, and the driver that turns an agent's events into ledger
+//! events.
+
+use super::stream::TaskEventStream;
+use super::validate::{self, check_history_length, check_message, finish};
+use super::{CallContext, Gateway};
+use crate::agents::{AgentEvent, AgentEvents, AgentHandle, AgentRequest};
+use crate::error::GatewayError;
+use crate::protocol::*;
+use crate::store::{IdempotencyRecord, TaskRecord};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{broadcast, oneshot, watch};
+
+/// What a send produced first.
+enum First {
+    /// The agent answered with a message; no task exists.
+    Message(Message),
+    /// The task exists in the ledger: created (`None`, its log starts with
+    /// its snapshot) or continued (the record right after the continuation).
+    Task(Option<Box<TaskRecord>>),
+    /// The agent failed before any task existed.
+    Error(GatewayError),
+}
+
+/// What SendStreamingMessage streams.
+pub enum SendOutcome {
+    /// A single direct message.
+    Message(Message),
+    /// The task's events.
+    Task(TaskEventStream),
+}
+
+/// A send whose agent is running.
+struct Started {
+    task_id: String,
+    first: oneshot::Receiver<First>,
+    watcher: broadcast::Receiver<Arc<crate::store::hub::LedgerEvent>>,
+    driver_done: watch::Receiver<bool>,
+    /// An earlier send with the same idempotency key.
+    replay: Option<IdempotencyRecord>,
+}
+
+fn fingerprint(agent_id: &str, message: &Message) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(agent_id.as_bytes());
+    hasher.update([0]);
+    hasher.update(serde_json::to_vec(message).unwrap_or_default());
+    format!("{:x}", hasher.finalize())
+}
+
+impl Gateway {
+    /// `SendMessage`.
+    pub async fn send_message(
+        self: &Arc<Self>,
+        ctx: &CallContext,
+        req: SendMessageRequest,
+    ) -> Result<SendMessageResponse, GatewayError> {
+        let config = req.configuration.clone().unwrap_or_default();
+        let mut started = self.start(ctx, req, false).await?;
+        if let Some(replay) = started.replay.take() {
+            return self.replay_send(ctx, replay, config.history_length);
+        }
+        match (&mut started.first).await {
+            Ok(First::Message(message)) => return Ok(SendMessageResponse::Message(message)),
+            Ok(First::Error(err)) => return Err(err),
+            Ok(First::Task(_)) => {}
+            Err(_) => return Err(GatewayError::Internal("agent driver ended early".into())),
+        }
+        if !config.return_immediately {
+            self.wait_settled(&mut started).await;
+        }
+        let record = self.owned_task(ctx, &started.task_id)?;
+        Ok(SendMessageResponse::Task(
+            record.task.view(config.history_length, true),
+        ))
+    }
+
+    /// `SendStreamingMessage`.
+    pub async fn send_streaming_message(
+        self: &Arc<Self>,
+        ctx: &CallContext,
+        req: SendMessageRequest,
+    ) -> Result<SendOutcome, GatewayError> {
+        let mut started = self.start(ctx, req, true).await?;
+        if let Some(replay) = started.replay.take() {
+            return match replay.message {
+                Some(message) => Ok(SendOutcome::Message(message)),
+                None => {
+                    let record = self.owned_task(ctx, &replay.task_id)?;
+                    let watcher = self.ledger.hub().watch(&replay.task_id);
+                    Ok(SendOutcome::Task(TaskEventStream::from_snapshot(
+                        self.clone(),
+                        record,
+                        watcher,
+                        true,
+                    )))
+                }
+            };
+        }
+        match (&mut started.first).await {
+            Ok(First::Message(message)) => Ok(SendOutcome::Message(message)),
+            Ok(First::Error(err)) => Err(err),
+            Ok(First::Task(Some(record))) => Ok(SendOutcome::Task(TaskEventStream::from_snapshot(
+                self.clone(),
+                *record,
+                started.watcher,
+                true,
+            ))),
+            Ok(First::Task(None)) => Ok(SendOutcome::Task(TaskEventStream::from_start(
+                self.clone(),
+                started.task_id,
+                started.watcher,
+            ))),
+            Err(_) => Err(GatewayError::Internal("agent driver ended early".into())),
+        }
+    }
+
+    /// Answers a repeated idempotent send with what the first one created.
+    fn replay_send(
+        &self,
+        ctx: &CallContext,
+        replay: IdempotencyRecord,
+        history_length: Option<i32>,
+    ) -> Result<SendMessageResponse, GatewayError> {
+        if let Some(message) = replay.message {
+            return Ok(SendMessageResponse::Message(message));
+        }
+        let record = self.owned_task(ctx, &replay.task_id)?;
+        Ok(SendMessageResponse::Task(
+            record.task.view(history_length, true),
+        ))
+    }
+
+    /// Waits until the task is terminal or interrupted, the agent stops, or
+    /// the task timeout passes.
+    async fn wait_settled(&self, started: &mut Started) {
+        let deadline = tokio::time::sleep(self.settings.task_timeout);
+        tokio::pin!(deadline);
+        loop {
+            if let Ok(Some(record)) = self.ledger.get(&started.task_id) {
+                let state = record.task.status.state;
+                if state.is_terminal() || state.is_interrupted() {
+                    return;
+                }
+            }
+            if *started.driver_done.borrow() {
+                return;
+            }
+            tokio::select! {
+                event = started.watcher.recv() => match event {
+                    Ok(event) => {
+                        if event.event.state().is_some_and(|s| s.is_terminal() || s.is_interrupted()) {
+                            return;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => {
+                        started.watcher = self.ledger.hub().watch(&started.task_id);
+                    }
+                },
+                _ = started.driver_done.changed() => {}
+                _ = &mut deadline => return,
+                _ = self.shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// Validates a send, resolves a continuation, claims the idempotency key
+    /// and starts the agent.
+    async fn start(
+        self: &Arc<Self>,
+        ctx: &CallContext,
+        req: SendMessageRequest,
+        streaming: bool,
+    ) -> Result<Started, GatewayError> {
+        let mut violations = Vec::new();
+        let Some(mut message) = req.message else {
+            return Err(GatewayError::invalid_field("message", "is required"));
+        };
+        check_message(&message, "message", &mut violations);
+        let config = req.configuration.unwrap_or_default();
+        check_history_length(
+            config.history_length,
+            "configuration.historyLength",
+            &mut violations,
+        );
+        if let Some(push) = &config.task_push_notification_config {
+            crate::push::check_config(
+                push,
+                "configuration.taskPushNotificationConfig.",
+                &mut violations,
+            );
+        }
+        finish(violations)?;
+
+        // A continuation stays with the agent that holds the task.
+        let continued = if message.task_id.is_empty() {
+            None
+        } else {
+            let record = self.owned_task(ctx, &message.task_id)?;
+            let state = record.task.status.state;
+            if state.is_terminal() {
+                return Err(GatewayError::UnsupportedOperation(format!(
+                    "task {} is in terminal state {} and accepts no more messages",
+                    record.task.id,
+                    state.proto_name()
+                )));
+            }
+            if !message.context_id.is_empty() && message.context_id != record.task.context_id {
+                return Err(GatewayError::invalid_field(
+                    "message.contextId",
+                    format!(
+                        "{:?} does not match the context {:?} of task {}",
+                        message.context_id, record.task.context_id, record.task.id
+                    ),
+                ));
+            }
+            Some(record)
+        };
+        let agent_id = continued
+            .as_ref()
+            .map_or(ctx.agent_id.clone(), |r| r.agent.clone());
+        let agent = self.agent(&agent_id).cloned().ok_or_else(|| {
+            GatewayError::invalid_field("tenant", format!("unknown agent {agent_id:?}"))
+        })?;
+        validate::check_input_modes(agent.agent.card(), &message)?;
+
+        let fingerprint = fingerprint(&agent_id, &message);
+        let task_id = continued
+            .as_ref()
+            .map_or_else(|| uuid::Uuid::now_v7().to_string(), |r| r.task.id.clone());
+        if let Some(key) = &ctx.idempotency_key {
+            let claim = IdempotencyRecord {
+                fingerprint: fingerprint.clone(),
+                task_id: task_id.clone(),
+                message: None,
+            };
+            if let Some(earlier) = self
+                .ledger
+                .claim_idempotency(&ctx.principal, key, &claim)
+                .await?
+            {
+                if earlier.fingerprint != fingerprint {
+                    return Err(GatewayError::invalid_field(
+                        "message",
+                        format!(
+                            "idempotency key {key:?} was already used with a different message"
+                        ),
+                    ));
+                }
+                let earlier = self.await_idempotent_result(ctx, earlier).await?;
+                let (_, first) = oneshot::channel();
+                let (_, driver_done) = watch::channel(true);
+                return Ok(Started {
+                    task_id: earlier.task_id.clone(),
+                    first,
+                    watcher: self.ledger.hub().watch(&earlier.task_id),
+                    driver_done,
+                    replay: Some(earlier),
+                });
+            }
+        }
+
+        if continued.is_none() && message.context_id.is_empty() {
+            message.context_id = uuid::Uuid::new_v4().to_string();
+        }
+        if let Some(record) = &continued {
+            message.context_id = record.task.context_id.clone();
+        }
+        message.task_id = task_id.clone();
+
+        if let Some(mut push) = config.task_push_notification_config.clone() {
+            push.task_id = task_id.clone();
+            push.tenant.clear();
+            if push.id.is_empty() {
+                push.id = uuid::Uuid::new_v4().to_string();
+            }
+            self.ledger.put_push_config(&push).await?;
+        }
+
+        let watcher = self.ledger.hub().watch(&task_id);
+        let (first_tx, first) = oneshot::channel();
+        let (done_tx, driver_done) = watch::channel(false);
+        let cancel = self.shutdown.child_token();
+        let request = AgentRequest {
+            task_id: task_id.clone(),
+            context_id: message.context_id.clone(),
+            message,
+            task: continued.as_ref().map(|r| r.task.clone()),
+            streaming,
+            accepted_output_modes: config.accepted_output_modes,
+            cancel: cancel.clone(),
+        };
+        self.register_running(&task_id, cancel);
+        let driver = Driver {
+            gateway: self.clone(),
+            agent,
+            owner: ctx.principal.clone(),
+            idempotency_key: ctx.idempotency_key.clone(),
+            fingerprint,
+        };
+        tokio::spawn(async move {
+            driver.run(request, continued, first_tx).await;
+            let _ = done_tx.send(true);
+        });
+        Ok(Started {
+            task_id,
+            first,
+            watcher,
+            driver_done,
+            replay: None,
+        })
+    }
+
+    /// A repeated send may arrive while the first is still deciding between
+    /// a task and a message; wait briefly for the outcome.
+    async fn await_idempotent_result(
+        &self,
+        ctx: &CallContext,
+        mut earlier: IdempotencyRecord,
+    ) -> Result<IdempotencyRecord, GatewayError> {
+        for _ in 0..250 {
+            if earlier.message.is_some() || self.owned_task(ctx, &earlier.task_id).is_ok() {
+                return Ok(earlier);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if let Some(key) = &ctx.idempotency_key
+                && let Some(latest) = self.ledger.claim_idempotency_peek(&ctx.principal, key)?
+            {
+                earlier = latest;
+            }
+        }
+        Err(GatewayError::Internal(
+            "the first send with this idempotency key has not finished".into(),
+        ))
+    }
+}
+
+/// Runs one agent execution and records what it reports.
+struct Driver {
+    gateway: Arc<Gateway>,
+    agent: AgentHandle,
+    owner: String,
+    idempotency_key: Option<String>,
+    fingerprint: String,
+}
+
+impl Driver {
+    async fn run(
+        self,
+        request: AgentRequest,
+        continued: Option<TaskRecord>,
+        first_tx: oneshot::Sender<First>,
+    ) {
+        let task_id = request.task_id.clone();
+        let context_id = request.context_id.clone();
+        let user_message = request.message.clone();
+        let (events, mut receiver) = AgentEvents::channel(64);
+        let agent = self.agent.agent.clone();
+        let execution = tokio::spawn(async move { agent.execute(request, events).await });
+        let mut first_tx = Some(first_tx);
+        let mut created = false;
+
+        if continued.is_some() {
+            // The answer resumes the task: it is WORKING again until the agent says otherwise.
+            let appended = self
+                .gateway
+                .ledger
+                .update(&task_id, |record| {
+                    record.task.history.push(user_message.clone());
+                    if record.task.status.state == TaskState::Working {
+                        return Ok::<_, GatewayError>(Vec::new());
+                    }
+                    Ok(vec![StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+                        task_id: task_id.clone(),
+                        context_id: context_id.clone(),
+                        status: TaskStatus::now(TaskState::Working, None),
+                        metadata: None,
+                    })])
+                })
+                .await;
+            match appended {
+                Ok(record) => {
+                    created = true;
+                    send_first(&mut first_tx, First::Task(Some(Box::new(record))));
+                }
+                Err(err) => {
+                    send_first(&mut first_tx, First::Error(err));
+                    execution.abort();
+                    self.gateway.unregister_running(&task_id);
+                    return;
+                }
+            }
+        }
+
+        while let Some(event) = receiver.recv().await {
+            let mut batch = vec![event];
+            while let Ok(more) = receiver.try_recv() {
+                batch.push(more);
+            }
+            if !created && matches!(batch[0], AgentEvent::Message(_)) {
+                if let AgentEvent::Message(mut message) = batch.remove(0) {
+                    message.context_id = context_id.clone();
+                    message.task_id.clear();
+                    self.record_direct_reply(&task_id, &message).await;
+                    send_first(&mut first_tx, First::Message(message));
+                    break;
+                }
+            }
+            let mut stream_events = Vec::with_capacity(batch.len() + 1);
+            if !created {
+                stream_events.push(StreamResponse::Task(Task {
+                    id: task_id.clone(),
+                    context_id: context_id.clone(),
+                    status: TaskStatus::now(TaskState::Submitted, None),
+                    history: vec![user_message.clone()],
+                    ..Task::default()
+                }));
+            }
+            stream_events.extend(
+                batch
+                    .into_iter()
+                    .map(|event| to_stream_event(event, &task_id, &context_id)),
+            );
+            let result = if created {
+                self.gateway
+                    .ledger
+                    .update(&task_id, |_| Ok::<_, GatewayError>(stream_events))
+                    .await
+            } else {
+                self.create(&task_id, stream_events).await
+            };
+            match result {
+                Ok(_) if !created => {
+                    created = true;
+                    send_first(&mut first_tx, First::Task(None));
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    // Typically a cancel that made the task terminal first.
+                    tracing::debug!(task_id = %task_id, %err, "agent event not applied");
+                    if !created {
+                        send_first(&mut first_tx, First::Error(err));
+                    }
+                    break;
+                }
+            }
+        }
+        drop(receiver);
+
+        let outcome = execution.await;
+        let failure = match outcome {
+            Ok(Ok(())) => None,
+            Ok(Err(err)) => Some(err.to_string()),
+            Err(join) => Some(format!("agent execution panicked or was aborted: {join}")),
+        };
+        match (failure, created) {
+            (Some(reason), true) => self.fail(&task_id, &context_id, &reason).await,
+            (Some(reason), false) => {
+                send_first(&mut first_tx, First::Error(GatewayError::Internal(reason)))
+            }
+            (None, false) => send_first(
+                &mut first_tx,
+                First::Error(GatewayError::InvalidAgentResponse(
+                    "the agent ended without a task or a message".into(),
+                )),
+            ),
+            (None, true) => {}
+        }
+        self.gateway.unregister_running(&task_id);
+    }
+
+    async fn create(
+        &self,
+        task_id: &str,
+        events: Vec<StreamResponse>,
+    ) -> Result<TaskRecord, GatewayError> {
+        let StreamResponse::Task(initial) = &events[0] else {
+            return Err(GatewayError::Internal(
+                "a new task starts with its snapshot".into(),
+            ));
+        };
+        // An empty record: applying the log's first event, the snapshot, fills it.
+        let record = TaskRecord {
+            task: Task {
+                id: initial.id.clone(),
+                context_id: initial.context_id.clone(),
+                ..Task::default()
+            },
+            owner: self.owner.clone(),
+            agent: self.agent.id.clone(),
+            created_at: chrono::Utc::now(),
+            ..TaskRecord::default()
+        };
+        debug_assert_eq!(initial.id, task_id);
+        Ok(self.gateway.ledger.create(record, events).await?)
+    }
+
+    async fn record_direct_reply(&self, task_id: &str, message: &Message) {
+        tracing::info!(task_id, agent = %self.agent.id, message_id = %message.message_id, "agent answered with a message; no task");
+        if let Some(key) = &self.idempotency_key {
+            let record = IdempotencyRecord {
+                fingerprint: self.fingerprint.clone(),
+                task_id: task_id.to_string(),
+                message: Some(message.clone()),
+            };
+            if let Err(err) = self
+                .gateway
+                .ledger
+                .complete_idempotency(&self.owner, key, &record)
+                .await
+            {
+                tracing::error!(%err, "could not record idempotent reply");
+            }
+        }
+    }
+
+    async fn fail(&self, task_id: &str, context_id: &str, reason: &str) {
+        let mut message = Message::agent(vec![Part::text(reason)]);
+        message.task_id = task_id.to_string();
+        message.context_id = context_id.to_string();
+        let result = self
+            .gateway
+            .ledger
+            .update(task_id, |record| {
+                if record.task.status.state.is_terminal() {
+                    return Ok::<_, GatewayError>(Vec::new());
+                }
+                Ok(vec![StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+                    task_id: task_id.to_string(),
+                    context_id: context_id.to_string(),
+                    status: TaskStatus::now(TaskState::Failed, Some(message)),
+                    metadata: None,
+                })])
+            })
+            .await;
+        if let Err(err) = result {
+            tracing::error!(task_id, %err, "could not record agent failure");
+        }
+    }
+}
+
+fn send_first(first_tx: &mut Option<oneshot::Sender<First>>, first: First) {
+    if let Some(tx) = first_tx.take() {
+        let _ = tx.send(first);
+    }
+}
+
+/// Turns an agent event into the ledger event for the task.
+fn to_stream_event(event: AgentEvent, task_id: &str, context_id: &str) -> StreamResponse {
+    let fill = |mut message: Message| {
+        message.task_id = task_id.to_string();
+        message.context_id = context_id.to_string();
+        if message.role == Role::Unspecified {
+            message.role = Role::Agent;
+        }
+        message
+    };
+    match event {
+        AgentEvent::Status { state, message } => {
+            StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+                task_id: task_id.to_string(),
+                context_id: context_id.to_string(),
+                status: TaskStatus::now(state, message.map(fill)),
+                metadata: None,
+            })
+        }
+        AgentEvent::Artifact {
+            artifact,
+            append,
+            last_chunk,
+        } => StreamResponse::ArtifactUpdate(TaskArtifactUpdateEvent {
+            task_id: task_id.to_string(),
+            context_id: context_id.to_string(),
+            artifact,
+            append,
+            last_chunk,
+            metadata: None,
+        }),
+        // A message once a task exists is recorded as the task's reply.
+        AgentEvent::Message(message) => StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+            task_id: task_id.to_string(),
+            context_id: context_id.to_string(),
+            status: TaskStatus::now(TaskState::Completed, Some(fill(message))),
+            metadata: None,
+        }),
+    }
+}

@@ -1,0 +1,127 @@
+//! The event stream of one task, as SendStreamingMessage and SubscribeToTask
+//! deliver it: a snapshot or the task's first event, then every later event
+//! in ledger order, replaying from the ledger when the watcher falls behind.
+
+use super::Gateway;
+use crate::protocol::StreamResponse;
+use crate::store::TaskRecord;
+use crate::store::hub::LedgerEvent;
+use futures::stream::{BoxStream, StreamExt};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use tokio::sync::broadcast;
+
+/// A task's events for one subscriber.
+pub struct TaskEventStream {
+    gateway: Arc<Gateway>,
+    task_id: String,
+    watcher: broadcast::Receiver<Arc<LedgerEvent>>,
+    queue: VecDeque<StreamResponse>,
+    last_seq: u64,
+    /// SendStreamingMessage ends at an interrupted state too; SubscribeToTask
+    /// only at a terminal one.
+    end_on_interrupt: bool,
+    done: bool,
+}
+
+impl TaskEventStream {
+    /// The current task, then every event after it.
+    pub fn from_snapshot(
+        gateway: Arc<Gateway>,
+        record: TaskRecord,
+        watcher: broadcast::Receiver<Arc<LedgerEvent>>,
+        end_on_interrupt: bool,
+    ) -> Self {
+        let done = record.task.status.state.is_terminal();
+        Self {
+            gateway,
+            task_id: record.task.id.clone(),
+            watcher,
+            queue: VecDeque::from([StreamResponse::Task(record.task.view(None, true))]),
+            last_seq: record.last_seq,
+            end_on_interrupt,
+            done,
+        }
+    }
+
+    /// Every event of a new task from its first (its snapshot).
+    pub fn from_start(
+        gateway: Arc<Gateway>,
+        task_id: String,
+        watcher: broadcast::Receiver<Arc<LedgerEvent>>,
+    ) -> Self {
+        Self {
+            gateway,
+            task_id,
+            watcher,
+            queue: VecDeque::new(),
+            last_seq: 0,
+            end_on_interrupt: true,
+            done: false,
+        }
+    }
+
+    fn is_final(&self, event: &StreamResponse) -> bool {
+        event
+            .state()
+            .is_some_and(|s| s.is_terminal() || (self.end_on_interrupt && s.is_interrupted()))
+    }
+
+    /// Fills the queue from the ledger's log after `last_seq`.
+    fn replay(&mut self) {
+        match self
+            .gateway
+            .ledger
+            .events_after(&self.task_id, self.last_seq)
+        {
+            Ok(events) => {
+                for event in events {
+                    self.last_seq = event.seq;
+                    self.queue.push_back(event.event);
+                }
+            }
+            Err(err) => {
+                tracing::error!(task_id = %self.task_id, %err, "stream replay failed");
+                self.done = true;
+            }
+        }
+    }
+
+    async fn next_event(&mut self) -> Option<StreamResponse> {
+        loop {
+            if let Some(event) = self.queue.pop_front() {
+                if self.is_final(&event) {
+                    self.done = true;
+                    self.queue.clear();
+                }
+                return Some(event);
+            }
+            if self.done {
+                return None;
+            }
+            tokio::select! {
+                received = self.watcher.recv() => match received {
+                    Ok(event) if event.seq <= self.last_seq => {}
+                    Ok(event) if event.seq == self.last_seq + 1 => {
+                        self.last_seq = event.seq;
+                        self.queue.push_back(event.event.clone());
+                    }
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => self.replay(),
+                    Err(broadcast::error::RecvError::Closed) => {
+                        self.watcher = self.gateway.ledger.hub().watch(&self.task_id);
+                        self.replay();
+                    }
+                },
+                _ = self.gateway.shutdown.cancelled() => return None,
+            }
+        }
+    }
+
+    /// The events as a stream that ends after the final one.
+    pub fn into_stream(self) -> BoxStream<'static, StreamResponse> {
+        futures::stream::unfold(self, |mut stream| async move {
+            stream.next_event().await.map(|event| (event, stream))
+        })
+        .boxed()
+    }
+}

@@ -1,0 +1,144 @@
+//! Validation of method params beyond what deserialization checks: required
+//! fields, ranges and media types. Every violation is collected, so one reply
+//! names every failing field.
+
+use crate::error::{FieldViolation, GatewayError};
+use crate::protocol::{AgentCard, Message, Part, PartContent, Role};
+
+/// Largest `pageSize` ListTasks accepts.
+pub const MAX_PAGE_SIZE: i32 = 100;
+/// `pageSize` when the caller sets none.
+pub const DEFAULT_PAGE_SIZE: i32 = 50;
+
+/// Checks a message sent by a client.
+pub fn check_message(message: &Message, path: &str, violations: &mut Vec<FieldViolation>) {
+    if message.message_id.trim().is_empty() {
+        violations.push(FieldViolation::new(
+            format!("{path}.messageId"),
+            "is required",
+        ));
+    }
+    if message.role == Role::Unspecified {
+        violations.push(FieldViolation::new(
+            format!("{path}.role"),
+            "is required (ROLE_USER or ROLE_AGENT)",
+        ));
+    }
+    if message.parts.is_empty() {
+        violations.push(FieldViolation::new(
+            format!("{path}.parts"),
+            "must contain at least one part",
+        ));
+    }
+    for (i, part) in message.parts.iter().enumerate() {
+        check_part(part, &format!("{path}.parts[{i}]"), violations);
+    }
+}
+
+fn check_part(part: &Part, path: &str, violations: &mut Vec<FieldViolation>) {
+    if let PartContent::Url(url) = &part.content
+        && url.trim().is_empty()
+    {
+        violations.push(FieldViolation::new(
+            format!("{path}.url"),
+            "must not be empty",
+        ));
+    }
+}
+
+/// Checks an optional `historyLength`.
+pub fn check_history_length(value: Option<i32>, path: &str, violations: &mut Vec<FieldViolation>) {
+    if let Some(n) = value
+        && n < 0
+    {
+        violations.push(FieldViolation::new(
+            path,
+            format!("must be non-negative, got {n}"),
+        ));
+    }
+}
+
+/// Checks a required id field.
+pub fn check_required(value: &str, path: &str, violations: &mut Vec<FieldViolation>) {
+    if value.trim().is_empty() {
+        violations.push(FieldViolation::new(path, "is required"));
+    }
+}
+
+/// Turns collected violations into a result.
+pub fn finish(violations: Vec<FieldViolation>) -> Result<(), GatewayError> {
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(GatewayError::invalid_fields(violations))
+    }
+}
+
+/// True when `offered` (e.g. `text/plain`) is covered by `accepted`
+/// (e.g. `text/plain`, `text/*` or `*/*`), ignoring parameters and case.
+pub fn media_type_matches(accepted: &str, offered: &str) -> bool {
+    let essence = |m: &str| {
+        m.split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase()
+    };
+    let (accepted, offered) = (essence(accepted), essence(offered));
+    if accepted == "*/*" || accepted == "*" || accepted == offered {
+        return true;
+    }
+    match (accepted.split_once('/'), offered.split_once('/')) {
+        (Some((a_type, "*")), Some((o_type, _))) => a_type == o_type,
+        _ => false,
+    }
+}
+
+/// Checks that the agent accepts every declared media type in the message
+/// (-32005 otherwise). Parts without a media type are accepted.
+pub fn check_input_modes(card: &AgentCard, message: &Message) -> Result<(), GatewayError> {
+    let mut accepted: Vec<&str> = card
+        .default_input_modes
+        .iter()
+        .map(String::as_str)
+        .collect();
+    for skill in &card.skills {
+        accepted.extend(skill.input_modes.iter().map(String::as_str));
+    }
+    if accepted.is_empty() {
+        return Ok(());
+    }
+    for part in &message.parts {
+        if part.media_type.is_empty() {
+            continue;
+        }
+        if !accepted
+            .iter()
+            .any(|a| media_type_matches(a, &part.media_type))
+        {
+            return Err(GatewayError::ContentTypeNotSupported(format!(
+                "media type {:?} is not accepted by this agent (accepts {})",
+                part.media_type,
+                accepted.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn media_types_match_with_wildcards_and_parameters() {
+        assert!(media_type_matches(
+            "text/plain",
+            "text/plain; charset=utf-8"
+        ));
+        assert!(media_type_matches("text/*", "text/html"));
+        assert!(media_type_matches("*/*", "image/png"));
+        assert!(!media_type_matches("text/plain", "image/png"));
+        assert!(!media_type_matches("text/*", "image/png"));
+    }
+}

@@ -1,0 +1,115 @@
+//! Method dispatch: decodes params for each A2A method, calls the gateway,
+//! and shapes the reply as JSON or as an SSE stream.
+
+use super::envelope::{RpcRequest, decode_params, error_body, success_body};
+use super::sse::sse_response;
+use crate::error::GatewayError;
+use crate::gateway::{CallContext, Gateway, SendOutcome};
+use crate::protocol::{AgentCard, StreamResponse, methods};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures::stream::StreamExt;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use std::sync::Arc;
+
+/// A JSON reply with HTTP 200 (or `status`).
+pub fn json_reply(status: StatusCode, body: Vec<u8>) -> Response {
+    let mut response = (status, body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// A JSON-RPC error reply with HTTP 200.
+pub fn error_reply(id: Option<&RawValue>, error: &GatewayError) -> Response {
+    json_reply(StatusCode::OK, error_body(id, error))
+}
+
+fn ok<T: Serialize>(id: &RawValue, result: Result<T, GatewayError>) -> Response {
+    match result.and_then(|value| success_body(id, &value)) {
+        Ok(body) => json_reply(StatusCode::OK, body),
+        Err(err) => error_reply(Some(id), &err),
+    }
+}
+
+/// Serves one request. `extended_card` is what GetExtendedAgentCard returns.
+pub async fn dispatch(
+    gateway: &Arc<Gateway>,
+    ctx: &CallContext,
+    request: RpcRequest<'_>,
+    extended_card: &AgentCard,
+) -> Response {
+    let id = request.id;
+    let params = request.params;
+    match request.method {
+        methods::SEND_MESSAGE => match decode_params(params) {
+            Ok(req) => ok(id, gateway.send_message(ctx, req).await),
+            Err(err) => error_reply(Some(id), &err),
+        },
+        methods::SEND_STREAMING_MESSAGE => match decode_params(params) {
+            Ok(req) => match gateway.send_streaming_message(ctx, req).await {
+                Ok(SendOutcome::Message(message)) => sse_response(
+                    id.to_owned(),
+                    futures::stream::iter([StreamResponse::Message(message)]).boxed(),
+                ),
+                Ok(SendOutcome::Task(events)) => sse_response(id.to_owned(), events.into_stream()),
+                Err(err) => error_reply(Some(id), &err),
+            },
+            Err(err) => error_reply(Some(id), &err),
+        },
+        methods::GET_TASK => ok(
+            id,
+            decode_params(params).and_then(|req| gateway.get_task(ctx, req)),
+        ),
+        methods::LIST_TASKS => ok(
+            id,
+            decode_params(params).and_then(|req| gateway.list_tasks(ctx, req)),
+        ),
+        methods::CANCEL_TASK => match decode_params(params) {
+            Ok(req) => ok(id, gateway.cancel_task(ctx, req).await),
+            Err(err) => error_reply(Some(id), &err),
+        },
+        methods::SUBSCRIBE_TO_TASK => match decode_params(params) {
+            Ok(req) => match gateway.subscribe(ctx, req).await {
+                Ok(events) => sse_response(id.to_owned(), events.into_stream()),
+                Err(err) => error_reply(Some(id), &err),
+            },
+            Err(err) => error_reply(Some(id), &err),
+        },
+        methods::CREATE_PUSH_CONFIG => match decode_params(params) {
+            Ok(req) => ok(id, gateway.create_push_config(ctx, req).await),
+            Err(err) => error_reply(Some(id), &err),
+        },
+        methods::GET_PUSH_CONFIG => ok(
+            id,
+            decode_params(params).and_then(|req| gateway.get_push_config(ctx, req)),
+        ),
+        methods::LIST_PUSH_CONFIGS => ok(
+            id,
+            decode_params(params).and_then(|req| gateway.list_push_configs(ctx, req)),
+        ),
+        methods::DELETE_PUSH_CONFIG => match decode_params(params) {
+            // google.protobuf.Empty: `{}`.
+            Ok(req) => ok(
+                id,
+                gateway
+                    .delete_push_config(ctx, req)
+                    .await
+                    .map(|()| serde_json::json!({})),
+            ),
+            Err(err) => error_reply(Some(id), &err),
+        },
+        methods::GET_EXTENDED_AGENT_CARD => ok(
+            id,
+            decode_params::<crate::protocol::GetExtendedAgentCardRequest>(params)
+                .map(|_| extended_card),
+        ),
+        other => error_reply(
+            Some(id),
+            &GatewayError::MethodNotFound(format!("{other:?} is not an A2A 1.0 method")),
+        ),
+    }
+}

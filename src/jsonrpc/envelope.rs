@@ -1,0 +1,227 @@
+//! Parsing the JSON-RPC request envelope, and writing reply envelopes, without
+//! building a `serde_json::Value` tree of the whole request.
+
+use crate::error::GatewayError;
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// A parsed request: the id verbatim, the method, and the raw params.
+#[derive(Debug)]
+pub struct RpcRequest<'a> {
+    /// The id as it appeared (string, number or null).
+    pub id: &'a RawValue,
+    /// The method name.
+    pub method: &'a str,
+    /// The params object (`{}` when absent or null).
+    pub params: &'a RawValue,
+}
+
+/// A failed parse, with the id to answer with when one was readable.
+#[derive(Debug)]
+pub struct EnvelopeError<'a> {
+    /// The id to echo (`null` when unknown or invalid).
+    pub id: Option<&'a RawValue>,
+    /// What was wrong.
+    pub error: GatewayError,
+}
+
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    jsonrpc: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    method: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    params: Option<&'a RawValue>,
+}
+
+/// `Some` for any present member, `null` included (plain `Option` maps null to `None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+fn empty_params() -> &'static RawValue {
+    serde_json::from_str::<&RawValue>("{}").expect("literal is valid JSON")
+}
+
+/// Parses the envelope of one JSON-RPC request.
+pub fn parse_request(body: &[u8]) -> Result<RpcRequest<'_>, EnvelopeError<'_>> {
+    let fail = |id, error| Err(EnvelopeError { id, error });
+    let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
+    let envelope: Envelope = match serde_json::from_slice(body) {
+        Ok(envelope) => envelope,
+        Err(err) => {
+            // Valid JSON of the wrong shape is an invalid request, not a parse error.
+            return if serde_json::from_slice::<IgnoredAny>(body).is_err() {
+                fail(None, GatewayError::Parse(strip_position(&err.to_string())))
+            } else if first == Some(b'[') {
+                fail(
+                    None,
+                    GatewayError::InvalidRequest("batch requests are not supported".into()),
+                )
+            } else {
+                fail(
+                    None,
+                    GatewayError::InvalidRequest("the request must be a JSON object".into()),
+                )
+            };
+        }
+    };
+
+    let id = match envelope.id {
+        None => {
+            return fail(None, GatewayError::InvalidRequest("id is required".into()));
+        }
+        Some(id) => match id.get().as_bytes().first() {
+            Some(b'"' | b'-' | b'0'..=b'9' | b'n') => id,
+            _ => {
+                return fail(
+                    None,
+                    GatewayError::InvalidRequest("id must be a string, a number or null".into()),
+                );
+            }
+        },
+    };
+    if envelope.jsonrpc.map(RawValue::get) != Some("\"2.0\"") {
+        return fail(
+            Some(id),
+            GatewayError::InvalidRequest("jsonrpc must be exactly \"2.0\"".into()),
+        );
+    }
+    let method = match envelope
+        .method
+        .map(|m| serde_json::from_str::<&str>(m.get()))
+    {
+        Some(Ok(method)) if !method.is_empty() => method,
+        Some(_) => {
+            return fail(
+                Some(id),
+                GatewayError::InvalidRequest("method must be a non-empty string".into()),
+            );
+        }
+        None => {
+            return fail(
+                Some(id),
+                GatewayError::InvalidRequest("method is required".into()),
+            );
+        }
+    };
+    let params = match envelope.params {
+        None => empty_params(),
+        Some(p) if p.get() == "null" => empty_params(),
+        Some(p) if p.get().starts_with('{') => p,
+        Some(_) => {
+            return fail(
+                Some(id),
+                GatewayError::invalid_field("params", "must be an object"),
+            );
+        }
+    };
+    Ok(RpcRequest { id, method, params })
+}
+
+/// Decodes params into a request type, naming the failing field on error.
+pub fn decode_params<T: DeserializeOwned>(params: &RawValue) -> Result<T, GatewayError> {
+    let mut deserializer = serde_json::Deserializer::from_str(params.get());
+    serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
+        let path = err.path().to_string();
+        let field = if path == "." {
+            "params".to_string()
+        } else {
+            path
+        };
+        GatewayError::invalid_field(field, strip_position(&err.inner().to_string()))
+    })
+}
+
+/// serde_json appends " at line L column C"; field paths say more.
+fn strip_position(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(at) => message[..at].to_string(),
+        None => message.to_string(),
+    }
+}
+
+/// The body of a success reply.
+pub fn success_body<T: Serialize>(id: &RawValue, result: &T) -> Result<Vec<u8>, GatewayError> {
+    #[derive(Serialize)]
+    struct Success<'a, T> {
+        jsonrpc: &'static str,
+        id: &'a RawValue,
+        result: &'a T,
+    }
+    serde_json::to_vec(&Success {
+        jsonrpc: "2.0",
+        id,
+        result,
+    })
+    .map_err(|e| GatewayError::Internal(format!("cannot encode result: {e}")))
+}
+
+/// The body of an error reply.
+pub fn error_body(id: Option<&RawValue>, error: &GatewayError) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Failure<'a> {
+        jsonrpc: &'static str,
+        id: Option<&'a RawValue>,
+        error: serde_json::Value,
+    }
+    serde_json::to_vec(&Failure {
+        jsonrpc: "2.0",
+        id,
+        error: error.to_rpc_error(),
+    })
+    .expect("error bodies always encode")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(body: &str) -> i64 {
+        parse_request(body.as_bytes()).unwrap_err().error.code()
+    }
+
+    #[test]
+    fn envelope_errors() {
+        assert_eq!(code("{not json"), -32700);
+        assert_eq!(code("[]"), -32600);
+        assert_eq!(
+            code("[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"GetTask\"}]"),
+            -32600
+        );
+        assert_eq!(code("42"), -32600);
+        assert_eq!(
+            code("{\"jsonrpc\":\"1.0\",\"id\":1,\"method\":\"GetTask\"}"),
+            -32600
+        );
+        assert_eq!(code("{\"jsonrpc\":\"2.0\",\"id\":1}"), -32600);
+        assert_eq!(
+            code("{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"GetTask\"}"),
+            -32600
+        );
+        assert_eq!(
+            code("{\"jsonrpc\":\"2.0\",\"id\":true,\"method\":\"GetTask\"}"),
+            -32600
+        );
+        assert_eq!(code("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":7}"), -32600);
+        assert_eq!(
+            code("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"GetTask\",\"params\":[1]}"),
+            -32602
+        );
+    }
+
+    #[test]
+    fn ids_keep_their_type() {
+        let request = parse_request(br#"{"jsonrpc":"2.0","id":"a1","method":"GetTask"}"#).unwrap();
+        assert_eq!(request.id.get(), "\"a1\"");
+        let body = success_body(request.id, &serde_json::json!({})).unwrap();
+        assert_eq!(body, br#"{"jsonrpc":"2.0","id":"a1","result":{}}"#);
+        let request = parse_request(br#"{"jsonrpc":"2.0","id":7,"method":"GetTask"}"#).unwrap();
+        assert_eq!(request.id.get(), "7");
+        assert_eq!(request.params.get(), "{}");
+    }
+}

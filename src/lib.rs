@@ -1,0 +1,32 @@
+//! Baton: an A2A 1.0 gateway whose every task lives in a durable sled ledger.
+//!
+//! Module map:
+//! - [`cli`]: the command line (`baton serve`).
+//! - [`config`]: flags, `BATON_*` env and `baton.toml`, validated into `Config`.
+//! - [`telemetry`]: tracing subscriber (`RUST_LOG`, text or JSON).
+//! - [`launch`]: assembles a running Baton from a `Config`.
+//! - [`error`]: `GatewayError` and its one JSON-RPC mapping.
+//! - [`protocol`]: A2A 1.0 wire types (exact ProtoJSON), method names.
+//! - [`jsonrpc`]: JSON-RPC envelope, method dispatch, SSE framing.
+//! - [`gateway`]: the eleven A2A methods over the ledger and the agents.
+//! - [`lifecycle`]: task state transitions and event application.
+//! - [`store`]: the sled ledger, group-commit flusher and event fan-out.
+//! - [`agents`]: the agent trait and the built-in `echo` and `scenario` agents.
+//! - [`push`]: webhook delivery of task events.
+//! - [`netguard`]: the outbound-connection (SSRF) guard.
+//! - [`server`]: the axum router, card publication, health, shutdown.
+
+pub mod agents;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod gateway;
+pub mod jsonrpc;
+pub mod launch;
+pub mod lifecycle;
+pub mod netguard;
+pub mod protocol;
+pub mod push;
+pub mod server;
+pub mod store;
+pub mod telemetry;

@@ -1,0 +1,140 @@
+//! The outbound-connection guard: Baton refuses to connect to loopback,
+//! private, link-local and metadata addresses unless the operator allows them
+//! (`--allow-upstream`). Checked after DNS resolution, in the HTTP client's
+//! resolver, so a name cannot smuggle a private address past it.
+
+use ipnet::IpNet;
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+/// Which outbound addresses are allowed.
+#[derive(Clone, Debug, Default)]
+pub struct OutboundPolicy {
+    /// Networks allowed even though they are internal.
+    pub allow: Vec<IpNet>,
+}
+
+impl OutboundPolicy {
+    /// Whether Baton may connect to `ip`.
+    pub fn permits(&self, ip: IpAddr) -> bool {
+        if self.allow.iter().any(|net| net.contains(&ip)) {
+            return true;
+        }
+        !is_internal(ip)
+    }
+
+    /// Checks a URL whose host is an IP literal (resolvers never see those).
+    pub fn check_url(&self, url: &reqwest::Url) -> Result<(), String> {
+        match url.host() {
+            Some(url::Host::Ipv4(ip)) => self.check_ip(IpAddr::V4(ip)),
+            Some(url::Host::Ipv6(ip)) => self.check_ip(IpAddr::V6(ip)),
+            Some(url::Host::Domain(_)) => Ok(()),
+            None => Err(format!("{url} has no host")),
+        }
+    }
+
+    fn check_ip(&self, ip: IpAddr) -> Result<(), String> {
+        if self.permits(ip) {
+            Ok(())
+        } else {
+            Err(format!(
+                "outbound connection to {ip} refused: internal address not in --allow-upstream"
+            ))
+        }
+    }
+
+    /// An HTTP client whose every connection obeys this policy.
+    pub fn client(&self, timeout: std::time::Duration) -> reqwest::Client {
+        reqwest::Client::builder()
+            .dns_resolver(Arc::new(GuardedResolver {
+                policy: self.clone(),
+            }))
+            .timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("HTTP client configuration is valid")
+    }
+}
+
+/// Loopback, private, link-local, unspecified, multicast, CGNAT, ULA and the
+/// cloud metadata address.
+pub fn is_internal(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_multicast()
+                || v4.is_broadcast()
+                || (a == 100 && (64..128).contains(&b))
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_internal(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80
+        }
+    }
+}
+
+struct GuardedResolver {
+    policy: OutboundPolicy,
+}
+
+impl Resolve for GuardedResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let policy = self.policy.clone();
+        Box::pin(async move {
+            let host = name.as_str().to_string();
+            let resolved: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let allowed: Vec<SocketAddr> = resolved
+                .iter()
+                .copied()
+                .filter(|addr| policy.permits(addr.ip()))
+                .collect();
+            if allowed.is_empty() {
+                let refused = std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!("{host} resolves only to internal addresses not in --allow-upstream"),
+                );
+                return Err(Box::new(refused) as Box<dyn std::error::Error + Send + Sync>);
+            }
+            Ok(Box::new(allowed.into_iter()) as Addrs)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_addresses_need_an_allowance() {
+        let policy = OutboundPolicy::default();
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "192.168.0.1",
+            "169.254.169.254",
+            "::1",
+            "fd00::1",
+        ] {
+            assert!(!policy.permits(ip.parse().unwrap()), "{ip}");
+        }
+        assert!(policy.permits("93.184.216.34".parse().unwrap()));
+        let loopback = OutboundPolicy {
+            allow: vec!["127.0.0.0/8".parse().unwrap()],
+        };
+        assert!(loopback.permits("127.0.0.1".parse().unwrap()));
+        assert!(!loopback.permits("10.0.0.1".parse().unwrap()));
+    }
+}

@@ -1,0 +1,526 @@
+//! A2A 1.0 core objects (`a2a.proto`): tasks, messages, parts, artifacts and
+//! the streaming events, in exact ProtoJSON.
+//!
+//! Every field accepts its snake_case proto name as an alias, and `null` as its
+//! default. Defaults are omitted on output; proto3 `optional` fields are emitted
+//! whenever they are set.
+
+use super::wire::{self, ProtoEnum, Struct, nullable};
+use chrono::{DateTime, Utc};
+use serde::de::{self, Deserializer};
+use serde::ser::{SerializeMap, Serializer};
+use serde::{Deserialize, Serialize};
+
+/// `TaskState`: where a task is in its lifecycle.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TaskState {
+    /// Not set; never emitted.
+    #[default]
+    Unspecified,
+    /// Accepted, not started.
+    Submitted,
+    /// Being worked on.
+    Working,
+    /// Finished successfully (terminal).
+    Completed,
+    /// Finished with an error (terminal).
+    Failed,
+    /// Canceled by the client (terminal).
+    Canceled,
+    /// Waiting for the client (interrupted).
+    InputRequired,
+    /// Refused by the agent (terminal).
+    Rejected,
+    /// Waiting for credentials (interrupted).
+    AuthRequired,
+}
+
+impl TaskState {
+    /// Terminal states can never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Completed | Self::Failed | Self::Canceled | Self::Rejected
+        )
+    }
+
+    /// Interrupted states wait for something outside the agent.
+    pub fn is_interrupted(self) -> bool {
+        matches!(self, Self::InputRequired | Self::AuthRequired)
+    }
+
+    /// The proto number, used as a compact key in ledger indexes.
+    pub fn number(self) -> u8 {
+        Self::VALUES
+            .iter()
+            .find(|(v, _, _)| *v == self)
+            .map(|(_, _, n)| *n as u8)
+            .unwrap_or(0)
+    }
+}
+
+impl ProtoEnum for TaskState {
+    const TYPE_NAME: &'static str = "TaskState";
+    const VALUES: &'static [(Self, &'static str, i32)] = &[
+        (Self::Unspecified, "TASK_STATE_UNSPECIFIED", 0),
+        (Self::Submitted, "TASK_STATE_SUBMITTED", 1),
+        (Self::Working, "TASK_STATE_WORKING", 2),
+        (Self::Completed, "TASK_STATE_COMPLETED", 3),
+        (Self::Failed, "TASK_STATE_FAILED", 4),
+        (Self::Canceled, "TASK_STATE_CANCELED", 5),
+        (Self::InputRequired, "TASK_STATE_INPUT_REQUIRED", 6),
+        (Self::Rejected, "TASK_STATE_REJECTED", 7),
+        (Self::AuthRequired, "TASK_STATE_AUTH_REQUIRED", 8),
+    ];
+
+    fn from_alias(text: &str) -> Option<Self> {
+        // v0.3 spellings, so older peers are understood.
+        Some(match text {
+            "submitted" => Self::Submitted,
+            "working" => Self::Working,
+            "completed" => Self::Completed,
+            "failed" => Self::Failed,
+            "canceled" | "cancelled" => Self::Canceled,
+            "input-required" => Self::InputRequired,
+            "rejected" => Self::Rejected,
+            "auth-required" => Self::AuthRequired,
+            _ => return None,
+        })
+    }
+}
+
+/// `Role`: who sent a message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Role {
+    /// Not set.
+    #[default]
+    Unspecified,
+    /// Client to agent.
+    User,
+    /// Agent to client.
+    Agent,
+}
+
+impl ProtoEnum for Role {
+    const TYPE_NAME: &'static str = "Role";
+    const VALUES: &'static [(Self, &'static str, i32)] = &[
+        (Self::Unspecified, "ROLE_UNSPECIFIED", 0),
+        (Self::User, "ROLE_USER", 1),
+        (Self::Agent, "ROLE_AGENT", 2),
+    ];
+
+    fn from_alias(text: &str) -> Option<Self> {
+        match text {
+            "user" => Some(Self::User),
+            "agent" => Some(Self::Agent),
+            _ => None,
+        }
+    }
+}
+
+macro_rules! proto_enum_serde {
+    ($ty:ty) => {
+        impl Serialize for $ty {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.proto_name())
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                wire::deserialize_enum(d)
+            }
+        }
+
+        impl $ty {
+            /// True for the zero value, which ProtoJSON omits.
+            pub fn is_unspecified(&self) -> bool {
+                *self == Self::default()
+            }
+        }
+    };
+}
+
+proto_enum_serde!(TaskState);
+proto_enum_serde!(Role);
+
+/// The content of a [`Part`]: exactly one of the proto's `oneof content`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PartContent {
+    /// `text`.
+    Text(String),
+    /// `raw`, base64 on the wire.
+    Raw(Vec<u8>),
+    /// `url`.
+    Url(String),
+    /// `data`: any JSON value.
+    Data(serde_json::Value),
+}
+
+/// `Part`: one piece of content, flat on the wire.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Part {
+    /// The content.
+    pub content: PartContent,
+    /// Part metadata.
+    pub metadata: Option<Struct>,
+    /// An optional file name.
+    pub filename: String,
+    /// The media type, e.g. `text/plain`.
+    pub media_type: String,
+}
+
+impl Part {
+    /// A text part.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self::from_content(PartContent::Text(text.into()))
+    }
+
+    /// A data part.
+    pub fn data(data: serde_json::Value) -> Self {
+        Self::from_content(PartContent::Data(data))
+    }
+
+    /// A part with no metadata, filename or media type.
+    pub fn from_content(content: PartContent) -> Self {
+        Self {
+            content,
+            metadata: None,
+            filename: String::new(),
+            media_type: String::new(),
+        }
+    }
+
+    /// The text, if this is a text part.
+    pub fn as_text(&self) -> Option<&str> {
+        match &self.content {
+            PartContent::Text(text) => Some(text),
+            _ => None,
+        }
+    }
+}
+
+impl Serialize for Part {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        match &self.content {
+            PartContent::Text(text) => map.serialize_entry("text", text)?,
+            PartContent::Raw(raw) => map.serialize_entry("raw", &wire::encode_base64(raw))?,
+            PartContent::Url(url) => map.serialize_entry("url", url)?,
+            PartContent::Data(data) => map.serialize_entry("data", data)?,
+        }
+        if let Some(metadata) = &self.metadata {
+            map.serialize_entry("metadata", metadata)?;
+        }
+        if !self.filename.is_empty() {
+            map.serialize_entry("filename", &self.filename)?;
+        }
+        if !self.media_type.is_empty() {
+            map.serialize_entry("mediaType", &self.media_type)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Part {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct PartWire {
+            #[serde(default)]
+            text: Option<String>,
+            #[serde(default)]
+            raw: Option<String>,
+            #[serde(default)]
+            url: Option<String>,
+            #[serde(default)]
+            data: Option<serde_json::Value>,
+            #[serde(default)]
+            metadata: Option<Struct>,
+            #[serde(default, deserialize_with = "nullable")]
+            filename: String,
+            #[serde(default, alias = "media_type", deserialize_with = "nullable")]
+            media_type: String,
+        }
+
+        let wire = PartWire::deserialize(d)?;
+        let mut contents = Vec::with_capacity(1);
+        if let Some(text) = wire.text {
+            contents.push(PartContent::Text(text));
+        }
+        if let Some(raw) = wire.raw {
+            contents.push(PartContent::Raw(
+                wire::decode_base64(&raw).map_err(de::Error::custom)?,
+            ));
+        }
+        if let Some(url) = wire.url {
+            contents.push(PartContent::Url(url));
+        }
+        if let Some(data) = wire.data {
+            contents.push(PartContent::Data(data));
+        }
+        if contents.len() != 1 {
+            return Err(de::Error::custom(format!(
+                "a Part must set exactly one of text, raw, url, data (found {})",
+                contents.len()
+            )));
+        }
+        Ok(Part {
+            content: contents.remove(0),
+            metadata: wire.metadata,
+            filename: wire.filename,
+            media_type: wire.media_type,
+        })
+    }
+}
+
+/// `Message`: one turn of communication.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Message {
+    /// Set by the sender; required.
+    #[serde(default, alias = "message_id", deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub message_id: String,
+    /// The conversation this message belongs to.
+    #[serde(default, alias = "context_id", deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub context_id: String,
+    /// The task this message belongs to, if any.
+    #[serde(default, alias = "task_id", deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub task_id: String,
+    /// Who sent it; required.
+    #[serde(default, skip_serializing_if = "Role::is_unspecified")]
+    pub role: Role,
+    /// The content; at least one part.
+    #[serde(default, deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<Part>,
+    /// Message metadata; extensions keep their data here under their URI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Struct>,
+    /// URIs of extensions this message uses.
+    #[serde(default, deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub extensions: Vec<String>,
+    /// Related tasks.
+    #[serde(default, alias = "reference_task_ids", deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reference_task_ids: Vec<String>,
+}
+
+impl Message {
+    /// An agent message with the given parts and a fresh id.
+    pub fn agent(parts: Vec<Part>) -> Self {
+        Self {
+            message_id: uuid::Uuid::new_v4().to_string(),
+            role: Role::Agent,
+            parts,
+            ..Self::default()
+        }
+    }
+
+    /// All text parts joined by newlines.
+    pub fn text(&self) -> String {
+        self.parts
+            .iter()
+            .filter_map(Part::as_text)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// `TaskStatus`: a state with an optional message and its time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatus {
+    /// The state; required.
+    #[serde(default, skip_serializing_if = "TaskState::is_unspecified")]
+    pub state: TaskState,
+    /// A message that goes with the state (a question, an error, a reason code).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<Message>,
+    /// When the state was entered.
+    #[serde(default, with = "wire::opt_timestamp")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<DateTime<Utc>>,
+}
+
+impl TaskStatus {
+    /// A status entered now.
+    pub fn now(state: TaskState, message: Option<Message>) -> Self {
+        Self {
+            state,
+            message,
+            timestamp: Some(Utc::now()),
+        }
+    }
+}
+
+/// `Artifact`: an output of a task.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Artifact {
+    /// Unique within the task; required.
+    #[serde(default, alias = "artifact_id", deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub artifact_id: String,
+    /// A human-readable name.
+    #[serde(default, deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// A human-readable description.
+    #[serde(default, deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    /// The content; at least one part.
+    #[serde(default, deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<Part>,
+    /// Artifact metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Struct>,
+    /// URIs of extensions used.
+    #[serde(default, deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub extensions: Vec<String>,
+}
+
+/// `Task`: the unit of work, as stored in the ledger and returned to clients.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Task {
+    /// Server-generated id; required.
+    #[serde(default, deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub id: String,
+    /// The conversation.
+    #[serde(default, alias = "context_id", deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub context_id: String,
+    /// Current status; required.
+    #[serde(default)]
+    pub status: TaskStatus,
+    /// Outputs.
+    #[serde(default, deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<Artifact>,
+    /// The messages exchanged, oldest first.
+    #[serde(default, deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Message>,
+    /// Task metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Struct>,
+}
+
+impl Task {
+    /// A copy shaped for a reply: at most `history_length` recent messages
+    /// (unset keeps all, 0 keeps none) and artifacts only when asked for.
+    pub fn view(&self, history_length: Option<i32>, include_artifacts: bool) -> Task {
+        let history = match history_length {
+            None => self.history.clone(),
+            Some(n) => {
+                let keep = usize::try_from(n).unwrap_or(0).min(self.history.len());
+                self.history[self.history.len() - keep..].to_vec()
+            }
+        };
+        Task {
+            id: self.id.clone(),
+            context_id: self.context_id.clone(),
+            status: self.status.clone(),
+            artifacts: if include_artifacts {
+                self.artifacts.clone()
+            } else {
+                Vec::new()
+            },
+            history,
+            metadata: self.metadata.clone(),
+        }
+    }
+}
+
+/// `TaskStatusUpdateEvent`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatusUpdateEvent {
+    /// The task.
+    #[serde(default, alias = "task_id", deserialize_with = "nullable")]
+    pub task_id: String,
+    /// The task's context.
+    #[serde(default, alias = "context_id", deserialize_with = "nullable")]
+    pub context_id: String,
+    /// The new status.
+    #[serde(default)]
+    pub status: TaskStatus,
+    /// Event metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Struct>,
+}
+
+/// `TaskArtifactUpdateEvent`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskArtifactUpdateEvent {
+    /// The task.
+    #[serde(default, alias = "task_id", deserialize_with = "nullable")]
+    pub task_id: String,
+    /// The task's context.
+    #[serde(default, alias = "context_id", deserialize_with = "nullable")]
+    pub context_id: String,
+    /// The artifact, or a chunk of it.
+    #[serde(default)]
+    pub artifact: Artifact,
+    /// Append to the earlier artifact with the same id.
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "wire::is_false"
+    )]
+    pub append: bool,
+    /// This is the artifact's last chunk.
+    #[serde(default, alias = "last_chunk", deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "wire::is_false")]
+    pub last_chunk: bool,
+    /// Event metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Struct>,
+}
+
+/// `SendMessageResponse`: a task or a direct message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SendMessageResponse {
+    /// The task the message created or continued.
+    Task(Task),
+    /// A direct reply; no task exists.
+    Message(Message),
+}
+
+/// `StreamResponse`: one event of a stream, a webhook body, or a ledger event.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StreamResponse {
+    /// A task snapshot.
+    Task(Task),
+    /// A direct message.
+    Message(Message),
+    /// A status change.
+    #[serde(alias = "status_update")]
+    StatusUpdate(TaskStatusUpdateEvent),
+    /// An artifact or artifact chunk.
+    #[serde(alias = "artifact_update")]
+    ArtifactUpdate(TaskArtifactUpdateEvent),
+}
+
+impl StreamResponse {
+    /// The task state this event leaves the task in, if it says.
+    pub fn state(&self) -> Option<TaskState> {
+        match self {
+            Self::Task(task) => Some(task.status.state),
+            Self::StatusUpdate(update) => Some(update.status.state),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! ProtoJSON helpers shared by the wire types: lenient input, exact output.
+//!
+//! Output follows ProtoJSON to the letter (RFC 3339 UTC timestamps with milliseconds,
+//! standard padded base64). Input accepts what ProtoJSON parsers accept: `null` for a
+//! default, numbers given as strings or as integral doubles, any RFC 3339 offset, and
+//! standard or URL-safe base64 with or without padding.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serializer};
+use std::fmt;
+
+/// A JSON object, as used for `google.protobuf.Struct` fields.
+pub type Struct = serde_json::Map<String, serde_json::Value>;
+
+/// Deserializes `null` as the type's default, as ProtoJSON does.
+pub fn nullable<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+/// Formats a timestamp the way the spec prefers: UTC, `Z`, milliseconds.
+pub fn format_timestamp(ts: &DateTime<Utc>) -> String {
+    ts.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// Parses an RFC 3339 timestamp with any offset, normalised to UTC.
+pub fn parse_timestamp(text: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("invalid RFC 3339 timestamp {text:?}: {e}"))
+}
+
+/// Serde adapter for `Option<DateTime<Utc>>` timestamp fields.
+pub mod opt_timestamp {
+    use super::*;
+
+    /// Writes the timestamp in RFC 3339 UTC with milliseconds.
+    pub fn serialize<S: Serializer>(ts: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Error> {
+        match ts {
+            Some(ts) => s.serialize_str(&format_timestamp(ts)),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Reads an RFC 3339 timestamp, or `null`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            Some(text) => parse_timestamp(&text).map(Some).map_err(de::Error::custom),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Decodes base64 in any of the alphabets and paddings ProtoJSON parsers accept.
+pub fn decode_base64(text: &str) -> Result<Vec<u8>, String> {
+    let engines = [&STANDARD, &STANDARD_NO_PAD, &URL_SAFE, &URL_SAFE_NO_PAD];
+    engines
+        .iter()
+        .find_map(|engine| engine.decode(text).ok())
+        .ok_or_else(|| "invalid base64 in bytes field".to_string())
+}
+
+/// Encodes bytes as standard padded base64, as ProtoJSON writes them.
+pub fn encode_base64(bytes: &[u8]) -> String {
+    STANDARD.encode(bytes)
+}
+
+/// Serde adapter for `Option<i32>` fields: accepts numbers, integral doubles
+/// (SDKs built on protobuf send `10.0`) and numeric strings; rejects the rest.
+pub mod opt_int32 {
+    use super::*;
+
+    /// Writes the number when it is set.
+    pub fn serialize<S: Serializer>(value: &Option<i32>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(v) => s.serialize_i32(*v),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Reads an int32 leniently, or `null`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i32>, D::Error> {
+        d.deserialize_any(Int32Visitor)
+    }
+}
+
+/// Reads a plain (non-optional) int32 leniently; `null` is 0.
+pub fn int32<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
+    Ok(d.deserialize_any(Int32Visitor)?.unwrap_or_default())
+}
+
+struct Int32Visitor;
+
+impl<'de> Visitor<'de> for Int32Visitor {
+    type Value = Option<i32>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a 32-bit integer")
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        i32::try_from(v)
+            .map(Some)
+            .map_err(|_| E::custom(format!("{v} is out of the int32 range")))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        i32::try_from(v)
+            .map(Some)
+            .map_err(|_| E::custom(format!("{v} is out of the int32 range")))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        if v.fract() != 0.0 || !v.is_finite() {
+            return Err(E::custom(format!("{v} is not an integer")));
+        }
+        if v < f64::from(i32::MIN) || v > f64::from(i32::MAX) {
+            return Err(E::custom(format!("{v} is out of the int32 range")));
+        }
+        Ok(Some(v as i32))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        v.trim()
+            .parse::<i64>()
+            .map_err(|_| E::custom(format!("{v:?} is not an integer")))
+            .and_then(|n| self.visit_i64(n))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+}
+
+/// Skips a `bool` field at its default when serializing.
+pub fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+/// Enums on the wire: the proto name on output; the name, a lenient alias or
+/// the number on input.
+pub trait ProtoEnum: Sized + Copy + 'static {
+    /// Every value with its proto name and number.
+    const VALUES: &'static [(Self, &'static str, i32)];
+    /// What the enum is called in errors.
+    const TYPE_NAME: &'static str;
+
+    /// Extra spellings accepted on input (for example v0.3 lowercase names).
+    fn from_alias(_text: &str) -> Option<Self> {
+        None
+    }
+
+    /// The proto name.
+    fn proto_name(self) -> &'static str
+    where
+        Self: PartialEq,
+    {
+        Self::VALUES
+            .iter()
+            .find(|(v, _, _)| *v == self)
+            .map(|(_, name, _)| *name)
+            .unwrap_or("")
+    }
+
+    /// Parses a proto name or alias.
+    fn from_name(text: &str) -> Option<Self> {
+        Self::VALUES
+            .iter()
+            .find(|(_, name, _)| *name == text)
+            .map(|(v, _, _)| *v)
+            .or_else(|| Self::from_alias(text))
+    }
+
+    /// Parses a proto number.
+    fn from_number(n: i64) -> Option<Self> {
+        Self::VALUES
+            .iter()
+            .find(|(_, _, num)| i64::from(*num) == n)
+            .map(|(v, _, _)| *v)
+    }
+}
+
+/// Deserializes a [`ProtoEnum`] from its name, an alias or its number.
+pub fn deserialize_enum<'de, D, E>(d: D) -> Result<E, D::Error>
+where
+    D: Deserializer<'de>,
+    E: ProtoEnum + Default,
+{
+    struct EnumVisitor<E>(std::marker::PhantomData<E>);
+
+    impl<'de, E: ProtoEnum + Default> Visitor<'de> for EnumVisitor<E> {
+        type Value = E;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "a {} name or number", E::TYPE_NAME)
+        }
+
+        fn visit_str<Er: de::Error>(self, v: &str) -> Result<E, Er> {
+            E::from_name(v).ok_or_else(|| Er::custom(format!("unknown {} {v:?}", E::TYPE_NAME)))
+        }
+
+        fn visit_i64<Er: de::Error>(self, v: i64) -> Result<E, Er> {
+            E::from_number(v).ok_or_else(|| Er::custom(format!("unknown {} {v}", E::TYPE_NAME)))
+        }
+
+        fn visit_u64<Er: de::Error>(self, v: u64) -> Result<E, Er> {
+            self.visit_i64(i64::try_from(v).unwrap_or(i64::MAX))
+        }
+
+        fn visit_f64<Er: de::Error>(self, v: f64) -> Result<E, Er> {
+            if v.fract() == 0.0 && v.is_finite() {
+                self.visit_i64(v as i64)
+            } else {
+                Err(Er::custom(format!("unknown {} {v}", E::TYPE_NAME)))
+            }
+        }
+
+        fn visit_unit<Er: de::Error>(self) -> Result<E, Er> {
+            Ok(E::default())
+        }
+
+        fn visit_none<Er: de::Error>(self) -> Result<E, Er> {
+            Ok(E::default())
+        }
+    }
+
+    d.deserialize_any(EnumVisitor(std::marker::PhantomData))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_accepts_every_alphabet() {
+        assert_eq!(decode_base64("aGk=").unwrap(), b"hi");
+        assert_eq!(decode_base64("aGk").unwrap(), b"hi");
+        assert_eq!(decode_base64("-_8=").unwrap(), vec![0xfb, 0xff]);
+        assert!(decode_base64("not base64!").is_err());
+        assert_eq!(encode_base64(&[0xfb, 0xff]), "+/8=");
+    }
+
+    #[test]
+    fn timestamps_normalise_to_utc_millis() {
+        let ts = parse_timestamp("2026-01-02T03:04:05+02:00").unwrap();
+        assert_eq!(format_timestamp(&ts), "2026-01-02T01:04:05.000Z");
+        assert!(parse_timestamp("yesterday").is_err());
+    }
+}

@@ -1,0 +1,242 @@
+//! Push notifications: every durable event of a task is POSTed, as one
+//! `StreamResponse`, to each webhook configured for the task.
+//!
+//! Events enter a bounded queue per shard (a task always maps to the same
+//! shard, so its webhooks see its events in order). A full queue drops the
+//! notification and counts it rather than slowing the ledger. Failed
+//! deliveries (connection errors, 5xx, 429) are retried with exponential
+//! backoff; other 4xx answers are final.
+
+use crate::error::FieldViolation;
+use crate::netguard::OutboundPolicy;
+use crate::protocol::TaskPushNotificationConfig;
+use crate::store::Ledger;
+use crate::store::hub::LedgerEvent;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// The notification token header, as the official SDKs send it.
+pub const TOKEN_HEADER: &str = "X-A2A-Notification-Token";
+
+/// Delivery settings.
+#[derive(Clone, Debug)]
+pub struct PushSettings {
+    /// Queue length per shard.
+    pub queue_capacity: usize,
+    /// Delivery workers (shards).
+    pub workers: usize,
+    /// Attempts per notification, the first included.
+    pub max_attempts: u32,
+    /// Wait before the first retry; doubles each time.
+    pub initial_backoff: Duration,
+    /// Timeout of one POST.
+    pub request_timeout: Duration,
+}
+
+impl Default for PushSettings {
+    fn default() -> Self {
+        Self {
+            queue_capacity: 4096,
+            workers: 4,
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(200),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Checks a push config's fields; `prefix` names where it sits in the params.
+pub fn check_config(
+    config: &TaskPushNotificationConfig,
+    prefix: &str,
+    violations: &mut Vec<FieldViolation>,
+) {
+    match reqwest::Url::parse(&config.url) {
+        _ if config.url.trim().is_empty() => {
+            violations.push(FieldViolation::new(format!("{prefix}url"), "is required"));
+        }
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {}
+        Ok(_) => violations.push(FieldViolation::new(
+            format!("{prefix}url"),
+            "must be an absolute http or https URL",
+        )),
+        Err(err) => violations.push(FieldViolation::new(
+            format!("{prefix}url"),
+            format!("is not a valid URL: {err}"),
+        )),
+    }
+    if let Some(auth) = &config.authentication
+        && auth.scheme.trim().is_empty()
+    {
+        violations.push(FieldViolation::new(
+            format!("{prefix}authentication.scheme"),
+            "is required",
+        ));
+    }
+}
+
+/// Counters of push delivery.
+#[derive(Debug, Default)]
+pub struct PushStats {
+    /// Notifications delivered (2xx).
+    pub delivered: AtomicU64,
+    /// Notifications given up after the last attempt or a final 4xx.
+    pub failed: AtomicU64,
+    /// Notifications dropped because a queue was full.
+    pub dropped: AtomicU64,
+}
+
+/// Queues events for webhook delivery.
+#[derive(Clone)]
+pub struct PushDispatcher {
+    shards: Arc<Vec<mpsc::Sender<Arc<LedgerEvent>>>>,
+    /// Delivery counters.
+    pub stats: Arc<PushStats>,
+}
+
+impl PushDispatcher {
+    /// Starts the workers and hooks them to the ledger's durable events.
+    pub fn start(ledger: &Arc<Ledger>, policy: OutboundPolicy, settings: PushSettings) -> Self {
+        let client = policy.client(settings.request_timeout);
+        let stats = Arc::new(PushStats::default());
+        let mut shards = Vec::with_capacity(settings.workers);
+        for _ in 0..settings.workers.max(1) {
+            let (sender, receiver) = mpsc::channel(settings.queue_capacity);
+            shards.push(sender);
+            let worker = Worker {
+                ledger: Arc::downgrade(ledger),
+                client: client.clone(),
+                policy: policy.clone(),
+                settings: settings.clone(),
+                stats: stats.clone(),
+            };
+            tokio::spawn(worker.run(receiver));
+        }
+        let dispatcher = Self {
+            shards: Arc::new(shards),
+            stats,
+        };
+        let hook = dispatcher.clone();
+        ledger
+            .hub()
+            .add_sink(Box::new(move |event| hook.enqueue(event)));
+        dispatcher
+    }
+
+    fn enqueue(&self, event: &Arc<LedgerEvent>) {
+        let shard = shard_of(&event.task_id, self.shards.len());
+        if self.shards[shard].try_send(event.clone()).is_err() {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(task_id = %event.task_id, seq = event.seq, "push queue full; notification dropped");
+        }
+    }
+}
+
+fn shard_of(task_id: &str, shards: usize) -> usize {
+    let hash = task_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    (hash % shards as u64) as usize
+}
+
+struct Worker {
+    ledger: Weak<Ledger>,
+    client: reqwest::Client,
+    policy: OutboundPolicy,
+    settings: PushSettings,
+    stats: Arc<PushStats>,
+}
+
+impl Worker {
+    async fn run(self, mut receiver: mpsc::Receiver<Arc<LedgerEvent>>) {
+        while let Some(event) = receiver.recv().await {
+            let Some(ledger) = self.ledger.upgrade() else {
+                return;
+            };
+            let configs = match ledger.push_configs(&event.task_id) {
+                Ok(configs) => configs,
+                Err(err) => {
+                    tracing::error!(task_id = %event.task_id, %err, "cannot read push configs");
+                    continue;
+                }
+            };
+            drop(ledger);
+            if configs.is_empty() {
+                continue;
+            }
+            let body = match serde_json::to_vec(&event.event) {
+                Ok(body) => bytes::Bytes::from(body),
+                Err(err) => {
+                    tracing::error!(%err, "cannot encode push notification");
+                    continue;
+                }
+            };
+            for config in configs {
+                self.deliver(&config, &event, body.clone()).await;
+            }
+        }
+    }
+
+    async fn deliver(
+        &self,
+        config: &TaskPushNotificationConfig,
+        event: &LedgerEvent,
+        body: bytes::Bytes,
+    ) {
+        let url = match reqwest::Url::parse(&config.url) {
+            Ok(url) => url,
+            Err(err) => {
+                tracing::warn!(url = %config.url, %err, "push config has an invalid URL");
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        if let Err(reason) = self.policy.check_url(&url) {
+            tracing::warn!(task_id = %event.task_id, url = %config.url, %reason, "push delivery refused");
+            self.stats.failed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut backoff = self.settings.initial_backoff;
+        for attempt in 1..=self.settings.max_attempts {
+            let mut request = self
+                .client
+                .post(url.clone())
+                .header(reqwest::header::CONTENT_TYPE, "application/a2a+json")
+                .body(body.clone());
+            if let Some(auth) = &config.authentication {
+                request = request.header(
+                    reqwest::header::AUTHORIZATION,
+                    format!("{} {}", auth.scheme, auth.credentials)
+                        .trim_end()
+                        .to_string(),
+                );
+            }
+            if !config.token.is_empty() {
+                request = request.header(TOKEN_HEADER, &config.token);
+            }
+            let retryable = match request.send().await {
+                Ok(response) if response.status().is_success() => {
+                    self.stats.delivered.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                Ok(response) => {
+                    let status = response.status();
+                    tracing::warn!(task_id = %event.task_id, url = %config.url, %status, attempt, "push delivery rejected");
+                    status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS
+                }
+                Err(err) => {
+                    tracing::warn!(task_id = %event.task_id, url = %config.url, %err, attempt, "push delivery failed");
+                    true
+                }
+            };
+            if !retryable || attempt == self.settings.max_attempts {
+                break;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
+        }
+        self.stats.failed.fetch_add(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,163 @@
+//! Publication of AgentCards: each agent's card rewritten to route through
+//! Baton, and the gateway's own card, with the ETag and caching headers that
+//! go with them.
+
+use crate::agents::AgentHandle;
+use crate::protocol::{
+    AgentCapabilities, AgentCard, AgentExtension, AgentInterface, AgentProvider, AgentSkill,
+    HANDOFF_EXTENSION, PROTOCOL_VERSION,
+};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+
+/// `Cache-Control` of published cards.
+const CARD_CACHE_CONTROL: &str = "public, max-age=300";
+
+/// A card ready to serve: its JSON, its ETag and when it last changed.
+#[derive(Clone, Debug)]
+pub struct PublishedCard {
+    /// The card.
+    pub card: AgentCard,
+    /// The serialized card.
+    pub body: bytes::Bytes,
+    /// Strong ETag over the body.
+    pub etag: String,
+    /// `Last-Modified` value.
+    pub last_modified: String,
+}
+
+impl PublishedCard {
+    /// Serializes `card` and computes its validators.
+    pub fn new(card: AgentCard, modified: chrono::DateTime<chrono::Utc>) -> Self {
+        let body = serde_json::to_vec(&card).expect("cards always serialize");
+        let digest = Sha256::digest(&body);
+        let etag = format!("\"{}\"", hex(&digest[..16]));
+        Self {
+            card,
+            body: body.into(),
+            etag,
+            last_modified: modified.format("%a, %d %b %Y %H:%M:%S GMT").to_string(),
+        }
+    }
+
+    /// The card, or 304 when the client's `If-None-Match` matches.
+    pub fn respond(&self, request_headers: &HeaderMap) -> Response {
+        let matches = request_headers
+            .get_all(header::IF_NONE_MATCH)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|tag| tag.trim().trim_start_matches("W/"))
+            .any(|tag| tag == "*" || tag == self.etag);
+        let mut response = if matches {
+            StatusCode::NOT_MODIFIED.into_response()
+        } else {
+            let mut response = self.body.clone().into_response();
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            response
+        };
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static(CARD_CACHE_CONTROL),
+        );
+        if let Ok(etag) = HeaderValue::from_str(&self.etag) {
+            headers.insert(header::ETAG, etag);
+        }
+        if let Ok(modified) = HeaderValue::from_str(&self.last_modified) {
+            headers.insert(header::LAST_MODIFIED, modified);
+        }
+        response
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The handoff extension as declared in every published card.
+pub fn handoff_extension() -> AgentExtension {
+    AgentExtension {
+        uri: HANDOFF_EXTENSION.into(),
+        description: "Baton handoffs: trace id, hop limit, deadline and typed handoff payloads \
+                      (metadata key urn:baton:handoff:v1)."
+            .into(),
+        required: false,
+        params: None,
+    }
+}
+
+fn jsonrpc_interface(url: String) -> AgentInterface {
+    AgentInterface {
+        url,
+        protocol_binding: "JSONRPC".into(),
+        tenant: String::new(),
+        protocol_version: PROTOCOL_VERSION.into(),
+    }
+}
+
+/// An agent's card as Baton publishes it: interfaces point at Baton, the
+/// handoff extension is declared, everything else is the agency's card.
+pub fn publish_agent_card(agent: &AgentHandle, public_url: &str) -> AgentCard {
+    let mut card = agent.agent.card().clone();
+    card.supported_interfaces = vec![jsonrpc_interface(format!(
+        "{public_url}/agents/{}/a2a",
+        agent.id
+    ))];
+    if !card
+        .capabilities
+        .extensions
+        .iter()
+        .any(|e| e.uri == HANDOFF_EXTENSION)
+    {
+        card.capabilities.extensions.push(handoff_extension());
+    }
+    // Baton serves GetExtendedAgentCard for every agent it publishes.
+    card.capabilities.extended_agent_card = Some(true);
+    card
+}
+
+/// The gateway's own card: a virtual agent whose skills are every agent's
+/// skills, named `{agentId}/{skillId}`.
+pub fn gateway_card(agents: &[&AgentHandle], public_url: &str) -> AgentCard {
+    let skills = agents
+        .iter()
+        .flat_map(|agent| {
+            agent
+                .agent
+                .card()
+                .skills
+                .iter()
+                .map(move |skill| AgentSkill {
+                    id: format!("{}/{}", agent.id, skill.id),
+                    ..skill.clone()
+                })
+        })
+        .collect();
+    AgentCard {
+        name: "Baton".into(),
+        description: "A2A gateway: routes each call to a registered agent and keeps every task \
+                      in a durable ledger. Address an agent with params.tenant = its id."
+            .into(),
+        supported_interfaces: vec![jsonrpc_interface(format!("{public_url}/a2a"))],
+        provider: Some(AgentProvider {
+            url: "https://github.com/baton-gateway/baton".into(),
+            organization: "Baton".into(),
+        }),
+        version: env!("CARGO_PKG_VERSION").into(),
+        capabilities: AgentCapabilities {
+            streaming: Some(true),
+            push_notifications: Some(true),
+            extensions: vec![handoff_extension()],
+            extended_agent_card: Some(true),
+        },
+        default_input_modes: vec!["text/plain".into(), "application/json".into()],
+        default_output_modes: vec!["text/plain".into(), "application/json".into()],
+        skills,
+        ..AgentCard::default()
+    }
+}

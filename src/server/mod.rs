@@ -1,0 +1,375 @@
+//! The HTTP surface: the router, the JSON-RPC endpoints, card publication,
+//! health, and graceful shutdown.
+
+pub mod cards;
+
+use crate::error::GatewayError;
+use crate::gateway::{CallContext, Gateway};
+use crate::jsonrpc::dispatch::{dispatch, error_reply, json_reply};
+use crate::jsonrpc::parse_request;
+use crate::protocol::HANDOFF_EXTENSION;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use cards::PublishedCard;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The principal of every call while no API keys are configured.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// HTTP-level settings.
+#[derive(Clone, Debug)]
+pub struct ServerSettings {
+    /// Base URL written into published cards.
+    pub public_url: String,
+    /// Agent for `/a2a` calls without a `tenant`.
+    pub default_agent: String,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+}
+
+/// Shared state of every handler.
+#[derive(Clone)]
+pub struct AppState {
+    gateway: Arc<Gateway>,
+    settings: Arc<ServerSettings>,
+    gateway_card: Arc<PublishedCard>,
+    agent_cards: Arc<HashMap<String, PublishedCard>>,
+}
+
+impl AppState {
+    /// Builds the state and publishes every agent's card.
+    pub fn new(gateway: Arc<Gateway>, settings: ServerSettings) -> Self {
+        let now = chrono::Utc::now();
+        let agents = gateway.agents();
+        let gateway_card =
+            PublishedCard::new(cards::gateway_card(&agents, &settings.public_url), now);
+        let agent_cards = agents
+            .iter()
+            .map(|agent| {
+                let card = cards::publish_agent_card(agent, &settings.public_url);
+                (agent.id.clone(), PublishedCard::new(card, now))
+            })
+            .collect();
+        Self {
+            gateway,
+            settings: Arc::new(settings),
+            gateway_card: Arc::new(gateway_card),
+            agent_cards: Arc::new(agent_cards),
+        }
+    }
+}
+
+/// The router, apart from any listener.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/.well-known/agent-card.json", get(gateway_card))
+        .route("/a2a", post(rpc_gateway))
+        .route("/a2a/", post(rpc_gateway))
+        .route("/agents/{id}/a2a", post(rpc_agent))
+        .route("/agents/{id}/a2a/", post(rpc_agent))
+        .route("/agents/{id}/.well-known/agent-card.json", get(agent_card))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then drains open
+/// connections for at most `grace` (SSE streams end at once).
+pub async fn run(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> std::io::Result<()> {
+    let gateway = state.gateway.clone();
+    let stop = gateway.shutdown.clone();
+    let server = axum::serve(listener, app(state)).with_graceful_shutdown(async move {
+        shutdown.await;
+        tracing::info!("shutting down: closing streams and draining connections");
+        stop.cancel();
+    });
+    let drained = gateway.shutdown.clone();
+    tokio::select! {
+        result = server => result,
+        _ = async move {
+            drained.cancelled().await;
+            tokio::time::sleep(grace).await;
+        } => {
+            tracing::warn!(?grace, "drain grace period over; closing remaining connections");
+            Ok(())
+        }
+    }
+}
+
+async fn gateway_card(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    state.gateway_card.respond(&headers)
+}
+
+async fn agent_card(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    match state.agent_cards.get(&id) {
+        Some(card) => card.respond(&headers),
+        None => (
+            StatusCode::NOT_FOUND,
+            axum::Json(serde_json::json!({"error": format!("no agent {id:?} is registered")})),
+        )
+            .into_response(),
+    }
+}
+
+async fn healthz() -> Response {
+    axum::Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    match state.gateway.ledger().get("readyz-probe") {
+        Ok(_) => axum::Json(serde_json::json!({"status": "ready"})).into_response(),
+        Err(err) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({"status": "unavailable", "reason": err.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+async fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(serde_json::json!({"error": "not found"})),
+    )
+        .into_response()
+}
+
+async fn rpc_gateway(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    serve_rpc(state, None, query, headers, body).await
+}
+
+async fn rpc_agent(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if state.gateway.agent(&id).is_none() {
+        let error = GatewayError::invalid_field("agent", format!("no agent {id:?} is registered"));
+        return json_reply(
+            StatusCode::NOT_FOUND,
+            crate::jsonrpc::error_body(None, &error),
+        );
+    }
+    serve_rpc(state, Some(id), query, headers, body).await
+}
+
+/// `A2A-Version` from the header or the query; absent or empty means 0.3.
+fn requested_version(headers: &HeaderMap, query: Option<&str>) -> String {
+    let from_header = headers
+        .get("a2a-version")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty());
+    let from_query = || {
+        query?
+            .split('&')
+            .filter_map(|pair| pair.split_once('='))
+            .find(|(key, _)| key.eq_ignore_ascii_case("a2a-version"))
+            .map(|(_, value)| value.trim())
+            .filter(|v| !v.is_empty())
+    };
+    from_header.or_else(from_query).unwrap_or("0.3").to_string()
+}
+
+/// Baton speaks 1.x; the patch number is ignored as the spec requires.
+fn check_version(version: &str) -> Result<(), GatewayError> {
+    let major = version.split('.').next().unwrap_or("");
+    if major == "1" {
+        Ok(())
+    } else {
+        Err(GatewayError::VersionNotSupported(version.to_string()))
+    }
+}
+
+fn is_json_content_type(headers: &HeaderMap) -> bool {
+    match headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    {
+        None => true, // lenient: a missing header is read as JSON
+        Some(value) => {
+            let essence = value
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            essence == "application/json" || essence.ends_with("+json")
+        }
+    }
+}
+
+/// Extensions the client asked for that the agent supports.
+fn activated_extensions(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all("a2a-extensions")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|uri| *uri == HANDOFF_EXTENSION)
+        .map(str::to_string)
+        .collect()
+}
+
+/// Reads `tenant` from the params without decoding the rest.
+fn peek_tenant(params: &serde_json::value::RawValue) -> String {
+    #[derive(serde::Deserialize)]
+    struct TenantOnly {
+        #[serde(default)]
+        tenant: Option<String>,
+    }
+    serde_json::from_str::<TenantOnly>(params.get())
+        .ok()
+        .and_then(|t| t.tenant)
+        .unwrap_or_default()
+}
+
+async fn serve_rpc(
+    state: AppState,
+    path_agent: Option<String>,
+    query: Option<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let limit = state.settings.max_body_bytes;
+    let body = match axum::body::to_bytes(body, limit).await {
+        Ok(body) => body,
+        Err(_) => {
+            let error = GatewayError::InvalidRequest(format!(
+                "request body exceeds the limit of {limit} bytes"
+            ));
+            return json_reply(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                crate::jsonrpc::error_body(None, &error),
+            );
+        }
+    };
+    if !is_json_content_type(&headers) {
+        let error = GatewayError::ContentTypeNotSupported(
+            "JSON-RPC requests must be sent as Content-Type: application/json".into(),
+        );
+        return error_reply(None, &error);
+    }
+    let request = match parse_request(&body) {
+        Ok(request) => request,
+        Err(failure) => return error_reply(failure.id, &failure.error),
+    };
+    if let Err(error) = check_version(&requested_version(&headers, query.as_deref())) {
+        return error_reply(Some(request.id), &error);
+    }
+
+    let agent_id = match path_agent {
+        Some(id) => id,
+        None => {
+            let tenant = peek_tenant(request.params);
+            if tenant.is_empty() {
+                state.settings.default_agent.clone()
+            } else if state.gateway.agent(&tenant).is_some() {
+                tenant
+            } else {
+                let error = GatewayError::invalid_field(
+                    "tenant",
+                    format!("no agent {tenant:?} is registered"),
+                );
+                return error_reply(Some(request.id), &error);
+            }
+        }
+    };
+    let extensions = activated_extensions(&headers);
+    let idempotency_key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| {
+            // With the handoff extension active, the messageId is the key (DESIGN.md §2).
+            if extensions.is_empty() {
+                return None;
+            }
+            #[derive(serde::Deserialize)]
+            struct MessageIdOnly {
+                message: Option<IdOnly>,
+            }
+            #[derive(serde::Deserialize)]
+            struct IdOnly {
+                #[serde(alias = "message_id", rename = "messageId")]
+                message_id: Option<String>,
+            }
+            serde_json::from_str::<MessageIdOnly>(request.params.get())
+                .ok()
+                .and_then(|p| p.message?.message_id)
+        });
+    let ctx = CallContext {
+        principal: ANONYMOUS.to_string(),
+        agent_id: agent_id.clone(),
+        idempotency_key,
+    };
+    let card = match state.agent_cards.get(&agent_id) {
+        Some(card) if request.method == crate::protocol::methods::GET_EXTENDED_AGENT_CARD => {
+            // `/a2a` without a tenant answers for the gateway's virtual agent.
+            if agent_id == state.settings.default_agent && peek_tenant(request.params).is_empty() {
+                &state.gateway_card.card
+            } else {
+                &card.card
+            }
+        }
+        _ => &state.gateway_card.card,
+    };
+    let span = tracing::info_span!("rpc", method = request.method, agent = %agent_id);
+    let mut response = {
+        let _entered = span.enter();
+        tracing::debug!("dispatch");
+        drop(_entered);
+        dispatch(&state.gateway, &ctx, request, card).await
+    };
+    if !extensions.is_empty()
+        && let Ok(value) = HeaderValue::from_str(&extensions.join(","))
+    {
+        response.headers_mut().insert("a2a-extensions", value);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions() {
+        assert!(check_version("1.0").is_ok());
+        assert!(check_version("1.0.1").is_ok());
+        assert!(check_version("1").is_ok());
+        assert_eq!(check_version("0.3").unwrap_err().code(), -32009);
+        assert_eq!(check_version("99.0").unwrap_err().code(), -32009);
+        let mut headers = HeaderMap::new();
+        assert_eq!(requested_version(&headers, None), "0.3");
+        assert_eq!(requested_version(&headers, Some("A2A-Version=1.0")), "1.0");
+        headers.insert("a2a-version", HeaderValue::from_static(""));
+        assert_eq!(requested_version(&headers, None), "0.3");
+    }
+}

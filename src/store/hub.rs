@@ -1,0 +1,69 @@
+//! In-memory fan-out of ledger events to the streams watching each task.
+//!
+//! Each task with watchers has one broadcast channel. Events arrive here only
+//! after they are durable, in ledger order, each with its sequence number, so
+//! a watcher that falls behind can replay the gap from the ledger's event log.
+
+use crate::protocol::StreamResponse;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use tokio::sync::broadcast;
+
+/// How many events a slow watcher may fall behind before it must replay.
+const CHANNEL_CAPACITY: usize = 256;
+
+/// One durable event of one task.
+#[derive(Debug)]
+pub struct LedgerEvent {
+    /// The task.
+    pub task_id: String,
+    /// Position in the task's event log, from 1.
+    pub seq: u64,
+    /// The event.
+    pub event: StreamResponse,
+}
+
+/// A callback for every durable event (push delivery hooks in here).
+pub type EventSink = Box<dyn Fn(&std::sync::Arc<LedgerEvent>) + Send + Sync>;
+
+/// Fan-out of durable events to per-task watchers.
+#[derive(Default)]
+pub struct EventHub {
+    // std Mutex: only map operations under it, no await.
+    channels: Mutex<HashMap<String, broadcast::Sender<std::sync::Arc<LedgerEvent>>>>,
+    sinks: Mutex<Vec<EventSink>>,
+}
+
+impl EventHub {
+    /// Watches `task_id`; the receiver gets every event published after this call.
+    pub fn watch(&self, task_id: &str) -> broadcast::Receiver<std::sync::Arc<LedgerEvent>> {
+        let mut channels = self.channels.lock().expect("hub lock");
+        channels
+            .entry(task_id.to_string())
+            .or_insert_with(|| broadcast::channel(CHANNEL_CAPACITY).0)
+            .subscribe()
+    }
+
+    /// Adds a callback that sees every durable event.
+    pub fn add_sink(&self, sink: EventSink) {
+        self.sinks.lock().expect("hub lock").push(sink);
+    }
+
+    /// Publishes one durable event.
+    pub fn publish(&self, event: std::sync::Arc<LedgerEvent>) {
+        for sink in self.sinks.lock().expect("hub lock").iter() {
+            sink(&event);
+        }
+        let mut channels = self.channels.lock().expect("hub lock");
+        let terminal = event.event.state().is_some_and(|s| s.is_terminal());
+        if let Some(sender) = channels.get(&event.task_id) {
+            if sender.receiver_count() > 0 {
+                let _ = sender.send(event.clone());
+            }
+            // Nothing follows a terminal event; watchers drain, then see Closed.
+            if terminal || sender.receiver_count() == 0 {
+                channels.remove(&event.task_id);
+            }
+        }
+    }
+}

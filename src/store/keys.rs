@@ -1,0 +1,128 @@
+//! Key layout of the ledger's single sled tree.
+//!
+//! One tree with prefixed keyspaces, so a task write, its events, its index
+//! entries and its counters go into one atomic `Batch`:
+//!
+//! | prefix | key | value |
+//! |---|---|---|
+//! | `t` | task id | `TaskRecord` JSON |
+//! | `e` | task id, 0, seq (u64 BE) | `StreamResponse` JSON |
+//! | `it` | owner, 0, order | empty: all tasks, newest status first |
+//! | `is` | owner, 0, state, order | empty: tasks by state |
+//! | `ic` | owner, 0, context id, 0, order | empty: tasks by context |
+//! | `n` | owner, 0, counter name | u64 BE count |
+//! | `p` | task id, 0, config id | `TaskPushNotificationConfig` JSON |
+//! | `k` | owner, 0, idempotency key | `IdempotencyRecord` JSON |
+//!
+//! `order` is the status time inverted (u64::MAX - micros, big-endian) followed
+//! by the task id, so a forward scan yields the newest status first.
+
+use chrono::{DateTime, Utc};
+
+const SEP: u8 = 0;
+
+fn join(parts: &[&[u8]]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            key.push(SEP);
+        }
+        key.extend_from_slice(part);
+    }
+    key
+}
+
+/// `t` key of a task.
+pub fn task(task_id: &str) -> Vec<u8> {
+    join(&[b"t", task_id.as_bytes()])
+}
+
+/// Prefix of a task's event log.
+pub fn events_prefix(task_id: &str) -> Vec<u8> {
+    let mut key = join(&[b"e", task_id.as_bytes()]);
+    key.push(SEP);
+    key
+}
+
+/// `e` key of one event.
+pub fn event(task_id: &str, seq: u64) -> Vec<u8> {
+    let mut key = events_prefix(task_id);
+    key.extend_from_slice(&seq.to_be_bytes());
+    key
+}
+
+/// The sort suffix of a task in every list index.
+pub fn order(timestamp: Option<DateTime<Utc>>, task_id: &str) -> Vec<u8> {
+    let micros = timestamp.map_or(0, |t| t.timestamp_micros().max(0) as u64);
+    let mut key = Vec::with_capacity(8 + task_id.len());
+    key.extend_from_slice(&(u64::MAX - micros).to_be_bytes());
+    key.extend_from_slice(task_id.as_bytes());
+    key
+}
+
+/// Splits an order suffix into the status time (micros) and the task id.
+pub fn parse_order(suffix: &[u8]) -> Option<(u64, &str)> {
+    let (inverted, id) = suffix.split_at_checked(8)?;
+    let micros = u64::MAX - u64::from_be_bytes(inverted.try_into().ok()?);
+    Some((micros, std::str::from_utf8(id).ok()?))
+}
+
+/// Prefix of the all-tasks index of an owner.
+pub fn by_time_prefix(owner: &str) -> Vec<u8> {
+    let mut key = join(&[b"it", owner.as_bytes()]);
+    key.push(SEP);
+    key
+}
+
+/// Prefix of the by-state index of an owner and state.
+pub fn by_state_prefix(owner: &str, state: u8) -> Vec<u8> {
+    let mut key = join(&[b"is", owner.as_bytes()]);
+    key.push(SEP);
+    key.push(state);
+    key
+}
+
+/// Prefix of the by-context index of an owner and context.
+pub fn by_context_prefix(owner: &str, context_id: &str) -> Vec<u8> {
+    let mut key = join(&[b"ic", owner.as_bytes(), context_id.as_bytes()]);
+    key.push(SEP);
+    key
+}
+
+/// A counter of an owner: `all`, `s{state}` or `c{context}`.
+pub fn counter(owner: &str, name: &str) -> Vec<u8> {
+    join(&[b"n", owner.as_bytes(), name.as_bytes()])
+}
+
+/// Prefix of a task's push configs.
+pub fn push_prefix(task_id: &str) -> Vec<u8> {
+    let mut key = join(&[b"p", task_id.as_bytes()]);
+    key.push(SEP);
+    key
+}
+
+/// `p` key of one push config.
+pub fn push_config(task_id: &str, config_id: &str) -> Vec<u8> {
+    let mut key = push_prefix(task_id);
+    key.extend_from_slice(config_id.as_bytes());
+    key
+}
+
+/// `k` key of an idempotency record.
+pub fn idempotency(owner: &str, key: &str) -> Vec<u8> {
+    join(&[b"k", owner.as_bytes(), key.as_bytes()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newer_status_sorts_first() {
+        let older = order(Some(DateTime::from_timestamp(1_000, 0).unwrap()), "a");
+        let newer = order(Some(DateTime::from_timestamp(2_000, 0).unwrap()), "b");
+        assert!(newer < older);
+        let (micros, id) = parse_order(&newer).unwrap();
+        assert_eq!((micros, id), (2_000_000_000, "b"));
+    }
+}

@@ -1,0 +1,538 @@
+//! The task ledger: every gateway task, its event log, the ListTasks indexes,
+//! push configs and idempotency records, in one sled database.
+//!
+//! Durability rule: a write returns only after the group-commit flusher has
+//! flushed it, and its events reach watchers only after that flush. Writes
+//! are serialized by one in-process lock (held for the in-memory sled work,
+//! never across the flush), which keeps counters and event order exact.
+
+pub mod flusher;
+pub mod hub;
+pub mod keys;
+
+use crate::lifecycle::{self, TransitionError};
+use crate::protocol::{StreamResponse, Task, TaskPushNotificationConfig, TaskState};
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::{DateTime, Utc};
+use flusher::Flusher;
+use hub::{EventHub, LedgerEvent};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// Ledger failures.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// No such task.
+    #[error("task {0} not found")]
+    NotFound(String),
+    /// A task with this id exists already.
+    #[error("task {0} exists already")]
+    Exists(String),
+    /// The lifecycle refused an event.
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+    /// sled failed.
+    #[error("storage: {0}")]
+    Storage(#[from] sled::Error),
+    /// A stored value did not decode.
+    #[error("corrupt record: {0}")]
+    Corrupt(#[from] serde_json::Error),
+}
+
+/// A gateway task as stored: the A2A task plus what the gateway knows of it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskRecord {
+    /// The task as clients see it.
+    pub task: Task,
+    /// The principal that created it.
+    pub owner: String,
+    /// The agent currently responsible.
+    pub agent: String,
+    /// The agent's own task id, when it differs from the gateway's.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub upstream_task_id: String,
+    /// The agent's own context id, when it differs from the gateway's.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub upstream_context_id: String,
+    /// Bumped on every write.
+    pub version: u64,
+    /// Sequence number of the last event in the task's log.
+    pub last_seq: u64,
+    /// When the gateway created the task.
+    pub created_at: DateTime<Utc>,
+}
+
+/// What an idempotency key was first used for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IdempotencyRecord {
+    /// Hash of the first message sent with the key.
+    pub fingerprint: String,
+    /// The task that send created (or was to create).
+    pub task_id: String,
+    /// The direct reply, when the agent answered with a message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<crate::protocol::Message>,
+}
+
+/// Filters of a ListTasks query, already validated.
+#[derive(Clone, Debug, Default)]
+pub struct ListQuery {
+    /// Only this context.
+    pub context_id: Option<String>,
+    /// Only this state.
+    pub state: Option<TaskState>,
+    /// Only tasks whose status time is at or after this.
+    pub status_after: Option<DateTime<Utc>>,
+    /// Page size, 1..=100.
+    pub page_size: usize,
+    /// Cursor from the previous page.
+    pub page_token: Option<Vec<u8>>,
+}
+
+/// One page of tasks.
+#[derive(Debug, Default)]
+pub struct ListPage {
+    /// The page, newest status first.
+    pub records: Vec<TaskRecord>,
+    /// Cursor of the next page; empty on the last page.
+    pub next_page_token: String,
+    /// How many tasks match in all.
+    pub total_size: usize,
+}
+
+/// Decodes and checks a ListTasks page token.
+pub fn decode_page_token(token: &str) -> Option<Vec<u8>> {
+    let bytes = URL_SAFE_NO_PAD.decode(token).ok()?;
+    keys::parse_order(&bytes).map(|_| bytes.clone())
+}
+
+/// The durable task ledger.
+pub struct Ledger {
+    db: sled::Db,
+    tree: sled::Tree,
+    // std Mutex: guards in-memory sled work only; never held across .await.
+    write_lock: Mutex<()>,
+    flusher: Arc<Flusher>,
+    hub: Arc<EventHub>,
+}
+
+impl Ledger {
+    /// Opens (or creates) the ledger in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, LedgerError> {
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(64 * 1024 * 1024)
+            .open()?;
+        let tree = db.open_tree("ledger")?;
+        let hub = Arc::new(EventHub::default());
+        let flusher = Flusher::start(db.clone(), hub.clone());
+        Ok(Self {
+            db,
+            tree,
+            write_lock: Mutex::new(()),
+            flusher,
+            hub,
+        })
+    }
+
+    /// Where durable events are fanned out.
+    pub fn hub(&self) -> &Arc<EventHub> {
+        &self.hub
+    }
+
+    /// Waits until every write made so far is on disk.
+    pub async fn sync(&self) {
+        let ticket = self.flusher.latest_ticket();
+        self.flusher.wait_durable(ticket).await;
+    }
+
+    /// Flushes and stops the flusher; call once at shutdown.
+    pub fn close(&self) {
+        self.flusher.stop();
+        let _ = self.db.flush();
+    }
+
+    /// Reads a task.
+    pub fn get(&self, task_id: &str) -> Result<Option<TaskRecord>, LedgerError> {
+        match self.tree.get(keys::task(task_id))? {
+            Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Creates a task and appends its first events, durably.
+    pub async fn create(
+        &self,
+        mut record: TaskRecord,
+        events: Vec<StreamResponse>,
+    ) -> Result<TaskRecord, LedgerError> {
+        let task_id = record.task.id.clone();
+        let ticket = {
+            let _guard = self.write_lock.lock().expect("ledger lock");
+            if self.tree.contains_key(keys::task(&task_id))? {
+                return Err(LedgerError::Exists(task_id));
+            }
+            let mut batch = sled::Batch::default();
+            let published = self.append_events(&mut batch, &mut record, events)?;
+            self.index_insert(&mut batch, &record, 1)?;
+            record.version = 1;
+            batch.insert(keys::task(&task_id), serde_json::to_vec(&record)?);
+            self.tree.apply_batch(batch)?;
+            self.flusher.note_write(published)
+        };
+        self.flusher.wait_durable(ticket).await;
+        Ok(record)
+    }
+
+    /// Changes a task durably. `change` may edit the record (history, upstream
+    /// ids) and returns the events to append; each event goes through the
+    /// lifecycle rules. Nothing is written if `change` or a rule fails.
+    pub async fn update<F, E>(&self, task_id: &str, change: F) -> Result<TaskRecord, E>
+    where
+        F: FnOnce(&mut TaskRecord) -> Result<Vec<StreamResponse>, E>,
+        E: From<LedgerError>,
+    {
+        let (record, ticket) = {
+            let _guard = self.write_lock.lock().expect("ledger lock");
+            let before = self
+                .get(task_id)?
+                .ok_or_else(|| LedgerError::NotFound(task_id.to_string()))?;
+            let mut record = before.clone();
+            let events = change(&mut record)?;
+            let mut batch = sled::Batch::default();
+            let published = self.append_events(&mut batch, &mut record, events)?;
+            let old = &before.task.status;
+            let new = &record.task.status;
+            if old.state != new.state || old.timestamp != new.timestamp {
+                self.index_remove(&mut batch, &before)?;
+                self.index_insert(&mut batch, &record, 0)?;
+            }
+            record.version += 1;
+            batch.insert(
+                keys::task(task_id),
+                serde_json::to_vec(&record).map_err(LedgerError::from)?,
+            );
+            self.tree.apply_batch(batch).map_err(LedgerError::from)?;
+            (record, self.flusher.note_write(published))
+        };
+        self.flusher.wait_durable(ticket).await;
+        Ok(record)
+    }
+
+    fn append_events(
+        &self,
+        batch: &mut sled::Batch,
+        record: &mut TaskRecord,
+        events: Vec<StreamResponse>,
+    ) -> Result<Vec<Arc<LedgerEvent>>, LedgerError> {
+        let mut published = Vec::with_capacity(events.len());
+        for event in events {
+            lifecycle::apply_event(&mut record.task, &event)?;
+            record.last_seq += 1;
+            batch.insert(
+                keys::event(&record.task.id, record.last_seq),
+                serde_json::to_vec(&event)?,
+            );
+            published.push(Arc::new(LedgerEvent {
+                task_id: record.task.id.clone(),
+                seq: record.last_seq,
+                event,
+            }));
+        }
+        Ok(published)
+    }
+
+    /// Index entries and counters of a new state; `new_task` is 1 for a new task.
+    fn index_insert(
+        &self,
+        batch: &mut sled::Batch,
+        record: &TaskRecord,
+        new_task: u64,
+    ) -> Result<(), LedgerError> {
+        let (owner, task) = (&record.owner, &record.task);
+        let order = keys::order(task.status.timestamp, &task.id);
+        let state = task.status.state.number();
+        batch.insert([keys::by_time_prefix(owner), order.clone()].concat(), &[]);
+        batch.insert(
+            [keys::by_state_prefix(owner, state), order.clone()].concat(),
+            &[],
+        );
+        batch.insert(
+            [keys::by_context_prefix(owner, &task.context_id), order].concat(),
+            &[],
+        );
+        self.bump(batch, &keys::counter(owner, &format!("s{state}")), 1)?;
+        if new_task == 1 {
+            self.bump(batch, &keys::counter(owner, "all"), 1)?;
+            self.bump(
+                batch,
+                &keys::counter(owner, &format!("c{}", task.context_id)),
+                1,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn index_remove(
+        &self,
+        batch: &mut sled::Batch,
+        record: &TaskRecord,
+    ) -> Result<(), LedgerError> {
+        let (owner, task) = (&record.owner, &record.task);
+        let order = keys::order(task.status.timestamp, &task.id);
+        let state = task.status.state.number();
+        batch.remove([keys::by_time_prefix(owner), order.clone()].concat());
+        batch.remove([keys::by_state_prefix(owner, state), order.clone()].concat());
+        batch.remove([keys::by_context_prefix(owner, &task.context_id), order].concat());
+        self.bump(batch, &keys::counter(owner, &format!("s{state}")), -1)
+    }
+
+    /// Adjusts a counter; runs under the write lock, so read-modify-write is safe.
+    /// Several bumps of one counter in one batch do not occur (a write moves a
+    /// task out of one state and into another).
+    fn bump(&self, batch: &mut sled::Batch, key: &[u8], delta: i64) -> Result<(), LedgerError> {
+        let current = self.read_counter(key)?;
+        let next = (current as i64 + delta).max(0) as u64;
+        batch.insert(key, &next.to_be_bytes());
+        Ok(())
+    }
+
+    fn read_counter(&self, key: &[u8]) -> Result<u64, LedgerError> {
+        Ok(self
+            .tree
+            .get(key)?
+            .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
+            .unwrap_or(0))
+    }
+
+    /// The events of a task after `seq`, in order.
+    pub fn events_after(&self, task_id: &str, seq: u64) -> Result<Vec<LedgerEvent>, LedgerError> {
+        let start = keys::event(task_id, seq + 1);
+        let prefix = keys::events_prefix(task_id);
+        let mut events = Vec::new();
+        for entry in self.tree.range(start..) {
+            let (key, value) = entry?;
+            if !key.starts_with(&prefix) {
+                break;
+            }
+            let seq_bytes: [u8; 8] = key[prefix.len()..].try_into().unwrap_or([0; 8]);
+            events.push(LedgerEvent {
+                task_id: task_id.to_string(),
+                seq: u64::from_be_bytes(seq_bytes),
+                event: serde_json::from_slice(&value)?,
+            });
+        }
+        Ok(events)
+    }
+
+    /// One page of an owner's tasks, newest status first.
+    pub fn list(&self, owner: &str, query: &ListQuery) -> Result<ListPage, LedgerError> {
+        // Pick the narrowest index; the other filters are checked per entry.
+        let (prefix, state_in_index) = match (&query.context_id, query.state) {
+            (Some(context), _) => (keys::by_context_prefix(owner, context), false),
+            (None, Some(state)) => (keys::by_state_prefix(owner, state.number()), true),
+            (None, None) => (keys::by_time_prefix(owner), true),
+        };
+        let needs_state_check = query.state.is_some() && !state_in_index;
+        let after_micros = query
+            .status_after
+            .map(|t| t.timestamp_micros().max(0) as u64);
+        let start = match &query.page_token {
+            Some(cursor) => {
+                let mut key = [prefix.as_slice(), cursor.as_slice()].concat();
+                key.push(0); // exclusive: the first key after the cursor
+                key
+            }
+            None => prefix.clone(),
+        };
+
+        let mut page = ListPage::default();
+        let mut last_order: Option<Vec<u8>> = None;
+        for entry in self.tree.range(start..) {
+            let (key, _) = entry?;
+            if !key.starts_with(&prefix) {
+                break;
+            }
+            let suffix = &key[prefix.len()..];
+            let Some((micros, task_id)) = keys::parse_order(suffix) else {
+                continue;
+            };
+            if after_micros.is_some_and(|after| micros < after) {
+                break; // sorted newest first: nothing later qualifies
+            }
+            let Some(record) = self.get(task_id)? else {
+                continue;
+            };
+            if needs_state_check && Some(record.task.status.state) != query.state {
+                continue;
+            }
+            if page.records.len() == query.page_size {
+                // One more match exists: the page has a successor.
+                page.next_page_token =
+                    URL_SAFE_NO_PAD.encode(last_order.take().unwrap_or_default());
+                break;
+            }
+            last_order = Some(suffix.to_vec());
+            page.records.push(record);
+        }
+        page.total_size = self.count(owner, query)?;
+        Ok(page)
+    }
+
+    /// How many of an owner's tasks match the filters (ignoring the cursor).
+    fn count(&self, owner: &str, query: &ListQuery) -> Result<usize, LedgerError> {
+        let counter = match (&query.context_id, query.state, query.status_after) {
+            (None, None, None) => Some("all".to_string()),
+            (None, Some(state), None) => Some(format!("s{}", state.number())),
+            (Some(context), None, None) => Some(format!("c{context}")),
+            _ => None,
+        };
+        if let Some(name) = counter {
+            return Ok(self.read_counter(&keys::counter(owner, &name))? as usize);
+        }
+        let unpaged = ListQuery {
+            page_size: usize::MAX,
+            page_token: None,
+            ..query.clone()
+        };
+        let mut total = 0;
+        let (prefix, state_in_index) = match (&unpaged.context_id, unpaged.state) {
+            (Some(context), _) => (keys::by_context_prefix(owner, context), false),
+            (None, Some(state)) => (keys::by_state_prefix(owner, state.number()), true),
+            (None, None) => (keys::by_time_prefix(owner), true),
+        };
+        let after = unpaged
+            .status_after
+            .map(|t| t.timestamp_micros().max(0) as u64);
+        for entry in self.tree.scan_prefix(&prefix) {
+            let (key, _) = entry?;
+            let Some((micros, task_id)) = keys::parse_order(&key[prefix.len()..]) else {
+                continue;
+            };
+            if after.is_some_and(|after| micros < after) {
+                break;
+            }
+            if unpaged.state.is_some() && !state_in_index {
+                match self.get(task_id)? {
+                    Some(r) if Some(r.task.status.state) == unpaged.state => {}
+                    _ => continue,
+                }
+            }
+            total += 1;
+        }
+        Ok(total)
+    }
+
+    /// Stores a push config durably (replacing one with the same id).
+    pub async fn put_push_config(
+        &self,
+        config: &TaskPushNotificationConfig,
+    ) -> Result<(), LedgerError> {
+        let key = keys::push_config(&config.task_id, &config.id);
+        let ticket = {
+            let _guard = self.write_lock.lock().expect("ledger lock");
+            self.tree.insert(key, serde_json::to_vec(config)?)?;
+            self.flusher.note_write(Vec::new())
+        };
+        self.flusher.wait_durable(ticket).await;
+        Ok(())
+    }
+
+    /// Reads one push config.
+    pub fn get_push_config(
+        &self,
+        task_id: &str,
+        config_id: &str,
+    ) -> Result<Option<TaskPushNotificationConfig>, LedgerError> {
+        match self.tree.get(keys::push_config(task_id, config_id))? {
+            Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every push config of a task, by id.
+    pub fn push_configs(
+        &self,
+        task_id: &str,
+    ) -> Result<Vec<TaskPushNotificationConfig>, LedgerError> {
+        self.tree
+            .scan_prefix(keys::push_prefix(task_id))
+            .map(|entry| Ok(serde_json::from_slice(&entry?.1)?))
+            .collect()
+    }
+
+    /// Deletes a push config durably; deleting a missing one is not an error.
+    pub async fn delete_push_config(
+        &self,
+        task_id: &str,
+        config_id: &str,
+    ) -> Result<(), LedgerError> {
+        let ticket = {
+            let _guard = self.write_lock.lock().expect("ledger lock");
+            self.tree.remove(keys::push_config(task_id, config_id))?;
+            self.flusher.note_write(Vec::new())
+        };
+        self.flusher.wait_durable(ticket).await;
+        Ok(())
+    }
+
+    /// Claims an idempotency key for a send. Returns the earlier record when
+    /// the key was used before, or `None` when this send now owns the key.
+    pub async fn claim_idempotency(
+        &self,
+        owner: &str,
+        key: &str,
+        record: &IdempotencyRecord,
+    ) -> Result<Option<IdempotencyRecord>, LedgerError> {
+        let db_key = keys::idempotency(owner, key);
+        let ticket = {
+            let _guard = self.write_lock.lock().expect("ledger lock");
+            if let Some(existing) = self.tree.get(&db_key)? {
+                return Ok(Some(serde_json::from_slice(&existing)?));
+            }
+            self.tree.insert(db_key, serde_json::to_vec(record)?)?;
+            self.flusher.note_write(Vec::new())
+        };
+        self.flusher.wait_durable(ticket).await;
+        Ok(None)
+    }
+
+    /// Reads an idempotency record without claiming it.
+    pub fn claim_idempotency_peek(
+        &self,
+        owner: &str,
+        key: &str,
+    ) -> Result<Option<IdempotencyRecord>, LedgerError> {
+        match self.tree.get(keys::idempotency(owner, key))? {
+            Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Records the direct reply of a send that owns an idempotency key.
+    pub async fn complete_idempotency(
+        &self,
+        owner: &str,
+        key: &str,
+        record: &IdempotencyRecord,
+    ) -> Result<(), LedgerError> {
+        let ticket = {
+            let _guard = self.write_lock.lock().expect("ledger lock");
+            self.tree
+                .insert(keys::idempotency(owner, key), serde_json::to_vec(record)?)?;
+            self.flusher.note_write(Vec::new())
+        };
+        self.flusher.wait_durable(ticket).await;
+        Ok(())
+    }
+}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        self.flusher.stop();
+    }
+}

@@ -41,6 +41,9 @@ pub struct ServeArgs {
     /// Longest a blocking SendMessage waits, in seconds.
     #[arg(long, env = "BATON_TASK_TIMEOUT_SECS")]
     pub task_timeout_secs: Option<u64>,
+    /// Turn push notifications off (push methods then answer -32003).
+    #[arg(long, env = "BATON_DISABLE_PUSH")]
+    pub disable_push: bool,
     /// Check the configuration, print it, and exit.
     #[arg(long)]
     pub validate_config: bool,
@@ -59,6 +62,7 @@ pub struct FileConfig {
     log_format: Option<String>,
     shutdown_grace_secs: Option<u64>,
     task_timeout_secs: Option<u64>,
+    disable_push: Option<bool>,
 }
 
 /// Log output format.
@@ -91,6 +95,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Blocking SendMessage bound.
     pub task_timeout: Duration,
+    /// Push notifications are offered.
+    pub push_enabled: bool,
     /// The file the settings came from, if any.
     pub config_file: Option<PathBuf>,
 }
@@ -215,6 +221,7 @@ impl Config {
                     .unwrap_or(10),
             ),
             task_timeout: Duration::from_secs(task_timeout_secs),
+            push_enabled: !(args.disable_push || file.disable_push.unwrap_or(false)),
             config_file,
         })
     }

@@ -43,6 +43,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         push,
         GatewaySettings {
             task_timeout: config.task_timeout,
+            push_enabled: config.push_enabled,
         },
         shutdown,
     );

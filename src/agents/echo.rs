@@ -31,6 +31,10 @@ impl Agent for EchoAgent {
         &self.card
     }
 
+    fn extended_card(&self) -> Option<AgentCard> {
+        Some(self.card.clone())
+    }
+
     async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
         events.status(TaskState::Working, None).await;
         events

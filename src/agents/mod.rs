@@ -108,6 +108,11 @@ pub trait Agent: Send + Sync + 'static {
     /// The agent's card as registered (interfaces are rewritten on publication).
     fn card(&self) -> &AgentCard;
 
+    /// The extended card for authenticated callers, when the agent has one.
+    fn extended_card(&self) -> Option<AgentCard> {
+        None
+    }
+
     /// Handles one message, reporting through `events` until done.
     async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError>;
 

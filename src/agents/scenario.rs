@@ -127,6 +127,10 @@ impl Agent for ScenarioAgent {
         &self.card
     }
 
+    fn extended_card(&self) -> Option<AgentCard> {
+        Some(self.card.clone())
+    }
+
     async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
         let scenario = scenario_for(&request.message.message_id);
         let complete = |message: Option<Message>| AgentEvent::Status {

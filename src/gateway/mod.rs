@@ -46,12 +46,15 @@ pub struct CallContext {
 pub struct GatewaySettings {
     /// Longest a blocking SendMessage waits before returning the task as it is.
     pub task_timeout: Duration,
+    /// Push notifications are offered; when false every push method is -32003.
+    pub push_enabled: bool,
 }
 
 impl Default for GatewaySettings {
     fn default() -> Self {
         Self {
             task_timeout: Duration::from_secs(300),
+            push_enabled: true,
         }
     }
 }
@@ -91,6 +94,20 @@ impl Gateway {
     /// The ledger.
     pub fn ledger(&self) -> &Arc<Ledger> {
         &self.ledger
+    }
+
+    /// Whether push notifications are offered.
+    pub fn push_enabled(&self) -> bool {
+        self.settings.push_enabled
+    }
+
+    /// -32003 when push notifications are off; checked before anything else.
+    pub(crate) fn check_push_enabled(&self) -> Result<(), GatewayError> {
+        if self.settings.push_enabled {
+            Ok(())
+        } else {
+            Err(GatewayError::PushNotificationNotSupported)
+        }
     }
 
     /// Push delivery and its counters.
@@ -269,6 +286,7 @@ impl Gateway {
         ctx: &CallContext,
         mut config: TaskPushNotificationConfig,
     ) -> Result<TaskPushNotificationConfig, GatewayError> {
+        self.check_push_enabled()?;
         let mut violations = Vec::new();
         check_required(&config.task_id, "taskId", &mut violations);
         crate::push::check_config(&config, "", &mut violations);
@@ -288,6 +306,7 @@ impl Gateway {
         ctx: &CallContext,
         req: TaskPushNotificationConfigRef,
     ) -> Result<TaskPushNotificationConfig, GatewayError> {
+        self.check_push_enabled()?;
         let mut violations = Vec::new();
         check_required(&req.task_id, "taskId", &mut violations);
         check_required(&req.id, "id", &mut violations);
@@ -309,6 +328,7 @@ impl Gateway {
         ctx: &CallContext,
         req: ListTaskPushNotificationConfigsRequest,
     ) -> Result<ListTaskPushNotificationConfigsResponse, GatewayError> {
+        self.check_push_enabled()?;
         self.check_push_task(ctx, &req.task_id)?;
         if req.page_size < 0 {
             return Err(GatewayError::invalid_field(
@@ -353,6 +373,7 @@ impl Gateway {
         ctx: &CallContext,
         req: TaskPushNotificationConfigRef,
     ) -> Result<(), GatewayError> {
+        self.check_push_enabled()?;
         let mut violations = Vec::new();
         check_required(&req.task_id, "taskId", &mut violations);
         check_required(&req.id, "id", &mut violations);

@@ -188,6 +188,7 @@ impl Gateway {
             &mut violations,
         );
         if let Some(push) = &config.task_push_notification_config {
+            self.check_push_enabled()?;
             crate::push::check_config(
                 push,
                 "configuration.taskPushNotificationConfig.",

@@ -35,12 +35,12 @@ fn ok<T: Serialize>(id: &RawValue, result: Result<T, GatewayError>) -> Response 
     }
 }
 
-/// Serves one request. `extended_card` is what GetExtendedAgentCard returns.
+/// Serves one request. `extended_card` is what GetExtendedAgentCard answers.
 pub async fn dispatch(
     gateway: &Arc<Gateway>,
     ctx: &CallContext,
     request: RpcRequest<'_>,
-    extended_card: &AgentCard,
+    extended_card: Result<&AgentCard, GatewayError>,
 ) -> Response {
     let id = request.id;
     let params = request.params;
@@ -105,7 +105,7 @@ pub async fn dispatch(
         methods::GET_EXTENDED_AGENT_CARD => ok(
             id,
             decode_params::<crate::protocol::GetExtendedAgentCardRequest>(params)
-                .map(|_| extended_card),
+                .and_then(|_| extended_card),
         ),
         other => error_reply(
             Some(id),

@@ -101,12 +101,18 @@ fn jsonrpc_interface(url: String) -> AgentInterface {
 }
 
 /// An agent's card as Baton publishes it: interfaces point at Baton, the
-/// handoff extension is declared, everything else is the agency's card.
-pub fn publish_agent_card(agent: &AgentHandle, public_url: &str) -> AgentCard {
-    let mut card = agent.agent.card().clone();
+/// handoff extension is declared, and streaming and push are what Baton
+/// itself provides (it streams and notifies from its ledger). Everything else
+/// is the agency's card.
+pub fn publish_agent_card(
+    card: &AgentCard,
+    agent_id: &str,
+    public_url: &str,
+    push_enabled: bool,
+) -> AgentCard {
+    let mut card = card.clone();
     card.supported_interfaces = vec![jsonrpc_interface(format!(
-        "{public_url}/agents/{}/a2a",
-        agent.id
+        "{public_url}/agents/{agent_id}/a2a"
     ))];
     if !card
         .capabilities
@@ -116,14 +122,14 @@ pub fn publish_agent_card(agent: &AgentHandle, public_url: &str) -> AgentCard {
     {
         card.capabilities.extensions.push(handoff_extension());
     }
-    // Baton serves GetExtendedAgentCard for every agent it publishes.
-    card.capabilities.extended_agent_card = Some(true);
+    card.capabilities.streaming = Some(true);
+    card.capabilities.push_notifications = Some(push_enabled);
     card
 }
 
 /// The gateway's own card: a virtual agent whose skills are every agent's
 /// skills, named `{agentId}/{skillId}`.
-pub fn gateway_card(agents: &[&AgentHandle], public_url: &str) -> AgentCard {
+pub fn gateway_card(agents: &[&AgentHandle], public_url: &str, push_enabled: bool) -> AgentCard {
     let skills = agents
         .iter()
         .flat_map(|agent| {
@@ -151,7 +157,7 @@ pub fn gateway_card(agents: &[&AgentHandle], public_url: &str) -> AgentCard {
         version: env!("CARGO_PKG_VERSION").into(),
         capabilities: AgentCapabilities {
             streaming: Some(true),
-            push_notifications: Some(true),
+            push_notifications: Some(push_enabled),
             extensions: vec![handoff_extension()],
             extended_agent_card: Some(true),
         },

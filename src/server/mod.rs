@@ -7,7 +7,7 @@ use crate::error::GatewayError;
 use crate::gateway::{CallContext, Gateway};
 use crate::jsonrpc::dispatch::{dispatch, error_reply, json_reply};
 use crate::jsonrpc::parse_request;
-use crate::protocol::HANDOFF_EXTENSION;
+use crate::protocol::{AgentCard, HANDOFF_EXTENSION, methods};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 /// The principal of every call while no API keys are configured.
 pub const ANONYMOUS: &str = "anonymous";
@@ -34,13 +35,19 @@ pub struct ServerSettings {
     pub max_body_bytes: usize,
 }
 
+/// An agent as published: its card and, when it has one, its extended card.
+struct PublishedAgent {
+    card: PublishedCard,
+    extended: Option<AgentCard>,
+}
+
 /// Shared state of every handler.
 #[derive(Clone)]
 pub struct AppState {
     gateway: Arc<Gateway>,
     settings: Arc<ServerSettings>,
     gateway_card: Arc<PublishedCard>,
-    agent_cards: Arc<HashMap<String, PublishedCard>>,
+    agent_cards: Arc<HashMap<String, PublishedAgent>>,
 }
 
 impl AppState {
@@ -48,13 +55,22 @@ impl AppState {
     pub fn new(gateway: Arc<Gateway>, settings: ServerSettings) -> Self {
         let now = chrono::Utc::now();
         let agents = gateway.agents();
-        let gateway_card =
-            PublishedCard::new(cards::gateway_card(&agents, &settings.public_url), now);
+        let push = gateway.push_enabled();
+        let url = &settings.public_url;
+        let gateway_card = PublishedCard::new(cards::gateway_card(&agents, url, push), now);
         let agent_cards = agents
             .iter()
             .map(|agent| {
-                let card = cards::publish_agent_card(agent, &settings.public_url);
-                (agent.id.clone(), PublishedCard::new(card, now))
+                let card = cards::publish_agent_card(agent.agent.card(), &agent.id, url, push);
+                let extended = agent
+                    .agent
+                    .extended_card()
+                    .map(|extended| cards::publish_agent_card(&extended, &agent.id, url, push));
+                let published = PublishedAgent {
+                    card: PublishedCard::new(card, now),
+                    extended,
+                };
+                (agent.id.clone(), published)
             })
             .collect();
         Self {
@@ -120,7 +136,7 @@ async fn agent_card(
     headers: HeaderMap,
 ) -> Response {
     match state.agent_cards.get(&id) {
-        Some(card) => card.respond(&headers),
+        Some(agent) => agent.card.respond(&headers),
         None => (
             StatusCode::NOT_FOUND,
             axum::Json(serde_json::json!({"error": format!("no agent {id:?} is registered")})),
@@ -224,17 +240,47 @@ fn is_json_content_type(headers: &HeaderMap) -> bool {
     }
 }
 
-/// Extensions the client asked for that the agent supports.
-fn activated_extensions(headers: &HeaderMap) -> Vec<String> {
+/// Extensions the client asked for that the card declares.
+fn activated_extensions(headers: &HeaderMap, card: &AgentCard) -> Vec<String> {
     headers
         .get_all("a2a-extensions")
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(str::trim)
-        .filter(|uri| *uri == HANDOFF_EXTENSION)
+        .filter(|uri| card.capabilities.extensions.iter().any(|e| e.uri == *uri))
         .map(str::to_string)
         .collect()
+}
+
+/// -32008 when the card requires an extension the client did not activate.
+fn check_required_extensions(card: &AgentCard, activated: &[String]) -> Result<(), GatewayError> {
+    match card
+        .capabilities
+        .extensions
+        .iter()
+        .find(|e| e.required && !activated.contains(&e.uri))
+    {
+        Some(missing) => Err(GatewayError::ExtensionSupportRequired(missing.uri.clone())),
+        None => Ok(()),
+    }
+}
+
+/// Reads `message.messageId` from the params without decoding the rest.
+fn peek_message_id(params: &serde_json::value::RawValue) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Params {
+        message: Option<MessageIdOnly>,
+    }
+    #[derive(serde::Deserialize)]
+    struct MessageIdOnly {
+        #[serde(rename = "messageId", alias = "message_id")]
+        message_id: Option<String>,
+    }
+    serde_json::from_str::<Params>(params.get())
+        .ok()?
+        .message?
+        .message_id
 }
 
 /// Reads `tenant` from the params without decoding the rest.
@@ -284,69 +330,60 @@ async fn serve_rpc(
         return error_reply(Some(request.id), &error);
     }
 
-    let agent_id = match path_agent {
-        Some(id) => id,
-        None => {
-            let tenant = peek_tenant(request.params);
-            if tenant.is_empty() {
-                state.settings.default_agent.clone()
-            } else if state.gateway.agent(&tenant).is_some() {
-                tenant
-            } else {
-                let error = GatewayError::invalid_field(
-                    "tenant",
-                    format!("no agent {tenant:?} is registered"),
-                );
+    // The card of the endpoint addressed: an agent's, or the gateway's own.
+    let tenant = peek_tenant(request.params);
+    let (agent_id, published) = match path_agent.or((!tenant.is_empty()).then_some(tenant)) {
+        Some(id) => match state.agent_cards.get(&id) {
+            Some(published) => (id, Some(published)),
+            None => {
+                let error =
+                    GatewayError::invalid_field("tenant", format!("no agent {id:?} is registered"));
                 return error_reply(Some(request.id), &error);
             }
+        },
+        None => (state.settings.default_agent.clone(), None),
+    };
+    let card = published.map_or(&state.gateway_card.card, |p| &p.card.card);
+    let extensions = activated_extensions(&headers, card);
+    let is_send = matches!(
+        request.method,
+        methods::SEND_MESSAGE | methods::SEND_STREAMING_MESSAGE
+    );
+    if is_send && let Err(error) = check_required_extensions(card, &extensions) {
+        return error_reply(Some(request.id), &error);
+    }
+    let extended_card = if card.capabilities.extended_agent_card != Some(true) {
+        Err(GatewayError::UnsupportedOperation(
+            "this agent declares no extended agent card".into(),
+        ))
+    } else {
+        match published {
+            None => Ok(&state.gateway_card.card),
+            Some(agent) => agent
+                .extended
+                .as_ref()
+                .ok_or(GatewayError::ExtendedAgentCardNotConfigured),
         }
     };
-    let extensions = activated_extensions(&headers);
     let idempotency_key = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
         .or_else(|| {
             // With the handoff extension active, the messageId is the key (DESIGN.md §2).
-            if extensions.is_empty() {
+            if !extensions.iter().any(|e| e == HANDOFF_EXTENSION) {
                 return None;
             }
-            #[derive(serde::Deserialize)]
-            struct MessageIdOnly {
-                message: Option<IdOnly>,
-            }
-            #[derive(serde::Deserialize)]
-            struct IdOnly {
-                #[serde(alias = "message_id", rename = "messageId")]
-                message_id: Option<String>,
-            }
-            serde_json::from_str::<MessageIdOnly>(request.params.get())
-                .ok()
-                .and_then(|p| p.message?.message_id)
+            peek_message_id(request.params)
         });
     let ctx = CallContext {
         principal: ANONYMOUS.to_string(),
         agent_id: agent_id.clone(),
         idempotency_key,
     };
-    let card = match state.agent_cards.get(&agent_id) {
-        Some(card) if request.method == crate::protocol::methods::GET_EXTENDED_AGENT_CARD => {
-            // `/a2a` without a tenant answers for the gateway's virtual agent.
-            if agent_id == state.settings.default_agent && peek_tenant(request.params).is_empty() {
-                &state.gateway_card.card
-            } else {
-                &card.card
-            }
-        }
-        _ => &state.gateway_card.card,
-    };
-    let span = tracing::info_span!("rpc", method = request.method, agent = %agent_id);
-    let mut response = {
-        let _entered = span.enter();
-        tracing::debug!("dispatch");
-        drop(_entered);
-        dispatch(&state.gateway, &ctx, request, card).await
-    };
+    let mut response = dispatch(&state.gateway, &ctx, request, extended_card)
+        .instrument(tracing::debug_span!("rpc", agent = %agent_id))
+        .await;
     if !extensions.is_empty()
         && let Ok(value) = HeaderValue::from_str(&extensions.join(","))
     {

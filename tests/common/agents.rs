@@ -1,0 +1,146 @@
+//! Agents for tests: one that waits to be released, ones that fail, and
+//! cards with chosen capabilities.
+
+use async_trait::async_trait;
+use baton::agents::{Agent, AgentError, AgentEvents, AgentRequest};
+use baton::protocol::{
+    AgentCapabilities, AgentCard, AgentExtension, AgentInterface, AgentSkill, Artifact, Part,
+    TaskState,
+};
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+/// A minimal valid card.
+pub fn card(name: &str) -> AgentCard {
+    AgentCard {
+        name: name.into(),
+        description: format!("test agent {name}"),
+        supported_interfaces: vec![AgentInterface {
+            url: "http://localhost/unused".into(),
+            protocol_binding: "JSONRPC".into(),
+            tenant: String::new(),
+            protocol_version: "1.0".into(),
+        }],
+        version: "1.0.0".into(),
+        capabilities: AgentCapabilities::default(),
+        default_input_modes: vec!["text/plain".into()],
+        default_output_modes: vec!["text/plain".into()],
+        skills: vec![AgentSkill {
+            id: "test".into(),
+            name: "Test".into(),
+            description: "test skill".into(),
+            tags: vec!["test".into()],
+            ..AgentSkill::default()
+        }],
+        ..AgentCard::default()
+    }
+}
+
+/// Reports WORKING, then waits for a permit before completing with an artifact.
+#[derive(Clone)]
+pub struct GatedAgent {
+    card: AgentCard,
+    /// Each permit lets one execution finish.
+    pub gate: Arc<Semaphore>,
+}
+
+impl GatedAgent {
+    /// A closed gate.
+    pub fn new() -> Self {
+        Self {
+            card: card("gated"),
+            gate: Arc::new(Semaphore::new(0)),
+        }
+    }
+
+    /// Lets `n` executions finish.
+    pub fn release(&self, n: usize) {
+        self.gate.add_permits(n);
+    }
+}
+
+#[async_trait]
+impl Agent for GatedAgent {
+    fn card(&self) -> &AgentCard {
+        &self.card
+    }
+
+    async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+        events.status(TaskState::Working, None).await;
+        tokio::select! {
+            permit = self.gate.acquire() => permit.expect("gate open").forget(),
+            _ = request.cancel.cancelled() => return Ok(()),
+        }
+        events
+            .artifact(Artifact {
+                artifact_id: "result".into(),
+                parts: vec![Part::text(format!("done: {}", request.message.text()))],
+                ..Artifact::default()
+            })
+            .await;
+        events.status(TaskState::Completed, None).await;
+        Ok(())
+    }
+}
+
+/// Fails before reporting anything.
+pub struct FailingAgent(pub AgentCard);
+
+#[async_trait]
+impl Agent for FailingAgent {
+    fn card(&self) -> &AgentCard {
+        &self.0
+    }
+
+    async fn execute(&self, _: AgentRequest, _: AgentEvents) -> Result<(), AgentError> {
+        Err(AgentError::Failed("the model backend is down".into()))
+    }
+}
+
+/// Ends without reporting anything.
+pub struct SilentAgent(pub AgentCard);
+
+#[async_trait]
+impl Agent for SilentAgent {
+    fn card(&self) -> &AgentCard {
+        &self.0
+    }
+
+    async fn execute(&self, _: AgentRequest, _: AgentEvents) -> Result<(), AgentError> {
+        Ok(())
+    }
+}
+
+/// Completes at once; its card is given, so capabilities can be chosen.
+pub struct PlainAgent(pub AgentCard);
+
+#[async_trait]
+impl Agent for PlainAgent {
+    fn card(&self) -> &AgentCard {
+        &self.0
+    }
+
+    async fn execute(&self, _: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+        events.status(TaskState::Completed, None).await;
+        Ok(())
+    }
+}
+
+/// A card declaring a required extension.
+pub fn card_requiring_extension(uri: &str) -> AgentCard {
+    let mut card = card("strict");
+    card.capabilities.extensions.push(AgentExtension {
+        uri: uri.into(),
+        description: "must be activated".into(),
+        required: true,
+        params: None,
+    });
+    card
+}
+
+/// A card that declares an extended card the agent does not provide.
+pub fn card_with_unconfigured_extended_card() -> AgentCard {
+    let mut card = card("extended");
+    card.capabilities.extended_agent_card = Some(true);
+    card
+}

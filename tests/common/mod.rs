@@ -1,0 +1,348 @@
+//! Test harness: a real Baton on 127.0.0.1:0 over a sled ledger in a
+//! temporary directory, a JSON-RPC client, an SSE reader, and test agents.
+#![allow(dead_code)]
+
+pub mod agents;
+
+use baton::agents::{Agent, AgentHandle, builtin_agents};
+use baton::gateway::{Gateway, GatewaySettings};
+use baton::netguard::OutboundPolicy;
+use baton::push::{PushDispatcher, PushSettings};
+use baton::server::{self, AppState, ServerSettings};
+use baton::store::Ledger;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+/// How long any single wait in a test may take before it fails.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// Builds a Baton for one test.
+pub struct BatonBuilder {
+    agents: Vec<AgentHandle>,
+    default_agent: String,
+    push_enabled: bool,
+    allow_loopback: bool,
+    max_body_bytes: usize,
+    push_settings: PushSettings,
+}
+
+/// A builder with the built-in agents, `echo` as default, push on and
+/// loopback webhooks allowed.
+pub fn baton() -> BatonBuilder {
+    BatonBuilder {
+        agents: builtin_agents(),
+        default_agent: "echo".into(),
+        push_enabled: true,
+        allow_loopback: true,
+        max_body_bytes: 4 * 1024 * 1024,
+        push_settings: PushSettings {
+            initial_backoff: Duration::from_millis(50),
+            ..PushSettings::default()
+        },
+    }
+}
+
+impl BatonBuilder {
+    /// Adds an agent.
+    pub fn agent(mut self, id: &str, agent: impl Agent) -> Self {
+        self.agents.push(AgentHandle {
+            id: id.into(),
+            agent: Arc::new(agent),
+        });
+        self
+    }
+
+    /// Sets the default agent.
+    pub fn default_agent(mut self, id: &str) -> Self {
+        self.default_agent = id.into();
+        self
+    }
+
+    /// Turns push notifications off.
+    pub fn without_push(mut self) -> Self {
+        self.push_enabled = false;
+        self
+    }
+
+    /// Refuses loopback webhooks (the production default).
+    pub fn without_loopback(mut self) -> Self {
+        self.allow_loopback = false;
+        self
+    }
+
+    /// Caps request bodies.
+    pub fn max_body_bytes(mut self, bytes: usize) -> Self {
+        self.max_body_bytes = bytes;
+        self
+    }
+
+    /// Starts Baton on 127.0.0.1:0.
+    pub async fn start(self) -> TestBaton {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ledger = Arc::new(Ledger::open(dir.path()).expect("open ledger"));
+        let policy = OutboundPolicy {
+            allow: if self.allow_loopback {
+                vec!["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()]
+            } else {
+                Vec::new()
+            },
+        };
+        let push = PushDispatcher::start(&ledger, policy, self.push_settings);
+        let shutdown_token = CancellationToken::new();
+        let gateway = Gateway::new(
+            ledger.clone(),
+            self.agents,
+            push,
+            GatewaySettings {
+                task_timeout: Duration::from_secs(30),
+                push_enabled: self.push_enabled,
+            },
+            shutdown_token,
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let base = format!("http://127.0.0.1:{}", addr.port());
+        let state = AppState::new(
+            gateway.clone(),
+            ServerSettings {
+                public_url: base.clone(),
+                default_agent: self.default_agent,
+                max_body_bytes: self.max_body_bytes,
+            },
+        );
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            server::run(
+                listener,
+                state,
+                async move {
+                    let _ = stopped.await;
+                },
+                Duration::from_secs(2),
+            )
+            .await
+        });
+        TestBaton {
+            base,
+            http: reqwest::Client::new(),
+            gateway,
+            ledger,
+            next_id: AtomicU64::new(1),
+            stop: Some(stop),
+            server,
+            _dir: dir,
+        }
+    }
+}
+
+/// A running Baton.
+pub struct TestBaton {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// A plain HTTP client.
+    pub http: reqwest::Client,
+    /// The gateway inside.
+    pub gateway: Arc<Gateway>,
+    /// Its ledger.
+    pub ledger: Arc<Ledger>,
+    next_id: AtomicU64,
+    stop: Option<oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+/// A reply as seen on the wire.
+pub struct Reply {
+    /// HTTP status.
+    pub status: reqwest::StatusCode,
+    /// Response headers.
+    pub headers: reqwest::header::HeaderMap,
+    /// The JSON body.
+    pub body: Value,
+}
+
+impl Reply {
+    /// The JSON-RPC error code, if the reply is an error.
+    pub fn code(&self) -> Option<i64> {
+        self.body["error"]["code"].as_i64()
+    }
+
+    /// The JSON-RPC result; panics on an error reply.
+    pub fn result(&self) -> &Value {
+        assert!(
+            self.body.get("error").is_none(),
+            "expected a result, got {}",
+            self.body
+        );
+        &self.body["result"]
+    }
+}
+
+impl TestBaton {
+    /// Full URL of a path.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// Posts raw bytes with the given headers.
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        body: impl Into<reqwest::Body>,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        let mut request = self.http.post(self.url(path)).body(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = tokio::time::timeout(WAIT, request.send())
+            .await
+            .expect("reply in time")
+            .expect("HTTP request");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response.bytes().await.expect("body");
+        let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+            panic!(
+                "non-JSON reply {status}: {}",
+                String::from_utf8_lossy(&bytes)
+            )
+        });
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// Posts a JSON value with the standard A2A headers.
+    pub async fn post_json(&self, path: &str, body: &Value) -> Reply {
+        self.post_raw(path, body.to_string(), &STANDARD_HEADERS)
+            .await
+    }
+
+    /// Calls a method on `path` (e.g. `/a2a`).
+    pub async fn call_at(&self, path: &str, method: &str, params: Value) -> Reply {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.post_json(
+            path,
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .await
+    }
+
+    /// Calls a method on `/a2a`.
+    pub async fn call(&self, method: &str, params: Value) -> Reply {
+        self.call_at("/a2a", method, params).await
+    }
+
+    /// SendMessage of a text to `/a2a`, returning the result.
+    pub async fn send_text(&self, message_id: &str, text: &str, extra: Value) -> Value {
+        let mut params = json!({"message": user_message(message_id, text)});
+        merge(&mut params, extra);
+        self.call("SendMessage", params).await.result().clone()
+    }
+
+    /// Opens an SSE stream and reads events until it ends (or `max` events).
+    pub async fn stream_at(&self, path: &str, method: &str, params: Value, max: usize) -> SseReply {
+        let response = self.open_stream(path, method, params).await;
+        read_sse(response, max).await
+    }
+
+    /// Opens an SSE request and returns the response without reading it.
+    pub async fn open_stream(&self, path: &str, method: &str, params: Value) -> reqwest::Response {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let mut request = self.http.post(self.url(path)).body(body.to_string());
+        for (name, value) in STANDARD_HEADERS {
+            request = request.header(name, value);
+        }
+        tokio::time::timeout(WAIT, request.header("accept", "text/event-stream").send())
+            .await
+            .expect("stream opens in time")
+            .expect("HTTP request")
+    }
+
+    /// Stops the server.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(WAIT, &mut self.server).await;
+    }
+}
+
+/// The headers every A2A 1.0 client sends.
+pub const STANDARD_HEADERS: [(&str, &str); 2] =
+    [("content-type", "application/json"), ("a2a-version", "1.0")];
+
+/// What an SSE response held.
+pub struct SseReply {
+    /// The response Content-Type.
+    pub content_type: String,
+    /// Each `data:` payload, parsed.
+    pub events: Vec<Value>,
+    /// Whether the server closed the stream (rather than `max` being reached).
+    pub closed: bool,
+}
+
+/// Reads SSE `data:` events until the stream closes or `max` arrive.
+pub async fn read_sse(response: reqwest::Response, max: usize) -> SseReply {
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let mut events = Vec::new();
+    let mut buffer = String::new();
+    let mut body = response.bytes_stream();
+    let mut closed = false;
+    let read = async {
+        while let Some(chunk) = body.next().await {
+            buffer.push_str(&String::from_utf8_lossy(&chunk.expect("stream chunk")));
+            while let Some(end) = buffer.find("\n\n") {
+                let frame: String = buffer.drain(..end + 2).collect();
+                for line in frame.lines() {
+                    if let Some(data) = line.strip_prefix("data:") {
+                        events.push(serde_json::from_str(data.trim()).expect("event is JSON"));
+                    }
+                }
+                if events.len() >= max {
+                    return;
+                }
+            }
+        }
+        closed = true;
+    };
+    tokio::time::timeout(WAIT, read)
+        .await
+        .expect("stream ends in time");
+    SseReply {
+        content_type,
+        events,
+        closed,
+    }
+}
+
+/// A user message with one text part.
+pub fn user_message(message_id: &str, text: &str) -> Value {
+    json!({"messageId": message_id, "role": "ROLE_USER", "parts": [{"text": text}]})
+}
+
+/// Shallow-merges the members of `extra` into `target`.
+pub fn merge(target: &mut Value, extra: Value) {
+    if let (Some(target), Value::Object(extra)) = (target.as_object_mut(), extra) {
+        target.extend(extra);
+    }
+}
+
+/// A fresh unique message id with a prefix.
+pub fn message_id(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}

@@ -67,3 +67,359 @@ async fn return_immediately_does_not_wait_for_the_agent() {
     assert_eq!(got.result()["status"]["state"], "TASK_STATE_COMPLETED");
     baton.stop().await;
 }
+
+#[tokio::test]
+async fn streaming_send_frames_each_event_as_a_jsonrpc_response() {
+    let baton = baton().default_agent("scenario").start().await;
+    let params = json!({"message": user_message(&message_id("tck-stream-001"), "go")});
+    let reply = baton
+        .stream_at("/a2a", "SendStreamingMessage", params, 100)
+        .await;
+    assert!(reply.content_type.starts_with("text/event-stream"));
+    assert!(reply.closed, "the stream ends after the terminal event");
+    let results: Vec<&Value> = reply.events.iter().map(|e| &e["result"]).collect();
+    assert!(
+        reply
+            .events
+            .iter()
+            .all(|e| e["jsonrpc"] == "2.0" && e["id"].is_u64())
+    );
+    assert!(
+        results[0]["task"]["id"].is_string(),
+        "the first event is the task"
+    );
+    let task_id = results[0]["task"]["id"].as_str().unwrap();
+    let kinds: Vec<&str> = results
+        .iter()
+        .map(|r| r.as_object().unwrap().keys().next().unwrap().as_str())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["task", "statusUpdate", "artifactUpdate", "statusUpdate"]
+    );
+    assert_eq!(
+        results[2]["artifactUpdate"]["artifact"]["parts"][0]["text"],
+        "Stream hello from TCK"
+    );
+    assert_eq!(
+        results[3]["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    assert!(results[1..].iter().all(|r| {
+        let event = r.as_object().unwrap().values().next().unwrap();
+        event["taskId"] == task_id
+    }));
+
+    // A message-only reply is one `message` event, then the end.
+    let params = json!({"message": user_message(&message_id("tck-message-response"), "hi")});
+    let reply = baton
+        .stream_at("/a2a", "SendStreamingMessage", params, 100)
+        .await;
+    assert!(reply.closed);
+    assert_eq!(reply.events.len(), 1);
+    assert_eq!(
+        reply.events[0]["result"]["message"]["parts"][0]["text"],
+        "Direct message response"
+    );
+    baton.stop().await;
+}
+
+#[tokio::test]
+async fn three_subscribers_see_identical_ordered_events() {
+    let gated = GatedAgent::new();
+    let baton = baton().agent("gated", gated.clone()).start().await;
+    let params = json!({
+        "tenant": "gated",
+        "message": user_message(&message_id("m"), "fan out"),
+        "configuration": {"returnImmediately": true},
+    });
+    let task_id = baton.call("SendMessage", params).await.result()["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let mut subscribers = Vec::new();
+    for _ in 0..3 {
+        let response = baton
+            .open_stream(
+                "/agents/gated/a2a",
+                "SubscribeToTask",
+                json!({"id": task_id}),
+            )
+            .await;
+        subscribers.push(tokio::spawn(read_sse(response, 100)));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    gated.release(1);
+
+    let mut streams = Vec::new();
+    for subscriber in subscribers {
+        let reply = subscriber.await.unwrap();
+        assert!(reply.closed);
+        // Ids differ per request; everything else must match byte for byte.
+        let results: Vec<String> = reply
+            .events
+            .iter()
+            .map(|e| e["result"].to_string())
+            .collect();
+        streams.push(results);
+    }
+    assert_eq!(streams[0], streams[1]);
+    assert_eq!(streams[1], streams[2]);
+    let first: Value = serde_json::from_str(&streams[0][0]).unwrap();
+    assert_eq!(
+        first["task"]["id"],
+        task_id.as_str(),
+        "the first event is the current task"
+    );
+    let last: Value = serde_json::from_str(streams[0].last().unwrap()).unwrap();
+    assert_eq!(
+        last["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    assert!(streams[0].iter().any(|e| e.contains("artifactUpdate")));
+    baton.stop().await;
+}
+
+#[tokio::test]
+async fn multi_turn_continues_a_task_in_its_context() {
+    let baton = baton().default_agent("scenario").start().await;
+    let first = baton
+        .send_text(&message_id("tck-input-required"), "book a table", json!({}))
+        .await;
+    let task = &first["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_INPUT_REQUIRED");
+    let (task_id, context_id) = (task["id"].clone(), task["contextId"].clone());
+
+    let mut answer = user_message(&message_id("tck-complete-task"), "for two");
+    answer["taskId"] = task_id.clone();
+    let second = baton.call("SendMessage", json!({"message": answer})).await;
+    let task = &second.result()["task"];
+    assert_eq!(task["id"], task_id);
+    assert_eq!(
+        task["contextId"], context_id,
+        "the context is inferred from the task"
+    );
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED");
+    let texts: Vec<&str> = task["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["parts"][0]["text"].as_str())
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "book a table",
+            "Please provide more input.",
+            "for two",
+            "Hello from TCK"
+        ]
+    );
+
+    // historyLength caps the history returned.
+    let got = baton
+        .call("GetTask", json!({"id": task_id, "historyLength": 1}))
+        .await;
+    assert_eq!(got.result()["history"].as_array().unwrap().len(), 1);
+    let got = baton
+        .call("GetTask", json!({"id": task_id, "history_length": 0}))
+        .await;
+    assert!(got.result().get("history").is_none());
+
+    // A client-chosen context is kept; a new task in it is a new id.
+    let context = format!("ctx-{}", uuid::Uuid::new_v4());
+    let mut message = user_message(&message_id("tck-complete-task"), "again");
+    message["contextId"] = json!(context);
+    let third = baton.call("SendMessage", json!({"message": message})).await;
+    assert_eq!(third.result()["task"]["contextId"], context.as_str());
+    baton.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_moves_a_task_to_canceled() {
+    let gated = GatedAgent::new();
+    let baton = baton().agent("gated", gated.clone()).start().await;
+    let params = json!({
+        "tenant": "gated",
+        "message": user_message(&message_id("m"), "long job"),
+        "configuration": {"returnImmediately": true},
+    });
+    let task_id = baton.call("SendMessage", params).await.result()["task"]["id"].clone();
+    let subscriber = baton
+        .open_stream(
+            "/a2a",
+            "SubscribeToTask",
+            json!({"id": task_id, "tenant": "gated"}),
+        )
+        .await;
+    let canceled = baton.call("CancelTask", json!({"id": task_id})).await;
+    assert_eq!(canceled.result()["status"]["state"], "TASK_STATE_CANCELED");
+    let events = read_sse(subscriber, 100).await;
+    assert!(events.closed);
+    let last = &events.events.last().unwrap()["result"];
+    assert_eq!(
+        last["statusUpdate"]["status"]["state"],
+        "TASK_STATE_CANCELED"
+    );
+    // The agent's later completion cannot overwrite the terminal state.
+    gated.release(1);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let got = baton.call("GetTask", json!({"id": task_id})).await;
+    assert_eq!(got.result()["status"]["state"], "TASK_STATE_CANCELED");
+    baton.stop().await;
+}
+
+#[tokio::test]
+async fn push_config_methods_round_trip() {
+    let baton = baton().start().await;
+    let task_id = baton.send_text(&message_id("m"), "x", json!({})).await["task"]["id"].clone();
+    let created = baton
+        .call(
+            "CreateTaskPushNotificationConfig",
+            json!({"taskId": task_id, "id": "hook-1", "url": "https://example.com/hook", "token": "t0k"}),
+        )
+        .await;
+    assert_eq!(created.result()["id"], "hook-1");
+    assert_eq!(created.result()["taskId"], task_id);
+    let got = baton
+        .call(
+            "GetTaskPushNotificationConfig",
+            json!({"taskId": task_id, "id": "hook-1"}),
+        )
+        .await;
+    assert_eq!(got.result()["url"], "https://example.com/hook");
+    let listed = baton
+        .call(
+            "ListTaskPushNotificationConfigs",
+            json!({"taskId": task_id}),
+        )
+        .await;
+    assert_eq!(listed.result()["configs"].as_array().unwrap().len(), 1);
+    let deleted = baton
+        .call(
+            "DeleteTaskPushNotificationConfig",
+            json!({"taskId": task_id, "id": "hook-1"}),
+        )
+        .await;
+    assert_eq!(deleted.result(), &json!({}));
+    let missing = baton
+        .call(
+            "GetTaskPushNotificationConfig",
+            json!({"taskId": task_id, "id": "hook-1"}),
+        )
+        .await;
+    assert_eq!(missing.code(), Some(-32001));
+    baton.stop().await;
+}
+
+#[tokio::test]
+async fn cards_are_published_with_validators() {
+    let baton = baton().start().await;
+    let response = baton
+        .http
+        .get(baton.url("/.well-known/agent-card.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let etag = response.headers()["etag"].to_str().unwrap().to_string();
+    assert!(
+        response.headers()["cache-control"]
+            .to_str()
+            .unwrap()
+            .contains("max-age")
+    );
+    assert!(response.headers().contains_key("last-modified"));
+    let card: Value = response.json().await.unwrap();
+    assert_eq!(card["supportedInterfaces"][0]["url"], baton.url("/a2a"));
+    assert_eq!(card["supportedInterfaces"][0]["protocolBinding"], "JSONRPC");
+    assert_eq!(
+        card["capabilities"]["extensions"][0]["uri"],
+        "urn:baton:handoff:v1"
+    );
+    let skills: Vec<&str> = card["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        skills.contains(&"echo/echo") && skills.contains(&"scenario/tck-scenarios"),
+        "{skills:?}"
+    );
+
+    let revalidated = baton
+        .http
+        .get(baton.url("/.well-known/agent-card.json"))
+        .header("if-none-match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revalidated.status(), 304);
+
+    let agent = baton
+        .http
+        .get(baton.url("/agents/echo/.well-known/agent-card.json"))
+        .send()
+        .await
+        .unwrap();
+    let card: Value = agent.json().await.unwrap();
+    assert_eq!(card["name"], "Echo");
+    assert_eq!(
+        card["supportedInterfaces"][0]["url"],
+        baton.url("/agents/echo/a2a")
+    );
+    let missing = baton
+        .http
+        .get(baton.url("/agents/nope/.well-known/agent-card.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+
+    let extended = baton
+        .call_at("/agents/echo/a2a", "GetExtendedAgentCard", json!({}))
+        .await;
+    assert_eq!(extended.result()["name"], "Echo");
+    let gateway_extended = baton.call("GetExtendedAgentCard", json!({})).await;
+    assert_eq!(gateway_extended.result()["name"], "Baton");
+    baton.stop().await;
+}
+
+#[tokio::test]
+async fn endpoints_answer_with_a_trailing_slash_and_route_by_tenant() {
+    let baton = baton().start().await;
+    for path in ["/a2a/", "/agents/scenario/a2a/", "/agents/scenario/a2a"] {
+        let reply = baton
+            .call_at(
+                path,
+                "SendMessage",
+                json!({"message": user_message(&message_id("tck-complete-task"), "x")}),
+            )
+            .await;
+        assert!(reply.result()["task"].is_object(), "{path}: {}", reply.body);
+    }
+    // tenant routes /a2a calls to an agent: scenario answers tck-message-response with a message.
+    let routed = baton
+        .call(
+            "SendMessage",
+            json!({"tenant": "scenario", "message": user_message(&message_id("tck-message-response"), "x")}),
+        )
+        .await;
+    assert!(routed.result()["message"].is_object());
+    // Without a tenant, the default agent (echo) answers.
+    let default = baton
+        .call(
+            "SendMessage",
+            json!({"message": user_message(&message_id("tck-message-response"), "x")}),
+        )
+        .await;
+    assert_eq!(default.result()["task"]["artifacts"][0]["name"], "echo");
+
+    let health = baton.http.get(baton.url("/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let ready = baton.http.get(baton.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    baton.stop().await;
+}

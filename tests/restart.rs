@@ -1,0 +1,212 @@
+//! The `baton` binary as an operator runs it: tasks, history, artifacts and
+//! push configs survive a restart on the same data directory, and SIGTERM
+//! drains gracefully, closing SSE streams.
+
+mod common;
+
+use common::{WAIT, message_id, read_sse, user_message};
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `baton serve` child process.
+struct BatonProcess {
+    child: Child,
+    base: String,
+    http: reqwest::Client,
+}
+
+impl BatonProcess {
+    fn start(data: &std::path::Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--default-agent",
+                "scenario",
+            ])
+            .arg("--data")
+            .arg(data)
+            .args(["--shutdown-grace-secs", "3"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn baton");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the listening line");
+        let addr = line
+            .trim()
+            .strip_prefix("baton listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Self {
+            child,
+            base: format!("http://{addr}"),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn call(&self, method: &str, params: Value) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let reply: Value = self
+            .http
+            .post(format!("{}/a2a", self.base))
+            .header("content-type", "application/json")
+            .header("a2a-version", "1.0")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("request")
+            .json()
+            .await
+            .expect("JSON reply");
+        assert!(reply.get("error").is_none(), "{method} failed: {reply}");
+        reply["result"].clone()
+    }
+
+    fn terminate(&mut self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("send SIGTERM");
+        assert!(status.success());
+    }
+
+    fn wait_exit(&mut self, bound: Duration) -> std::process::ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                started.elapsed() < bound,
+                "baton did not exit within {bound:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for BatonProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn tasks_history_artifacts_and_push_configs_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = BatonProcess::start(dir.path());
+
+    let mut ids = Vec::new();
+    for prefix in [
+        "tck-complete-task",
+        "tck-artifact-text",
+        "tck-artifact-data",
+        "tck-input-required",
+    ] {
+        let result = first
+            .call(
+                "SendMessage",
+                json!({"message": user_message(&message_id(prefix), prefix)}),
+            )
+            .await;
+        ids.push(result["task"]["id"].as_str().unwrap().to_string());
+    }
+    let waiting = ids[3].clone();
+    first
+        .call(
+            "CreateTaskPushNotificationConfig",
+            json!({"taskId": waiting, "id": "hook", "url": "https://example.com/hook", "token": "secret"}),
+        )
+        .await;
+
+    let mut before = Vec::new();
+    for id in &ids {
+        before.push(first.call("GetTask", json!({"id": id})).await);
+    }
+    let list_before = first
+        .call("ListTasks", json!({"includeArtifacts": true}))
+        .await;
+    assert_eq!(list_before["totalSize"], 4);
+
+    first.terminate();
+    assert!(first.wait_exit(WAIT).success());
+
+    let second = BatonProcess::start(dir.path());
+    for (id, expected) in ids.iter().zip(&before) {
+        assert_eq!(&second.call("GetTask", json!({"id": id})).await, expected);
+    }
+    assert_eq!(
+        second
+            .call("ListTasks", json!({"includeArtifacts": true}))
+            .await,
+        list_before
+    );
+    let configs = second
+        .call(
+            "ListTaskPushNotificationConfigs",
+            json!({"taskId": waiting}),
+        )
+        .await;
+    assert_eq!(configs["configs"][0]["token"], "secret");
+
+    // The interrupted task goes on where it stopped.
+    let mut answer = user_message(&message_id("tck-complete-task"), "answer");
+    answer["taskId"] = json!(waiting);
+    let resumed = second.call("SendMessage", json!({"message": answer})).await;
+    assert_eq!(resumed["task"]["status"]["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(resumed["task"]["history"].as_array().unwrap().len(), 4);
+}
+
+#[tokio::test]
+async fn sigterm_closes_streams_and_exits_within_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut baton = BatonProcess::start(dir.path());
+    let task = baton
+        .call(
+            "SendMessage",
+            json!({"message": user_message(&message_id("tck-input-required"), "wait")}),
+        )
+        .await;
+    let task_id = task["task"]["id"].clone();
+
+    let body =
+        json!({"jsonrpc": "2.0", "id": 7, "method": "SubscribeToTask", "params": {"id": task_id}});
+    let stream = baton
+        .http
+        .post(format!("{}/a2a", baton.base))
+        .header("content-type", "application/json")
+        .header("a2a-version", "1.0")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        stream.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let reader = tokio::spawn(read_sse(stream, 100));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let started = Instant::now();
+    baton.terminate();
+    let events = reader.await.unwrap();
+    assert!(events.closed, "the open stream ends at shutdown");
+    assert_eq!(events.events[0]["result"]["task"]["id"], task_id);
+    assert!(baton.wait_exit(WAIT).success());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "drain took {:?}",
+        started.elapsed()
+    );
+}

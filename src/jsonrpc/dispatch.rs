@@ -105,7 +105,7 @@ pub async fn dispatch(
         methods::GET_EXTENDED_AGENT_CARD => ok(
             id,
             decode_params::<crate::protocol::GetExtendedAgentCardRequest>(params)
-                .and_then(|_| extended_card),
+                .and(extended_card),
         ),
         other => error_reply(
             Some(id),

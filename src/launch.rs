@@ -47,6 +47,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         },
         shutdown,
     );
+    let recovered = gateway.recover_in_flight().await?;
+    if recovered > 0 {
+        tracing::info!(
+            recovered,
+            "picked up tasks that were in flight at the last stop"
+        );
+    }
     let state = AppState::new(
         gateway,
         ServerSettings {

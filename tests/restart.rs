@@ -31,6 +31,8 @@ impl BatonProcess {
             .arg(data)
             .args(["--shutdown-grace-secs", "3"])
             .env("RUST_LOG", "warn")
+            // The scenario agent's long-running task then lasts 2 minutes.
+            .env("TCK_STREAMING_TIMEOUT", "60")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -209,4 +211,37 @@ async fn sigterm_closes_streams_and_exits_within_the_grace_period() {
         "drain took {:?}",
         started.elapsed()
     );
+}
+
+#[tokio::test]
+async fn work_in_flight_at_a_stop_is_failed_with_the_reason_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = BatonProcess::start(dir.path());
+    let params = json!({
+        "message": user_message(&message_id("test-resubscribe-message-id"), "long"),
+        "configuration": {"returnImmediately": true},
+    });
+    let task = first.call("SendMessage", params).await;
+    let task_id = task["task"]["id"].clone();
+    first.terminate();
+    assert!(first.wait_exit(WAIT).success());
+
+    let second = BatonProcess::start(dir.path());
+    let started = Instant::now();
+    loop {
+        let got = second.call("GetTask", json!({"id": task_id})).await;
+        if got["status"]["state"] == "TASK_STATE_FAILED" {
+            let reason = got["status"]["message"]["parts"][0]["text"]
+                .as_str()
+                .unwrap();
+            assert!(reason.contains("restarted"), "{reason}");
+            break;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "task still {}",
+            got["status"]["state"]
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

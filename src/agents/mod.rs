@@ -116,6 +116,16 @@ pub trait Agent: Send + Sync + 'static {
     /// Handles one message, reporting through `events` until done.
     async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError>;
 
+    /// Picks up a task the agent was working on when the gateway stopped,
+    /// reporting through `events` as `execute` does. Agents that cannot
+    /// (in-process work is lost with the process) say so, and the gateway
+    /// fails the task with the reason.
+    async fn recover(&self, _task: &Task, _events: AgentEvents) -> Result<(), AgentError> {
+        Err(AgentError::Failed(
+            "the gateway restarted while this agent was working; its work cannot be resumed".into(),
+        ))
+    }
+
     /// Asks the agent to stop work on a task; the gateway records the cancel.
     async fn cancel(&self, _task: &Task) -> Result<(), AgentError> {
         Ok(())

@@ -316,6 +316,33 @@ impl Gateway {
         })
     }
 
+    /// Hands every task left SUBMITTED or WORKING by a previous run back to
+    /// its agent, which resumes it or fails it with the reason. Returns how
+    /// many tasks were picked up.
+    pub async fn recover_in_flight(self: &Arc<Self>) -> Result<usize, GatewayError> {
+        let ids = self.ledger.active_task_ids()?;
+        let mut recovered = 0;
+        for task_id in ids {
+            let Some(record) = self.ledger.get(&task_id)? else {
+                continue;
+            };
+            let Some(agent) = self.agent(&record.agent).cloned() else {
+                tracing::warn!(task_id, agent = %record.agent, "in-flight task of an unknown agent");
+                continue;
+            };
+            let driver = Driver {
+                gateway: self.clone(),
+                agent,
+                owner: record.owner.clone(),
+                idempotency_key: None,
+                fingerprint: String::new(),
+            };
+            tokio::spawn(driver.recover(record));
+            recovered += 1;
+        }
+        Ok(recovered)
+    }
+
     /// A repeated send may arrive while the first is still deciding between
     /// a task and a message; wait briefly for the outcome.
     async fn await_idempotent_result(
@@ -350,6 +377,25 @@ struct Driver {
 }
 
 impl Driver {
+    /// Picks up a task left SUBMITTED or WORKING by a previous run of the
+    /// gateway; the agent either resumes it or the task fails with the reason.
+    pub(crate) async fn recover(self, record: TaskRecord) {
+        let (events, receiver) = AgentEvents::channel(64);
+        let agent = self.agent.agent.clone();
+        let task = record.task.clone();
+        let execution = tokio::spawn(async move { agent.recover(&task, events).await });
+        self.pump(
+            &record.task.id,
+            &record.task.context_id,
+            None,
+            receiver,
+            execution,
+            None,
+            true,
+        )
+        .await;
+    }
+
     async fn run(
         self,
         request: AgentRequest,
@@ -359,7 +405,7 @@ impl Driver {
         let task_id = request.task_id.clone();
         let context_id = request.context_id.clone();
         let user_message = request.message.clone();
-        let (events, mut receiver) = AgentEvents::channel(64);
+        let (events, receiver) = AgentEvents::channel(64);
         let agent = self.agent.agent.clone();
         let execution = tokio::spawn(async move { agent.execute(request, events).await });
         let mut first_tx = Some(first_tx);
@@ -397,6 +443,31 @@ impl Driver {
             }
         }
 
+        self.pump(
+            &task_id,
+            &context_id,
+            Some(user_message),
+            receiver,
+            execution,
+            first_tx,
+            created,
+        )
+        .await;
+    }
+
+    /// Records what the agent reports until it is done, then its outcome.
+    #[allow(clippy::too_many_arguments)]
+    async fn pump(
+        &self,
+        task_id: &str,
+        context_id: &str,
+        user_message: Option<Message>,
+        mut receiver: tokio::sync::mpsc::Receiver<AgentEvent>,
+        execution: tokio::task::JoinHandle<Result<(), crate::agents::AgentError>>,
+        mut first_tx: Option<oneshot::Sender<First>>,
+        mut created: bool,
+    ) {
+        let (task_id, context_id) = (task_id.to_string(), context_id.to_string());
         while let Some(event) = receiver.recv().await {
             let mut batch = vec![event];
             while let Ok(more) = receiver.try_recv() {
@@ -417,7 +488,7 @@ impl Driver {
                     id: task_id.clone(),
                     context_id: context_id.clone(),
                     status: TaskStatus::now(TaskState::Submitted, None),
-                    history: vec![user_message.clone()],
+                    history: user_message.iter().cloned().collect(),
                     ..Task::default()
                 }));
             }

@@ -7,7 +7,11 @@
 use crate::protocol::StreamResponse;
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::broadcast;
+
+/// Every how many `watch` calls unwatched channels are dropped.
+const SWEEP_EVERY: u64 = 1024;
 
 /// How many events a slow watcher may fall behind before it must replay.
 const CHANNEL_CAPACITY: usize = 256;
@@ -32,12 +36,18 @@ pub struct EventHub {
     // std Mutex: only map operations under it, no await.
     channels: Mutex<HashMap<String, broadcast::Sender<std::sync::Arc<LedgerEvent>>>>,
     sinks: Mutex<Vec<EventSink>>,
+    watches: AtomicU64,
 }
 
 impl EventHub {
     /// Watches `task_id`; the receiver gets every event published after this call.
     pub fn watch(&self, task_id: &str) -> broadcast::Receiver<std::sync::Arc<LedgerEvent>> {
         let mut channels = self.channels.lock().expect("hub lock");
+        // A task that stops without a terminal event (interrupted, abandoned)
+        // leaves its channel behind; sweep those now and then.
+        if self.watches.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == 0 {
+            channels.retain(|_, sender| sender.receiver_count() > 0);
+        }
         channels
             .entry(task_id.to_string())
             .or_insert_with(|| broadcast::channel(CHANNEL_CAPACITY).0)

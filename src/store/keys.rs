@@ -13,6 +13,7 @@
 //! | `n` | owner, 0, counter name | u64 BE count |
 //! | `p` | task id, 0, config id | `TaskPushNotificationConfig` JSON |
 //! | `k` | owner, 0, idempotency key | `IdempotencyRecord` JSON |
+//! | `a` | task id | empty: tasks an agent is working on (SUBMITTED, WORKING) |
 //!
 //! `order` is the status time inverted (u64::MAX - micros, big-endian) followed
 //! by the task id, so a forward scan yields the newest status first.
@@ -106,6 +107,11 @@ pub fn push_config(task_id: &str, config_id: &str) -> Vec<u8> {
     let mut key = push_prefix(task_id);
     key.extend_from_slice(config_id.as_bytes());
     key
+}
+
+/// `a` key of a task an agent is working on; `active("")` is the prefix.
+pub fn active(task_id: &str) -> Vec<u8> {
+    join(&[b"a", task_id.as_bytes()])
 }
 
 /// `k` key of an idempotency record.

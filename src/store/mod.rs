@@ -104,6 +104,17 @@ pub struct ListPage {
     pub total_size: usize,
 }
 
+/// Pending counter changes of one write, summed per counter.
+type CounterDeltas = std::collections::HashMap<Vec<u8>, i64>;
+
+/// Whether an agent is (or was, before a stop) working on a task in `state`.
+fn is_active(state: TaskState) -> bool {
+    matches!(
+        state,
+        TaskState::Submitted | TaskState::Working | TaskState::Unspecified
+    )
+}
+
 /// Decodes and checks a ListTasks page token.
 pub fn decode_page_token(token: &str) -> Option<Vec<u8>> {
     let bytes = URL_SAFE_NO_PAD.decode(token).ok()?;
@@ -178,7 +189,9 @@ impl Ledger {
             }
             let mut batch = sled::Batch::default();
             let published = self.append_events(&mut batch, &mut record, events)?;
-            self.index_insert(&mut batch, &record, 1)?;
+            let mut counts = CounterDeltas::new();
+            Self::index_insert(&mut batch, &mut counts, &record, true);
+            self.apply_counts(&mut batch, counts)?;
             record.version = 1;
             batch.insert(keys::task(&task_id), serde_json::to_vec(&record)?);
             self.tree.apply_batch(batch)?;
@@ -208,8 +221,10 @@ impl Ledger {
             let old = &before.task.status;
             let new = &record.task.status;
             if old.state != new.state || old.timestamp != new.timestamp {
-                self.index_remove(&mut batch, &before)?;
-                self.index_insert(&mut batch, &record, 0)?;
+                let mut counts = CounterDeltas::new();
+                Self::index_remove(&mut batch, &mut counts, &before);
+                Self::index_insert(&mut batch, &mut counts, &record, false);
+                self.apply_counts(&mut batch, counts)?;
             }
             record.version += 1;
             batch.insert(
@@ -246,13 +261,13 @@ impl Ledger {
         Ok(published)
     }
 
-    /// Index entries and counters of a new state; `new_task` is 1 for a new task.
+    /// Index entries of a task's current state, and the counter changes.
     fn index_insert(
-        &self,
         batch: &mut sled::Batch,
+        counts: &mut CounterDeltas,
         record: &TaskRecord,
-        new_task: u64,
-    ) -> Result<(), LedgerError> {
+        new_task: bool,
+    ) {
         let (owner, task) = (&record.owner, &record.task);
         let order = keys::order(task.status.timestamp, &task.id);
         let state = task.status.state.number();
@@ -265,40 +280,58 @@ impl Ledger {
             [keys::by_context_prefix(owner, &task.context_id), order].concat(),
             &[],
         );
-        self.bump(batch, &keys::counter(owner, &format!("s{state}")), 1)?;
-        if new_task == 1 {
-            self.bump(batch, &keys::counter(owner, "all"), 1)?;
-            self.bump(
-                batch,
-                &keys::counter(owner, &format!("c{}", task.context_id)),
-                1,
-            )?;
+        if is_active(task.status.state) {
+            batch.insert(keys::active(&task.id), &[]);
         }
-        Ok(())
+        *counts
+            .entry(keys::counter(owner, &format!("s{state}")))
+            .or_default() += 1;
+        if new_task {
+            *counts.entry(keys::counter(owner, "all")).or_default() += 1;
+            *counts
+                .entry(keys::counter(owner, &format!("c{}", task.context_id)))
+                .or_default() += 1;
+        }
     }
 
-    fn index_remove(
-        &self,
-        batch: &mut sled::Batch,
-        record: &TaskRecord,
-    ) -> Result<(), LedgerError> {
+    /// Removes the index entries of a task's previous state.
+    fn index_remove(batch: &mut sled::Batch, counts: &mut CounterDeltas, record: &TaskRecord) {
         let (owner, task) = (&record.owner, &record.task);
         let order = keys::order(task.status.timestamp, &task.id);
         let state = task.status.state.number();
         batch.remove([keys::by_time_prefix(owner), order.clone()].concat());
         batch.remove([keys::by_state_prefix(owner, state), order.clone()].concat());
         batch.remove([keys::by_context_prefix(owner, &task.context_id), order].concat());
-        self.bump(batch, &keys::counter(owner, &format!("s{state}")), -1)
+        batch.remove(keys::active(&task.id));
+        *counts
+            .entry(keys::counter(owner, &format!("s{state}")))
+            .or_default() -= 1;
     }
 
-    /// Adjusts a counter; runs under the write lock, so read-modify-write is safe.
-    /// Several bumps of one counter in one batch do not occur (a write moves a
-    /// task out of one state and into another).
-    fn bump(&self, batch: &mut sled::Batch, key: &[u8], delta: i64) -> Result<(), LedgerError> {
-        let current = self.read_counter(key)?;
-        let next = (current as i64 + delta).max(0) as u64;
-        batch.insert(key, &next.to_be_bytes());
+    /// Writes counter changes; runs under the write lock, so read-modify-write is safe.
+    fn apply_counts(
+        &self,
+        batch: &mut sled::Batch,
+        counts: CounterDeltas,
+    ) -> Result<(), LedgerError> {
+        for (key, delta) in counts {
+            if delta != 0 {
+                let next = (self.read_counter(&key)? as i64 + delta).max(0) as u64;
+                batch.insert(key, &next.to_be_bytes());
+            }
+        }
         Ok(())
+    }
+
+    /// Ids of tasks an agent was working on (SUBMITTED or WORKING), e.g. when
+    /// the gateway stopped; interrupted and terminal tasks are not listed.
+    pub fn active_task_ids(&self) -> Result<Vec<String>, LedgerError> {
+        let prefix = keys::active("");
+        self.tree
+            .scan_prefix(&prefix)
+            .keys()
+            .map(|key| Ok(String::from_utf8_lossy(&key?[prefix.len()..]).into_owned()))
+            .collect()
     }
 
     fn read_counter(&self, key: &[u8]) -> Result<u64, LedgerError> {

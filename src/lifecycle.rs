@@ -151,7 +151,8 @@ mod tests {
             status: TaskStatus::now(Completed, None),
             ..Task::default()
         };
-        assert!(apply_event(&mut task, &status(&task.clone(), Working)).is_err());
+        let working = status(&task, Working);
+        assert!(apply_event(&mut task, &working).is_err());
         let chunk = StreamResponse::ArtifactUpdate(TaskArtifactUpdateEvent {
             task_id: "t".into(),
             artifact: Artifact {

@@ -423,3 +423,19 @@ async fn endpoints_answer_with_a_trailing_slash_and_route_by_tenant() {
     assert_eq!(ready.status(), 200);
     baton.stop().await;
 }
+
+#[tokio::test]
+async fn echo_tailors_its_output_to_accepted_output_modes() {
+    let baton = baton().start().await;
+    let result = baton
+        .send_text(
+            &message_id("m"),
+            "hello",
+            json!({"configuration": {"acceptedOutputModes": ["application/json"]}}),
+        )
+        .await;
+    let part = &result["task"]["artifacts"][0]["parts"][0];
+    assert_eq!(part["data"], json!({"text": "hello"}));
+    assert_eq!(part["mediaType"], "application/json");
+    baton.stop().await;
+}

@@ -1,9 +1,12 @@
 //! The built-in `echo` agent: completes every task with an artifact that
-//! echoes the input parts.
+//! echoes the input parts, tailored to the caller's `acceptedOutputModes`
+//! (text becomes JSON data for a caller that accepts JSON but not text).
 
 use super::{Agent, AgentError, AgentEvents, AgentRequest, builtin_card};
-use crate::protocol::{AgentCard, Artifact, TaskState};
+use crate::gateway::validate::media_type_matches;
+use crate::protocol::{AgentCard, Artifact, Part, PartContent, TaskState};
 use async_trait::async_trait;
+use serde_json::json;
 
 /// Echoes its input as an artifact named `echo`.
 pub struct EchoAgent {
@@ -25,6 +28,25 @@ impl Default for EchoAgent {
     }
 }
 
+/// Rewrites text parts as JSON data when the caller accepts JSON but not text.
+fn tailor(parts: Vec<Part>, accepted: &[String]) -> Vec<Part> {
+    let accepts = |mode: &str| accepted.iter().any(|a| media_type_matches(a, mode));
+    if accepted.is_empty() || accepts("text/plain") || !accepts("application/json") {
+        return parts;
+    }
+    parts
+        .into_iter()
+        .map(|part| match part.content {
+            PartContent::Text(text) => {
+                let mut data = Part::data(json!({ "text": text }));
+                data.media_type = "application/json".into();
+                data
+            }
+            _ => part,
+        })
+        .collect()
+}
+
 #[async_trait]
 impl Agent for EchoAgent {
     fn card(&self) -> &AgentCard {
@@ -41,11 +63,32 @@ impl Agent for EchoAgent {
             .artifact(Artifact {
                 artifact_id: uuid::Uuid::new_v4().to_string(),
                 name: "echo".into(),
-                parts: request.message.parts.clone(),
+                parts: tailor(
+                    request.message.parts.clone(),
+                    &request.accepted_output_modes,
+                ),
                 ..Artifact::default()
             })
             .await;
         events.status(TaskState::Completed, None).await;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_becomes_data_for_json_only_callers() {
+        let parts = vec![Part::text("hi")];
+        assert_eq!(tailor(parts.clone(), &[]), parts);
+        assert_eq!(tailor(parts.clone(), &["text/*".into()]), parts);
+        let tailored = tailor(parts, &["application/json".into()]);
+        assert_eq!(
+            tailored[0].content,
+            PartContent::Data(json!({"text": "hi"}))
+        );
+        assert_eq!(tailored[0].media_type, "application/json");
     }
 }

@@ -27,7 +27,14 @@ fn venv_python() -> PathBuf {
             .expect("python3 is needed for the SDK client test");
         assert!(created.success(), "python3 -m venv failed");
         let pip = Command::new(&python)
-            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", SDK_REQUIREMENT])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                SDK_REQUIREMENT,
+            ])
             .status()
             .expect("run pip");
         assert!(pip.success(), "pip install {SDK_REQUIREMENT} failed");
@@ -40,7 +47,13 @@ fn official_python_sdk_drives_baton() {
     let python = venv_python();
     let data = tempfile::tempdir().unwrap();
     let mut baton = Command::new(env!("CARGO_BIN_EXE_baton"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--allow-upstream", "127.0.0.1,::1"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--allow-upstream",
+            "127.0.0.1,::1",
+        ])
         .arg("--data")
         .arg(data.path())
         .env("RUST_LOG", "warn")
@@ -51,7 +64,10 @@ fn official_python_sdk_drives_baton() {
     BufReader::new(baton.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let addr = line.trim().trim_start_matches("baton listening on ").to_string();
+    let addr = line
+        .trim()
+        .trim_start_matches("baton listening on ")
+        .to_string();
     let port = addr.rsplit(':').next().unwrap();
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/sdk_client_test.py");
@@ -65,6 +81,9 @@ fn official_python_sdk_drives_baton() {
     let _ = baton.wait();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "SDK client failed:\n{stdout}\n{stderr}");
+    assert!(
+        output.status.success(),
+        "SDK client failed:\n{stdout}\n{stderr}"
+    );
     assert!(stdout.contains("all 14 steps passed"), "{stdout}");
 }

@@ -31,7 +31,7 @@ pub struct AgentCard {
     )]
     pub documentation_url: Option<String>,
     /// Optional capabilities.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub capabilities: AgentCapabilities,
     /// Security schemes by name.
     #[serde(default, alias = "security_schemes", deserialize_with = "nullable")]
@@ -329,7 +329,7 @@ pub struct OAuth2SecurityScheme {
     )]
     pub description: String,
     /// The flows (a proto `oneof`, kept as JSON).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub flows: Struct,
     /// RFC 8414 metadata URL.
     #[serde(default, alias = "oauth2_metadata_url", deserialize_with = "nullable")]

@@ -125,12 +125,16 @@ pub struct ListTasksRequest {
 #[serde(rename_all = "camelCase")]
 pub struct ListTasksResponse {
     /// The page.
+    #[serde(default, deserialize_with = "nullable")]
     pub tasks: Vec<Task>,
     /// Cursor of the next page; empty on the last page.
+    #[serde(default, alias = "next_page_token", deserialize_with = "nullable")]
     pub next_page_token: String,
     /// The page size used.
+    #[serde(default, alias = "page_size", deserialize_with = "wire::int32")]
     pub page_size: i32,
     /// How many tasks match in all.
+    #[serde(default, alias = "total_size", deserialize_with = "wire::int32")]
     pub total_size: i32,
 }
 
@@ -257,9 +261,11 @@ pub struct ListTaskPushNotificationConfigsRequest {
     pub task_id: String,
     /// Page size (0: the server's default).
     #[serde(default, alias = "page_size", deserialize_with = "wire::int32")]
+    #[serde(skip_serializing_if = "wire::is_zero")]
     pub page_size: i32,
     /// Cursor from a previous page.
     #[serde(default, alias = "page_token", deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub page_token: String,
 }
 
@@ -268,10 +274,15 @@ pub struct ListTaskPushNotificationConfigsRequest {
 #[serde(rename_all = "camelCase")]
 pub struct ListTaskPushNotificationConfigsResponse {
     /// The page.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub configs: Vec<TaskPushNotificationConfig>,
     /// Cursor of the next page; omitted on the last page.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(default, alias = "next_page_token", deserialize_with = "nullable")]
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub next_page_token: String,
 }
 

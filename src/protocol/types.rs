@@ -400,7 +400,7 @@ pub struct Task {
     #[serde(skip_serializing_if = "String::is_empty")]
     pub context_id: String,
     /// Current status; required.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub status: TaskStatus,
     /// Outputs.
     #[serde(default, deserialize_with = "nullable")]
@@ -452,7 +452,7 @@ pub struct TaskStatusUpdateEvent {
     #[serde(default, alias = "context_id", deserialize_with = "nullable")]
     pub context_id: String,
     /// The new status.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub status: TaskStatus,
     /// Event metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -470,7 +470,7 @@ pub struct TaskArtifactUpdateEvent {
     #[serde(default, alias = "context_id", deserialize_with = "nullable")]
     pub context_id: String,
     /// The artifact, or a chunk of it.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub artifact: Artifact,
     /// Append to the earlier artifact with the same id.
     #[serde(
@@ -489,7 +489,7 @@ pub struct TaskArtifactUpdateEvent {
 }
 
 /// `SendMessageResponse`: a task or a direct message.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum SendMessageResponse {
     /// The task the message created or continued.
@@ -499,7 +499,7 @@ pub enum SendMessageResponse {
 }
 
 /// `StreamResponse`: one event of a stream, a webhook body, or a ledger event.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum StreamResponse {
     /// A task snapshot.
@@ -507,11 +507,72 @@ pub enum StreamResponse {
     /// A direct message.
     Message(Message),
     /// A status change.
-    #[serde(alias = "status_update")]
     StatusUpdate(TaskStatusUpdateEvent),
     /// An artifact or artifact chunk.
-    #[serde(alias = "artifact_update")]
     ArtifactUpdate(TaskArtifactUpdateEvent),
+}
+
+/// Reads the `oneof payload` of the two response wrappers like the other
+/// messages: unknown members are ignored, `null` members are unset, and
+/// exactly one known member must be set.
+fn one_member<T, E: de::Error>(type_name: &str, names: &str, mut members: Vec<T>) -> Result<T, E> {
+    if members.len() != 1 {
+        return Err(E::custom(format!(
+            "a {type_name} must set exactly one of {names} (found {})",
+            members.len()
+        )));
+    }
+    Ok(members.remove(0))
+}
+
+impl<'de> Deserialize<'de> for SendMessageResponse {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct SendMessageResponseWire {
+            #[serde(default)]
+            task: Option<Task>,
+            #[serde(default)]
+            message: Option<Message>,
+        }
+
+        let wire = SendMessageResponseWire::deserialize(d)?;
+        let members = [wire.task.map(Self::Task), wire.message.map(Self::Message)];
+        one_member(
+            "SendMessageResponse",
+            "task, message",
+            members.into_iter().flatten().collect(),
+        )
+    }
+}
+
+impl<'de> Deserialize<'de> for StreamResponse {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct StreamResponseWire {
+            #[serde(default)]
+            task: Option<Task>,
+            #[serde(default)]
+            message: Option<Message>,
+            #[serde(default, alias = "status_update")]
+            status_update: Option<TaskStatusUpdateEvent>,
+            #[serde(default, alias = "artifact_update")]
+            artifact_update: Option<TaskArtifactUpdateEvent>,
+        }
+
+        let wire = StreamResponseWire::deserialize(d)?;
+        let members = [
+            wire.task.map(Self::Task),
+            wire.message.map(Self::Message),
+            wire.status_update.map(Self::StatusUpdate),
+            wire.artifact_update.map(Self::ArtifactUpdate),
+        ];
+        one_member(
+            "StreamResponse",
+            "task, message, statusUpdate, artifactUpdate",
+            members.into_iter().flatten().collect(),
+        )
+    }
 }
 
 impl StreamResponse {

@@ -147,6 +147,11 @@ pub fn is_false(value: &bool) -> bool {
     !*value
 }
 
+/// Skips a plain (non-optional) `int32` field at its default when serializing.
+pub fn is_zero(value: &i32) -> bool {
+    *value == 0
+}
+
 /// Enums on the wire: the proto name on output; the name, a lenient alias or
 /// the number on input.
 pub trait ProtoEnum: Sized + Copy + 'static {

@@ -269,17 +269,6 @@ impl Gateway {
         ))
     }
 
-    fn check_push_task(
-        &self,
-        ctx: &CallContext,
-        task_id: &str,
-    ) -> Result<TaskRecord, GatewayError> {
-        let mut violations = Vec::new();
-        check_required(task_id, "taskId", &mut violations);
-        finish(violations)?;
-        self.owned_task(ctx, task_id)
-    }
-
     /// `CreateTaskPushNotificationConfig`.
     pub async fn create_push_config(
         &self,
@@ -329,13 +318,16 @@ impl Gateway {
         req: ListTaskPushNotificationConfigsRequest,
     ) -> Result<ListTaskPushNotificationConfigsResponse, GatewayError> {
         self.check_push_enabled()?;
-        self.check_push_task(ctx, &req.task_id)?;
+        let mut violations = Vec::new();
+        check_required(&req.task_id, "taskId", &mut violations);
         if req.page_size < 0 {
-            return Err(GatewayError::invalid_field(
+            violations.push(crate::error::FieldViolation::new(
                 "pageSize",
                 "must not be negative",
             ));
         }
+        finish(violations)?;
+        self.owned_task(ctx, &req.task_id)?;
         let configs = self.ledger.push_configs(&req.task_id)?;
         let page_size = if req.page_size == 0 {
             validate::MAX_PAGE_SIZE

@@ -435,7 +435,7 @@ impl Driver {
                     send_first(&mut first_tx, First::Task(Some(Box::new(record))));
                 }
                 Err(err) => {
-                    send_first(&mut first_tx, First::Error(err));
+                    self.refuse(&mut first_tx, err).await;
                     execution.abort();
                     self.gateway.unregister_running(&task_id);
                     return;
@@ -515,7 +515,7 @@ impl Driver {
                     // Typically a cancel that made the task terminal first.
                     tracing::debug!(task_id = %task_id, %err, "agent event not applied");
                     if !created {
-                        send_first(&mut first_tx, First::Error(err));
+                        self.refuse(&mut first_tx, err).await;
                     }
                     break;
                 }
@@ -532,17 +532,36 @@ impl Driver {
         match (failure, created) {
             (Some(reason), true) => self.fail(&task_id, &context_id, &reason).await,
             (Some(reason), false) => {
-                send_first(&mut first_tx, First::Error(GatewayError::Internal(reason)))
+                self.refuse(&mut first_tx, GatewayError::Internal(reason))
+                    .await
             }
-            (None, false) => send_first(
-                &mut first_tx,
-                First::Error(GatewayError::InvalidAgentResponse(
+            (None, false) => {
+                let error = GatewayError::InvalidAgentResponse(
                     "the agent ended without a task or a message".into(),
-                )),
-            ),
+                );
+                self.refuse(&mut first_tx, error).await
+            }
             (None, true) => {}
         }
         self.gateway.unregister_running(&task_id);
+    }
+
+    /// Answers the caller with an error when nothing was created; the
+    /// idempotency key is released so a retry reaches the agent again.
+    async fn refuse(&self, first_tx: &mut Option<oneshot::Sender<First>>, error: GatewayError) {
+        let Some(tx) = first_tx.take() else {
+            return;
+        };
+        if let Some(key) = &self.idempotency_key
+            && let Err(err) = self
+                .gateway
+                .ledger
+                .release_idempotency(&self.owner, key)
+                .await
+        {
+            tracing::error!(%err, "could not release an idempotency key");
+        }
+        let _ = tx.send(First::Error(error));
     }
 
     async fn create(

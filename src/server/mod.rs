@@ -212,10 +212,13 @@ fn requested_version(headers: &HeaderMap, query: Option<&str>) -> String {
     from_header.or_else(from_query).unwrap_or("0.3").to_string()
 }
 
-/// Baton speaks 1.x; the patch number is ignored as the spec requires.
+/// Baton speaks 1.0. Versions match on Major.Minor and the patch number is
+/// ignored (spec §3.6.2); a bare major `1` is read as 1.0.
 fn check_version(version: &str) -> Result<(), GatewayError> {
-    let major = version.split('.').next().unwrap_or("");
-    if major == "1" {
+    let mut parts = version.split('.');
+    let major = parts.next().unwrap_or("");
+    let minor = parts.next().unwrap_or("0");
+    if major == "1" && minor == "0" {
         Ok(())
     } else {
         Err(GatewayError::VersionNotSupported(version.to_string()))
@@ -320,7 +323,9 @@ async fn serve_rpc(
         let error = GatewayError::ContentTypeNotSupported(
             "JSON-RPC requests must be sent as Content-Type: application/json".into(),
         );
-        return error_reply(None, &error);
+        // Echo the id when the body is JSON-RPC after all.
+        let id = parse_request(&body).ok().map(|request| request.id);
+        return error_reply(id, &error);
     }
     let request = match parse_request(&body) {
         Ok(request) => request,
@@ -401,6 +406,7 @@ mod tests {
         assert!(check_version("1.0").is_ok());
         assert!(check_version("1.0.1").is_ok());
         assert!(check_version("1").is_ok());
+        assert_eq!(check_version("1.1").unwrap_err().code(), -32009);
         assert_eq!(check_version("0.3").unwrap_err().code(), -32009);
         assert_eq!(check_version("99.0").unwrap_err().code(), -32009);
         let mut headers = HeaderMap::new();

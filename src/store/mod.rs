@@ -534,6 +534,17 @@ impl Ledger {
         Ok(None)
     }
 
+    /// Forgets an idempotency key whose send created nothing.
+    pub async fn release_idempotency(&self, owner: &str, key: &str) -> Result<(), LedgerError> {
+        let ticket = {
+            let _guard = self.write_lock.lock().expect("ledger lock");
+            self.tree.remove(keys::idempotency(owner, key))?;
+            self.flusher.note_write(Vec::new())
+        };
+        self.flusher.wait_durable(ticket).await;
+        Ok(())
+    }
+
     /// Reads an idempotency record without claiming it.
     pub fn claim_idempotency_peek(
         &self,

@@ -33,14 +33,20 @@ pub enum SendOutcome {
     Task(TaskEventStream),
 }
 
+/// How a send began: its agent is running, or it repeats an earlier send.
+enum Begun {
+    /// A new execution.
+    Started(Started),
+    /// An idempotent repeat: what the first send with the key produced.
+    Replay(IdempotencyRecord),
+}
+
 /// A send whose agent is running.
 struct Started {
     task_id: String,
     first: oneshot::Receiver<First>,
     watcher: broadcast::Receiver<Arc<crate::store::hub::LedgerEvent>>,
     driver_done: watch::Receiver<bool>,
-    /// An earlier send with the same idempotency key.
-    replay: Option<IdempotencyRecord>,
 }
 
 fn fingerprint(agent_id: &str, message: &Message) -> String {
@@ -59,10 +65,10 @@ impl Gateway {
         req: SendMessageRequest,
     ) -> Result<SendMessageResponse, GatewayError> {
         let config = req.configuration.clone().unwrap_or_default();
-        let mut started = self.start(ctx, req, false).await?;
-        if let Some(replay) = started.replay.take() {
-            return self.replay_send(ctx, replay, config.history_length);
-        }
+        let mut started = match self.start(ctx, req, false).await? {
+            Begun::Started(started) => started,
+            Begun::Replay(earlier) => return self.replay_send(ctx, earlier, &config).await,
+        };
         match (&mut started.first).await {
             Ok(First::Message(message)) => return Ok(SendMessageResponse::Message(message)),
             Ok(First::Error(err)) => return Err(err),
@@ -70,7 +76,12 @@ impl Gateway {
             Err(_) => return Err(GatewayError::Internal("agent driver ended early".into())),
         }
         if !config.return_immediately {
-            self.wait_settled(&mut started).await;
+            self.wait_settled(
+                &started.task_id,
+                &mut started.watcher,
+                Some(&mut started.driver_done),
+            )
+            .await;
         }
         let record = self.owned_task(ctx, &started.task_id)?;
         Ok(SendMessageResponse::Task(
@@ -84,22 +95,24 @@ impl Gateway {
         ctx: &CallContext,
         req: SendMessageRequest,
     ) -> Result<SendOutcome, GatewayError> {
-        let mut started = self.start(ctx, req, true).await?;
-        if let Some(replay) = started.replay.take() {
-            return match replay.message {
-                Some(message) => Ok(SendOutcome::Message(message)),
-                None => {
-                    let record = self.owned_task(ctx, &replay.task_id)?;
-                    let watcher = self.ledger.hub().watch(&replay.task_id);
-                    Ok(SendOutcome::Task(TaskEventStream::from_snapshot(
-                        self.clone(),
-                        record,
-                        watcher,
-                        true,
-                    )))
+        let mut started = match self.start(ctx, req, true).await? {
+            Begun::Started(started) => started,
+            Begun::Replay(earlier) => {
+                if let Some(message) = earlier.message {
+                    return Ok(SendOutcome::Message(message));
                 }
-            };
-        }
+                // Watch before reading, so no event falls between the two.
+                let watcher = self.ledger.hub().watch(&earlier.task_id);
+                self.ledger.sync().await;
+                let record = self.owned_task(ctx, &earlier.task_id)?;
+                return Ok(SendOutcome::Task(TaskEventStream::from_snapshot(
+                    self.clone(),
+                    record,
+                    watcher,
+                    true,
+                )));
+            }
+        };
         match (&mut started.first).await {
             Ok(First::Message(message)) => Ok(SendOutcome::Message(message)),
             Ok(First::Error(err)) => Err(err),
@@ -118,39 +131,76 @@ impl Gateway {
         }
     }
 
-    /// Answers a repeated idempotent send with what the first one created.
-    fn replay_send(
+    /// Answers a repeated idempotent send with what the first one created,
+    /// waiting like the first send when it blocks.
+    async fn replay_send(
         &self,
         ctx: &CallContext,
-        replay: IdempotencyRecord,
-        history_length: Option<i32>,
+        earlier: IdempotencyRecord,
+        config: &SendMessageConfiguration,
     ) -> Result<SendMessageResponse, GatewayError> {
-        if let Some(message) = replay.message {
+        if let Some(message) = earlier.message {
             return Ok(SendMessageResponse::Message(message));
         }
-        let record = self.owned_task(ctx, &replay.task_id)?;
+        if !config.return_immediately {
+            let mut watcher = self.ledger.hub().watch(&earlier.task_id);
+            self.wait_settled(&earlier.task_id, &mut watcher, None)
+                .await;
+        }
+        let record = self.owned_task(ctx, &earlier.task_id)?;
         Ok(SendMessageResponse::Task(
-            record.task.view(history_length, true),
+            record.task.view(config.history_length, true),
         ))
     }
 
-    /// Waits until the task is terminal or interrupted, the agent stops, or
-    /// the task timeout passes.
-    async fn wait_settled(&self, started: &mut Started) {
+    /// Checks a repeat against the first send with its key.
+    async fn replay(
+        &self,
+        ctx: &CallContext,
+        key: &str,
+        claim: &IdempotencyRecord,
+        earlier: IdempotencyRecord,
+    ) -> Result<Begun, GatewayError> {
+        if earlier.fingerprint != claim.fingerprint {
+            return Err(GatewayError::invalid_field(
+                "message",
+                format!("idempotency key {key:?} was already used with a different message"),
+            ));
+        }
+        let earlier = self.await_idempotent_result(ctx, earlier).await?;
+        Ok(Begun::Replay(earlier))
+    }
+
+    /// Waits until the task is terminal or interrupted, its driver (if
+    /// given) stops, or the task timeout passes.
+    async fn wait_settled(
+        &self,
+        task_id: &str,
+        watcher: &mut broadcast::Receiver<Arc<crate::store::hub::LedgerEvent>>,
+        mut driver_done: Option<&mut watch::Receiver<bool>>,
+    ) {
         let deadline = tokio::time::sleep(self.settings.task_timeout);
         tokio::pin!(deadline);
         loop {
-            if let Ok(Some(record)) = self.ledger.get(&started.task_id) {
+            if let Ok(Some(record)) = self.ledger.get(task_id) {
                 let state = record.task.status.state;
                 if state.is_terminal() || state.is_interrupted() {
                     return;
                 }
             }
-            if *started.driver_done.borrow() {
+            if driver_done.as_ref().is_some_and(|done| *done.borrow()) {
                 return;
             }
+            let driver_changed = async {
+                match driver_done.as_mut() {
+                    Some(done) => {
+                        let _ = done.changed().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
             tokio::select! {
-                event = started.watcher.recv() => match event {
+                event = watcher.recv() => match event {
                     Ok(event) => {
                         if event.event.state().is_some_and(|s| s.is_terminal() || s.is_interrupted()) {
                             return;
@@ -158,10 +208,10 @@ impl Gateway {
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => {
-                        started.watcher = self.ledger.hub().watch(&started.task_id);
+                        *watcher = self.ledger.hub().watch(task_id);
                     }
                 },
-                _ = started.driver_done.changed() => {}
+                _ = driver_changed => {}
                 _ = &mut deadline => return,
                 _ = self.shutdown.cancelled() => return,
             }
@@ -175,7 +225,7 @@ impl Gateway {
         ctx: &CallContext,
         req: SendMessageRequest,
         streaming: bool,
-    ) -> Result<Started, GatewayError> {
+    ) -> Result<Begun, GatewayError> {
         let mut violations = Vec::new();
         let Some(mut message) = req.message else {
             return Err(GatewayError::invalid_field("message", "is required"));
@@ -201,7 +251,30 @@ impl Gateway {
         let continued = if message.task_id.is_empty() {
             None
         } else {
-            let record = self.owned_task(ctx, &message.task_id)?;
+            Some(self.owned_task(ctx, &message.task_id)?)
+        };
+        let agent_id = continued
+            .as_ref()
+            .map_or(ctx.agent_id.clone(), |r| r.agent.clone());
+        let fingerprint = fingerprint(&agent_id, &message);
+
+        // A repeated idempotent send answers like the first, whatever the task
+        // has become since; so this comes before the state checks.
+        let task_id = continued
+            .as_ref()
+            .map_or_else(|| uuid::Uuid::now_v7().to_string(), |r| r.task.id.clone());
+        let claim = IdempotencyRecord {
+            fingerprint: fingerprint.clone(),
+            task_id: task_id.clone(),
+            message: None,
+        };
+        if let Some(key) = &ctx.idempotency_key
+            && let Some(earlier) = self.ledger.claim_idempotency_peek(&ctx.principal, key)?
+        {
+            return self.replay(ctx, key, &claim, earlier).await;
+        }
+
+        if let Some(record) = &continued {
             let state = record.task.status.state;
             if state.is_terminal() {
                 return Err(GatewayError::UnsupportedOperation(format!(
@@ -219,50 +292,20 @@ impl Gateway {
                     ),
                 ));
             }
-            Some(record)
-        };
-        let agent_id = continued
-            .as_ref()
-            .map_or(ctx.agent_id.clone(), |r| r.agent.clone());
+        }
         let agent = self.agent(&agent_id).cloned().ok_or_else(|| {
             GatewayError::invalid_field("tenant", format!("unknown agent {agent_id:?}"))
         })?;
         validate::check_input_modes(agent.agent.card(), &message)?;
 
-        let fingerprint = fingerprint(&agent_id, &message);
-        let task_id = continued
-            .as_ref()
-            .map_or_else(|| uuid::Uuid::now_v7().to_string(), |r| r.task.id.clone());
-        if let Some(key) = &ctx.idempotency_key {
-            let claim = IdempotencyRecord {
-                fingerprint: fingerprint.clone(),
-                task_id: task_id.clone(),
-                message: None,
-            };
-            if let Some(earlier) = self
+        if let Some(key) = &ctx.idempotency_key
+            && let Some(earlier) = self
                 .ledger
                 .claim_idempotency(&ctx.principal, key, &claim)
                 .await?
-            {
-                if earlier.fingerprint != fingerprint {
-                    return Err(GatewayError::invalid_field(
-                        "message",
-                        format!(
-                            "idempotency key {key:?} was already used with a different message"
-                        ),
-                    ));
-                }
-                let earlier = self.await_idempotent_result(ctx, earlier).await?;
-                let (_, first) = oneshot::channel();
-                let (_, driver_done) = watch::channel(true);
-                return Ok(Started {
-                    task_id: earlier.task_id.clone(),
-                    first,
-                    watcher: self.ledger.hub().watch(&earlier.task_id),
-                    driver_done,
-                    replay: Some(earlier),
-                });
-            }
+        {
+            // Another send with this key claimed it since the peek above.
+            return self.replay(ctx, key, &claim, earlier).await;
         }
 
         if continued.is_none() && message.context_id.is_empty() {
@@ -307,13 +350,12 @@ impl Gateway {
             driver.run(request, continued, first_tx).await;
             let _ = done_tx.send(true);
         });
-        Ok(Started {
+        Ok(Begun::Started(Started {
             task_id,
             first,
             watcher,
             driver_done,
-            replay: None,
-        })
+        }))
     }
 
     /// Hands every task left SUBMITTED or WORKING by a previous run back to

@@ -350,10 +350,13 @@ pub struct TaskStatus {
 impl TaskStatus {
     /// A status entered now.
     pub fn now(state: TaskState, message: Option<Message>) -> Self {
+        // Millisecond precision, as stored and as the spec prefers.
+        let now = Utc::now();
+        let millis = DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now);
         Self {
             state,
             message,
-            timestamp: Some(Utc::now()),
+            timestamp: Some(millis),
         }
     }
 }

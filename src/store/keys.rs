@@ -15,7 +15,7 @@
 //! | `k` | owner, 0, idempotency key | `IdempotencyRecord` JSON |
 //! | `a` | task id | empty: tasks an agent is working on (SUBMITTED, WORKING) |
 //!
-//! `order` is the status time inverted (u64::MAX - micros, big-endian) followed
+//! `order` is the status time inverted (u64::MAX - millis, big-endian) followed
 //! by the task id, so a forward scan yields the newest status first.
 
 use chrono::{DateTime, Utc};
@@ -54,18 +54,20 @@ pub fn event(task_id: &str, seq: u64) -> Vec<u8> {
 
 /// The sort suffix of a task in every list index.
 pub fn order(timestamp: Option<DateTime<Utc>>, task_id: &str) -> Vec<u8> {
-    let micros = timestamp.map_or(0, |t| t.timestamp_micros().max(0) as u64);
+    // Milliseconds: the precision timestamps are stored with, so a key
+    // rebuilt from a stored record matches the key written from memory.
+    let millis = timestamp.map_or(0, |t| t.timestamp_millis().max(0) as u64);
     let mut key = Vec::with_capacity(8 + task_id.len());
-    key.extend_from_slice(&(u64::MAX - micros).to_be_bytes());
+    key.extend_from_slice(&(u64::MAX - millis).to_be_bytes());
     key.extend_from_slice(task_id.as_bytes());
     key
 }
 
-/// Splits an order suffix into the status time (micros) and the task id.
+/// Splits an order suffix into the status time (millis) and the task id.
 pub fn parse_order(suffix: &[u8]) -> Option<(u64, &str)> {
     let (inverted, id) = suffix.split_at_checked(8)?;
-    let micros = u64::MAX - u64::from_be_bytes(inverted.try_into().ok()?);
-    Some((micros, std::str::from_utf8(id).ok()?))
+    let millis = u64::MAX - u64::from_be_bytes(inverted.try_into().ok()?);
+    Some((millis, std::str::from_utf8(id).ok()?))
 }
 
 /// Prefix of the all-tasks index of an owner.
@@ -128,7 +130,10 @@ mod tests {
         let older = order(Some(DateTime::from_timestamp(1_000, 0).unwrap()), "a");
         let newer = order(Some(DateTime::from_timestamp(2_000, 0).unwrap()), "b");
         assert!(newer < older);
-        let (micros, id) = parse_order(&newer).unwrap();
-        assert_eq!((micros, id), (2_000_000_000, "b"));
+        let (millis, id) = parse_order(&newer).unwrap();
+        assert_eq!((millis, id), (2_000_000, "b"));
+        let precise = DateTime::from_timestamp(1_000, 123_456_000).unwrap();
+        let stored = DateTime::from_timestamp(1_000, 123_000_000).unwrap();
+        assert_eq!(order(Some(precise), "a"), order(Some(stored), "a"));
     }
 }

@@ -115,6 +115,66 @@ fn is_active(state: TaskState) -> bool {
     )
 }
 
+/// How a ListTasks query is served: the narrowest index, and what must
+/// still be checked for each of its entries.
+struct IndexPlan {
+    prefix: Vec<u8>,
+    /// A state filter the chosen index does not apply.
+    check_state: Option<TaskState>,
+    /// `statusTimestampAfter` in index precision, rounded up.
+    after_millis: Option<u64>,
+}
+
+/// What an index entry means for a query.
+enum Verdict {
+    /// Past the time bound: nothing later in the index matches.
+    Stop,
+    /// Does not match.
+    Skip,
+    /// Matches; the record, if it had to be loaded.
+    Match(Option<Box<TaskRecord>>),
+}
+
+impl IndexPlan {
+    fn new(owner: &str, query: &ListQuery) -> Self {
+        let (prefix, check_state) = match (&query.context_id, query.state) {
+            (Some(context), state) => (keys::by_context_prefix(owner, context), state),
+            (None, Some(state)) => (keys::by_state_prefix(owner, state.number()), None),
+            (None, None) => (keys::by_time_prefix(owner), None),
+        };
+        Self {
+            prefix,
+            check_state,
+            after_millis: query.status_after.map(after_millis),
+        }
+    }
+
+    fn check(&self, ledger: &Ledger, suffix: &[u8]) -> Result<Verdict, LedgerError> {
+        let Some((millis, task_id)) = keys::parse_order(suffix) else {
+            return Ok(Verdict::Skip);
+        };
+        if self.after_millis.is_some_and(|after| millis < after) {
+            return Ok(Verdict::Stop); // sorted newest first
+        }
+        let Some(state) = self.check_state else {
+            return Ok(Verdict::Match(None));
+        };
+        Ok(match ledger.get(task_id)? {
+            Some(record) if record.task.status.state == state => {
+                Verdict::Match(Some(Box::new(record)))
+            }
+            _ => Verdict::Skip,
+        })
+    }
+}
+
+/// A timestamp in index precision (milliseconds), rounded up so that
+/// "at or after" holds for the stored, millisecond-precise times.
+fn after_millis(time: DateTime<Utc>) -> u64 {
+    let micros = time.timestamp_micros().max(0) as u64;
+    micros.div_ceil(1000)
+}
+
 /// Decodes and checks a ListTasks page token.
 pub fn decode_page_token(token: &str) -> Option<Vec<u8>> {
     let bytes = URL_SAFE_NO_PAD.decode(token).ok()?;
@@ -364,45 +424,33 @@ impl Ledger {
 
     /// One page of an owner's tasks, newest status first.
     pub fn list(&self, owner: &str, query: &ListQuery) -> Result<ListPage, LedgerError> {
-        // Pick the narrowest index; the other filters are checked per entry.
-        let (prefix, state_in_index) = match (&query.context_id, query.state) {
-            (Some(context), _) => (keys::by_context_prefix(owner, context), false),
-            (None, Some(state)) => (keys::by_state_prefix(owner, state.number()), true),
-            (None, None) => (keys::by_time_prefix(owner), true),
-        };
-        let needs_state_check = query.state.is_some() && !state_in_index;
-        let after_micros = query
-            .status_after
-            .map(|t| t.timestamp_micros().max(0) as u64);
+        let plan = IndexPlan::new(owner, query);
         let start = match &query.page_token {
             Some(cursor) => {
-                let mut key = [prefix.as_slice(), cursor.as_slice()].concat();
+                let mut key = [plan.prefix.as_slice(), cursor.as_slice()].concat();
                 key.push(0); // exclusive: the first key after the cursor
                 key
             }
-            None => prefix.clone(),
+            None => plan.prefix.clone(),
         };
-
         let mut page = ListPage::default();
         let mut last_order: Option<Vec<u8>> = None;
         for entry in self.tree.range(start..) {
             let (key, _) = entry?;
-            if !key.starts_with(&prefix) {
+            let Some(suffix) = key.strip_prefix(plan.prefix.as_slice()) else {
                 break;
-            }
-            let suffix = &key[prefix.len()..];
-            let Some((micros, task_id)) = keys::parse_order(suffix) else {
-                continue;
             };
-            if after_micros.is_some_and(|after| micros < after) {
-                break; // sorted newest first: nothing later qualifies
-            }
-            let Some(record) = self.get(task_id)? else {
-                continue;
+            let record = match plan.check(self, suffix)? {
+                Verdict::Stop => break,
+                Verdict::Skip => continue,
+                Verdict::Match(Some(record)) => *record,
+                Verdict::Match(None) => {
+                    match keys::parse_order(suffix).and_then(|(_, id)| self.get(id).transpose()) {
+                        Some(record) => record?,
+                        None => continue,
+                    }
+                }
             };
-            if needs_state_check && Some(record.task.status.state) != query.state {
-                continue;
-            }
             if page.records.len() == query.page_size {
                 // One more match exists: the page has a successor.
                 page.next_page_token =
@@ -412,12 +460,18 @@ impl Ledger {
             last_order = Some(suffix.to_vec());
             page.records.push(record);
         }
-        page.total_size = self.count(owner, query)?;
+        page.total_size = self.count(owner, query, &plan)?;
         Ok(page)
     }
 
-    /// How many of an owner's tasks match the filters (ignoring the cursor).
-    fn count(&self, owner: &str, query: &ListQuery) -> Result<usize, LedgerError> {
+    /// How many of an owner's tasks match the filters (ignoring the cursor):
+    /// from a counter when one exists for the filters, else by a scan.
+    fn count(
+        &self,
+        owner: &str,
+        query: &ListQuery,
+        plan: &IndexPlan,
+    ) -> Result<usize, LedgerError> {
         let counter = match (&query.context_id, query.state, query.status_after) {
             (None, None, None) => Some("all".to_string()),
             (None, Some(state), None) => Some(format!("s{}", state.number())),
@@ -427,35 +481,14 @@ impl Ledger {
         if let Some(name) = counter {
             return Ok(self.read_counter(&keys::counter(owner, &name))? as usize);
         }
-        let unpaged = ListQuery {
-            page_size: usize::MAX,
-            page_token: None,
-            ..query.clone()
-        };
         let mut total = 0;
-        let (prefix, state_in_index) = match (&unpaged.context_id, unpaged.state) {
-            (Some(context), _) => (keys::by_context_prefix(owner, context), false),
-            (None, Some(state)) => (keys::by_state_prefix(owner, state.number()), true),
-            (None, None) => (keys::by_time_prefix(owner), true),
-        };
-        let after = unpaged
-            .status_after
-            .map(|t| t.timestamp_micros().max(0) as u64);
-        for entry in self.tree.scan_prefix(&prefix) {
+        for entry in self.tree.scan_prefix(&plan.prefix) {
             let (key, _) = entry?;
-            let Some((micros, task_id)) = keys::parse_order(&key[prefix.len()..]) else {
-                continue;
-            };
-            if after.is_some_and(|after| micros < after) {
-                break;
+            match plan.check(self, &key[plan.prefix.len()..])? {
+                Verdict::Stop => break,
+                Verdict::Skip => {}
+                Verdict::Match(_) => total += 1,
             }
-            if unpaged.state.is_some() && !state_in_index {
-                match self.get(task_id)? {
-                    Some(r) if Some(r.task.status.state) == unpaged.state => {}
-                    _ => continue,
-                }
-            }
-            total += 1;
         }
         Ok(total)
     }

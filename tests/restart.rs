@@ -245,3 +245,32 @@ async fn work_in_flight_at_a_stop_is_failed_with_the_reason_after_restart() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[test]
+fn validate_config_reports_every_problem_with_exit_code_2() {
+    let output = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["serve", "--validate-config", "--listen", "nowhere"])
+        .args(["--default-agent", "ghost", "--log-format", "xml"])
+        .output()
+        .expect("run baton");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for problem in ["listen", "default-agent", "log-format"] {
+        assert!(
+            stderr.contains(problem),
+            "{problem} missing from:\n{stderr}"
+        );
+    }
+
+    let output = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["serve", "--validate-config", "--default-agent", "scenario"])
+        .env("BATON_LISTEN", "127.0.0.1:9999")
+        .output()
+        .expect("run baton");
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("127.0.0.1:9999") && stdout.contains("scenario"),
+        "{stdout}"
+    );
+}

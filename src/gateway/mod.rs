@@ -289,18 +289,28 @@ impl Gateway {
         Ok(config)
     }
 
+    /// Checks a reference to one push config: push on, both ids given, and
+    /// the task the caller's.
+    fn check_push_ref(
+        &self,
+        ctx: &CallContext,
+        req: &TaskPushNotificationConfigRef,
+    ) -> Result<(), GatewayError> {
+        self.check_push_enabled()?;
+        let mut violations = Vec::new();
+        check_required(&req.task_id, "taskId", &mut violations);
+        check_required(&req.id, "id", &mut violations);
+        finish(violations)?;
+        self.owned_task(ctx, &req.task_id).map(drop)
+    }
+
     /// `GetTaskPushNotificationConfig`.
     pub fn get_push_config(
         &self,
         ctx: &CallContext,
         req: TaskPushNotificationConfigRef,
     ) -> Result<TaskPushNotificationConfig, GatewayError> {
-        self.check_push_enabled()?;
-        let mut violations = Vec::new();
-        check_required(&req.task_id, "taskId", &mut violations);
-        check_required(&req.id, "id", &mut violations);
-        finish(violations)?;
-        self.owned_task(ctx, &req.task_id)?;
+        self.check_push_ref(ctx, &req)?;
         self.ledger
             .get_push_config(&req.task_id, &req.id)?
             .ok_or_else(|| {
@@ -365,12 +375,7 @@ impl Gateway {
         ctx: &CallContext,
         req: TaskPushNotificationConfigRef,
     ) -> Result<(), GatewayError> {
-        self.check_push_enabled()?;
-        let mut violations = Vec::new();
-        check_required(&req.task_id, "taskId", &mut violations);
-        check_required(&req.id, "id", &mut violations);
-        finish(violations)?;
-        self.owned_task(ctx, &req.task_id)?;
+        self.check_push_ref(ctx, &req)?;
         self.ledger
             .delete_push_config(&req.task_id, &req.id)
             .await?;

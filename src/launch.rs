@@ -6,11 +6,15 @@ use crate::config::Config;
 use crate::gateway::{Gateway, GatewaySettings};
 use crate::netguard::OutboundPolicy;
 use crate::push::{PushDispatcher, PushSettings};
+use crate::registry::Directory;
 use crate::server::{self, AppState, ServerSettings};
 use crate::store::Ledger;
 use anyhow::Context as _;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
+
+/// The owner of the agents Baton itself provides.
+pub const LOCAL_OWNER: &str = "local";
 
 /// Ids of the built-in agents, for configuration checks.
 pub fn builtin_agent_ids() -> Vec<&'static str> {
@@ -39,7 +43,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let gateway = Gateway::new(
         ledger.clone(),
-        agents::builtin_agents(),
+        Arc::new(Directory::with_agents(
+            &public_url,
+            config.push_enabled,
+            LOCAL_OWNER,
+            agents::builtin_agents(),
+        )),
         push,
         GatewaySettings {
             task_timeout: config.task_timeout,

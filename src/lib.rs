@@ -13,6 +13,7 @@
 //! - [`store`]: the sled ledger, group-commit flusher and event fan-out.
 //! - [`agents`]: the agent trait and the built-in `echo` and `scenario` agents.
 //! - [`push`]: webhook delivery of task events.
+//! - [`registry`]: the live directory of agents and card publication.
 //! - [`netguard`]: the outbound-connection (SSRF) guard.
 //! - [`server`]: the axum router, card publication, health, shutdown.
 
@@ -27,6 +28,7 @@ pub mod lifecycle;
 pub mod netguard;
 pub mod protocol;
 pub mod push;
+pub mod registry;
 pub mod server;
 pub mod store;
 pub mod telemetry;

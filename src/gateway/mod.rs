@@ -8,10 +8,10 @@ pub mod validate;
 pub use send::SendOutcome;
 pub use stream::TaskEventStream;
 
-use crate::agents::AgentHandle;
 use crate::error::GatewayError;
 use crate::protocol::*;
 use crate::push::PushDispatcher;
+use crate::registry::{AgentEntry, Directory};
 use crate::store::{self, Ledger, LedgerError, ListQuery, TaskRecord};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -62,7 +62,7 @@ impl Default for GatewaySettings {
 /// The A2A service: eleven methods over the ledger and the agents.
 pub struct Gateway {
     pub(crate) ledger: Arc<Ledger>,
-    agents: HashMap<String, AgentHandle>,
+    directory: Arc<Directory>,
     pub(crate) push: PushDispatcher,
     pub(crate) settings: GatewaySettings,
     /// Cancel tokens of agent executions in progress, by task id.
@@ -73,17 +73,17 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// A gateway over `ledger` serving `agents`.
+    /// A gateway over `ledger` serving the agents of `directory`.
     pub fn new(
         ledger: Arc<Ledger>,
-        agents: Vec<AgentHandle>,
+        directory: Arc<Directory>,
         push: PushDispatcher,
         settings: GatewaySettings,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
         Arc::new(Self {
             ledger,
-            agents: agents.into_iter().map(|a| (a.id.clone(), a)).collect(),
+            directory,
             push,
             settings,
             running: Mutex::new(HashMap::new()),
@@ -116,15 +116,13 @@ impl Gateway {
     }
 
     /// An agent by id.
-    pub fn agent(&self, id: &str) -> Option<&AgentHandle> {
-        self.agents.get(id)
+    pub fn agent(&self, id: &str) -> Option<Arc<AgentEntry>> {
+        self.directory.get(id)
     }
 
-    /// Every agent, sorted by id.
-    pub fn agents(&self) -> Vec<&AgentHandle> {
-        let mut agents: Vec<_> = self.agents.values().collect();
-        agents.sort_by(|a, b| a.id.cmp(&b.id));
-        agents
+    /// The agents the gateway routes to.
+    pub fn directory(&self) -> &Arc<Directory> {
+        &self.directory
     }
 
     /// A task the caller may see; others' tasks are reported as not found.

@@ -5,9 +5,10 @@
 use super::stream::TaskEventStream;
 use super::validate::{self, check_history_length, check_message, finish};
 use super::{CallContext, Gateway};
-use crate::agents::{AgentEvent, AgentEvents, AgentHandle, AgentRequest};
+use crate::agents::{AgentEvent, AgentEvents, AgentRequest};
 use crate::error::GatewayError;
 use crate::protocol::*;
+use crate::registry::AgentEntry;
 use crate::store::{IdempotencyRecord, TaskRecord};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -293,7 +294,7 @@ impl Gateway {
                 ));
             }
         }
-        let agent = self.agent(&agent_id).cloned().ok_or_else(|| {
+        let agent = self.agent(&agent_id).ok_or_else(|| {
             GatewayError::invalid_field("tenant", format!("unknown agent {agent_id:?}"))
         })?;
         validate::check_input_modes(agent.agent.card(), &message)?;
@@ -368,7 +369,7 @@ impl Gateway {
             let Some(record) = self.ledger.get(&task_id)? else {
                 continue;
             };
-            let Some(agent) = self.agent(&record.agent).cloned() else {
+            let Some(agent) = self.agent(&record.agent) else {
                 tracing::warn!(task_id, agent = %record.agent, "in-flight task of an unknown agent");
                 continue;
             };
@@ -412,7 +413,7 @@ impl Gateway {
 /// Runs one agent execution and records what it reports.
 struct Driver {
     gateway: Arc<Gateway>,
-    agent: AgentHandle,
+    agent: Arc<AgentEntry>,
     owner: String,
     idempotency_key: Option<String>,
     fingerprint: String,

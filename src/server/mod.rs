@@ -1,8 +1,6 @@
 //! The HTTP surface: the router, the JSON-RPC endpoints, card publication,
 //! health, and graceful shutdown.
 
-pub mod cards;
-
 use crate::error::GatewayError;
 use crate::gateway::{CallContext, Gateway};
 use crate::jsonrpc::dispatch::{dispatch, error_reply, json_reply};
@@ -14,8 +12,6 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use cards::PublishedCard;
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,49 +31,19 @@ pub struct ServerSettings {
     pub max_body_bytes: usize,
 }
 
-/// An agent as published: its card and, when it has one, its extended card.
-struct PublishedAgent {
-    card: PublishedCard,
-    extended: Option<AgentCard>,
-}
-
 /// Shared state of every handler.
 #[derive(Clone)]
 pub struct AppState {
     gateway: Arc<Gateway>,
     settings: Arc<ServerSettings>,
-    gateway_card: Arc<PublishedCard>,
-    agent_cards: Arc<HashMap<String, PublishedAgent>>,
 }
 
 impl AppState {
-    /// Builds the state and publishes every agent's card.
+    /// The state of a server for `gateway`.
     pub fn new(gateway: Arc<Gateway>, settings: ServerSettings) -> Self {
-        let now = chrono::Utc::now();
-        let agents = gateway.agents();
-        let push = gateway.push_enabled();
-        let url = &settings.public_url;
-        let gateway_card = PublishedCard::new(cards::gateway_card(&agents, url, push), now);
-        let agent_cards = agents
-            .iter()
-            .map(|agent| {
-                let card = cards::publish_agent_card(agent.agent.card(), &agent.id, url, push);
-                let extended = agent
-                    .agent
-                    .extended_card()
-                    .map(|extended| cards::publish_agent_card(&extended, &agent.id, url, push));
-                let published = PublishedAgent {
-                    card: PublishedCard::new(card, now),
-                    extended,
-                };
-                (agent.id.clone(), published)
-            })
-            .collect();
         Self {
             gateway,
             settings: Arc::new(settings),
-            gateway_card: Arc::new(gateway_card),
-            agent_cards: Arc::new(agent_cards),
         }
     }
 }
@@ -127,7 +93,7 @@ pub async fn run(
 }
 
 async fn gateway_card(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    state.gateway_card.respond(&headers)
+    state.gateway.directory().gateway_card().respond(&headers)
 }
 
 async fn agent_card(
@@ -135,7 +101,7 @@ async fn agent_card(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    match state.agent_cards.get(&id) {
+    match state.gateway.agent(&id) {
         Some(agent) => agent.card.respond(&headers),
         None => (
             StatusCode::NOT_FOUND,
@@ -338,7 +304,7 @@ async fn serve_rpc(
     // The card of the endpoint addressed: an agent's, or the gateway's own.
     let tenant = peek_tenant(request.params);
     let (agent_id, published) = match path_agent.or((!tenant.is_empty()).then_some(tenant)) {
-        Some(id) => match state.agent_cards.get(&id) {
+        Some(id) => match state.gateway.agent(&id) {
             Some(published) => (id, Some(published)),
             None => {
                 let error =
@@ -348,7 +314,10 @@ async fn serve_rpc(
         },
         None => (state.settings.default_agent.clone(), None),
     };
-    let card = published.map_or(&state.gateway_card.card, |p| &p.card.card);
+    let gateway_card = state.gateway.directory().gateway_card();
+    let card = published
+        .as_ref()
+        .map_or(&gateway_card.card, |p| &p.card.card);
     let extensions = activated_extensions(&headers, card);
     let is_send = matches!(
         request.method,
@@ -362,8 +331,8 @@ async fn serve_rpc(
             "this agent declares no extended agent card".into(),
         ))
     } else {
-        match published {
-            None => Ok(&state.gateway_card.card),
+        match &published {
+            None => Ok(&gateway_card.card),
             Some(agent) => agent
                 .extended
                 .as_ref()

@@ -8,6 +8,7 @@ use baton::agents::{Agent, AgentHandle, builtin_agents};
 use baton::gateway::{Gateway, GatewaySettings};
 use baton::netguard::OutboundPolicy;
 use baton::push::{PushDispatcher, PushSettings};
+use baton::registry::Directory;
 use baton::server::{self, AppState, ServerSettings};
 use baton::store::Ledger;
 use futures::StreamExt;
@@ -94,9 +95,13 @@ impl BatonBuilder {
         };
         let push = PushDispatcher::start(&ledger, policy, self.push_settings);
         let shutdown_token = CancellationToken::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let base = format!("http://127.0.0.1:{}", addr.port());
+        let directory = Directory::with_agents(&base, self.push_enabled, "local", self.agents);
         let gateway = Gateway::new(
             ledger.clone(),
-            self.agents,
+            Arc::new(directory),
             push,
             GatewaySettings {
                 task_timeout: Duration::from_secs(30),
@@ -104,9 +109,6 @@ impl BatonBuilder {
             },
             shutdown_token,
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let base = format!("http://127.0.0.1:{}", addr.port());
         let state = AppState::new(
             gateway.clone(),
             ServerSettings {

@@ -2,7 +2,6 @@
 //! Baton, and the gateway's own card, with the ETag and caching headers that
 //! go with them.
 
-use crate::agents::AgentHandle;
 use crate::protocol::{
     AgentCapabilities, AgentCard, AgentExtension, AgentInterface, AgentProvider, AgentSkill,
     HANDOFF_EXTENSION, PROTOCOL_VERSION,
@@ -129,19 +128,18 @@ pub fn publish_agent_card(
 
 /// The gateway's own card: a virtual agent whose skills are every agent's
 /// skills, named `{agentId}/{skillId}`.
-pub fn gateway_card(agents: &[&AgentHandle], public_url: &str, push_enabled: bool) -> AgentCard {
+pub fn gateway_card(
+    agents: &[(&str, &AgentCard)],
+    public_url: &str,
+    push_enabled: bool,
+) -> AgentCard {
     let skills = agents
         .iter()
-        .flat_map(|agent| {
-            agent
-                .agent
-                .card()
-                .skills
-                .iter()
-                .map(move |skill| AgentSkill {
-                    id: format!("{}/{}", agent.id, skill.id),
-                    ..skill.clone()
-                })
+        .flat_map(|(id, card)| {
+            card.skills.iter().map(move |skill| AgentSkill {
+                id: format!("{id}/{}", skill.id),
+                ..skill.clone()
+            })
         })
         .collect();
     AgentCard {

@@ -87,6 +87,48 @@ pub enum GatewayError {
     /// -32009.
     #[error("A2A version {0:?} is not supported; this server speaks 1.0")]
     VersionNotSupported(String),
+    /// -32603: the agent behind the gateway could not be reached.
+    #[error("agent unreachable: {0}")]
+    UpstreamUnreachable(String),
+    /// -32603: the agent behind the gateway did not answer in time.
+    #[error("agent timed out: {0}")]
+    UpstreamTimeout(String),
+    /// An agent's own JSON-RPC error, passed on unchanged.
+    #[error("{message}")]
+    Upstream {
+        /// The agent's code.
+        code: i64,
+        /// The agent's message.
+        message: String,
+        /// The agent's data.
+        data: Option<Value>,
+    },
+}
+
+/// The ErrorInfo domain of Baton's own reasons (upstream faults).
+pub const BATON_DOMAIN: &str = "baton.gateway";
+
+impl From<crate::agents::AgentError> for GatewayError {
+    fn from(err: crate::agents::AgentError) -> Self {
+        use crate::agents::AgentError as A;
+        match err {
+            A::InvalidInput(detail) => Self::invalid_field("message", detail),
+            A::Failed(detail) => Self::Internal(detail),
+            A::Unreachable(detail) => Self::UpstreamUnreachable(detail),
+            A::Timeout(detail) => Self::UpstreamTimeout(detail),
+            A::NotJson(detail) => Self::InvalidAgentResponse(format!("not JSON: {detail}")),
+            A::InvalidResponse(detail) => Self::InvalidAgentResponse(detail),
+            A::Refused {
+                code,
+                message,
+                data,
+            } => Self::Upstream {
+                code,
+                message,
+                data,
+            },
+        }
+    }
 }
 
 impl GatewayError {
@@ -119,7 +161,7 @@ impl GatewayError {
             Self::InvalidRequest(_) => -32600,
             Self::MethodNotFound(_) => -32601,
             Self::InvalidParams { .. } => -32602,
-            Self::Internal(_) => -32603,
+            Self::Internal(_) | Self::UpstreamUnreachable(_) | Self::UpstreamTimeout(_) => -32603,
             Self::TaskNotFound(_) => -32001,
             Self::TaskNotCancelable { .. } => -32002,
             Self::PushNotificationNotSupported => -32003,
@@ -129,6 +171,7 @@ impl GatewayError {
             Self::ExtendedAgentCardNotConfigured => -32007,
             Self::ExtensionSupportRequired(_) => -32008,
             Self::VersionNotSupported(_) => -32009,
+            Self::Upstream { code, .. } => *code,
         }
     }
 
@@ -150,7 +193,13 @@ impl GatewayError {
 
     /// Whether the same request may succeed if tried again.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Internal(_) | Self::InvalidAgentResponse(_))
+        matches!(
+            self,
+            Self::Internal(_)
+                | Self::InvalidAgentResponse(_)
+                | Self::UpstreamUnreachable(_)
+                | Self::UpstreamTimeout(_)
+        )
     }
 
     /// `ErrorInfo.metadata`: the identifiers the error is about.
@@ -171,6 +220,35 @@ impl GatewayError {
     /// The JSON-RPC `error` object.
     pub fn to_rpc_error(&self) -> Value {
         let message = self.to_string();
+        let baton_reason = match self {
+            Self::UpstreamUnreachable(_) => Some("UPSTREAM_UNREACHABLE"),
+            Self::UpstreamTimeout(_) => Some("UPSTREAM_TIMEOUT"),
+            _ => None,
+        };
+        if let Some(reason) = baton_reason {
+            return json!({
+                "code": self.code(),
+                "message": message,
+                "data": [{
+                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": reason,
+                    "domain": BATON_DOMAIN,
+                    "metadata": {},
+                }],
+            });
+        }
+        if let Self::Upstream {
+            code,
+            message,
+            data,
+        } = self
+        {
+            let mut error = json!({ "code": code, "message": message });
+            if let Some(data) = data {
+                error["data"] = data.clone();
+            }
+            return error;
+        }
         if let Some(reason) = self.reason() {
             return json!({
                 "code": self.code(),

@@ -10,9 +10,23 @@ pub mod scenario;
 
 use crate::protocol::{AgentCard, Artifact, Message, Task, TaskState};
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+/// Where a task lives at its agent, when the agent keeps ids of its own (a
+/// remote agent). The gateway's ids are what callers see; these are what the
+/// agent sees.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamRef {
+    /// The agent's task id.
+    pub task_id: String,
+    /// The agent's context id.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub context_id: String,
+}
 
 /// What an agent is asked to do.
 #[derive(Clone, Debug)]
@@ -25,6 +39,8 @@ pub struct AgentRequest {
     pub message: Message,
     /// The task so far, when the message continues one.
     pub task: Option<Task>,
+    /// The task's ids at the agent, when the message continues one there.
+    pub upstream: Option<UpstreamRef>,
     /// The caller is streaming.
     pub streaming: bool,
     /// Media types the caller accepts.
@@ -46,6 +62,8 @@ pub enum AgentEvent {
         /// A message for the status (a question, an error).
         message: Option<Message>,
     },
+    /// The agent's own ids for the task; the gateway keeps them with its task.
+    Bound(UpstreamRef),
     /// An artifact, or a chunk of one.
     Artifact {
         /// The artifact.
@@ -91,8 +109,9 @@ impl AgentEvents {
     }
 }
 
-/// Why an agent failed.
-#[derive(Debug, thiserror::Error)]
+/// Why an agent failed. Remote faults stay distinct, so callers can tell an
+/// agent that is down from one that answered nonsense.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum AgentError {
     /// The agent refused the input as invalid.
     #[error("invalid input: {0}")]
@@ -100,6 +119,28 @@ pub enum AgentError {
     /// The agent failed while working.
     #[error("agent failed: {0}")]
     Failed(String),
+    /// The agent could not be reached (connection refused, DNS, refused by the outbound guard).
+    #[error("agent unreachable: {0}")]
+    Unreachable(String),
+    /// The agent did not answer in time.
+    #[error("agent timed out: {0}")]
+    Timeout(String),
+    /// The agent answered with something that is not JSON.
+    #[error("agent answered with non-JSON: {0}")]
+    NotJson(String),
+    /// The agent answered with JSON that is not a valid A2A reply.
+    #[error("agent answered with an invalid A2A response: {0}")]
+    InvalidResponse(String),
+    /// The agent answered with a JSON-RPC error, passed on as it is.
+    #[error("{message}")]
+    Refused {
+        /// The agent's error code.
+        code: i64,
+        /// The agent's message.
+        message: String,
+        /// The agent's error data.
+        data: Option<serde_json::Value>,
+    },
 }
 
 /// An agent the gateway delivers messages to.
@@ -120,14 +161,25 @@ pub trait Agent: Send + Sync + 'static {
     /// reporting through `events` as `execute` does. Agents that cannot
     /// (in-process work is lost with the process) say so, and the gateway
     /// fails the task with the reason.
-    async fn recover(&self, _task: &Task, _events: AgentEvents) -> Result<(), AgentError> {
+    async fn recover(
+        &self,
+        _task: &Task,
+        _upstream: Option<&UpstreamRef>,
+        _events: AgentEvents,
+    ) -> Result<(), AgentError> {
         Err(AgentError::Failed(
             "the gateway restarted while this agent was working; its work cannot be resumed".into(),
         ))
     }
 
-    /// Asks the agent to stop work on a task; the gateway records the cancel.
-    async fn cancel(&self, _task: &Task) -> Result<(), AgentError> {
+    /// Asks the agent to stop work on a task. `Ok` means the agent canceled
+    /// it (or keeps no state of its own) and the gateway records the cancel;
+    /// an error is the agent's answer, e.g. `Refused` with -32002.
+    async fn cancel(
+        &self,
+        _task: &Task,
+        _upstream: Option<&UpstreamRef>,
+    ) -> Result<(), AgentError> {
         Ok(())
     }
 }

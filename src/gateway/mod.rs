@@ -213,10 +213,22 @@ impl Gateway {
         if record.task.status.state.is_terminal() {
             return Err(not_cancelable(record.task.status.state));
         }
-        if let Some(agent) = self.agent(&record.agent)
-            && let Err(err) = agent.agent.cancel(&record.task).await
-        {
-            tracing::warn!(task_id = %req.id, %err, "agent refused cancel; canceling at the gateway");
+        if let Some(agent) = self.agent(&record.agent) {
+            match agent
+                .agent
+                .cancel(&record.task, record.upstream.as_ref())
+                .await
+            {
+                Ok(()) => {}
+                // The agent's own answer (e.g. -32002) is the caller's answer.
+                Err(refused @ crate::agents::AgentError::Refused { .. }) => {
+                    return Err(refused.into());
+                }
+                // An agent that cannot be reached cannot keep the caller's task alive.
+                Err(err) => {
+                    tracing::warn!(task_id = %req.id, %err, "agent did not confirm the cancel; canceling at the gateway");
+                }
+            }
         }
         if let Some(token) = self.running.lock().expect("running lock").get(&req.id) {
             token.cancel();

@@ -335,6 +335,7 @@ impl Gateway {
             context_id: message.context_id.clone(),
             message,
             task: continued.as_ref().map(|r| r.task.clone()),
+            upstream: continued.as_ref().and_then(|r| r.upstream.clone()),
             streaming,
             accepted_output_modes: config.accepted_output_modes,
             cancel: cancel.clone(),
@@ -426,7 +427,9 @@ impl Driver {
         let (events, receiver) = AgentEvents::channel(64);
         let agent = self.agent.agent.clone();
         let task = record.task.clone();
-        let execution = tokio::spawn(async move { agent.recover(&task, events).await });
+        let upstream = record.upstream.clone();
+        let execution =
+            tokio::spawn(async move { agent.recover(&task, upstream.as_ref(), events).await });
         self.pump(
             &record.task.id,
             &record.task.context_id,
@@ -525,6 +528,11 @@ impl Driver {
                     break;
                 }
             }
+            // The agent's own ids go with the record, not into the event log.
+            let bound = batch.iter().rev().find_map(|event| match event {
+                AgentEvent::Bound(upstream) => Some(upstream.clone()),
+                _ => None,
+            });
             let mut stream_events = Vec::with_capacity(batch.len() + 1);
             if !created {
                 stream_events.push(StreamResponse::Task(Task {
@@ -538,15 +546,20 @@ impl Driver {
             stream_events.extend(
                 batch
                     .into_iter()
-                    .map(|event| to_stream_event(event, &task_id, &context_id)),
+                    .filter_map(|event| to_stream_event(event, &task_id, &context_id)),
             );
             let result = if created {
                 self.gateway
                     .ledger
-                    .update(&task_id, |_| Ok::<_, GatewayError>(stream_events))
+                    .update(&task_id, |record| {
+                        if bound.is_some() {
+                            record.upstream = bound;
+                        }
+                        Ok::<_, GatewayError>(stream_events)
+                    })
                     .await
             } else {
-                self.create(&task_id, stream_events).await
+                self.create(&task_id, bound, stream_events).await
             };
             match result {
                 Ok(_) if !created => {
@@ -569,15 +582,14 @@ impl Driver {
         let outcome = execution.await;
         let failure = match outcome {
             Ok(Ok(())) => None,
-            Ok(Err(err)) => Some(err.to_string()),
-            Err(join) => Some(format!("agent execution panicked or was aborted: {join}")),
+            Ok(Err(err)) => Some(err),
+            Err(join) => Some(crate::agents::AgentError::Failed(format!(
+                "agent execution panicked or was aborted: {join}"
+            ))),
         };
         match (failure, created) {
-            (Some(reason), true) => self.fail(&task_id, &context_id, &reason).await,
-            (Some(reason), false) => {
-                self.refuse(&mut first_tx, GatewayError::Internal(reason))
-                    .await
-            }
+            (Some(err), true) => self.fail(&task_id, &context_id, &err.to_string()).await,
+            (Some(err), false) => self.refuse(&mut first_tx, err.into()).await,
             (None, false) => {
                 let error = GatewayError::InvalidAgentResponse(
                     "the agent ended without a task or a message".into(),
@@ -610,6 +622,7 @@ impl Driver {
     async fn create(
         &self,
         task_id: &str,
+        upstream: Option<crate::agents::UpstreamRef>,
         events: Vec<StreamResponse>,
     ) -> Result<TaskRecord, GatewayError> {
         let StreamResponse::Task(initial) = &events[0] else {
@@ -626,6 +639,7 @@ impl Driver {
             },
             owner: self.owner.clone(),
             agent: self.agent.id.clone(),
+            upstream,
             created_at: chrono::Utc::now(),
             ..TaskRecord::default()
         };
@@ -683,8 +697,9 @@ fn send_first(first_tx: &mut Option<oneshot::Sender<First>>, first: First) {
     }
 }
 
-/// Turns an agent event into the ledger event for the task.
-fn to_stream_event(event: AgentEvent, task_id: &str, context_id: &str) -> StreamResponse {
+/// Turns an agent event into the ledger event for the task; `Bound` is no
+/// event (the ids go into the record).
+fn to_stream_event(event: AgentEvent, task_id: &str, context_id: &str) -> Option<StreamResponse> {
     let fill = |mut message: Message| {
         message.task_id = task_id.to_string();
         message.context_id = context_id.to_string();
@@ -693,7 +708,8 @@ fn to_stream_event(event: AgentEvent, task_id: &str, context_id: &str) -> Stream
         }
         message
     };
-    match event {
+    let event = match event {
+        AgentEvent::Bound(_) => return None,
         AgentEvent::Status { state, message } => {
             StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
                 task_id: task_id.to_string(),
@@ -721,5 +737,6 @@ fn to_stream_event(event: AgentEvent, task_id: &str, context_id: &str) -> Stream
             status: TaskStatus::now(TaskState::Completed, Some(fill(message))),
             metadata: None,
         }),
-    }
+    };
+    Some(event)
 }

@@ -51,12 +51,9 @@ pub struct TaskRecord {
     pub owner: String,
     /// The agent currently responsible.
     pub agent: String,
-    /// The agent's own task id, when it differs from the gateway's.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub upstream_task_id: String,
-    /// The agent's own context id, when it differs from the gateway's.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub upstream_context_id: String,
+    /// The task's ids at its agent, for agents that keep their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<crate::agents::UpstreamRef>,
     /// Bumped on every write.
     pub version: u64,
     /// Sequence number of the last event in the task's log.

@@ -1,7 +1,15 @@
-//! The command line: `baton serve` and its flags.
+//! The command line: `baton serve`, `baton keys` (the agency keys file) and
+//! `baton agents` (the registry of a running Baton).
+
+pub mod agents;
+pub mod keys;
 
 use crate::config::ServeArgs;
-use clap::{Parser, Subcommand};
+use clap::{ArgGroup, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Exit code for a configuration that does not validate.
+pub const EXIT_BAD_CONFIG: u8 = 2;
 
 /// Baton: an A2A 1.0 gateway with a durable task ledger.
 #[derive(Debug, Parser)]
@@ -17,4 +25,119 @@ pub struct Cli {
 pub enum Command {
     /// Run the gateway.
     Serve(ServeArgs),
+    /// Manage agency API keys (only their hashes are stored).
+    Keys(KeysArgs),
+    /// Register, list, search, get and remove agents on a running Baton.
+    Agents(AgentsArgs),
+}
+
+/// `baton keys`: edits the keys file that a running Baton re-reads.
+#[derive(Debug, clap::Args)]
+pub struct KeysArgs {
+    /// What to do with the keys.
+    #[command(subcommand)]
+    pub command: KeysCommand,
+    /// Keys file (default: `keys-file` in the configuration file, else ./baton-keys.json).
+    #[arg(long, env = "BATON_KEYS_FILE", global = true)]
+    pub keys_file: Option<PathBuf>,
+    /// Configuration file to take `keys-file` from (default ./baton.toml if present).
+    #[arg(long, env = "BATON_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+}
+
+/// `baton keys` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Create a key for AGENCY and print it; it is shown this once.
+    Add {
+        /// The agency the key authenticates as.
+        agency: String,
+    },
+    /// List the keys: agency, key id and creation time (never a key).
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke one key by its id, or every key of an agency.
+    Revoke {
+        /// A key id (`bk_…`, from `baton keys list`) or an agency.
+        #[arg(value_name = "KEY_ID_OR_AGENCY")]
+        target: String,
+    },
+}
+
+/// `baton agents`: calls `POST {url}/registry` on a running Baton.
+#[derive(Debug, clap::Args)]
+pub struct AgentsArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: AgentsCommand,
+    /// Base URL of the running Baton.
+    #[arg(
+        long,
+        env = "BATON_URL",
+        default_value = "http://localhost:8080",
+        global = true
+    )]
+    pub url: String,
+    /// Agency API key (prefer the environment: flags show in process lists).
+    #[arg(long, env = "BATON_API_KEY", hide_env_values = true, global = true)]
+    pub key: Option<String>,
+}
+
+/// `baton agents` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum AgentsCommand {
+    /// Register an agent from its AgentCard (RegisterAgent).
+    Register(RegisterArgs),
+    /// List every registered agent (SearchAgents, all pages).
+    List,
+    /// Search agents by skill, tag or text (SearchAgents, all pages).
+    Search(SearchArgs),
+    /// Show one agent's record (GetAgent).
+    Get {
+        /// Agent id.
+        id: String,
+    },
+    /// Deregister an agent (DeregisterAgent).
+    Remove {
+        /// Agent id.
+        id: String,
+    },
+}
+
+/// `baton agents register`.
+#[derive(Debug, clap::Args)]
+#[command(group(ArgGroup::new("source").required(true).args(["card", "card_url"])))]
+pub struct RegisterArgs {
+    /// AgentCard JSON file (`-` reads standard input).
+    #[arg(long, value_name = "FILE")]
+    pub card: Option<PathBuf>,
+    /// URL Baton fetches the AgentCard from.
+    #[arg(long, value_name = "URL")]
+    pub card_url: Option<String>,
+    /// Agent id (default: chosen by Baton from the card).
+    #[arg(long)]
+    pub id: Option<String>,
+}
+
+/// `baton agents search`.
+#[derive(Debug, clap::Args)]
+pub struct SearchArgs {
+    /// Skill id.
+    #[arg(long)]
+    pub skill: Option<String>,
+    /// Skill tag.
+    #[arg(long)]
+    pub tag: Option<String>,
+    /// Free text.
+    #[arg(long)]
+    pub query: Option<String>,
+    /// Accepted input media type.
+    #[arg(long)]
+    pub input_mode: Option<String>,
+    /// Produced output media type.
+    #[arg(long)]
+    pub output_mode: Option<String>,
 }

@@ -41,9 +41,21 @@ pub struct ServeArgs {
     /// Longest a blocking SendMessage waits, in seconds.
     #[arg(long, env = "BATON_TASK_TIMEOUT_SECS")]
     pub task_timeout_secs: Option<u64>,
+    /// Directory of AgentCards registered at start-up (default ./agent-cards).
+    #[arg(long, env = "BATON_AGENT_CARDS")]
+    pub agent_cards: Option<PathBuf>,
+    /// Seconds between health checks of registered agents.
+    #[arg(long, env = "BATON_HEALTH_INTERVAL_SECS")]
+    pub health_interval_secs: Option<u64>,
     /// Turn push notifications off (push methods then answer -32003).
     #[arg(long, env = "BATON_DISABLE_PUSH")]
     pub disable_push: bool,
+    /// Agency API keys file, managed with `baton keys` (default ./baton-keys.json).
+    #[arg(long, env = "BATON_KEYS_FILE")]
+    pub keys_file: Option<PathBuf>,
+    /// Extra agency keys, `agency=KEY,...`: hashed in memory, never written.
+    #[arg(long, env = "BATON_API_KEYS", hide_env_values = true)]
+    pub api_keys: Option<String>,
     /// Check the configuration, print it, and exit.
     #[arg(long)]
     pub validate_config: bool,
@@ -63,6 +75,9 @@ pub struct FileConfig {
     shutdown_grace_secs: Option<u64>,
     task_timeout_secs: Option<u64>,
     disable_push: Option<bool>,
+    agent_cards: Option<PathBuf>,
+    health_interval_secs: Option<u64>,
+    keys_file: Option<PathBuf>,
 }
 
 /// Log output format.
@@ -97,8 +112,41 @@ pub struct Config {
     pub task_timeout: Duration,
     /// Push notifications are offered.
     pub push_enabled: bool,
+    /// Cards registered at start-up.
+    pub agent_cards_dir: PathBuf,
+    /// Between health checks of registered agents.
+    pub health_interval: Duration,
     /// The file the settings came from, if any.
     pub config_file: Option<PathBuf>,
+    /// The agency API keys file (it need not exist: no file, no keys).
+    pub keys_file: PathBuf,
+    /// `BATON_API_KEYS`: keys given at start-up, kept out of `Debug` output.
+    pub api_keys: Option<Secret>,
+}
+
+/// A setting that must not appear in logs or `--validate-config` output;
+/// `Option<Secret>::as_deref()` gives the text.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps `text`.
+    pub fn new(text: impl Into<String>) -> Self {
+        Self(text.into())
+    }
+}
+
+impl std::ops::Deref for Secret {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 /// Every problem found in the settings.
@@ -114,9 +162,9 @@ fn parse_network(text: &str) -> Result<IpNet, String> {
 }
 
 impl Config {
-    /// Merges flags/env over the file over defaults; `known_agents` are the
-    /// ids the default agent may name.
-    pub fn load(args: &ServeArgs, known_agents: &[&str]) -> Result<Self, ConfigError> {
+    /// Merges flags/env over the file over defaults. The default agent must
+    /// be one of `builtin_agents` or have its card in the agent-cards directory.
+    pub fn load(args: &ServeArgs, builtin_agents: &[&str]) -> Result<Self, ConfigError> {
         let mut errors = Vec::new();
         let (file, config_file) = match read_file(args.config.as_deref()) {
             Ok(found) => found,
@@ -147,12 +195,19 @@ impl Config {
             trimmed
         });
 
+        let agent_cards_dir = args
+            .agent_cards
+            .clone()
+            .or(file.agent_cards.clone())
+            .unwrap_or_else(|| PathBuf::from("./agent-cards"));
+        let mut known_agents: Vec<String> = builtin_agents.iter().map(|s| s.to_string()).collect();
+        known_agents.extend(card_file_ids(&agent_cards_dir));
         let default_agent = args
             .default_agent
             .clone()
             .or(file.default_agent)
             .unwrap_or_else(|| "echo".into());
-        if !known_agents.contains(&default_agent.as_str()) {
+        if !known_agents.contains(&default_agent) {
             errors.push(format!(
                 "default-agent: {default_agent:?} is not an agent (known: {})",
                 known_agents.join(", ")
@@ -200,6 +255,11 @@ impl Config {
             errors.push("task-timeout-secs: must be positive".into());
         }
 
+        let api_keys = args.api_keys.clone().map(Secret);
+        if let Some(Err(bad)) = api_keys.as_deref().map(crate::auth::check_env_keys) {
+            errors.extend(bad.into_iter().map(|e| format!("api-keys: {e}")));
+        }
+
         if !errors.is_empty() {
             return Err(ConfigError(errors));
         }
@@ -222,9 +282,35 @@ impl Config {
             ),
             task_timeout: Duration::from_secs(task_timeout_secs),
             push_enabled: !(args.disable_push || file.disable_push.unwrap_or(false)),
+            agent_cards_dir,
+            health_interval: Duration::from_secs(
+                args.health_interval_secs
+                    .or(file.health_interval_secs)
+                    .unwrap_or(30)
+                    .max(1),
+            ),
             config_file,
+            keys_file: args
+                .keys_file
+                .clone()
+                .or(file.keys_file)
+                .unwrap_or_else(|| PathBuf::from(crate::auth::DEFAULT_KEYS_FILE)),
+            api_keys,
         })
     }
+}
+
+/// Ids of the cards in an agent-cards directory (file stems of `*.json`).
+fn card_file_ids(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "json"))
+        .filter_map(|path| path.file_stem()?.to_str().map(str::to_string))
+        .collect()
 }
 
 /// Reads the named file, or `./baton.toml` when it exists.
@@ -271,6 +357,23 @@ mod tests {
     }
 
     #[test]
+    fn the_default_agent_may_be_a_card_in_the_agent_cards_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("billing.json"), "{}").unwrap();
+        let args = ServeArgs {
+            agent_cards: Some(dir.path().to_path_buf()),
+            default_agent: Some("billing".into()),
+            ..ServeArgs::default()
+        };
+        assert!(Config::load(&args, &["echo"]).is_ok());
+        let args = ServeArgs {
+            default_agent: Some("payroll".into()),
+            ..args
+        };
+        assert!(Config::load(&args, &["echo"]).is_err());
+    }
+
+    #[test]
     fn file_settings_sit_under_flags() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("baton.toml");
@@ -287,5 +390,39 @@ mod tests {
         let config = Config::load(&args, &["echo", "scenario"]).unwrap();
         assert_eq!(config.listen.port(), 9000);
         assert_eq!(config.default_agent, "echo");
+    }
+
+    #[test]
+    fn keys_settings() {
+        let config = Config::load(&ServeArgs::default(), &["echo"]).unwrap();
+        assert_eq!(config.keys_file, PathBuf::from("./baton-keys.json"));
+        assert!(config.api_keys.is_none());
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("baton.toml");
+        std::fs::write(&path, "keys-file = \"/etc/baton/keys.json\"\n").unwrap();
+        let args = ServeArgs {
+            config: Some(path.clone()),
+            api_keys: Some("acme=SECRET1".into()),
+            ..ServeArgs::default()
+        };
+        let config = Config::load(&args, &["echo"]).unwrap();
+        assert_eq!(config.keys_file, PathBuf::from("/etc/baton/keys.json"));
+        assert_eq!(config.api_keys.as_deref(), Some("acme=SECRET1"));
+        assert!(
+            !format!("{config:?}").contains("SECRET1"),
+            "keys stay out of Debug"
+        );
+
+        let args = ServeArgs {
+            config: Some(path),
+            keys_file: Some("flag.json".into()),
+            api_keys: Some("acme=SECRET1,nokey,=SECRET2".into()),
+            ..ServeArgs::default()
+        };
+        let err = Config::load(&args, &["echo"]).unwrap_err();
+        assert_eq!(err.0.len(), 2, "{err}");
+        assert!(err.0[0].starts_with("api-keys: entry 2"), "{err}");
+        assert!(!err.to_string().contains("SECRET"), "{err}");
     }
 }

@@ -87,6 +87,9 @@ pub enum GatewayError {
     /// -32009.
     #[error("A2A version {0:?} is not supported; this server speaks 1.0")]
     VersionNotSupported(String),
+    /// HTTP 401: no valid API key (a -32600 body with reason UNAUTHENTICATED).
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
     /// -32603: the agent behind the gateway could not be reached.
     #[error("agent unreachable: {0}")]
     UpstreamUnreachable(String),
@@ -158,7 +161,7 @@ impl GatewayError {
     pub fn code(&self) -> i64 {
         match self {
             Self::Parse(_) => -32700,
-            Self::InvalidRequest(_) => -32600,
+            Self::InvalidRequest(_) | Self::Unauthenticated(_) => -32600,
             Self::MethodNotFound(_) => -32601,
             Self::InvalidParams { .. } => -32602,
             Self::Internal(_) | Self::UpstreamUnreachable(_) | Self::UpstreamTimeout(_) => -32603,
@@ -223,6 +226,7 @@ impl GatewayError {
         let baton_reason = match self {
             Self::UpstreamUnreachable(_) => Some("UPSTREAM_UNREACHABLE"),
             Self::UpstreamTimeout(_) => Some("UPSTREAM_TIMEOUT"),
+            Self::Unauthenticated(_) => Some("UNAUTHENTICATED"),
             _ => None,
         };
         if let Some(reason) = baton_reason {

@@ -2,15 +2,21 @@
 //! delivery, the listener, and the shutdown signals.
 
 use crate::agents;
+use crate::auth::KeyStore;
 use crate::config::Config;
 use crate::gateway::{Gateway, GatewaySettings};
 use crate::netguard::OutboundPolicy;
+use crate::protocol::AgentCard;
 use crate::push::{PushDispatcher, PushSettings};
-use crate::registry::Directory;
+use crate::registry::fetch::CardFetcher;
+use crate::registry::service::AgentFactory;
+use crate::registry::{Directory, Registry};
 use crate::server::{self, AppState, ServerSettings};
 use crate::store::Ledger;
+use crate::upstream::{RemoteAgent, UpstreamSettings};
 use anyhow::Context as _;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The owner of the agents Baton itself provides.
@@ -19,6 +25,43 @@ pub const LOCAL_OWNER: &str = "local";
 /// Ids of the built-in agents, for configuration checks.
 pub fn builtin_agent_ids() -> Vec<&'static str> {
     vec!["echo", "scenario"]
+}
+
+/// Longest a card fetch may take.
+const CARD_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest card accepted.
+const CARD_MAX_BYTES: usize = 1024 * 1024;
+
+/// Registered cards are served by remote A2A agents, under `policy`.
+pub fn remote_agents(policy: OutboundPolicy) -> AgentFactory {
+    Arc::new(move |_id: &str, card: &AgentCard| {
+        RemoteAgent::from_card(card.clone(), &policy, UpstreamSettings::default())
+            .map(|agent| Arc::new(agent) as Arc<dyn agents::Agent>)
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Re-fetches every registered card each `interval` until shutdown. Cards
+/// follow the keys: the first key added makes them declare the API-key
+/// scheme (checked every second).
+async fn health_checks(
+    registry: Arc<Registry>,
+    keys: KeyStore,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut next_check = tokio::time::Instant::now() + interval;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        registry.directory().set_secured(!keys.is_open());
+        if tokio::time::Instant::now() >= next_check {
+            registry.check_health().await;
+            next_check = tokio::time::Instant::now() + interval;
+        }
+    }
 }
 
 /// Runs Baton until SIGTERM or Ctrl-C, then drains and closes the ledger.
@@ -39,22 +82,34 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let policy = OutboundPolicy {
         allow: config.allow_upstream.clone(),
     };
-    let push = PushDispatcher::start(&ledger, policy, PushSettings::default());
+    let push = PushDispatcher::start(&ledger, policy.clone(), PushSettings::default());
     let shutdown = CancellationToken::new();
+    let keys = KeyStore::from_config(&config).context("loading API keys")?;
+    let directory = Arc::new(Directory::new(&public_url, config.push_enabled));
+    directory.set_secured(!keys.is_open());
+    let registry = Arc::new(Registry::new(
+        ledger.clone(),
+        directory.clone(),
+        CardFetcher::new(policy.clone(), CARD_FETCH_TIMEOUT, CARD_MAX_BYTES),
+        remote_agents(policy),
+    ));
+    for handle in agents::builtin_agents() {
+        registry.add_builtin(handle, LOCAL_OWNER);
+    }
+    let stored = registry.load()?;
+    let from_files = registry
+        .register_card_files(&config.agent_cards_dir, LOCAL_OWNER)
+        .await?;
+    tracing::info!(stored, from_files, "agents registered");
     let gateway = Gateway::new(
         ledger.clone(),
-        Arc::new(Directory::with_agents(
-            &public_url,
-            config.push_enabled,
-            LOCAL_OWNER,
-            agents::builtin_agents(),
-        )),
+        directory,
         push,
         GatewaySettings {
             task_timeout: config.task_timeout,
             push_enabled: config.push_enabled,
         },
-        shutdown,
+        shutdown.clone(),
     );
     let recovered = gateway.recover_in_flight().await?;
     if recovered > 0 {
@@ -63,8 +118,16 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             "picked up tasks that were in flight at the last stop"
         );
     }
+    tokio::spawn(health_checks(
+        registry.clone(),
+        keys.clone(),
+        config.health_interval,
+        shutdown,
+    ));
     let state = AppState::new(
         gateway,
+        registry,
+        keys,
         ServerSettings {
             public_url: public_url.clone(),
             default_agent: config.default_agent.clone(),

@@ -1,7 +1,7 @@
 //! Baton: an A2A 1.0 gateway whose every task lives in a durable sled ledger.
 //!
 //! Module map:
-//! - [`cli`]: the command line (`baton serve`).
+//! - [`cli`]: the command line (`baton serve`, `baton keys`, `baton agents`).
 //! - [`config`]: flags, `BATON_*` env and `baton.toml`, validated into `Config`.
 //! - [`telemetry`]: tracing subscriber (`RUST_LOG`, text or JSON).
 //! - [`launch`]: assembles a running Baton from a `Config`.
@@ -15,9 +15,13 @@
 //! - [`push`]: webhook delivery of task events.
 //! - [`registry`]: the live directory of agents and card publication.
 //! - [`netguard`]: the outbound-connection (SSRF) guard.
+//! - [`upstream`]: remote A2A agents: the JSON-RPC client and the proxying `RemoteAgent`.
 //! - [`server`]: the axum router, card publication, health, shutdown.
+//! - [`auth`]: agency API keys: the `KeyStore`, the keys file, bearer checks.
+//! - [`registry_client`]: the registry JSON-RPC client behind `baton agents`.
 
 pub mod agents;
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod error;
@@ -29,6 +33,8 @@ pub mod netguard;
 pub mod protocol;
 pub mod push;
 pub mod registry;
+pub mod registry_client;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod upstream;

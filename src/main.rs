@@ -1,17 +1,17 @@
-//! The `baton` binary: parse the command line, load the configuration, run.
+//! The `baton` binary: parse the command line, then serve, manage keys, or
+//! call a running Baton's registry.
 
-use baton::cli::{Cli, Command};
+use baton::cli::{self, Cli, Command, EXIT_BAD_CONFIG};
 use baton::config::Config;
 use clap::Parser;
 use std::process::ExitCode;
-
-/// Exit code for a configuration that does not validate.
-const EXIT_BAD_CONFIG: u8 = 2;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Keys(args) => cli::keys::run(args),
+        Command::Agents(args) => cli::agents::run(args).await,
         Command::Serve(args) => {
             let config = match Config::load(&args, &baton::launch::builtin_agent_ids()) {
                 Ok(config) => config,

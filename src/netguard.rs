@@ -44,14 +44,23 @@ impl OutboundPolicy {
         }
     }
 
-    /// An HTTP client whose every connection obeys this policy.
-    pub fn client(&self, timeout: std::time::Duration) -> reqwest::Client {
+    /// A client builder whose every connection obeys this policy: the guard
+    /// sits in the resolver, redirects are not followed, and no proxy is used
+    /// (a proxy would resolve names itself, past the guard).
+    pub fn client_builder(&self) -> reqwest::ClientBuilder {
         reqwest::Client::builder()
             .dns_resolver(Arc::new(GuardedResolver {
                 policy: self.clone(),
             }))
-            .timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+    }
+
+    /// A guarded client with a total timeout per request.
+    pub fn client(&self, timeout: std::time::Duration) -> reqwest::Client {
+        self.client_builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(std::time::Duration::from_secs(5)))
             .build()
             .expect("HTTP client configuration is valid")
     }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use baton::server::ANONYMOUS;
+use baton::auth::ANONYMOUS;
 use baton::store::ListQuery;
 use common::agents::{
     FailingAgent, GatedAgent, PlainAgent, SilentAgent, card, card_requiring_extension,

@@ -161,11 +161,13 @@ pub trait Agent: Send + Sync + 'static {
     /// reporting through `events` as `execute` does. Agents that cannot
     /// (in-process work is lost with the process) say so, and the gateway
     /// fails the task with the reason.
+    /// `cancel` fires at a gateway cancel or shutdown.
     async fn recover(
         &self,
         _task: &Task,
         _upstream: Option<&UpstreamRef>,
         _events: AgentEvents,
+        _cancel: CancellationToken,
     ) -> Result<(), AgentError> {
         Err(AgentError::Failed(
             "the gateway restarted while this agent was working; its work cannot be resumed".into(),

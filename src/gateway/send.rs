@@ -201,13 +201,10 @@ impl Gateway {
                 }
             };
             tokio::select! {
+                // Any event means: look at the ledger again. An event may be a
+                // late one from an earlier turn, so its state alone says nothing.
                 event = watcher.recv() => match event {
-                    Ok(event) => {
-                        if event.event.state().is_some_and(|s| s.is_terminal() || s.is_interrupted()) {
-                            return;
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => {
                         *watcher = self.ledger.hub().watch(task_id);
                     }
@@ -428,8 +425,14 @@ impl Driver {
         let agent = self.agent.agent.clone();
         let task = record.task.clone();
         let upstream = record.upstream.clone();
-        let execution =
-            tokio::spawn(async move { agent.recover(&task, upstream.as_ref(), events).await });
+        // Cancelable like any execution: by CancelTask and by shutdown.
+        let cancel = self.gateway.shutdown.child_token();
+        self.gateway.register_running(&task.id, cancel.clone());
+        let execution = tokio::spawn(async move {
+            agent
+                .recover(&task, upstream.as_ref(), events, cancel)
+                .await
+        });
         self.pump(
             &record.task.id,
             &record.task.context_id,

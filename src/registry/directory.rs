@@ -9,6 +9,7 @@ use crate::agents::{Agent, AgentHandle};
 use crate::protocol::AgentCard;
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// One routable agent.
@@ -34,6 +35,8 @@ struct Snapshot {
 pub struct Directory {
     public_url: String,
     push_enabled: bool,
+    /// Published cards declare Baton's API-key scheme (some key exists).
+    secured: AtomicBool,
     // std RwLock: held only to clone or swap an Arc.
     snapshot: RwLock<Arc<Snapshot>>,
 }
@@ -43,12 +46,13 @@ impl Directory {
     pub fn new(public_url: &str, push_enabled: bool) -> Self {
         let public_url = public_url.trim_end_matches('/').to_string();
         let gateway_card = PublishedCard::new(
-            publish::gateway_card(&[], &public_url, push_enabled),
+            publish::gateway_card(&[], &public_url, push_enabled, false),
             Utc::now(),
         );
         Self {
             public_url,
             push_enabled,
+            secured: AtomicBool::new(false),
             snapshot: RwLock::new(Arc::new(Snapshot {
                 agents: BTreeMap::new(),
                 gateway_card: Arc::new(gateway_card),
@@ -102,11 +106,12 @@ impl Directory {
         agent: Arc<dyn Agent>,
         modified: DateTime<Utc>,
     ) -> Arc<AgentEntry> {
-        let card =
-            publish::publish_agent_card(agent.card(), id, &self.public_url, self.push_enabled);
-        let extended = agent.extended_card().map(|extended| {
-            publish::publish_agent_card(&extended, id, &self.public_url, self.push_enabled)
-        });
+        let secured = self.secured.load(Ordering::Relaxed);
+        let publish = |card: &AgentCard| {
+            publish::publish_agent_card(card, id, &self.public_url, self.push_enabled, secured)
+        };
+        let card = publish(agent.card());
+        let extended = agent.extended_card().map(|extended| publish(&extended));
         let entry = Arc::new(AgentEntry {
             id: id.to_string(),
             owner: owner.to_string(),
@@ -118,6 +123,19 @@ impl Directory {
             agents.insert(id.to_string(), entry.clone());
         });
         entry
+    }
+
+    /// Says whether API keys are required, re-publishing every card when
+    /// that changes (the cards then declare, or stop declaring, the scheme).
+    pub fn set_secured(&self, secured: bool) {
+        if self.secured.swap(secured, Ordering::Relaxed) == secured {
+            return;
+        }
+        let now = Utc::now();
+        for entry in self.list() {
+            self.upsert(&entry.id, &entry.owner, entry.agent.clone(), now);
+        }
+        self.change(|_| {});
     }
 
     /// Removes an agent; false when there was none.
@@ -135,7 +153,8 @@ impl Directory {
             .values()
             .map(|entry| (entry.id.as_str(), entry.agent.card()))
             .collect();
-        let card = publish::gateway_card(&cards, &self.public_url, self.push_enabled);
+        let secured = self.secured.load(Ordering::Relaxed);
+        let card = publish::gateway_card(&cards, &self.public_url, self.push_enabled, secured);
         // The ETag changes only when the card does, whatever the time.
         let gateway_card = if card == guard.gateway_card.card {
             guard.gateway_card.clone()

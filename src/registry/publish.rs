@@ -4,7 +4,8 @@
 
 use crate::protocol::{
     AgentCapabilities, AgentCard, AgentExtension, AgentInterface, AgentProvider, AgentSkill,
-    HANDOFF_EXTENSION, PROTOCOL_VERSION,
+    HANDOFF_EXTENSION, HttpAuthSecurityScheme, PROTOCOL_VERSION, SecurityRequirement,
+    SecurityScheme, StringList,
 };
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -108,8 +109,12 @@ pub fn publish_agent_card(
     agent_id: &str,
     public_url: &str,
     push_enabled: bool,
+    secured: bool,
 ) -> AgentCard {
     let mut card = card.clone();
+    if secured {
+        declare_api_key(&mut card);
+    }
     card.supported_interfaces = vec![jsonrpc_interface(format!(
         "{public_url}/agents/{agent_id}/a2a"
     ))];
@@ -132,6 +137,7 @@ pub fn gateway_card(
     agents: &[(&str, &AgentCard)],
     public_url: &str,
     push_enabled: bool,
+    secured: bool,
 ) -> AgentCard {
     let skills = agents
         .iter()
@@ -142,7 +148,7 @@ pub fn gateway_card(
             })
         })
         .collect();
-    AgentCard {
+    let mut card = AgentCard {
         name: "Baton".into(),
         description: "A2A gateway: routes each call to a registered agent and keeps every task \
                       in a durable ledger. Address an agent with params.tenant = its id."
@@ -163,5 +169,30 @@ pub fn gateway_card(
         default_output_modes: vec!["text/plain".into(), "application/json".into()],
         skills,
         ..AgentCard::default()
+    };
+    if secured {
+        declare_api_key(&mut card);
     }
+    card
+}
+
+/// The security scheme name of Baton's API keys in published cards.
+pub const API_KEY_SCHEME: &str = "batonApiKey";
+
+/// Declares that calls need a Baton API key as a bearer token. Callers
+/// authenticate to Baton, not to the agency, so this replaces the agency's
+/// own requirements in what Baton publishes.
+fn declare_api_key(card: &mut AgentCard) {
+    let scheme = SecurityScheme {
+        http_auth_security_scheme: Some(HttpAuthSecurityScheme {
+            description: "A Baton API key (baton keys add AGENCY), sent as a bearer token.".into(),
+            scheme: "Bearer".into(),
+            bearer_format: String::new(),
+        }),
+        ..SecurityScheme::default()
+    };
+    card.security_schemes = [(API_KEY_SCHEME.to_string(), scheme)].into();
+    card.security_requirements = vec![SecurityRequirement {
+        schemes: [(API_KEY_SCHEME.to_string(), StringList::default())].into(),
+    }];
 }

@@ -1,14 +1,16 @@
 //! The HTTP surface: the router, the JSON-RPC endpoints, card publication,
 //! health, and graceful shutdown.
 
+use crate::auth::{KeyStore, Principal, WWW_AUTHENTICATE};
 use crate::error::GatewayError;
 use crate::gateway::{CallContext, Gateway};
 use crate::jsonrpc::dispatch::{dispatch, error_reply, json_reply};
 use crate::jsonrpc::parse_request;
 use crate::protocol::{AgentCard, HANDOFF_EXTENSION, methods};
+use crate::registry::service::{Registry, SearchParams};
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -16,9 +18,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument as _;
-
-/// The principal of every call while no API keys are configured.
-pub const ANONYMOUS: &str = "anonymous";
 
 /// HTTP-level settings.
 #[derive(Clone, Debug)]
@@ -35,16 +34,43 @@ pub struct ServerSettings {
 #[derive(Clone)]
 pub struct AppState {
     gateway: Arc<Gateway>,
+    registry: Arc<Registry>,
+    keys: KeyStore,
     settings: Arc<ServerSettings>,
 }
 
 impl AppState {
-    /// The state of a server for `gateway`.
-    pub fn new(gateway: Arc<Gateway>, settings: ServerSettings) -> Self {
+    /// The state of a server for `gateway` and `registry`, authenticating
+    /// callers with `keys`.
+    pub fn new(
+        gateway: Arc<Gateway>,
+        registry: Arc<Registry>,
+        keys: KeyStore,
+        settings: ServerSettings,
+    ) -> Self {
         Self {
             gateway,
+            registry,
+            keys,
             settings: Arc::new(settings),
         }
+    }
+
+    /// The caller's principal, or the 401 reply.
+    #[allow(clippy::result_large_err)]
+    fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, Response> {
+        self.keys.authenticate_headers(headers).map_err(|err| {
+            let error = GatewayError::Unauthenticated(err.to_string());
+            let mut response = json_reply(
+                StatusCode::UNAUTHORIZED,
+                crate::jsonrpc::error_body(None, &error),
+            );
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(WWW_AUTHENTICATE),
+            );
+            response
+        })
     }
 }
 
@@ -57,6 +83,9 @@ pub fn app(state: AppState) -> Router {
         .route("/agents/{id}/a2a", post(rpc_agent))
         .route("/agents/{id}/a2a/", post(rpc_agent))
         .route("/agents/{id}/.well-known/agent-card.json", get(agent_card))
+        .route("/registry", post(registry_rpc))
+        .route("/registry/", post(registry_rpc))
+        .route("/registry/agents", get(registry_search))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(not_found)
@@ -106,6 +135,40 @@ async fn agent_card(
         None => (
             StatusCode::NOT_FOUND,
             axum::Json(serde_json::json!({"error": format!("no agent {id:?} is registered")})),
+        )
+            .into_response(),
+    }
+}
+
+async fn registry_rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let body = match read_rpc_body(&state, &headers, body).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let request = match parse_request(&body) {
+        Ok(request) => request,
+        Err(failure) => return error_reply(failure.id, &failure.error),
+    };
+    let principal = match state.authenticate(&headers) {
+        Ok(principal) => principal,
+        Err(response) => return response,
+    };
+    crate::registry::rpc::dispatch(&state.registry, principal.as_str(), request).await
+}
+
+async fn registry_search(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<SearchParams>,
+) -> Response {
+    if let Err(response) = state.authenticate(&headers) {
+        return response;
+    }
+    match state.registry.search(&params) {
+        Ok(page) => axum::Json(page).into_response(),
+        Err(err) => (
+            StatusCode::BAD_REQUEST,
+            axum::Json(serde_json::json!({"error": err.to_rpc_error()})),
         )
             .into_response(),
     }
@@ -265,6 +328,33 @@ fn peek_tenant(params: &serde_json::value::RawValue) -> String {
         .unwrap_or_default()
 }
 
+/// Reads a JSON-RPC body: capped in size, and JSON by its Content-Type.
+async fn read_rpc_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<axum::body::Bytes, Response> {
+    let limit = state.settings.max_body_bytes;
+    let Ok(body) = axum::body::to_bytes(body, limit).await else {
+        let error = GatewayError::InvalidRequest(format!(
+            "request body exceeds the limit of {limit} bytes"
+        ));
+        return Err(json_reply(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            crate::jsonrpc::error_body(None, &error),
+        ));
+    };
+    if !is_json_content_type(headers) {
+        let error = GatewayError::ContentTypeNotSupported(
+            "JSON-RPC requests must be sent as Content-Type: application/json".into(),
+        );
+        // Echo the id when the body is JSON-RPC after all.
+        let id = parse_request(&body).ok().map(|request| request.id);
+        return Err(error_reply(id, &error));
+    }
+    Ok(body)
+}
+
 async fn serve_rpc(
     state: AppState,
     path_agent: Option<String>,
@@ -272,27 +362,14 @@ async fn serve_rpc(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let limit = state.settings.max_body_bytes;
-    let body = match axum::body::to_bytes(body, limit).await {
-        Ok(body) => body,
-        Err(_) => {
-            let error = GatewayError::InvalidRequest(format!(
-                "request body exceeds the limit of {limit} bytes"
-            ));
-            return json_reply(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                crate::jsonrpc::error_body(None, &error),
-            );
-        }
+    let principal = match state.authenticate(&headers) {
+        Ok(principal) => principal,
+        Err(response) => return response,
     };
-    if !is_json_content_type(&headers) {
-        let error = GatewayError::ContentTypeNotSupported(
-            "JSON-RPC requests must be sent as Content-Type: application/json".into(),
-        );
-        // Echo the id when the body is JSON-RPC after all.
-        let id = parse_request(&body).ok().map(|request| request.id);
-        return error_reply(id, &error);
-    }
+    let body = match read_rpc_body(&state, &headers, body).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
     let request = match parse_request(&body) {
         Ok(request) => request,
         Err(failure) => return error_reply(failure.id, &failure.error),
@@ -351,7 +428,7 @@ async fn serve_rpc(
             peek_message_id(request.params)
         });
     let ctx = CallContext {
-        principal: ANONYMOUS.to_string(),
+        principal: principal.into(),
         agent_id: agent_id.clone(),
         idempotency_key,
     };

@@ -14,6 +14,7 @@
 //! | `p` | task id, 0, config id | `TaskPushNotificationConfig` JSON |
 //! | `k` | owner, 0, idempotency key | `IdempotencyRecord` JSON |
 //! | `a` | task id | empty: tasks an agent is working on (SUBMITTED, WORKING) |
+//! | `g` | agent id | `AgentRecord` JSON: registered agents |
 //!
 //! `order` is the status time inverted (u64::MAX - millis, big-endian) followed
 //! by the task id, so a forward scan yields the newest status first.
@@ -114,6 +115,11 @@ pub fn push_config(task_id: &str, config_id: &str) -> Vec<u8> {
 /// `a` key of a task an agent is working on; `active("")` is the prefix.
 pub fn active(task_id: &str) -> Vec<u8> {
     join(&[b"a", task_id.as_bytes()])
+}
+
+/// `g` key of a registered agent; `agent("")` is the prefix.
+pub fn agent(agent_id: &str) -> Vec<u8> {
+    join(&[b"g", agent_id.as_bytes()])
 }
 
 /// `k` key of an idempotency record.

@@ -564,6 +564,42 @@ impl Ledger {
         Ok(None)
     }
 
+    /// Stores a registered agent durably (any JSON-serializable record).
+    pub async fn put_agent<T: Serialize>(
+        &self,
+        agent_id: &str,
+        record: &T,
+    ) -> Result<(), LedgerError> {
+        let ticket = {
+            let _guard = self.write_lock.lock().expect("ledger lock");
+            self.tree
+                .insert(keys::agent(agent_id), serde_json::to_vec(record)?)?;
+            self.flusher.note_write(Vec::new())
+        };
+        self.flusher.wait_durable(ticket).await;
+        Ok(())
+    }
+
+    /// Deletes a registered agent durably.
+    pub async fn delete_agent(&self, agent_id: &str) -> Result<(), LedgerError> {
+        let ticket = {
+            let _guard = self.write_lock.lock().expect("ledger lock");
+            self.tree.remove(keys::agent(agent_id))?;
+            self.flusher.note_write(Vec::new())
+        };
+        self.flusher.wait_durable(ticket).await;
+        Ok(())
+    }
+
+    /// Every registered agent, by id.
+    pub fn agents<T: serde::de::DeserializeOwned>(&self) -> Result<Vec<T>, LedgerError> {
+        self.tree
+            .scan_prefix(keys::agent(""))
+            .values()
+            .map(|value| Ok(serde_json::from_slice(&value?)?))
+            .collect()
+    }
+
     /// Forgets an idempotency key whose send created nothing.
     pub async fn release_idempotency(&self, owner: &str, key: &str) -> Result<(), LedgerError> {
         let ticket = {

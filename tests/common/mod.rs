@@ -5,10 +5,12 @@
 pub mod agents;
 
 use baton::agents::{Agent, AgentHandle, builtin_agents};
+use baton::auth::KeyStore;
 use baton::gateway::{Gateway, GatewaySettings};
 use baton::netguard::OutboundPolicy;
 use baton::push::{PushDispatcher, PushSettings};
-use baton::registry::Directory;
+use baton::registry::fetch::CardFetcher;
+use baton::registry::{Directory, Registry};
 use baton::server::{self, AppState, ServerSettings};
 use baton::store::Ledger;
 use futures::StreamExt;
@@ -30,6 +32,11 @@ pub struct BatonBuilder {
     allow_loopback: bool,
     max_body_bytes: usize,
     push_settings: PushSettings,
+    api_keys: Option<String>,
+}
+
+fn directory_secured(registry: &Registry, keys: &KeyStore) {
+    registry.directory().set_secured(!keys.is_open());
 }
 
 /// A builder with the built-in agents, `echo` as default, push on and
@@ -45,6 +52,7 @@ pub fn baton() -> BatonBuilder {
             initial_backoff: Duration::from_millis(50),
             ..PushSettings::default()
         },
+        api_keys: None,
     }
 }
 
@@ -76,6 +84,12 @@ impl BatonBuilder {
         self
     }
 
+    /// Requires API keys: `"acme=KEY1,globex=KEY2"`.
+    pub fn api_keys(mut self, keys: &str) -> Self {
+        self.api_keys = Some(keys.into());
+        self
+    }
+
     /// Caps request bodies.
     pub fn max_body_bytes(mut self, bytes: usize) -> Self {
         self.max_body_bytes = bytes;
@@ -93,15 +107,24 @@ impl BatonBuilder {
                 Vec::new()
             },
         };
-        let push = PushDispatcher::start(&ledger, policy, self.push_settings);
+        let push = PushDispatcher::start(&ledger, policy.clone(), self.push_settings);
         let shutdown_token = CancellationToken::new();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let base = format!("http://127.0.0.1:{}", addr.port());
-        let directory = Directory::with_agents(&base, self.push_enabled, "local", self.agents);
+        let directory = Arc::new(Directory::new(&base, self.push_enabled));
+        let registry = Arc::new(Registry::new(
+            ledger.clone(),
+            directory.clone(),
+            CardFetcher::new(policy.clone(), Duration::from_secs(2), 1024 * 1024),
+            baton::launch::remote_agents(policy),
+        ));
+        for handle in self.agents {
+            registry.add_builtin(handle, "local");
+        }
         let gateway = Gateway::new(
             ledger.clone(),
-            Arc::new(directory),
+            directory,
             push,
             GatewaySettings {
                 task_timeout: Duration::from_secs(30),
@@ -109,8 +132,12 @@ impl BatonBuilder {
             },
             shutdown_token,
         );
+        let keys = KeyStore::load(None, self.api_keys.as_deref()).expect("test keys");
+        directory_secured(&registry, &keys);
         let state = AppState::new(
             gateway.clone(),
+            registry.clone(),
+            keys,
             ServerSettings {
                 public_url: base.clone(),
                 default_agent: self.default_agent,
@@ -133,6 +160,7 @@ impl BatonBuilder {
             base,
             http: reqwest::Client::new(),
             gateway,
+            registry,
             ledger,
             next_id: AtomicU64::new(1),
             stop: Some(stop),
@@ -152,6 +180,8 @@ pub struct TestBaton {
     pub gateway: Arc<Gateway>,
     /// Its ledger.
     pub ledger: Arc<Ledger>,
+    /// Its agent registry.
+    pub registry: Arc<Registry>,
     next_id: AtomicU64,
     stop: Option<oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,

@@ -1,0 +1,71 @@
+//! The registry's record of an agent, as stored in the ledger and returned by
+//! the registry methods (DESIGN.md §4).
+
+use crate::protocol::AgentCard;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Health of an agent, from the periodic card re-fetch.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Health {
+    /// `unknown` until checked, then `healthy` or `unhealthy`.
+    pub status: HealthStatus,
+    /// When it was last checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checked: Option<DateTime<Utc>>,
+    /// Round trip of the last check, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<u64>,
+    /// Why the last check failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Health states.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HealthStatus {
+    /// Not checked yet.
+    #[default]
+    Unknown,
+    /// The last check succeeded.
+    Healthy,
+    /// The last check failed.
+    Unhealthy,
+}
+
+/// An agent as the registry knows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRecord {
+    /// The agent id: path segment and tenant.
+    pub id: String,
+    /// The agency that registered it.
+    pub owner: String,
+    /// The card as registered.
+    pub card: AgentCard,
+    /// The card as Baton publishes it.
+    pub published_card: AgentCard,
+    /// ETag of the published card.
+    pub etag: String,
+    /// First registration.
+    pub registered_at: DateTime<Utc>,
+    /// Last change.
+    pub updated_at: DateTime<Utc>,
+    /// Last health check.
+    #[serde(default)]
+    pub health: Health,
+    /// Where the card was fetched from, when registered by URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub card_url: Option<String>,
+    /// JSON Schemas of skill outputs, by skill id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skill_output_schemas: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The agent's task timeout, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_timeout_ms: Option<u64>,
+    /// Served in-process by Baton rather than over the network.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub builtin: bool,
+}

@@ -1,0 +1,84 @@
+//! The registry's JSON-RPC methods at `POST /registry`, and the read-only
+//! search at `GET /registry/agents`.
+
+use super::service::{IdParams, RegisterParams, Registry, SearchParams};
+use crate::error::GatewayError;
+use crate::jsonrpc::RpcRequest;
+use crate::jsonrpc::dispatch::{error_reply, json_reply};
+use crate::jsonrpc::envelope::{decode_params, success_body};
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde::Serialize;
+use serde_json::json;
+
+/// Registry method names, verbatim from DESIGN.md §4.
+pub mod methods {
+    /// RegisterAgent.
+    pub const REGISTER_AGENT: &str = "RegisterAgent";
+    /// UpdateAgent.
+    pub const UPDATE_AGENT: &str = "UpdateAgent";
+    /// DeregisterAgent.
+    pub const DEREGISTER_AGENT: &str = "DeregisterAgent";
+    /// GetAgent.
+    pub const GET_AGENT: &str = "GetAgent";
+    /// SearchAgents.
+    pub const SEARCH_AGENTS: &str = "SearchAgents";
+}
+
+fn reply<T: Serialize>(request: &RpcRequest<'_>, result: Result<T, GatewayError>) -> Response {
+    match result.and_then(|value| success_body(request.id, &value)) {
+        Ok(body) => json_reply(StatusCode::OK, body),
+        Err(err) => error_reply(Some(request.id), &err),
+    }
+}
+
+/// Serves one registry request for `principal`.
+pub async fn dispatch(registry: &Registry, principal: &str, request: RpcRequest<'_>) -> Response {
+    let params = request.params;
+    match request.method {
+        methods::REGISTER_AGENT => {
+            let result = match decode_params::<RegisterParams>(params) {
+                Ok(p) => registry
+                    .register(principal, p)
+                    .await
+                    .map(|agent| json!({ "agent": agent })),
+                Err(err) => Err(err),
+            };
+            reply(&request, result)
+        }
+        methods::UPDATE_AGENT => {
+            let result = match decode_params::<RegisterParams>(params) {
+                Ok(p) => registry
+                    .update(principal, p)
+                    .await
+                    .map(|agent| json!({ "agent": agent })),
+                Err(err) => Err(err),
+            };
+            reply(&request, result)
+        }
+        methods::DEREGISTER_AGENT => {
+            let result = match decode_params::<IdParams>(params) {
+                Ok(p) => registry
+                    .deregister(principal, &p.id)
+                    .await
+                    .map(|()| json!({})),
+                Err(err) => Err(err),
+            };
+            reply(&request, result)
+        }
+        methods::GET_AGENT => reply(
+            &request,
+            decode_params::<IdParams>(params)
+                .and_then(|p| registry.get(&p.id))
+                .map(|agent| json!({ "agent": agent })),
+        ),
+        methods::SEARCH_AGENTS => reply(
+            &request,
+            decode_params::<SearchParams>(params).and_then(|p| registry.search(&p)),
+        ),
+        other => error_reply(
+            Some(request.id),
+            &GatewayError::MethodNotFound(format!("{other:?} is not a registry method")),
+        ),
+    }
+}

@@ -1,0 +1,642 @@
+//! The registry methods (DESIGN.md §4): agencies register, update and remove
+//! their agents' cards; anyone with a key reads and searches them. Records
+//! live in the ledger; the directory routes to what is registered.
+
+use super::directory::Directory;
+use super::fetch::{CardFetcher, FetchError};
+use super::record::{AgentRecord, Health, HealthStatus};
+use super::schema::CardValidator;
+use crate::agents::{Agent, AgentHandle};
+use crate::error::{FieldViolation, GatewayError};
+use crate::gateway::validate::media_type_matches;
+use crate::protocol::AgentCard;
+use crate::store::Ledger;
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::Utc;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+/// Builds the agent that serves a registered card (a remote A2A agent).
+pub type AgentFactory =
+    Arc<dyn Fn(&str, &AgentCard) -> Result<Arc<dyn Agent>, String> + Send + Sync>;
+
+/// Params of `RegisterAgent` and `UpdateAgent`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegisterParams {
+    /// The agent id (derived from the card's name when absent on register).
+    #[serde(default)]
+    pub id: Option<String>,
+    /// The card, inline.
+    #[serde(default)]
+    pub card: Option<Value>,
+    /// Where to fetch the card.
+    #[serde(default, alias = "card_url")]
+    pub card_url: Option<String>,
+    /// JSON Schemas of skill outputs, by skill id.
+    #[serde(default, alias = "skill_output_schemas")]
+    pub skill_output_schemas: Option<Map<String, Value>>,
+    /// The agent's task timeout in milliseconds.
+    #[serde(default, alias = "task_timeout_ms")]
+    pub task_timeout_ms: Option<u64>,
+}
+
+/// Params of `GetAgent` and `DeregisterAgent`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct IdParams {
+    /// The agent id.
+    #[serde(default)]
+    pub id: String,
+}
+
+/// Params of `SearchAgents` (and the query of `GET /registry/agents`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SearchParams {
+    /// A skill id the agent declares.
+    #[serde(default)]
+    pub skill: Option<String>,
+    /// A tag of one of its skills.
+    #[serde(default)]
+    pub tag: Option<String>,
+    /// Words that must all appear in its names, descriptions or skills.
+    #[serde(default, alias = "q")]
+    pub query: Option<String>,
+    /// A media type it accepts.
+    #[serde(default, alias = "input_mode")]
+    pub input_mode: Option<String>,
+    /// A media type it produces.
+    #[serde(default, alias = "output_mode")]
+    pub output_mode: Option<String>,
+    /// Page size, 1 to 100 (default 50).
+    #[serde(
+        default,
+        alias = "page_size",
+        deserialize_with = "crate::protocol::wire::opt_int32::deserialize"
+    )]
+    pub page_size: Option<i32>,
+    /// Cursor from the previous page.
+    #[serde(default, alias = "page_token")]
+    pub page_token: Option<String>,
+}
+
+/// One page of search results.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SearchPage {
+    /// The agents, by id.
+    pub agents: Vec<AgentRecord>,
+    /// Cursor of the next page; empty on the last.
+    pub next_page_token: String,
+}
+
+/// The agent registry.
+pub struct Registry {
+    ledger: Arc<Ledger>,
+    directory: Arc<Directory>,
+    validator: CardValidator,
+    fetcher: CardFetcher,
+    connect: AgentFactory,
+    // std RwLock: map operations only, never held across .await.
+    records: RwLock<BTreeMap<String, AgentRecord>>,
+}
+
+fn not_found(id: &str) -> GatewayError {
+    GatewayError::invalid_field("id", format!("no agent {id:?} is registered"))
+}
+
+/// Agent ids: a letter or digit, then letters, digits, `.`, `_` or `-`.
+fn check_id(id: &str) -> Result<(), GatewayError> {
+    let valid = !id.is_empty()
+        && id.len() <= 64
+        && id.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if valid {
+        Ok(())
+    } else {
+        Err(GatewayError::invalid_field(
+            "id",
+            format!(
+                "{id:?} is not a valid agent id (1-64 of a-z, 0-9, '.', '_', '-', starting with a letter or digit)"
+            ),
+        ))
+    }
+}
+
+/// An id from a card name: `Billing Agent` → `billing-agent`.
+fn id_from_name(name: &str) -> String {
+    let mut id = String::new();
+    for c in name.chars() {
+        if c.is_ascii_alphanumeric() {
+            id.push(c.to_ascii_lowercase());
+        } else if !id.ends_with('-') && !id.is_empty() {
+            id.push('-');
+        }
+    }
+    let id = id.trim_end_matches('-');
+    id.chars().take(64).collect()
+}
+
+impl Registry {
+    /// A registry over `ledger`, routing through `directory`.
+    pub fn new(
+        ledger: Arc<Ledger>,
+        directory: Arc<Directory>,
+        fetcher: CardFetcher,
+        connect: AgentFactory,
+    ) -> Self {
+        Self {
+            ledger,
+            directory,
+            validator: CardValidator::new(),
+            fetcher,
+            connect,
+            records: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    /// The directory the registry feeds.
+    pub fn directory(&self) -> &Arc<Directory> {
+        &self.directory
+    }
+
+    /// Adds a built-in agent (not stored: it exists in every run).
+    pub fn add_builtin(&self, handle: AgentHandle, owner: &str) {
+        let now = Utc::now();
+        let card = handle.agent.card().clone();
+        let entry = self.directory.upsert(&handle.id, owner, handle.agent, now);
+        let record = AgentRecord {
+            id: handle.id.clone(),
+            owner: owner.to_string(),
+            card,
+            published_card: entry.card.card.clone(),
+            etag: entry.card.etag.clone(),
+            registered_at: now,
+            updated_at: now,
+            health: Health {
+                status: HealthStatus::Healthy,
+                last_checked: Some(now),
+                latency_ms: Some(0),
+                error: None,
+            },
+            card_url: None,
+            skill_output_schemas: None,
+            task_timeout_ms: None,
+            builtin: true,
+        };
+        self.records
+            .write()
+            .expect("registry lock")
+            .insert(handle.id, record);
+    }
+
+    /// Routes to every agent registered in earlier runs; returns how many.
+    pub fn load(&self) -> Result<usize, GatewayError> {
+        let stored: Vec<AgentRecord> = self.ledger.agents()?;
+        let mut loaded = 0;
+        for record in stored {
+            match (self.connect)(&record.id, &record.card) {
+                Ok(agent) => {
+                    self.directory
+                        .upsert(&record.id, &record.owner, agent, record.updated_at);
+                    self.records
+                        .write()
+                        .expect("registry lock")
+                        .insert(record.id.clone(), record);
+                    loaded += 1;
+                }
+                Err(err) => {
+                    tracing::error!(agent = %record.id, %err, "cannot route to a stored agent")
+                }
+            }
+        }
+        Ok(loaded)
+    }
+
+    /// Registers every `*.json` card in `dir` under `owner`, skipping ids
+    /// already served (the built-in agents' own cards live there too).
+    pub async fn register_card_files(
+        &self,
+        dir: &Path,
+        owner: &str,
+    ) -> Result<usize, GatewayError> {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Ok(0);
+        };
+        let mut paths: Vec<_> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|ext| ext == "json"))
+            .collect();
+        paths.sort();
+        let mut registered = 0;
+        for path in paths {
+            let Some(id) = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .map(str::to_string)
+            else {
+                continue;
+            };
+            if self
+                .records
+                .read()
+                .expect("registry lock")
+                .get(&id)
+                .is_some_and(|r| r.builtin)
+            {
+                continue;
+            }
+            let card = std::fs::read_to_string(&path)
+                .map_err(|e| GatewayError::Internal(format!("{}: {e}", path.display())))
+                .and_then(|text| {
+                    serde_json::from_str::<Value>(&text)
+                        .map_err(|e| GatewayError::Internal(format!("{}: {e}", path.display())))
+                });
+            let params = RegisterParams {
+                id: Some(id.clone()),
+                card: Some(card?),
+                ..RegisterParams::default()
+            };
+            let exists = self
+                .records
+                .read()
+                .expect("registry lock")
+                .contains_key(&id);
+            let result = if exists {
+                self.update(owner, params).await
+            } else {
+                self.register(owner, params).await
+            };
+            match result {
+                Ok(_) => registered += 1,
+                Err(err) => tracing::error!(path = %path.display(), %err, "card not registered"),
+            }
+        }
+        Ok(registered)
+    }
+
+    /// The card of a register/update call, inline or fetched, validated.
+    async fn resolve_card(
+        &self,
+        params: &RegisterParams,
+    ) -> Result<(AgentCard, Option<String>), GatewayError> {
+        let (json, card_url) = match (&params.card, &params.card_url) {
+            (Some(card), None) => (card.clone(), None),
+            (None, Some(url)) => {
+                let fetched = self.fetcher.fetch(url).await.map_err(|err| {
+                    let description = match &err {
+                        FetchError::Refused(reason) => format!("refused: {reason}"),
+                        other => other.to_string(),
+                    };
+                    GatewayError::invalid_field("cardUrl", description)
+                })?;
+                (fetched.json, Some(fetched.url.to_string()))
+            }
+            _ => {
+                return Err(GatewayError::invalid_field(
+                    "card",
+                    "give exactly one of card and cardUrl",
+                ));
+            }
+        };
+        let card = self.validator.validate(&json).map_err(|violations| {
+            GatewayError::invalid_fields(
+                violations
+                    .into_iter()
+                    .map(|v| FieldViolation::new(format!("/card{}", v.field), v.description))
+                    .collect(),
+            )
+        })?;
+        if !card
+            .supported_interfaces
+            .iter()
+            .any(|i| i.protocol_binding == "JSONRPC")
+        {
+            return Err(GatewayError::invalid_field(
+                "/card/supportedInterfaces",
+                "Baton reaches agents over JSON-RPC: declare a JSONRPC interface",
+            ));
+        }
+        Ok((card, card_url))
+    }
+
+    /// `RegisterAgent`.
+    pub async fn register(
+        &self,
+        owner: &str,
+        params: RegisterParams,
+    ) -> Result<AgentRecord, GatewayError> {
+        if let Some(id) = &params.id {
+            check_id(id)?;
+        }
+        let (card, card_url) = self.resolve_card(&params).await?;
+        let id = match &params.id {
+            Some(id) => id.clone(),
+            None => {
+                // A derived id takes the first free suffix: billing, billing-2, ...
+                let base = id_from_name(&card.name);
+                check_id(&base)?;
+                let records = self.records.read().expect("registry lock");
+                (1..)
+                    .map(|n| {
+                        if n == 1 {
+                            base.clone()
+                        } else {
+                            format!("{base}-{n}")
+                        }
+                    })
+                    .find(|id| !records.contains_key(id))
+                    .unwrap_or(base)
+            }
+        };
+        if self
+            .records
+            .read()
+            .expect("registry lock")
+            .contains_key(&id)
+        {
+            return Err(GatewayError::invalid_field(
+                "id",
+                format!(
+                    "an agent {id:?} is already registered; choose another id, or UpdateAgent your own"
+                ),
+            ));
+        }
+        let now = Utc::now();
+        self.store(owner, &id, card, card_url, &params, now, now)
+            .await
+    }
+
+    /// `UpdateAgent`: the caller's own agents only.
+    pub async fn update(
+        &self,
+        owner: &str,
+        params: RegisterParams,
+    ) -> Result<AgentRecord, GatewayError> {
+        let Some(id) = params.id.clone() else {
+            return Err(GatewayError::invalid_field("id", "is required"));
+        };
+        let existing = self.owned(owner, &id)?;
+        let (card, card_url) = self.resolve_card(&params).await?;
+        let mut params = params;
+        params.skill_output_schemas = params
+            .skill_output_schemas
+            .or(existing.skill_output_schemas);
+        params.task_timeout_ms = params.task_timeout_ms.or(existing.task_timeout_ms);
+        self.store(
+            owner,
+            &id,
+            card,
+            card_url,
+            &params,
+            existing.registered_at,
+            Utc::now(),
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn store(
+        &self,
+        owner: &str,
+        id: &str,
+        card: AgentCard,
+        card_url: Option<String>,
+        params: &RegisterParams,
+        registered_at: chrono::DateTime<Utc>,
+        updated_at: chrono::DateTime<Utc>,
+    ) -> Result<AgentRecord, GatewayError> {
+        let agent = (self.connect)(id, &card)
+            .map_err(|e| GatewayError::invalid_field("/card/supportedInterfaces", e))?;
+        let entry = self.directory.upsert(id, owner, agent, updated_at);
+        let record = AgentRecord {
+            id: id.to_string(),
+            owner: owner.to_string(),
+            card,
+            published_card: entry.card.card.clone(),
+            etag: entry.card.etag.clone(),
+            registered_at,
+            updated_at,
+            health: Health::default(),
+            card_url,
+            skill_output_schemas: params.skill_output_schemas.clone(),
+            task_timeout_ms: params.task_timeout_ms,
+            builtin: false,
+        };
+        self.ledger.put_agent(id, &record).await?;
+        self.records
+            .write()
+            .expect("registry lock")
+            .insert(id.to_string(), record.clone());
+        tracing::info!(agent = id, owner, "agent registered");
+        Ok(record)
+    }
+
+    /// An agent the caller owns; others' agents are reported as not found.
+    fn owned(&self, owner: &str, id: &str) -> Result<AgentRecord, GatewayError> {
+        self.records
+            .read()
+            .expect("registry lock")
+            .get(id)
+            .filter(|record| record.owner == owner && !record.builtin)
+            .cloned()
+            .ok_or_else(|| not_found(id))
+    }
+
+    /// `DeregisterAgent`: the caller's own agents only.
+    pub async fn deregister(&self, owner: &str, id: &str) -> Result<(), GatewayError> {
+        self.owned(owner, id)?;
+        self.ledger.delete_agent(id).await?;
+        self.records.write().expect("registry lock").remove(id);
+        self.directory.remove(id);
+        tracing::info!(agent = id, owner, "agent removed");
+        Ok(())
+    }
+
+    /// `GetAgent`.
+    pub fn get(&self, id: &str) -> Result<AgentRecord, GatewayError> {
+        self.records
+            .read()
+            .expect("registry lock")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| not_found(id))
+    }
+
+    /// `SearchAgents`.
+    pub fn search(&self, params: &SearchParams) -> Result<SearchPage, GatewayError> {
+        let page_size = params.page_size.unwrap_or(50);
+        if !(1..=100).contains(&page_size) {
+            return Err(GatewayError::invalid_field(
+                "pageSize",
+                format!("must be between 1 and 100, got {page_size}"),
+            ));
+        }
+        let after = match params.page_token.as_deref().filter(|t| !t.is_empty()) {
+            None => None,
+            Some(token) => Some(
+                URL_SAFE_NO_PAD
+                    .decode(token)
+                    .ok()
+                    .and_then(|bytes| String::from_utf8(bytes).ok())
+                    .ok_or_else(|| {
+                        GatewayError::invalid_field(
+                            "pageToken",
+                            "is not a token this server issued",
+                        )
+                    })?,
+            ),
+        };
+        let records = self.records.read().expect("registry lock");
+        let mut matches = records
+            .values()
+            .filter(|record| after.as_ref().is_none_or(|after| record.id > *after))
+            .filter(|record| matches_search(&record.card, &record.id, params));
+        let agents: Vec<AgentRecord> = matches.by_ref().take(page_size as usize).cloned().collect();
+        let next_page_token = match (matches.next(), agents.last()) {
+            (Some(_), Some(last)) => URL_SAFE_NO_PAD.encode(last.id.as_bytes()),
+            _ => String::new(),
+        };
+        Ok(SearchPage {
+            agents,
+            next_page_token,
+        })
+    }
+
+    /// Re-fetches every remote agent's card once and records its health; a
+    /// card registered by URL that changed (and still validates) is updated.
+    pub async fn check_health(&self) {
+        let remote: Vec<AgentRecord> = self
+            .records
+            .read()
+            .expect("registry lock")
+            .values()
+            .filter(|record| !record.builtin)
+            .cloned()
+            .collect();
+        for record in remote {
+            let location = record.card_url.clone().or_else(|| {
+                let interface = record.card.supported_interfaces.first()?;
+                let url = reqwest::Url::parse(&interface.url).ok()?;
+                Some(url.origin().ascii_serialization())
+            });
+            let Some(location) = location else {
+                continue;
+            };
+            let now = Utc::now();
+            let health = match self.fetcher.fetch(&location).await {
+                Ok(fetched) => {
+                    if record.card_url.is_some()
+                        && let Ok(card) = self.validator.validate(&fetched.json)
+                        && card != record.card
+                    {
+                        let params = RegisterParams {
+                            id: Some(record.id.clone()),
+                            card: Some(fetched.json.clone()),
+                            ..RegisterParams::default()
+                        };
+                        if let Err(err) = self.update(&record.owner, params).await {
+                            tracing::warn!(agent = %record.id, %err, "changed card not taken");
+                        }
+                    }
+                    Health {
+                        status: HealthStatus::Healthy,
+                        last_checked: Some(now),
+                        latency_ms: Some(fetched.latency.as_millis() as u64),
+                        error: None,
+                    }
+                }
+                Err(err) => Health {
+                    status: HealthStatus::Unhealthy,
+                    last_checked: Some(now),
+                    latency_ms: None,
+                    error: Some(err.to_string()),
+                },
+            };
+            if let Some(stored) = self
+                .records
+                .write()
+                .expect("registry lock")
+                .get_mut(&record.id)
+            {
+                stored.health = health;
+            }
+        }
+    }
+}
+
+/// Whether a card matches every given search filter.
+fn matches_search(card: &AgentCard, id: &str, params: &SearchParams) -> bool {
+    let eq = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
+    if let Some(skill) = &params.skill
+        && !card.skills.iter().any(|s| eq(&s.id, skill))
+    {
+        return false;
+    }
+    if let Some(tag) = &params.tag
+        && !card.skills.iter().flat_map(|s| &s.tags).any(|t| eq(t, tag))
+    {
+        return false;
+    }
+    let modes_match =
+        |wanted: &Option<String>, card_modes: &[String], skill_modes: Vec<&String>| {
+            wanted.as_ref().is_none_or(|wanted| {
+                card_modes
+                    .iter()
+                    .chain(skill_modes)
+                    .any(|mode| media_type_matches(mode, wanted))
+            })
+        };
+    let skill_inputs = card.skills.iter().flat_map(|s| &s.input_modes).collect();
+    if !modes_match(&params.input_mode, &card.default_input_modes, skill_inputs) {
+        return false;
+    }
+    let skill_outputs = card.skills.iter().flat_map(|s| &s.output_modes).collect();
+    if !modes_match(
+        &params.output_mode,
+        &card.default_output_modes,
+        skill_outputs,
+    ) {
+        return false;
+    }
+    if let Some(query) = &params.query {
+        let mut text = format!("{id} {} {}", card.name, card.description);
+        for skill in &card.skills {
+            text.push(' ');
+            text.push_str(&[skill.id.as_str(), &skill.name, &skill.description].join(" "));
+            for word in skill.tags.iter().chain(&skill.examples) {
+                text.push(' ');
+                text.push_str(word);
+            }
+        }
+        let text = text.to_lowercase();
+        if !query
+            .split_whitespace()
+            .all(|term| text.contains(&term.to_lowercase()))
+        {
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids() {
+        assert_eq!(id_from_name("Billing Agent (EU)"), "billing-agent-eu");
+        assert!(check_id("billing-agent").is_ok());
+        assert!(check_id("-x").is_err());
+        assert!(check_id("a/b").is_err());
+        assert!(check_id("").is_err());
+    }
+}

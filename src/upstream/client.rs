@@ -1,0 +1,716 @@
+//! `UpstreamClient`: A2A 1.0 JSON-RPC over HTTP to one agent endpoint.
+//!
+//! Every request carries `A2A-Version: 1.0` and `Content-Type:
+//! application/json`, and the endpoint's tenant. Every connection passes the
+//! outbound guard: IP-literal URLs are checked before sending, names are
+//! checked after resolution. Answers are checked at two levels, so faults
+//! stay distinct (see the module doc of [`crate::upstream`]): the JSON-RPC
+//! envelope (version, id, exactly one of `result`/`error`), then the result
+//! as the A2A object the method returns, with its required fields.
+
+use super::sse::{SseDecoder, SseEvent};
+use super::{UpstreamConfigError, UpstreamSettings};
+use crate::agents::AgentError;
+use crate::netguard::OutboundPolicy;
+use crate::protocol::{
+    AgentCard, CancelTaskRequest, GetTaskRequest, Message, PROTOCOL_VERSION, SendMessageRequest,
+    SendMessageResponse, StreamResponse, SubscribeToTaskRequest, Task, TaskState, methods,
+};
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The header naming the A2A version of a request.
+pub const VERSION_HEADER: &str = "A2A-Version";
+/// The protocol binding a card must declare for this client.
+pub const JSONRPC_BINDING: &str = "JSONRPC";
+const APPLICATION_JSON: &str = "application/json";
+const EVENT_STREAM: &str = "text/event-stream";
+/// How much of a bad body an error message quotes.
+const SNIPPET_CHARS: usize = 160;
+
+/// A JSON-RPC client for one A2A agent endpoint.
+#[derive(Debug)]
+pub struct UpstreamClient {
+    http: reqwest::Client,
+    policy: OutboundPolicy,
+    url: reqwest::Url,
+    tenant: String,
+    settings: UpstreamSettings,
+    next_id: AtomicU64,
+}
+
+impl UpstreamClient {
+    /// A client for the endpoint `url`, putting `tenant` (may be empty) in
+    /// every request, connecting only where `policy` allows.
+    pub fn new(
+        url: &str,
+        tenant: impl Into<String>,
+        policy: &OutboundPolicy,
+        settings: UpstreamSettings,
+    ) -> Result<Self, UpstreamConfigError> {
+        let parsed = reqwest::Url::parse(url.trim())
+            .map_err(|e| UpstreamConfigError::BadUrl(format!("{url:?} is not a URL: {e}")))?;
+        if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+            return Err(UpstreamConfigError::BadUrl(format!(
+                "{url:?} must be an absolute http or https URL"
+            )));
+        }
+        // No total timeout (`OutboundPolicy::client` sets one): streams must
+        // outlive it. Unary calls set theirs per request.
+        let http = policy
+            .client_builder()
+            .connect_timeout(settings.connect_timeout)
+            .build()
+            .map_err(|e| UpstreamConfigError::Client(e.to_string()))?;
+        Ok(Self {
+            http,
+            policy: policy.clone(),
+            url: parsed,
+            tenant: tenant.into(),
+            settings,
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// A client for the card's first `JSONRPC` interface (its URL and tenant).
+    pub fn for_card(
+        card: &AgentCard,
+        policy: &OutboundPolicy,
+        settings: UpstreamSettings,
+    ) -> Result<Self, UpstreamConfigError> {
+        let interface = card
+            .supported_interfaces
+            .iter()
+            .find(|i| i.protocol_binding.eq_ignore_ascii_case(JSONRPC_BINDING))
+            .ok_or_else(|| UpstreamConfigError::NoJsonRpcInterface(card.name.clone()))?;
+        Self::new(&interface.url, interface.tenant.clone(), policy, settings)
+    }
+
+    /// The endpoint.
+    pub fn url(&self) -> &reqwest::Url {
+        &self.url
+    }
+
+    /// The tenant sent in every request (empty for none).
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    /// Timeouts, polling and limits.
+    pub fn settings(&self) -> &UpstreamSettings {
+        &self.settings
+    }
+
+    /// `SendMessage`: a task or a direct message.
+    pub async fn send_message(
+        &self,
+        mut request: SendMessageRequest,
+    ) -> Result<SendMessageResponse, AgentError> {
+        request.tenant = self.tenant.clone();
+        self.call(methods::SEND_MESSAGE, &request).await
+    }
+
+    /// `SendStreamingMessage`: the stream of the task's events, or a single
+    /// message. An error before the stream starts is returned here.
+    pub async fn send_streaming_message(
+        &self,
+        mut request: SendMessageRequest,
+    ) -> Result<UpstreamStream, AgentError> {
+        request.tenant = self.tenant.clone();
+        self.open_stream(methods::SEND_STREAMING_MESSAGE, &request)
+            .await
+    }
+
+    /// `GetTask`.
+    pub async fn get_task(&self, mut request: GetTaskRequest) -> Result<Task, AgentError> {
+        request.tenant = self.tenant.clone();
+        self.call(methods::GET_TASK, &request).await
+    }
+
+    /// `CancelTask`: the task as the agent left it.
+    pub async fn cancel_task(&self, mut request: CancelTaskRequest) -> Result<Task, AgentError> {
+        request.tenant = self.tenant.clone();
+        self.call(methods::CANCEL_TASK, &request).await
+    }
+
+    /// `SubscribeToTask`: the task, then its later events.
+    pub async fn subscribe_to_task(
+        &self,
+        mut request: SubscribeToTaskRequest,
+    ) -> Result<UpstreamStream, AgentError> {
+        request.tenant = self.tenant.clone();
+        self.open_stream(methods::SUBSCRIBE_TO_TASK, &request).await
+    }
+
+    fn label(&self, method: &str) -> String {
+        format!("{method} to {}", self.url)
+    }
+
+    /// The request for one call: guard checked, envelope and headers set.
+    fn request(
+        &self,
+        method: &str,
+        params: &impl Serialize,
+        accept: &str,
+    ) -> Result<(u64, reqwest::RequestBuilder), AgentError> {
+        // Resolvers never see IP literals, so those are checked here.
+        self.policy.check_url(&self.url).map_err(|reason| {
+            AgentError::Unreachable(format!("{}: {reason}", self.label(method)))
+        })?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let body = serde_json::to_vec(&json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "method": method,
+            "params": params,
+        }))
+        .map_err(|e| AgentError::Failed(format!("cannot encode {method} params: {e}")))?;
+        let request = self
+            .http
+            .post(self.url.clone())
+            .header(VERSION_HEADER, PROTOCOL_VERSION)
+            .header(CONTENT_TYPE, APPLICATION_JSON)
+            .header(ACCEPT, accept)
+            .body(body);
+        Ok((id, request))
+    }
+
+    /// One unary call, its result parsed as `T`.
+    async fn call<T: A2aResult>(
+        &self,
+        method: &str,
+        params: &impl Serialize,
+    ) -> Result<T, AgentError> {
+        let label = self.label(method);
+        let (id, request) = self.request(method, params, APPLICATION_JSON)?;
+        tracing::debug!(upstream = %self.url, method, id, "calling agent");
+        // reqwest's per-request timeout covers connecting, sending and
+        // reading the whole body.
+        let response = request
+            .timeout(self.settings.request_timeout)
+            .send()
+            .await
+            .map_err(|e| transport(&label, e))?;
+        let status = response.status();
+        let content_type = content_type(&response);
+        let body = read_body(&label, response, self.settings.max_body_bytes).await?;
+        decode_reply(&label, id, status, &content_type, &body)
+    }
+
+    /// Opens a streaming call.
+    async fn open_stream(
+        &self,
+        method: &str,
+        params: &impl Serialize,
+    ) -> Result<UpstreamStream, AgentError> {
+        let label = self.label(method);
+        let (id, request) = self.request(method, params, EVENT_STREAM)?;
+        tracing::debug!(upstream = %self.url, method, id, "opening agent stream");
+        let timeout = self.settings.request_timeout;
+        let timed_out = || AgentError::Timeout(format!("{label}: no answer within {timeout:?}"));
+        let response = tokio::time::timeout(timeout, request.send())
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|e| transport(&label, e))?;
+        let status = response.status();
+        let content_type = content_type(&response);
+        let mut stream = UpstreamStream {
+            label: label.clone(),
+            id,
+            response: None,
+            decoder: SseDecoder::default(),
+            ready: VecDeque::new(),
+            idle_timeout: self.settings.stream_idle_timeout,
+            max_bytes: self.settings.max_body_bytes,
+            done: false,
+        };
+        if status.is_success() && content_type.to_ascii_lowercase().starts_with(EVENT_STREAM) {
+            stream.response = Some(response);
+            return Ok(stream);
+        }
+        // Errors before the stream come as one plain JSON-RPC response (and
+        // an agent may answer a stream request with a single result).
+        let body = tokio::time::timeout(
+            timeout,
+            read_body(&label, response, self.settings.max_body_bytes),
+        )
+        .await
+        .map_err(|_| timed_out())??;
+        let event: StreamResponse = decode_reply(&label, id, status, &content_type, &body)?;
+        stream.ready.push_back(Ok(event));
+        Ok(stream)
+    }
+}
+
+/// The events of a streaming call, decoded and checked one by one.
+#[derive(Debug)]
+pub struct UpstreamStream {
+    label: String,
+    id: u64,
+    response: Option<reqwest::Response>,
+    decoder: SseDecoder,
+    ready: VecDeque<Result<StreamResponse, AgentError>>,
+    idle_timeout: std::time::Duration,
+    max_bytes: usize,
+    done: bool,
+}
+
+impl UpstreamStream {
+    /// The next event; `None` once the stream has ended. After an error the
+    /// stream is over.
+    pub async fn next(&mut self) -> Option<Result<StreamResponse, AgentError>> {
+        loop {
+            if self.done {
+                return None;
+            }
+            if let Some(result) = self.ready.pop_front() {
+                self.done = result.is_err();
+                return Some(result);
+            }
+            let Some(response) = self.response.as_mut() else {
+                self.done = true;
+                return None;
+            };
+            let chunk = match tokio::time::timeout(self.idle_timeout, response.chunk()).await {
+                Err(_) => Err(AgentError::Timeout(format!(
+                    "{}: the stream was silent for {:?}",
+                    self.label, self.idle_timeout
+                ))),
+                Ok(Err(err)) => Err(transport(&self.label, err)),
+                Ok(Ok(None)) => {
+                    self.done = true;
+                    return None;
+                }
+                Ok(Ok(Some(chunk))) => Ok(chunk),
+            };
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                Err(err) => {
+                    self.done = true;
+                    return Some(Err(err));
+                }
+            };
+            for event in self.decoder.push(&chunk) {
+                let decoded = decode_event(&self.label, self.id, &event);
+                self.ready.push_back(decoded);
+            }
+            if self.decoder.pending_bytes() > self.max_bytes {
+                self.ready
+                    .push_back(Err(AgentError::InvalidResponse(format!(
+                        "{}: a stream event is larger than {} bytes",
+                        self.label, self.max_bytes
+                    ))));
+            }
+        }
+    }
+}
+
+/// An A2A object a method returns, with the checks serde cannot express
+/// (required fields, which the lenient wire types default).
+trait A2aResult: DeserializeOwned {
+    /// The A2A type name, for messages.
+    const NAME: &'static str;
+    /// Why the object is not valid A2A, if it is not.
+    fn check(&self) -> Result<(), String>;
+}
+
+impl A2aResult for Task {
+    const NAME: &'static str = "Task";
+    fn check(&self) -> Result<(), String> {
+        check_task(self)
+    }
+}
+
+impl A2aResult for SendMessageResponse {
+    const NAME: &'static str = "SendMessageResponse";
+    fn check(&self) -> Result<(), String> {
+        match self {
+            Self::Task(task) => check_task(task).map_err(|e| format!("task.{e}")),
+            Self::Message(message) => check_message(message).map_err(|e| format!("message.{e}")),
+        }
+    }
+}
+
+impl A2aResult for StreamResponse {
+    const NAME: &'static str = "StreamResponse";
+    fn check(&self) -> Result<(), String> {
+        match self {
+            Self::Task(task) => check_task(task).map_err(|e| format!("task.{e}")),
+            Self::Message(message) => check_message(message).map_err(|e| format!("message.{e}")),
+            Self::StatusUpdate(update) => {
+                if update.task_id.is_empty() {
+                    Err("statusUpdate.taskId is missing".into())
+                } else if update.status.state == TaskState::Unspecified {
+                    Err("statusUpdate.status.state is missing".into())
+                } else {
+                    Ok(())
+                }
+            }
+            Self::ArtifactUpdate(update) => {
+                if update.task_id.is_empty() {
+                    Err("artifactUpdate.taskId is missing".into())
+                } else if update.artifact.artifact_id.is_empty() {
+                    Err("artifactUpdate.artifact.artifactId is missing".into())
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
+fn check_task(task: &Task) -> Result<(), String> {
+    if task.id.is_empty() {
+        return Err("id is missing".into());
+    }
+    if task.status.state == TaskState::Unspecified {
+        return Err("status.state is missing".into());
+    }
+    if let Some(i) = task.artifacts.iter().position(|a| a.artifact_id.is_empty()) {
+        return Err(format!("artifacts[{i}].artifactId is missing"));
+    }
+    Ok(())
+}
+
+fn check_message(message: &Message) -> Result<(), String> {
+    if message.message_id.is_empty() {
+        return Err("messageId is missing".into());
+    }
+    if message.parts.is_empty() {
+        return Err("parts is empty".into());
+    }
+    Ok(())
+}
+
+/// A transport failure: no answer in time, or no connection at all.
+fn transport(label: &str, err: reqwest::Error) -> AgentError {
+    let timeout = err.is_timeout();
+    let detail = format!("{label}: {}", error_chain(&err.without_url()));
+    if timeout {
+        AgentError::Timeout(detail)
+    } else {
+        AgentError::Unreachable(detail)
+    }
+}
+
+/// An error and its causes, which say what actually failed (refused,
+/// reset, the guard's reason).
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+fn content_type(response: &reqwest::Response) -> String {
+    response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Reads a whole body, refusing more than `limit` bytes.
+async fn read_body(
+    label: &str,
+    mut response: reqwest::Response,
+    limit: usize,
+) -> Result<Vec<u8>, AgentError> {
+    let too_large =
+        || AgentError::InvalidResponse(format!("{label}: the answer is larger than {limit} bytes"));
+    if response
+        .content_length()
+        .is_some_and(|len| len > limit as u64)
+    {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| transport(label, e))? {
+        if body.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+fn snippet(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes)
+        .chars()
+        .take(SNIPPET_CHARS)
+        .collect()
+}
+
+/// A unary answer: JSON, then a JSON-RPC response to request `id`, then `T`.
+fn decode_reply<T: A2aResult>(
+    label: &str,
+    id: u64,
+    status: reqwest::StatusCode,
+    content_type: &str,
+    body: &[u8],
+) -> Result<T, AgentError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        AgentError::NotJson(format!(
+            "{label}: HTTP {status} ({content_type:?}) is not JSON ({e}); it begins {:?}",
+            snippet(body)
+        ))
+    })?;
+    let result = rpc_result(label, id, value)?;
+    parse_result(label, result)
+}
+
+/// One SSE event: a JSON-RPC response (or, as `event: error`, an error).
+fn decode_event(label: &str, id: u64, event: &SseEvent) -> Result<StreamResponse, AgentError> {
+    let value: Value = serde_json::from_str(&event.data).map_err(|e| {
+        AgentError::NotJson(format!(
+            "{label}: a stream event is not JSON ({e}); it begins {:?}",
+            snippet(event.data.as_bytes())
+        ))
+    })?;
+    if event.event == "error" {
+        // Servers send either a whole JSON-RPC error response or the bare
+        // error object here.
+        if value.get("error").is_some() {
+            rpc_result(label, id, value)?;
+            return Err(AgentError::InvalidResponse(format!(
+                "{label}: an error event carries no error"
+            )));
+        }
+        return Err(refused(label, value));
+    }
+    let result = rpc_result(label, id, value)?;
+    parse_result(label, result)
+}
+
+/// The `result` of a JSON-RPC 2.0 response to request `id`; its `error` as
+/// `Refused`; anything else is not a valid response.
+fn rpc_result(label: &str, id: u64, value: Value) -> Result<Value, AgentError> {
+    let invalid = |why: String| {
+        AgentError::InvalidResponse(format!("{label}: not a JSON-RPC response: {why}"))
+    };
+    let Value::Object(mut object) = value else {
+        return Err(invalid("the answer is not an object".into()));
+    };
+    if object.get("jsonrpc") != Some(&json!("2.0")) {
+        return Err(invalid(format!(
+            "jsonrpc is {}, not \"2.0\"",
+            object.get("jsonrpc").unwrap_or(&Value::Null)
+        )));
+    }
+    let answer_id = object.remove("id").unwrap_or(Value::Null);
+    match (object.remove("result"), object.remove("error")) {
+        (Some(_), Some(_)) => Err(invalid("both result and error are set".into())),
+        (None, None) => Err(invalid("neither result nor error is set".into())),
+        (None, Some(error)) => {
+            // A server that could not read the request id answers with null.
+            if answer_id != json!(id) && !answer_id.is_null() {
+                return Err(invalid(format!("it answers request {answer_id}, not {id}")));
+            }
+            Err(refused(label, error))
+        }
+        (Some(result), None) => {
+            if answer_id != json!(id) {
+                return Err(invalid(format!("it answers request {answer_id}, not {id}")));
+            }
+            Ok(result)
+        }
+    }
+}
+
+/// A JSON-RPC error object, passed on as it is.
+fn refused(label: &str, error: Value) -> AgentError {
+    match error.get("code").and_then(Value::as_i64) {
+        Some(code) => AgentError::Refused {
+            code,
+            message: error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            data: error.get("data").cloned(),
+        },
+        None => AgentError::InvalidResponse(format!(
+            "{label}: the error object has no integer code: {}",
+            snippet(error.to_string().as_bytes())
+        )),
+    }
+}
+
+fn parse_result<T: A2aResult>(label: &str, result: Value) -> Result<T, AgentError> {
+    let invalid = |why: String| {
+        AgentError::InvalidResponse(format!(
+            "{label}: the result is not a valid {}: {why}",
+            T::NAME
+        ))
+    };
+    let parsed: T = serde_path_to_error::deserialize(result).map_err(|e| invalid(e.to_string()))?;
+    parsed.check().map_err(invalid)?;
+    Ok(parsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_classified() {
+        let ok_task = br#"{"jsonrpc":"2.0","id":7,"result":{"id":"t","status":{"state":"TASK_STATE_WORKING"}}}"#;
+        let status = reqwest::StatusCode::OK;
+        let task: Task = decode_reply("x", 7, status, "", ok_task).unwrap();
+        assert_eq!(task.id, "t");
+
+        let cases: &[(&[u8], &str)] = &[
+            (b"<html>oops</html>", "NotJson"),
+            (br#"{"jsonrpc":"2.0","id":7,"result":{"bogus":true}}"#, "InvalidResponse"),
+            (br#"{"id":7,"result":{"id":"t"}}"#, "InvalidResponse"),
+            (br#"{"jsonrpc":"2.0","id":8,"result":{"id":"t","status":{"state":"TASK_STATE_WORKING"}}}"#, "InvalidResponse"),
+            (br#"{"jsonrpc":"2.0","id":7}"#, "InvalidResponse"),
+            (br#"[1,2]"#, "InvalidResponse"),
+            (br#"{"jsonrpc":"2.0","id":7,"error":{"message":"no code"}}"#, "InvalidResponse"),
+            (br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32001,"message":"gone","data":[1]}}"#, "Refused"),
+        ];
+        for (body, kind) in cases {
+            let err = decode_reply::<Task>("x", 7, status, "", body).unwrap_err();
+            let got = format!("{err:?}");
+            assert!(
+                got.starts_with(kind),
+                "{}: {got}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        let err = decode_reply::<Task>(
+            "x",
+            7,
+            status,
+            "",
+            br#"{"jsonrpc":"2.0","id":7,"error":{"code":-32001,"message":"gone","data":[1]}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            AgentError::Refused {
+                code: -32001,
+                message: "gone".into(),
+                data: Some(json!([1])),
+            }
+        );
+        // A direct reply must have an id and content.
+        let err = decode_reply::<SendMessageResponse>(
+            "x",
+            7,
+            status,
+            "",
+            br#"{"jsonrpc":"2.0","id":7,"result":{"message":{"role":"ROLE_AGENT"}}}"#,
+        )
+        .unwrap_err();
+        assert!(matches!(err, AgentError::InvalidResponse(_)), "{err:?}");
+    }
+
+    #[test]
+    fn error_events_are_refusals() {
+        let event = |event: &str, data: &str| SseEvent {
+            event: event.into(),
+            data: data.into(),
+        };
+        let bare = decode_event(
+            "x",
+            1,
+            &event("error", r#"{"code":-32603,"message":"boom"}"#),
+        );
+        assert!(matches!(
+            bare,
+            Err(AgentError::Refused { code: -32603, .. })
+        ));
+        let wrapped = decode_event(
+            "x",
+            1,
+            &event(
+                "error",
+                r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32004,"message":"no"}}"#,
+            ),
+        );
+        assert!(matches!(
+            wrapped,
+            Err(AgentError::Refused { code: -32004, .. })
+        ));
+        let update = decode_event(
+            "x",
+            1,
+            &event(
+                "",
+                r#"{"jsonrpc":"2.0","id":1,"result":{"statusUpdate":{"taskId":"t","status":{"state":"TASK_STATE_COMPLETED"}}}}"#,
+            ),
+        );
+        assert!(matches!(update, Ok(StreamResponse::StatusUpdate(_))));
+        let garbage = decode_event("x", 1, &event("", "not json"));
+        assert!(matches!(garbage, Err(AgentError::NotJson(_))));
+    }
+
+    #[tokio::test]
+    async fn the_guard_refuses_before_connecting() {
+        let client = UpstreamClient::new(
+            "http://127.0.0.1:9/a2a",
+            "",
+            &OutboundPolicy::default(),
+            UpstreamSettings::default(),
+        )
+        .unwrap();
+        let err = client
+            .get_task(GetTaskRequest::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, AgentError::Unreachable(why) if why.contains("--allow-upstream")),
+            "{err:?}"
+        );
+        let named = UpstreamClient::new(
+            "http://localhost:9/a2a",
+            "",
+            &OutboundPolicy::default(),
+            UpstreamSettings::default(),
+        )
+        .unwrap();
+        let err = named.get_task(GetTaskRequest::default()).await.unwrap_err();
+        assert!(
+            matches!(&err, AgentError::Unreachable(why) if why.contains("--allow-upstream")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn cards_without_jsonrpc_are_refused() {
+        let card = AgentCard {
+            name: "grpc-only".into(),
+            supported_interfaces: vec![crate::protocol::AgentInterface {
+                url: "http://agent.example/grpc".into(),
+                protocol_binding: "GRPC".into(),
+                ..Default::default()
+            }],
+            ..AgentCard::default()
+        };
+        let err = UpstreamClient::for_card(&card, &OutboundPolicy::default(), Default::default())
+            .unwrap_err();
+        assert!(matches!(err, UpstreamConfigError::NoJsonRpcInterface(_)));
+        assert!(matches!(
+            UpstreamClient::new(
+                "ftp://x/",
+                "",
+                &OutboundPolicy::default(),
+                Default::default()
+            ),
+            Err(UpstreamConfigError::BadUrl(_))
+        ));
+    }
+}

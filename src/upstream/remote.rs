@@ -1,0 +1,669 @@
+//! `RemoteAgent`: an A2A agent elsewhere, behind the same [`Agent`] trait as
+//! the built-in ones.
+//!
+//! Each execution forwards the caller's message (the upstream's own task and
+//! context ids on a continuation, the gateway's context id on a new task),
+//! then follows the upstream task until it is terminal or interrupted: over
+//! the stream when the card declares `capabilities.streaming`, else by
+//! `returnImmediately` and GetTask polls with exponential backoff. What it
+//! learns becomes [`AgentEvent`]s: the upstream ids once (`Bound`), then only
+//! what changed since the last report, so polling adds no duplicate events.
+
+use super::client::{UpstreamClient, UpstreamStream};
+use super::{UpstreamConfigError, UpstreamSettings};
+use crate::agents::{Agent, AgentError, AgentEvent, AgentEvents, AgentRequest, UpstreamRef};
+use crate::netguard::OutboundPolicy;
+use crate::protocol::{
+    AgentCard, Artifact, CancelTaskRequest, GetTaskRequest, Message, ProtoEnum as _,
+    SendMessageConfiguration, SendMessageRequest, SendMessageResponse, StreamResponse,
+    SubscribeToTaskRequest, Task, TaskState, TaskStatus,
+};
+use async_trait::async_trait;
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Consecutive polls that may fail for want of a connection or an answer
+/// before following the task gives up: the task lives on upstream, so a
+/// blip should not fail it at the gateway.
+pub const MAX_POLL_FAILURES: u32 = 3;
+
+/// An A2A 1.0 agent reached over JSON-RPC.
+#[derive(Debug)]
+pub struct RemoteAgent {
+    card: AgentCard,
+    client: UpstreamClient,
+}
+
+impl RemoteAgent {
+    /// The agent described by `card`, called through `client`.
+    pub fn new(card: AgentCard, client: UpstreamClient) -> Self {
+        Self { card, client }
+    }
+
+    /// The agent described by `card`, called at its first `JSONRPC`
+    /// interface under the outbound `policy`.
+    pub fn from_card(
+        card: AgentCard,
+        policy: &OutboundPolicy,
+        settings: UpstreamSettings,
+    ) -> Result<Self, UpstreamConfigError> {
+        let client = UpstreamClient::for_card(&card, policy, settings)?;
+        Ok(Self::new(card, client))
+    }
+
+    /// The client calls go through.
+    pub fn client(&self) -> &UpstreamClient {
+        &self.client
+    }
+
+    /// Whether the card promises SendStreamingMessage and SubscribeToTask.
+    fn streams(&self) -> bool {
+        self.card.capabilities.streaming == Some(true)
+    }
+
+    /// Forwards the message and follows the task it creates or continues.
+    async fn run(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+        let mut follower = Follower::new(events);
+        if let Some(task) = &request.task {
+            follower.knows(task);
+            // The gateway moved the task to WORKING when the answer arrived.
+            follower.status = Some((TaskState::Working, None));
+        }
+        let streaming = self.streams();
+        let send = SendMessageRequest {
+            message: Some(outgoing(&request)),
+            configuration: Some(SendMessageConfiguration {
+                accepted_output_modes: request.accepted_output_modes.clone(),
+                // Learn at once that the agent took the work (DESIGN.md §3).
+                return_immediately: !streaming,
+                ..SendMessageConfiguration::default()
+            }),
+            ..SendMessageRequest::default()
+        };
+        tracing::debug!(task_id = %request.task_id, agent = %self.card.name, streaming, upstream = ?request.upstream, "forwarding message");
+        if streaming {
+            let stream = self.client.send_streaming_message(send).await?;
+            if self.follow_stream(&mut follower, stream).await? == Flow::Done {
+                return Ok(());
+            }
+        } else {
+            let first = match self.client.send_message(send).await? {
+                SendMessageResponse::Task(task) => StreamResponse::Task(task),
+                SendMessageResponse::Message(message) => StreamResponse::Message(message),
+            };
+            if follower.on_event(first).await? == Flow::Done {
+                return Ok(());
+            }
+        }
+        self.poll(&mut follower).await
+    }
+
+    /// Follows a stream until the task settles (`Done`) or the stream ends or
+    /// breaks without that (`Continue`: poll the rest).
+    async fn follow_stream(
+        &self,
+        follower: &mut Follower,
+        mut stream: UpstreamStream,
+    ) -> Result<Flow, AgentError> {
+        loop {
+            match stream.next().await {
+                Some(Ok(event)) => {
+                    if follower.on_event(event).await? == Flow::Done {
+                        return Ok(Flow::Done);
+                    }
+                }
+                // The agent holds the task; a lost connection loses only the feed.
+                Some(Err(err @ (AgentError::Unreachable(_) | AgentError::Timeout(_))))
+                    if follower.bound.is_some() =>
+                {
+                    tracing::warn!(agent = %self.card.name, %err, "agent stream broke; polling instead");
+                    return Ok(Flow::Continue);
+                }
+                Some(Err(err)) => return Err(err),
+                None if follower.bound.is_none() => {
+                    return Err(AgentError::InvalidResponse(format!(
+                        "{}: the stream ended before the agent reported a task or a message",
+                        self.client.url()
+                    )));
+                }
+                None => {
+                    tracing::debug!(agent = %self.card.name, "agent stream ended early; polling");
+                    return Ok(Flow::Continue);
+                }
+            }
+        }
+    }
+
+    /// Polls GetTask until the task settles: quickly while it changes, then
+    /// backing off to `poll_max`.
+    async fn poll(&self, follower: &mut Follower) -> Result<(), AgentError> {
+        let Some(task_id) = follower.bound.as_ref().map(|b| b.task_id.clone()) else {
+            return Err(AgentError::InvalidResponse(
+                "the agent reported no task to follow".into(),
+            ));
+        };
+        let settings = self.client.settings();
+        let mut delay = settings.poll_initial;
+        let mut failures = 0;
+        loop {
+            tokio::time::sleep(delay).await;
+            let reported = follower.reported;
+            let request = GetTaskRequest {
+                id: task_id.clone(),
+                // The status and artifacts are what is followed; not the history.
+                history_length: Some(0),
+                ..GetTaskRequest::default()
+            };
+            match self.client.get_task(request).await {
+                Ok(task) => {
+                    failures = 0;
+                    if follower.on_task(task).await? == Flow::Done {
+                        return Ok(());
+                    }
+                    delay = if follower.reported != reported {
+                        settings.poll_initial
+                    } else {
+                        backoff(delay, settings.poll_max)
+                    };
+                }
+                Err(err @ (AgentError::Unreachable(_) | AgentError::Timeout(_)))
+                    if failures < MAX_POLL_FAILURES =>
+                {
+                    failures += 1;
+                    tracing::warn!(agent = %self.card.name, upstream_task = %task_id, failures, %err, "poll failed; retrying");
+                    delay = backoff(delay, settings.poll_max);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+}
+
+fn backoff(delay: Duration, max: Duration) -> Duration {
+    (delay * 2).clamp(Duration::from_millis(1), max.max(Duration::from_millis(1)))
+}
+
+/// The message as the agent should see it.
+fn outgoing(request: &AgentRequest) -> Message {
+    let mut message = request.message.clone();
+    match &request.upstream {
+        Some(upstream) => {
+            message.task_id = upstream.task_id.clone();
+            message.context_id = upstream.context_id.clone();
+        }
+        None => {
+            message.task_id.clear();
+            message.context_id = request.context_id.clone();
+        }
+    }
+    // They name gateway tasks, which the agent does not know.
+    message.reference_task_ids.clear();
+    message
+}
+
+#[async_trait]
+impl Agent for RemoteAgent {
+    fn card(&self) -> &AgentCard {
+        &self.card
+    }
+
+    async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+        let cancel = request.cancel.clone();
+        // Dropping the work drops its HTTP call or stream at once. The
+        // upstream task is not canceled here: a gateway cancel has already
+        // sent CancelTask (`cancel` below), and a shutdown must leave the
+        // task running for `recover`.
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Ok(()),
+            result = self.run(request, events) => result,
+        }
+    }
+
+    async fn recover(
+        &self,
+        task: &Task,
+        upstream: Option<&UpstreamRef>,
+        events: AgentEvents,
+        cancel: CancellationToken,
+    ) -> Result<(), AgentError> {
+        // As in `execute`: stop following at a cancel or shutdown, and leave
+        // the upstream task to the next `recover`.
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Ok(()),
+            result = self.resume(task, upstream, events) => result,
+        }
+    }
+
+    async fn cancel(&self, task: &Task, upstream: Option<&UpstreamRef>) -> Result<(), AgentError> {
+        self.forward_cancel(task, upstream).await
+    }
+}
+
+impl RemoteAgent {
+    /// Picks a task up from the agent after a gateway restart.
+    async fn resume(
+        &self,
+        task: &Task,
+        upstream: Option<&UpstreamRef>,
+        events: AgentEvents,
+    ) -> Result<(), AgentError> {
+        let Some(upstream) = upstream else {
+            return Err(AgentError::Failed(
+                "the gateway restarted before the agent acknowledged this task; there is no \
+                 upstream task to resume"
+                    .into(),
+            ));
+        };
+        tracing::info!(task_id = %task.id, agent = %self.card.name, upstream_task = %upstream.task_id, "resuming a task from its agent");
+        let mut follower = Follower::new(events);
+        follower.knows(task);
+        follower.bound = Some(upstream.clone());
+        // A task the agent forgot (-32001) fails here, with the agent's answer.
+        let current = self
+            .client
+            .get_task(GetTaskRequest {
+                id: upstream.task_id.clone(),
+                history_length: Some(0),
+                ..GetTaskRequest::default()
+            })
+            .await?;
+        if follower.on_task(current).await? == Flow::Done {
+            return Ok(());
+        }
+        if self.streams() {
+            let request = SubscribeToTaskRequest {
+                id: upstream.task_id.clone(),
+                ..SubscribeToTaskRequest::default()
+            };
+            match self.client.subscribe_to_task(request).await {
+                Ok(stream) => {
+                    if self.follow_stream(&mut follower, stream).await? == Flow::Done {
+                        return Ok(());
+                    }
+                }
+                // E.g. the task settled between the two calls (-32004): the
+                // next poll sees how.
+                Err(err) => {
+                    tracing::warn!(task_id = %task.id, %err, "cannot resubscribe to the agent's task; polling");
+                }
+            }
+        }
+        self.poll(&mut follower).await
+    }
+
+    async fn forward_cancel(
+        &self,
+        task: &Task,
+        upstream: Option<&UpstreamRef>,
+    ) -> Result<(), AgentError> {
+        // A task the agent never acknowledged has nothing to cancel there.
+        let Some(upstream) = upstream else {
+            return Ok(());
+        };
+        let answer = self
+            .client
+            .cancel_task(CancelTaskRequest {
+                id: upstream.task_id.clone(),
+                ..CancelTaskRequest::default()
+            })
+            .await?;
+        tracing::info!(task_id = %task.id, upstream_task = %upstream.task_id, state = answer.status.state.proto_name(), "agent answered the cancel");
+        Ok(())
+    }
+}
+
+/// Whether following a task goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flow {
+    /// Not settled yet.
+    Continue,
+    /// Terminal, interrupted, answered with a message, or the gateway stopped
+    /// listening.
+    Done,
+}
+
+/// A status as compared between reports: the state and its message's id.
+type StatusKey = (TaskState, Option<String>);
+
+/// What one execution has reported, so only changes are reported again.
+struct Follower {
+    events: AgentEvents,
+    bound: Option<UpstreamRef>,
+    status: Option<StatusKey>,
+    /// Each artifact as the gateway holds it after the reports.
+    artifacts: HashMap<String, Artifact>,
+    /// How many events were reported, to tell a poll that changed something.
+    reported: u64,
+}
+
+impl Follower {
+    fn new(events: AgentEvents) -> Self {
+        Self {
+            events,
+            bound: None,
+            status: None,
+            artifacts: HashMap::new(),
+            reported: 0,
+        }
+    }
+
+    /// Takes what the gateway already holds of `task` as reported.
+    fn knows(&mut self, task: &Task) {
+        self.status = Some(status_key(&task.status));
+        self.artifacts = task
+            .artifacts
+            .iter()
+            .map(|a| (a.artifact_id.clone(), a.clone()))
+            .collect();
+    }
+
+    /// Reports one event; `Done` when the gateway no longer listens.
+    async fn emit(&mut self, event: AgentEvent) -> Flow {
+        self.reported += 1;
+        if self.events.send(event).await {
+            Flow::Continue
+        } else {
+            Flow::Done
+        }
+    }
+
+    async fn bind(&mut self, task_id: &str, context_id: &str) -> Result<Flow, AgentError> {
+        match &self.bound {
+            Some(bound) if bound.task_id == task_id => Ok(Flow::Continue),
+            Some(bound) => Err(AgentError::InvalidResponse(format!(
+                "the agent reported task {task_id:?} while working on {:?}",
+                bound.task_id
+            ))),
+            None => {
+                let upstream = UpstreamRef {
+                    task_id: task_id.to_string(),
+                    context_id: context_id.to_string(),
+                };
+                self.bound = Some(upstream.clone());
+                Ok(self.emit(AgentEvent::Bound(upstream)).await)
+            }
+        }
+    }
+
+    async fn on_event(&mut self, event: StreamResponse) -> Result<Flow, AgentError> {
+        match event {
+            StreamResponse::Task(task) => self.on_task(task).await,
+            StreamResponse::Message(message) if self.bound.is_none() => {
+                // A direct reply: no task exists upstream, nor will at the gateway.
+                self.emit(AgentEvent::Message(message)).await;
+                Ok(Flow::Done)
+            }
+            StreamResponse::Message(message) => {
+                // A message about the task: recorded with the state it is in.
+                let state = match &self.status {
+                    Some((state, _)) if *state != TaskState::Submitted => *state,
+                    _ => TaskState::Working,
+                };
+                self.status = Some((state, Some(message.message_id.clone())));
+                let message = Some(message);
+                Ok(self.emit(AgentEvent::Status { state, message }).await)
+            }
+            StreamResponse::StatusUpdate(update) => {
+                if self.bind(&update.task_id, &update.context_id).await? == Flow::Done {
+                    return Ok(Flow::Done);
+                }
+                self.on_status(update.status).await
+            }
+            StreamResponse::ArtifactUpdate(update) => {
+                if self.bind(&update.task_id, &update.context_id).await? == Flow::Done {
+                    return Ok(Flow::Done);
+                }
+                // Kept as the ledger merges it, so a later snapshot compares equal.
+                let id = update.artifact.artifact_id.clone();
+                match self.artifacts.get_mut(&id) {
+                    Some(held) if update.append => {
+                        held.parts.extend(update.artifact.parts.iter().cloned());
+                    }
+                    _ => {
+                        self.artifacts.insert(id, update.artifact.clone());
+                    }
+                }
+                Ok(self
+                    .emit(AgentEvent::Artifact {
+                        artifact: update.artifact,
+                        append: update.append,
+                        last_chunk: update.last_chunk,
+                    })
+                    .await)
+            }
+        }
+    }
+
+    /// A snapshot: the ids, then new or changed artifacts, then the status
+    /// (artifacts first: a terminal task takes no more).
+    async fn on_task(&mut self, task: Task) -> Result<Flow, AgentError> {
+        if self.bind(&task.id, &task.context_id).await? == Flow::Done {
+            return Ok(Flow::Done);
+        }
+        for artifact in task.artifacts {
+            if self.artifacts.get(&artifact.artifact_id) == Some(&artifact) {
+                continue;
+            }
+            self.artifacts
+                .insert(artifact.artifact_id.clone(), artifact.clone());
+            let event = AgentEvent::Artifact {
+                artifact,
+                append: false,
+                last_chunk: true,
+            };
+            if self.emit(event).await == Flow::Done {
+                return Ok(Flow::Done);
+            }
+        }
+        self.on_status(task.status).await
+    }
+
+    async fn on_status(&mut self, status: TaskStatus) -> Result<Flow, AgentError> {
+        let key = status_key(&status);
+        let settled = status.state.is_terminal() || status.state.is_interrupted();
+        if self.status.as_ref() != Some(&key) {
+            self.status = Some(key);
+            // Never SUBMITTED: a new gateway task starts there anyway, and a
+            // continued one, already WORKING, may not go back.
+            if status.state != TaskState::Submitted {
+                let event = AgentEvent::Status {
+                    state: status.state,
+                    message: status.message,
+                };
+                if self.emit(event).await == Flow::Done {
+                    return Ok(Flow::Done);
+                }
+            }
+        }
+        Ok(if settled { Flow::Done } else { Flow::Continue })
+    }
+}
+
+fn status_key(status: &TaskStatus) -> StatusKey {
+    (
+        status.state,
+        status.message.as_ref().map(|m| m.message_id.clone()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Part, TaskArtifactUpdateEvent, TaskStatusUpdateEvent};
+
+    fn task(state: TaskState, artifacts: Vec<Artifact>) -> Task {
+        Task {
+            id: "up-1".into(),
+            context_id: "ctx".into(),
+            status: TaskStatus::now(state, None),
+            artifacts,
+            ..Task::default()
+        }
+    }
+
+    fn artifact(id: &str, text: &str) -> Artifact {
+        Artifact {
+            artifact_id: id.into(),
+            parts: vec![Part::text(text)],
+            ..Artifact::default()
+        }
+    }
+
+    fn drain(receiver: &mut tokio::sync::mpsc::Receiver<AgentEvent>) -> Vec<AgentEvent> {
+        let mut events = Vec::new();
+        while let Ok(event) = receiver.try_recv() {
+            events.push(event);
+        }
+        events
+    }
+
+    #[tokio::test]
+    async fn polls_report_only_changes() {
+        let (events, mut receiver) = AgentEvents::channel(64);
+        let mut follower = Follower::new(events);
+        let flow = follower
+            .on_task(task(TaskState::Submitted, vec![]))
+            .await
+            .unwrap();
+        assert_eq!(flow, Flow::Continue);
+        assert_eq!(
+            drain(&mut receiver),
+            [AgentEvent::Bound(UpstreamRef {
+                task_id: "up-1".into(),
+                context_id: "ctx".into()
+            })]
+        );
+
+        follower
+            .on_task(task(TaskState::Working, vec![artifact("a", "x")]))
+            .await
+            .unwrap();
+        let seen = drain(&mut receiver);
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(matches!(seen[0], AgentEvent::Artifact { .. }));
+        assert!(matches!(
+            seen[1],
+            AgentEvent::Status {
+                state: TaskState::Working,
+                ..
+            }
+        ));
+
+        // The same snapshot again: nothing new.
+        follower
+            .on_task(task(TaskState::Working, vec![artifact("a", "x")]))
+            .await
+            .unwrap();
+        assert!(drain(&mut receiver).is_empty());
+
+        let flow = follower
+            .on_task(task(
+                TaskState::Completed,
+                vec![artifact("a", "x"), artifact("b", "y")],
+            ))
+            .await
+            .unwrap();
+        assert_eq!(flow, Flow::Done);
+        let seen = drain(&mut receiver);
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(
+            matches!(&seen[0], AgentEvent::Artifact { artifact, .. } if artifact.artifact_id == "b")
+        );
+        assert!(matches!(
+            seen[1],
+            AgentEvent::Status {
+                state: TaskState::Completed,
+                ..
+            }
+        ));
+    }
+
+    #[tokio::test]
+    async fn streamed_chunks_match_later_snapshots() {
+        let (events, mut receiver) = AgentEvents::channel(64);
+        let mut follower = Follower::new(events);
+        for (text, append) in [("a", false), ("b", true)] {
+            let update = TaskArtifactUpdateEvent {
+                task_id: "up-1".into(),
+                context_id: "ctx".into(),
+                artifact: artifact("x", text),
+                append,
+                last_chunk: append,
+                metadata: None,
+            };
+            follower
+                .on_event(StreamResponse::ArtifactUpdate(update))
+                .await
+                .unwrap();
+        }
+        assert_eq!(drain(&mut receiver).len(), 3, "bound and two chunks");
+        let mut merged = artifact("x", "a");
+        merged.parts.push(Part::text("b"));
+        follower
+            .on_task(task(TaskState::Working, vec![merged]))
+            .await
+            .unwrap();
+        let seen = drain(&mut receiver);
+        assert!(
+            seen.iter()
+                .all(|e| !matches!(e, AgentEvent::Artifact { .. })),
+            "{seen:?}"
+        );
+
+        // Another task id in the same execution is not a valid answer.
+        let stray = StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+            task_id: "up-2".into(),
+            status: TaskStatus::now(TaskState::Completed, None),
+            ..TaskStatusUpdateEvent::default()
+        });
+        assert!(matches!(
+            follower.on_event(stray).await,
+            Err(AgentError::InvalidResponse(_))
+        ));
+    }
+
+    #[test]
+    fn continuations_carry_the_upstream_ids() {
+        let request = AgentRequest {
+            task_id: "gw-task".into(),
+            context_id: "gw-ctx".into(),
+            message: Message {
+                message_id: "m1".into(),
+                task_id: "gw-task".into(),
+                context_id: "gw-ctx".into(),
+                reference_task_ids: vec!["gw-other".into()],
+                parts: vec![Part::text("hi")],
+                ..Message::default()
+            },
+            task: None,
+            upstream: Some(UpstreamRef {
+                task_id: "up-task".into(),
+                context_id: "up-ctx".into(),
+            }),
+            streaming: false,
+            accepted_output_modes: Vec::new(),
+            cancel: Default::default(),
+        };
+        let message = outgoing(&request);
+        assert_eq!(
+            (
+                message.task_id.as_str(),
+                message.context_id.as_str(),
+                message.message_id.as_str()
+            ),
+            ("up-task", "up-ctx", "m1")
+        );
+        assert!(message.reference_task_ids.is_empty());
+        let fresh = outgoing(&AgentRequest {
+            upstream: None,
+            ..request
+        });
+        assert_eq!(
+            (fresh.task_id.as_str(), fresh.context_id.as_str()),
+            ("", "gw-ctx")
+        );
+    }
+}

@@ -1,0 +1,372 @@
+//! The registry over real HTTP: registration inline and by URL, validation,
+//! the outbound guard, publication with ETags, search, and routing A2A calls
+//! to registered agents.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+/// Calls a registry method, returning the reply.
+async fn registry(baton: &TestBaton, method: &str, params: Value) -> Reply {
+    baton
+        .post_json(
+            "/registry",
+            &json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}),
+        )
+        .await
+}
+
+/// The card of an agent served by `upstream`, as the upstream publishes it.
+async fn upstream_card(upstream: &TestBaton, agent: &str) -> Value {
+    let url = upstream.url(&format!("/agents/{agent}/.well-known/agent-card.json"));
+    upstream
+        .http
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn register_inline_publish_and_route_through_the_gateway() {
+    let upstream = baton().start().await;
+    let gateway = baton().start().await;
+    let card = upstream_card(&upstream, "echo").await;
+
+    let reply = registry(
+        &gateway,
+        "RegisterAgent",
+        json!({"id": "far-echo", "card": card}),
+    )
+    .await;
+    let agent = &reply.result()["agent"];
+    assert_eq!(agent["id"], "far-echo");
+    assert_eq!(agent["owner"], "anonymous");
+    assert_eq!(
+        agent["card"]["supportedInterfaces"][0]["url"],
+        upstream.url("/agents/echo/a2a")
+    );
+    let published = &agent["publishedCard"];
+    assert_eq!(
+        published["supportedInterfaces"][0]["url"],
+        gateway.url("/agents/far-echo/a2a")
+    );
+    assert!(
+        published["capabilities"]["extensions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["uri"] == "urn:baton:handoff:v1")
+    );
+    assert_eq!(
+        published["name"], card["name"],
+        "the rest of the card is unchanged"
+    );
+
+    // The published card, its ETag and 304.
+    let url = gateway.url("/agents/far-echo/.well-known/agent-card.json");
+    let response = gateway.http.get(&url).send().await.unwrap();
+    let etag = response.headers()["etag"].to_str().unwrap().to_string();
+    assert_eq!(etag, agent["etag"].as_str().unwrap());
+    assert_eq!(response.json::<Value>().await.unwrap(), *published);
+    let cached = gateway
+        .http
+        .get(&url)
+        .header("if-none-match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cached.status(), 304);
+
+    // The gateway card lists the new agent's skills.
+    let gateway_card: Value = gateway
+        .http
+        .get(gateway.url("/.well-known/agent-card.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        gateway_card["skills"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["id"] == "far-echo/echo")
+    );
+
+    // A2A through the gateway reaches the upstream agent.
+    let reply = gateway
+        .call_at(
+            "/agents/far-echo/a2a",
+            "SendMessage",
+            json!({"message": user_message(&message_id("m"), "ping")}),
+        )
+        .await;
+    let task = &reply.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(task["artifacts"][0]["parts"][0]["text"], "ping");
+    let by_tenant = gateway
+        .call(
+            "SendMessage",
+            json!({"tenant": "far-echo", "message": user_message(&message_id("m"), "pong")}),
+        )
+        .await;
+    assert_eq!(
+        by_tenant.result()["task"]["artifacts"][0]["parts"][0]["text"],
+        "pong"
+    );
+
+    // An update changes the card and its ETag.
+    let mut changed = card.clone();
+    changed["description"] = json!("a changed description");
+    let updated = registry(
+        &gateway,
+        "UpdateAgent",
+        json!({"id": "far-echo", "card": changed}),
+    )
+    .await;
+    let new_etag = updated.result()["agent"]["etag"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(new_etag, etag);
+    let refreshed = gateway
+        .http
+        .get(&url)
+        .header("if-none-match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refreshed.status(), 200);
+
+    // Deregistered agents are gone everywhere.
+    let removed = registry(&gateway, "DeregisterAgent", json!({"id": "far-echo"})).await;
+    assert_eq!(removed.result(), &json!({}));
+    assert_eq!(
+        registry(&gateway, "GetAgent", json!({"id": "far-echo"}))
+            .await
+            .code(),
+        Some(-32602)
+    );
+    let gone = gateway
+        .call_at(
+            "/agents/far-echo/a2a",
+            "SendMessage",
+            json!({"message": user_message("m", "x")}),
+        )
+        .await;
+    assert_eq!(gone.status, 404);
+    gateway.stop().await;
+    upstream.stop().await;
+}
+
+#[tokio::test]
+async fn register_by_url_fetches_the_card() {
+    let upstream = baton().start().await;
+    let gateway = baton().start().await;
+    let card_url = upstream.url("/agents/scenario/.well-known/agent-card.json");
+    let reply = registry(&gateway, "RegisterAgent", json!({"cardUrl": card_url})).await;
+    let agent = &reply.result()["agent"];
+    assert_eq!(agent["id"], "scenario-2", "{agent}");
+    assert_eq!(agent["cardUrl"], card_url.as_str());
+
+    // A bare origin means the well-known card of the gateway itself.
+    let reply = registry(
+        &gateway,
+        "RegisterAgent",
+        json!({"id": "upstream-gw", "cardUrl": upstream.base}),
+    )
+    .await;
+    assert_eq!(reply.result()["agent"]["card"]["name"], "Baton");
+    gateway.stop().await;
+    upstream.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_cards_are_rejected_with_every_failing_field() {
+    let gateway = baton().start().await;
+    let card = json!({
+        "name": "broken",
+        "supportedInterfaces": [],
+        "version": "1",
+        "capabilities": {"streaming": "yes"},
+        "defaultInputModes": ["text/plain"],
+        "defaultOutputModes": ["text/plain"],
+        "skills": [{"id": "s", "name": "S", "description": "d"}],
+    });
+    let reply = registry(
+        &gateway,
+        "RegisterAgent",
+        json!({"id": "broken", "card": card}),
+    )
+    .await;
+    assert_eq!(reply.code(), Some(-32602));
+    let data = &reply.body["error"]["data"][0];
+    assert_eq!(data["@type"], "type.googleapis.com/google.rpc.BadRequest");
+    let fields: Vec<&str> = data["fieldViolations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["field"].as_str().unwrap())
+        .collect();
+    for expected in [
+        "/card/description",
+        "/card/supportedInterfaces",
+        "/card/capabilities/streaming",
+        "/card/skills/0/tags",
+    ] {
+        assert!(
+            fields.contains(&expected),
+            "{expected} missing from {fields:?}"
+        );
+    }
+    assert_eq!(
+        registry(&gateway, "SearchAgents", json!({"query": "broken"}))
+            .await
+            .result()["agents"],
+        json!([])
+    );
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn card_urls_at_internal_addresses_are_refused_without_connecting() {
+    let gateway = baton().without_loopback().start().await;
+    for url in [
+        "http://10.0.0.1/",
+        "http://169.254.169.254/latest/meta-data",
+        "http://127.0.0.1:1/",
+    ] {
+        let started = std::time::Instant::now();
+        let reply = registry(&gateway, "RegisterAgent", json!({"cardUrl": url})).await;
+        assert_eq!(reply.code(), Some(-32602), "{url}");
+        let violation = &reply.body["error"]["data"][0]["fieldViolations"][0];
+        assert_eq!(violation["field"], "cardUrl");
+        assert!(
+            violation["description"]
+                .as_str()
+                .unwrap()
+                .contains("refused"),
+            "{violation}"
+        );
+        // 10.0.0.1 does not exist here: a connection attempt would hang until the timeout.
+        assert!(
+            started.elapsed() < std::time::Duration::from_millis(500),
+            "{url} took {:?}",
+            started.elapsed()
+        );
+    }
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn search_filters_and_pages() {
+    let upstream = baton().start().await;
+    let gateway = baton().start().await;
+    let echo = upstream_card(&upstream, "echo").await;
+    let scenario = upstream_card(&upstream, "scenario").await;
+    for i in 0..7 {
+        let mut card = if i % 2 == 0 {
+            echo.clone()
+        } else {
+            scenario.clone()
+        };
+        card["name"] = json!(format!("Agent {i}"));
+        let reply = registry(
+            &gateway,
+            "RegisterAgent",
+            json!({"id": format!("agent-{i}"), "card": card}),
+        )
+        .await;
+        reply.result();
+    }
+    let ids = |reply: &Reply| -> Vec<String> {
+        reply.result()["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // Built-ins (echo, scenario) plus 7 registered.
+    let all = registry(&gateway, "SearchAgents", json!({})).await;
+    assert_eq!(ids(&all).len(), 9);
+    let by_skill = registry(&gateway, "SearchAgents", json!({"skill": "echo"})).await;
+    assert_eq!(
+        ids(&by_skill),
+        ["agent-0", "agent-2", "agent-4", "agent-6", "echo"]
+    );
+    let by_tag = registry(&gateway, "SearchAgents", json!({"tag": "conformance"})).await;
+    assert_eq!(ids(&by_tag), ["agent-1", "agent-3", "agent-5", "scenario"]);
+    let by_text = registry(&gateway, "SearchAgents", json!({"query": "agent 3"})).await;
+    assert_eq!(ids(&by_text), ["agent-3"]);
+    let by_input = registry(&gateway, "SearchAgents", json!({"inputMode": "image/png"})).await;
+    assert_eq!(
+        ids(&by_input),
+        ["agent-0", "agent-2", "agent-4", "agent-6", "echo"],
+        "echo accepts */*"
+    );
+    let by_output = registry(
+        &gateway,
+        "SearchAgents",
+        json!({"outputMode": "application/json"}),
+    )
+    .await;
+    assert_eq!(ids(&by_output).len(), 9);
+
+    // Pages of 4 over the 9 agents, via JSON-RPC and via GET.
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = registry(
+            &gateway,
+            "SearchAgents",
+            json!({"pageSize": 4, "pageToken": token}),
+        )
+        .await;
+        let page_ids = ids(&page);
+        assert!(page_ids.len() <= 4);
+        seen.extend(page_ids);
+        token = page.result()["nextPageToken"].as_str().unwrap().to_string();
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(seen, ids(&all));
+    let listed: Value = gateway
+        .http
+        .get(gateway.url("/registry/agents?tag=conformance&pageSize=2"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["agents"].as_array().unwrap().len(), 2);
+    assert!(!listed["nextPageToken"].as_str().unwrap().is_empty());
+    let by_q: Value = gateway
+        .http
+        .get(gateway.url("/registry/agents?q=agent%205"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(by_q["agents"][0]["id"], "agent-5");
+    let bad = gateway
+        .http
+        .get(gateway.url("/registry/agents?pageSize=0"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    gateway.stop().await;
+    upstream.stop().await;
+}

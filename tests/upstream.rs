@@ -1,0 +1,784 @@
+//! Remote A2A agents over real HTTP: one Baton is the upstream (its
+//! `/agents/{id}/a2a` endpoints are real A2A 1.0 agents), a second Baton is
+//! the gateway proxying to it through a `RemoteAgent`. Covers forwarding
+//! under gateway ids, streaming fan-out, polling, multi-turn, cancel, the
+//! ledger outliving the upstream, each upstream fault, and recovery.
+
+mod common;
+
+use axum::http::{HeaderMap, StatusCode, header};
+use baton::agents::{Agent, AgentError, AgentEvent, AgentEvents, UpstreamRef};
+use baton::netguard::OutboundPolicy;
+use baton::protocol::{AgentCard, Task, TaskState, TaskStatus};
+use baton::upstream::{RemoteAgent, UpstreamSettings};
+use common::agents::{GatedAgent, card};
+use common::*;
+use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Loopback is where every agent of these tests lives.
+fn loopback() -> OutboundPolicy {
+    OutboundPolicy {
+        allow: vec!["127.0.0.0/8".parse().unwrap()],
+    }
+}
+
+/// Short timeouts and quick polls, so failures show fast.
+fn fast() -> UpstreamSettings {
+    UpstreamSettings {
+        request_timeout: Duration::from_secs(3),
+        stream_idle_timeout: Duration::from_secs(5),
+        poll_initial: Duration::from_millis(20),
+        poll_max: Duration::from_millis(200),
+        ..UpstreamSettings::default()
+    }
+}
+
+/// The card `upstream` publishes for `agent`, declaring streaming or not.
+async fn published_card(upstream: &TestBaton, agent: &str, streaming: bool) -> AgentCard {
+    let url = upstream.url(&format!("/agents/{agent}/.well-known/agent-card.json"));
+    let response = tokio::time::timeout(WAIT, upstream.http.get(url).send())
+        .await
+        .expect("card in time")
+        .expect("card fetch");
+    let mut card: AgentCard = response.json().await.expect("card JSON");
+    card.capabilities.streaming = Some(streaming);
+    card
+}
+
+/// A test card pointing at `url`.
+fn card_at(url: &str, streaming: bool) -> AgentCard {
+    let mut card = card("remote");
+    card.supported_interfaces[0].url = url.to_string();
+    card.capabilities.streaming = Some(streaming);
+    card
+}
+
+fn remote(card: AgentCard, settings: UpstreamSettings) -> RemoteAgent {
+    RemoteAgent::from_card(card, &loopback(), settings).expect("remote agent")
+}
+
+/// A gateway whose default agent `remote` proxies to `card`'s endpoint.
+async fn gateway_for(card: AgentCard, settings: UpstreamSettings) -> TestBaton {
+    baton()
+        .agent("remote", remote(card, settings))
+        .default_agent("remote")
+        .start()
+        .await
+}
+
+/// The upstream ids the gateway keeps with its task.
+fn upstream_of(gateway: &TestBaton, task_id: &str) -> UpstreamRef {
+    gateway
+        .gateway
+        .ledger()
+        .get(task_id)
+        .expect("ledger read")
+        .expect("task in the ledger")
+        .upstream
+        .expect("upstream ids recorded")
+}
+
+/// Polls GetTask at `baton` (on `path`) until the task reaches `state`.
+async fn wait_for_state(baton: &TestBaton, path: &str, task_id: &str, state: &str) -> Value {
+    let wait = async {
+        loop {
+            let reply = baton.call_at(path, "GetTask", json!({"id": task_id})).await;
+            let task = reply.result().clone();
+            if task["status"]["state"] == state {
+                return task;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(WAIT, wait)
+        .await
+        .unwrap_or_else(|_| panic!("task {task_id} did not reach {state} in time"))
+}
+
+fn text_of(value: &Value) -> &str {
+    value["parts"][0]["text"].as_str().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn blocking_send_is_forwarded_under_gateway_ids() {
+    let upstream = baton().start().await;
+    for streaming in [true, false] {
+        let gateway = gateway_for(
+            published_card(&upstream, "scenario", streaming).await,
+            fast(),
+        )
+        .await;
+        let first_id = message_id("tck-complete-task");
+        let result = gateway.send_text(&first_id, "hello", json!({})).await;
+        let task = &result["task"];
+        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{result}");
+        assert_eq!(text_of(&task["status"]["message"]), "Hello from TCK");
+        let task_id = task["id"].as_str().unwrap();
+        let context_id = task["contextId"].as_str().unwrap();
+        assert_eq!(
+            task["status"]["message"]["taskId"], task_id,
+            "the status message carries the gateway's ids"
+        );
+
+        let up = upstream_of(&gateway, task_id);
+        assert_ne!(up.task_id, task_id, "the gateway owns its task ids");
+        assert_eq!(
+            up.context_id, context_id,
+            "a new task is sent in the gateway's context"
+        );
+        let upstream_task = upstream
+            .call_at("/agents/scenario/a2a", "GetTask", json!({"id": up.task_id}))
+            .await;
+        let upstream_task = upstream_task.result();
+        assert_eq!(upstream_task["status"]["state"], "TASK_STATE_COMPLETED");
+        assert_eq!(upstream_task["history"][0]["messageId"], first_id.as_str());
+
+        let got = gateway.call("GetTask", json!({"id": task_id})).await;
+        assert_eq!(got.result()["status"]["state"], "TASK_STATE_COMPLETED");
+        assert_eq!(got.result()["history"][0]["messageId"], first_id.as_str());
+
+        // Artifacts come through too, once each.
+        let result = gateway
+            .send_text(&message_id("tck-artifact-text"), "x", json!({}))
+            .await;
+        let artifacts = result["task"]["artifacts"].as_array().unwrap();
+        assert_eq!(artifacts.len(), 1, "{result}");
+        assert_eq!(text_of(&artifacts[0]), "Generated text content");
+        gateway.stop().await;
+    }
+    upstream.stop().await;
+}
+
+#[tokio::test]
+async fn streaming_send_is_relayed_with_gateway_ids() {
+    let upstream = baton().start().await;
+    let gateway = gateway_for(published_card(&upstream, "scenario", true).await, fast()).await;
+    let params = json!({"message": user_message(&message_id("tck-stream-001"), "go")});
+    let reply = gateway
+        .stream_at("/a2a", "SendStreamingMessage", params, 100)
+        .await;
+    assert!(reply.closed, "the stream ends after the terminal event");
+    let results: Vec<&Value> = reply.events.iter().map(|e| &e["result"]).collect();
+    let kinds: Vec<&str> = results
+        .iter()
+        .map(|r| r.as_object().unwrap().keys().next().unwrap().as_str())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["task", "statusUpdate", "artifactUpdate", "statusUpdate"]
+    );
+    let task_id = results[0]["task"]["id"].as_str().unwrap();
+    assert!(results[1..].iter().all(|r| {
+        let event = r.as_object().unwrap().values().next().unwrap();
+        event["taskId"] == task_id
+    }));
+    assert_eq!(
+        text_of(&results[2]["artifactUpdate"]["artifact"]),
+        "Stream hello from TCK"
+    );
+    assert_ne!(upstream_of(&gateway, task_id).task_id, task_id);
+    gateway.stop().await;
+    upstream.stop().await;
+}
+
+#[tokio::test]
+async fn return_immediately_and_three_subscribers() {
+    let gated = GatedAgent::new();
+    let upstream = baton().agent("gated", gated.clone()).start().await;
+    for streaming in [true, false] {
+        let gateway =
+            gateway_for(published_card(&upstream, "gated", streaming).await, fast()).await;
+        let params = json!({
+            "message": user_message(&message_id("m"), "fan out"),
+            "configuration": {"returnImmediately": true},
+        });
+        let task = gateway.call("SendMessage", params).await.result()["task"].clone();
+        let state = task["status"]["state"].as_str().unwrap();
+        assert!(
+            state == "TASK_STATE_SUBMITTED" || state == "TASK_STATE_WORKING",
+            "{state}"
+        );
+        let task_id = task["id"].as_str().unwrap().to_string();
+        // The upstream has taken the work before the gateway answered.
+        let up = upstream_of(&gateway, &task_id);
+        let at_upstream = upstream
+            .call_at("/agents/gated/a2a", "GetTask", json!({"id": up.task_id}))
+            .await;
+        assert_eq!(
+            at_upstream.result()["status"]["state"],
+            "TASK_STATE_WORKING"
+        );
+
+        let mut subscribers = Vec::new();
+        for _ in 0..3 {
+            let response = gateway
+                .open_stream("/a2a", "SubscribeToTask", json!({"id": task_id}))
+                .await;
+            subscribers.push(tokio::spawn(read_sse(response, 100)));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        gated.release(1);
+
+        let mut streams = Vec::new();
+        for subscriber in subscribers {
+            let reply = subscriber.await.unwrap();
+            assert!(reply.closed);
+            let results: Vec<String> = reply
+                .events
+                .iter()
+                .map(|e| e["result"].to_string())
+                .collect();
+            streams.push(results);
+        }
+        assert_eq!(streams[0], streams[1]);
+        assert_eq!(streams[1], streams[2]);
+        let last: Value = serde_json::from_str(streams[0].last().unwrap()).unwrap();
+        assert_eq!(
+            last["statusUpdate"]["status"]["state"], "TASK_STATE_COMPLETED",
+            "streaming={streaming}"
+        );
+        assert!(
+            streams[0]
+                .iter()
+                .any(|e| e.contains("artifactUpdate") && e.contains("done: fan out")),
+            "{:?}",
+            streams[0]
+        );
+        let done = wait_for_state(&gateway, "/a2a", &task_id, "TASK_STATE_COMPLETED").await;
+        assert_eq!(done["artifacts"].as_array().unwrap().len(), 1);
+        gateway.stop().await;
+    }
+    upstream.stop().await;
+}
+
+#[tokio::test]
+async fn direct_message_replies_pass_through() {
+    let upstream = baton().start().await;
+    for streaming in [true, false] {
+        let gateway = gateway_for(
+            published_card(&upstream, "scenario", streaming).await,
+            fast(),
+        )
+        .await;
+        let result = gateway
+            .send_text(&message_id("tck-message-response"), "hi", json!({}))
+            .await;
+        assert_eq!(
+            text_of(&result["message"]),
+            "Direct message response",
+            "{result}"
+        );
+        assert!(result.get("task").is_none());
+
+        let params = json!({"message": user_message(&message_id("tck-message-response"), "hi")});
+        let reply = gateway
+            .stream_at("/a2a", "SendStreamingMessage", params, 100)
+            .await;
+        assert!(reply.closed);
+        assert_eq!(reply.events.len(), 1);
+        assert_eq!(
+            text_of(&reply.events[0]["result"]["message"]),
+            "Direct message response"
+        );
+        let listed = gateway.call("ListTasks", json!({})).await;
+        assert_eq!(listed.result()["totalSize"], 0, "no task exists");
+        gateway.stop().await;
+    }
+    upstream.stop().await;
+}
+
+#[tokio::test]
+async fn input_required_resumes_the_upstream_task() {
+    let upstream = baton().start().await;
+    for streaming in [true, false] {
+        let gateway = gateway_for(
+            published_card(&upstream, "scenario", streaming).await,
+            fast(),
+        )
+        .await;
+        let first = gateway
+            .send_text(&message_id("tck-input-required"), "book a table", json!({}))
+            .await;
+        let task = &first["task"];
+        assert_eq!(task["status"]["state"], "TASK_STATE_INPUT_REQUIRED");
+        assert_eq!(
+            text_of(&task["status"]["message"]),
+            "Please provide more input."
+        );
+        let task_id = task["id"].as_str().unwrap().to_string();
+        let up = upstream_of(&gateway, &task_id);
+
+        let answer_id = message_id("tck-complete-task");
+        let mut answer = user_message(&answer_id, "for two");
+        answer["taskId"] = json!(task_id);
+        let second = gateway
+            .call("SendMessage", json!({"message": answer}))
+            .await;
+        assert_eq!(second.result()["task"]["id"], task_id.as_str());
+        // Read back rather than trusting the blocking reply's state: the
+        // gateway's wait can end on a late publication of the earlier
+        // INPUT_REQUIRED event (a race in `wait_settled`, not in the proxy).
+        let task = &wait_for_state(&gateway, "/a2a", &task_id, "TASK_STATE_COMPLETED").await;
+        let texts: Vec<&str> = task["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(text_of)
+            .collect();
+        assert_eq!(
+            texts,
+            [
+                "book a table",
+                "Please provide more input.",
+                "for two",
+                "Hello from TCK"
+            ]
+        );
+        assert_eq!(
+            upstream_of(&gateway, &task_id),
+            up,
+            "still the same upstream task"
+        );
+
+        // The answer reached the upstream's own task, under its own ids.
+        let at_upstream = upstream
+            .call_at("/agents/scenario/a2a", "GetTask", json!({"id": up.task_id}))
+            .await;
+        let at_upstream = at_upstream.result();
+        assert_eq!(at_upstream["status"]["state"], "TASK_STATE_COMPLETED");
+        let answered = at_upstream["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["messageId"] == answer_id.as_str())
+            .expect("the answer is in the upstream task's history");
+        assert_eq!(answered["taskId"], up.task_id.as_str());
+        assert_eq!(answered["contextId"], up.context_id.as_str());
+        gateway.stop().await;
+    }
+    upstream.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_is_forwarded_to_the_upstream_task() {
+    let gated = GatedAgent::new();
+    let upstream = baton().agent("gated", gated.clone()).start().await;
+    for streaming in [true, false] {
+        let card = published_card(&upstream, "gated", streaming).await;
+        let gateway = gateway_for(card.clone(), fast()).await;
+        let params = json!({
+            "message": user_message(&message_id("m"), "long job"),
+            "configuration": {"returnImmediately": true},
+        });
+        let task_id = gateway.call("SendMessage", params).await.result()["task"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let up = upstream_of(&gateway, &task_id);
+        let canceled = gateway.call("CancelTask", json!({"id": task_id})).await;
+        assert_eq!(canceled.result()["status"]["state"], "TASK_STATE_CANCELED");
+        let at_upstream = upstream
+            .call_at("/agents/gated/a2a", "GetTask", json!({"id": up.task_id}))
+            .await;
+        assert_eq!(
+            at_upstream.result()["status"]["state"],
+            "TASK_STATE_CANCELED"
+        );
+
+        // A second cancel of the upstream task is the upstream's to refuse.
+        let agent = remote(card, fast());
+        let task = Task {
+            id: task_id.clone(),
+            ..Task::default()
+        };
+        let refused = agent.cancel(&task, Some(&up)).await.unwrap_err();
+        assert!(
+            matches!(refused, AgentError::Refused { code: -32002, .. }),
+            "{refused:?}"
+        );
+        gateway.stop().await;
+    }
+    upstream.stop().await;
+}
+
+#[tokio::test]
+async fn the_ledger_answers_when_the_upstream_is_gone() {
+    let upstream = baton().start().await;
+    let gateway = gateway_for(published_card(&upstream, "scenario", true).await, fast()).await;
+    let result = gateway
+        .send_text(&message_id("tck-artifact-text"), "x", json!({}))
+        .await;
+    let task_id = result["task"]["id"].as_str().unwrap().to_string();
+    upstream.stop().await;
+
+    let got = gateway.call("GetTask", json!({"id": task_id})).await;
+    assert_eq!(got.result()["status"]["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(
+        text_of(&got.result()["artifacts"][0]),
+        "Generated text content"
+    );
+    let listed = gateway.call("ListTasks", json!({})).await;
+    assert_eq!(listed.result()["tasks"][0]["id"], task_id.as_str());
+
+    // A new message has nowhere to go, and says so.
+    let reply = gateway
+        .call(
+            "SendMessage",
+            json!({"message": user_message(&message_id("m"), "anyone?")}),
+        )
+        .await;
+    assert_upstream_fault(&reply, "UPSTREAM_UNREACHABLE");
+    gateway.stop().await;
+}
+
+/// Asserts a -32603 upstream fault with Baton's ErrorInfo `reason`.
+fn assert_upstream_fault(reply: &Reply, reason: &str) {
+    assert_eq!(reply.code(), Some(-32603), "{}", reply.body);
+    let info = &reply.body["error"]["data"][0];
+    assert_eq!(info["reason"], reason, "{}", reply.body);
+    assert_eq!(info["domain"], "baton.gateway");
+}
+
+/// Asserts -32006 INVALID_AGENT_RESPONSE.
+fn assert_invalid_agent_response(reply: &Reply) {
+    assert_eq!(reply.code(), Some(-32006), "{}", reply.body);
+    assert_eq!(
+        reply.body["error"]["data"][0]["reason"], "INVALID_AGENT_RESPONSE",
+        "{}",
+        reply.body
+    );
+}
+
+async fn send_to_gateway(gateway: &TestBaton) -> Reply {
+    gateway
+        .call(
+            "SendMessage",
+            json!({"message": user_message(&message_id("m"), "hello")}),
+        )
+        .await
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_reported_as_such() {
+    // A port nobody listens on.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/a2a", listener.local_addr().unwrap());
+    drop(listener);
+    for streaming in [true, false] {
+        let gateway = gateway_for(card_at(&url, streaming), fast()).await;
+        assert_upstream_fault(&send_to_gateway(&gateway).await, "UPSTREAM_UNREACHABLE");
+        let listed = gateway.call("ListTasks", json!({})).await;
+        assert_eq!(listed.result()["totalSize"], 0, "no task was created");
+        gateway.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_silent_upstream_times_out() {
+    // Accepts connections and never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/a2a", listener.local_addr().unwrap());
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let settings = UpstreamSettings {
+        request_timeout: Duration::from_millis(300),
+        ..fast()
+    };
+    for streaming in [true, false] {
+        let gateway = gateway_for(card_at(&url, streaming), settings.clone()).await;
+        let started = std::time::Instant::now();
+        assert_upstream_fault(&send_to_gateway(&gateway).await, "UPSTREAM_TIMEOUT");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        gateway.stop().await;
+    }
+    holder.abort();
+}
+
+/// What a fake agent saw of the last request.
+#[derive(Default)]
+struct Seen {
+    headers: Option<HeaderMap>,
+    body: Option<Value>,
+}
+
+/// A fake agent answering every POST with `answer(request)`:
+/// (content type, body).
+async fn fake_agent(
+    answer: fn(&Value) -> (&'static str, String),
+) -> (String, Arc<Mutex<Seen>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let recorder = seen.clone();
+    let app = axum::Router::new().fallback(move |headers: HeaderMap, body: axum::body::Bytes| {
+        let recorder = recorder.clone();
+        async move {
+            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let (content_type, text) = answer(&request);
+            let mut seen = recorder.lock().unwrap();
+            seen.headers = Some(headers);
+            seen.body = Some(request);
+            (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], text)
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/a2a", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, seen, server)
+}
+
+#[tokio::test]
+async fn a_non_json_answer_is_an_invalid_agent_response() {
+    let (url, _, server) = fake_agent(|_| ("text/html", "<html>Bad gateway</html>".into())).await;
+    for streaming in [true, false] {
+        let gateway = gateway_for(card_at(&url, streaming), fast()).await;
+        let reply = send_to_gateway(&gateway).await;
+        assert_invalid_agent_response(&reply);
+        assert!(
+            reply.body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("not JSON"),
+            "{}",
+            reply.body
+        );
+        gateway.stop().await;
+    }
+    server.abort();
+}
+
+#[tokio::test]
+async fn an_answer_that_is_not_a2a_is_an_invalid_agent_response() {
+    let (url, seen, server) = fake_agent(|request| {
+        let id = &request["id"];
+        let body = json!({"jsonrpc": "2.0", "id": id, "result": {"bogus": true}});
+        ("application/json", body.to_string())
+    })
+    .await;
+    for streaming in [true, false] {
+        let gateway = gateway_for(card_at(&url, streaming), fast()).await;
+        assert_invalid_agent_response(&send_to_gateway(&gateway).await);
+
+        // What the agent received: an A2A 1.0 request.
+        let (headers, body) = {
+            let seen = seen.lock().unwrap();
+            (seen.headers.clone().unwrap(), seen.body.clone().unwrap())
+        };
+        assert_eq!(headers["a2a-version"], "1.0");
+        assert_eq!(headers["content-type"], "application/json");
+        let method = if streaming {
+            "SendStreamingMessage"
+        } else {
+            "SendMessage"
+        };
+        assert_eq!(body["method"], method);
+        assert_eq!(body["params"]["message"]["parts"][0]["text"], "hello");
+        assert!(body["params"]["message"].get("taskId").is_none());
+        assert!(body["params"]["message"]["contextId"].is_string());
+        assert_eq!(
+            body["params"]["configuration"]["returnImmediately"].as_bool() == Some(true),
+            !streaming
+        );
+        gateway.stop().await;
+    }
+    server.abort();
+}
+
+/// A JSON-RPC error an agent might send, detail and all.
+fn agent_error() -> Value {
+    json!({
+        "code": -32005,
+        "message": "Content type image/gif is not supported",
+        "data": [{
+            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+            "reason": "CONTENT_TYPE_NOT_SUPPORTED",
+            "domain": "a2a-protocol.org",
+            "metadata": {"mediaType": "image/gif"},
+        }],
+    })
+}
+
+#[tokio::test]
+async fn an_upstream_error_passes_through_unchanged() {
+    let (url, _, server) = fake_agent(|request| {
+        let id = &request["id"];
+        let body = json!({"jsonrpc": "2.0", "id": id, "error": agent_error()});
+        ("application/json", body.to_string())
+    })
+    .await;
+    for streaming in [true, false] {
+        let gateway = gateway_for(card_at(&url, streaming), fast()).await;
+        let reply = send_to_gateway(&gateway).await;
+        assert_eq!(reply.body["error"], agent_error(), "streaming={streaming}");
+        gateway.stop().await;
+    }
+    server.abort();
+
+    // An error event inside a stream, too.
+    let (url, _, server) = fake_agent(|request| {
+        let id = &request["id"];
+        let body = json!({"jsonrpc": "2.0", "id": id, "error": agent_error()});
+        (
+            "text/event-stream",
+            format!("event: error\ndata: {body}\n\n"),
+        )
+    })
+    .await;
+    let gateway = gateway_for(card_at(&url, true), fast()).await;
+    let reply = send_to_gateway(&gateway).await;
+    assert_eq!(reply.body["error"], agent_error());
+    gateway.stop().await;
+    server.abort();
+}
+
+#[tokio::test]
+async fn a_stream_that_ends_early_is_followed_by_polling() {
+    // The stream shows the task WORKING, then closes; GetTask has the rest.
+    let (url, seen, server) = fake_agent(|request| {
+        let id = &request["id"];
+        let task = |state: &str| {
+            json!({
+                "id": "up-7",
+                "contextId": "up-ctx",
+                "status": {"state": state},
+                "artifacts": if state == "TASK_STATE_COMPLETED" {
+                    json!([{"artifactId": "a1", "parts": [{"text": "late result"}]}])
+                } else {
+                    json!([])
+                },
+            })
+        };
+        if request["method"] == "SendStreamingMessage" {
+            let event =
+                json!({"jsonrpc": "2.0", "id": id, "result": {"task": task("TASK_STATE_WORKING")}});
+            ("text/event-stream", format!(": hello\n\ndata: {event}\n\n"))
+        } else {
+            let body = json!({"jsonrpc": "2.0", "id": id, "result": task("TASK_STATE_COMPLETED")});
+            ("application/json", body.to_string())
+        }
+    })
+    .await;
+    let gateway = gateway_for(card_at(&url, true), fast()).await;
+    let result = gateway
+        .send_text(&message_id("m"), "hello", json!({}))
+        .await;
+    let task = &result["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{result}");
+    assert_eq!(text_of(&task["artifacts"][0]), "late result");
+    let task_id = task["id"].as_str().unwrap();
+    assert_eq!(
+        upstream_of(&gateway, task_id),
+        UpstreamRef {
+            task_id: "up-7".into(),
+            context_id: "up-ctx".into()
+        }
+    );
+    let last = seen.lock().unwrap().body.clone().unwrap();
+    assert_eq!(last["method"], "GetTask");
+    assert_eq!(
+        last["params"]["id"], "up-7",
+        "polled with the upstream's id"
+    );
+    gateway.stop().await;
+    server.abort();
+}
+
+/// Runs `recover` to its end, returning its outcome and what it reported.
+async fn recover(
+    agent: &RemoteAgent,
+    task: &Task,
+    upstream: Option<&UpstreamRef>,
+) -> (Result<(), AgentError>, Vec<AgentEvent>) {
+    let (events, mut receiver) = AgentEvents::channel(64);
+    let collect = async {
+        let mut seen = Vec::new();
+        while let Some(event) = receiver.recv().await {
+            seen.push(event);
+        }
+        seen
+    };
+    let run = async {
+        // Dropping the sink ends the collection.
+        agent
+            .recover(task, upstream, events, Default::default())
+            .await
+    };
+    tokio::time::timeout(WAIT, async { tokio::join!(run, collect) })
+        .await
+        .expect("recovery ends in time")
+}
+
+#[tokio::test]
+async fn recover_follows_a_running_upstream_task_to_its_end() {
+    let upstream = baton().start().await;
+    // Long-running: WORKING now, COMPLETED a few seconds later.
+    let started = upstream
+        .call_at(
+            "/agents/scenario/a2a",
+            "SendMessage",
+            json!({
+                "message": user_message(&message_id("test-resubscribe-message-id"), "slow"),
+                "configuration": {"returnImmediately": true},
+            }),
+        )
+        .await;
+    let started = started.result()["task"].clone();
+    let up = UpstreamRef {
+        task_id: started["id"].as_str().unwrap().into(),
+        context_id: started["contextId"].as_str().unwrap().into(),
+    };
+    // The gateway's task as a restart found it.
+    let task = Task {
+        id: "gateway-task".into(),
+        context_id: "gateway-context".into(),
+        status: TaskStatus::now(TaskState::Working, None),
+        ..Task::default()
+    };
+    let streaming = remote(published_card(&upstream, "scenario", true).await, fast());
+    let polling = remote(published_card(&upstream, "scenario", false).await, fast());
+    let ((streamed, streamed_events), (polled, polled_events)) = tokio::join!(
+        recover(&streaming, &task, Some(&up)),
+        recover(&polling, &task, Some(&up)),
+    );
+    for (outcome, events) in [(streamed, streamed_events), (polled, polled_events)] {
+        outcome.expect("recovered");
+        let states: Vec<TaskState> = events
+            .iter()
+            .filter_map(|e| match e {
+                AgentEvent::Status { state, .. } => Some(*state),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            states,
+            [TaskState::Completed],
+            "only the change is reported: {events:?}"
+        );
+        assert!(
+            !events.iter().any(|e| matches!(e, AgentEvent::Bound(_))),
+            "the ids are already known: {events:?}"
+        );
+    }
+
+    // A task the upstream never had (or forgot) fails with its answer.
+    let forgotten = UpstreamRef {
+        task_id: "no-such-task".into(),
+        context_id: String::new(),
+    };
+    let (outcome, events) = recover(&polling, &task, Some(&forgotten)).await;
+    assert!(
+        matches!(outcome, Err(AgentError::Refused { code: -32001, .. })),
+        "{outcome:?}"
+    );
+    assert!(events.is_empty());
+    // Without upstream ids there is nothing to pick up.
+    let (outcome, _) = recover(&polling, &task, None).await;
+    assert!(matches!(outcome, Err(AgentError::Failed(_))), "{outcome:?}");
+    upstream.stop().await;
+}

@@ -141,6 +141,11 @@ async fn agent_card(
 }
 
 async fn registry_rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    // Authenticate first: nobody without a key gets to probe the parser.
+    let principal = match state.authenticate(&headers) {
+        Ok(principal) => principal,
+        Err(response) => return response,
+    };
     let body = match read_rpc_body(&state, &headers, body).await {
         Ok(body) => body,
         Err(response) => return response,
@@ -148,10 +153,6 @@ async fn registry_rpc(State(state): State<AppState>, headers: HeaderMap, body: B
     let request = match parse_request(&body) {
         Ok(request) => request,
         Err(failure) => return error_reply(failure.id, &failure.error),
-    };
-    let principal = match state.authenticate(&headers) {
-        Ok(principal) => principal,
-        Err(response) => return response,
     };
     crate::registry::rpc::dispatch(&state.registry, principal.as_str(), request).await
 }

@@ -3,104 +3,14 @@
 //! drains gracefully, closing SSE streams.
 
 mod common;
+#[path = "common/process.rs"]
+mod process;
 
 use common::{WAIT, message_id, read_sse, user_message};
-use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use process::BatonProcess;
+use serde_json::json;
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// A `baton serve` child process.
-struct BatonProcess {
-    child: Child,
-    base: String,
-    http: reqwest::Client,
-}
-
-impl BatonProcess {
-    fn start(data: &std::path::Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--default-agent",
-                "scenario",
-            ])
-            .arg("--data")
-            .arg(data)
-            .args(["--shutdown-grace-secs", "3"])
-            .env("RUST_LOG", "warn")
-            // The scenario agent's long-running task then lasts 2 minutes.
-            .env("TCK_STREAMING_TIMEOUT", "60")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn baton");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the listening line");
-        let addr = line
-            .trim()
-            .strip_prefix("baton listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        Self {
-            child,
-            base: format!("http://{addr}"),
-            http: reqwest::Client::new(),
-        }
-    }
-
-    async fn call(&self, method: &str, params: Value) -> Value {
-        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-        let reply: Value = self
-            .http
-            .post(format!("{}/a2a", self.base))
-            .header("content-type", "application/json")
-            .header("a2a-version", "1.0")
-            .body(body.to_string())
-            .send()
-            .await
-            .expect("request")
-            .json()
-            .await
-            .expect("JSON reply");
-        assert!(reply.get("error").is_none(), "{method} failed: {reply}");
-        reply["result"].clone()
-    }
-
-    fn terminate(&mut self) {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("send SIGTERM");
-        assert!(status.success());
-    }
-
-    fn wait_exit(&mut self, bound: Duration) -> std::process::ExitStatus {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(
-                started.elapsed() < bound,
-                "baton did not exit within {bound:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for BatonProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[tokio::test]
 async fn tasks_history_artifacts_and_push_configs_survive_a_restart() {

@@ -253,15 +253,20 @@ impl Registry {
             {
                 continue;
             }
-            let card = std::fs::read_to_string(&path)
-                .map_err(|e| GatewayError::Internal(format!("{}: {e}", path.display())))
-                .and_then(|text| {
-                    serde_json::from_str::<Value>(&text)
-                        .map_err(|e| GatewayError::Internal(format!("{}: {e}", path.display())))
-                });
+            // One bad file must not keep the others (or Baton) from starting.
+            let card = match std::fs::read_to_string(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|text| serde_json::from_str::<Value>(&text).map_err(|e| e.to_string()))
+            {
+                Ok(card) => card,
+                Err(err) => {
+                    tracing::error!(path = %path.display(), %err, "card not registered");
+                    continue;
+                }
+            };
             let params = RegisterParams {
                 id: Some(id.clone()),
-                card: Some(card?),
+                card: Some(card),
                 ..RegisterParams::default()
             };
             let exists = self

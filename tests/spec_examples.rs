@@ -628,7 +628,7 @@ fn normalise(value: &Value) -> Value {
             for (key, child) in map {
                 // Rule 1: parsers accept the proto (snake_case) name; printers
                 // write lowerCamelCase.
-                let key = lower_camel(key);
+                let key = baton::protocol::wire::to_camel_case(key);
                 let child = if OPAQUE.contains(&key.as_str()) {
                     child.clone()
                 } else if TIMESTAMP_FIELDS.contains(&key.as_str()) && child.is_string() {
@@ -666,23 +666,6 @@ fn is_default(value: &Value) -> bool {
         Value::Array(items) => items.is_empty(),
         Value::Object(map) => map.is_empty(),
     }
-}
-
-/// `snake_case` to `lowerCamelCase` (names without `_` are unchanged).
-fn lower_camel(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    let mut upper = false;
-    for c in name.chars() {
-        if c == '_' {
-            upper = true;
-        } else if upper {
-            out.extend(c.to_uppercase());
-            upper = false;
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// The first path where two values differ, for failure messages.

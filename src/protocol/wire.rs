@@ -142,6 +142,24 @@ impl<'de> Visitor<'de> for Int32Visitor {
     }
 }
 
+/// A proto field name (`snake_case`) in its ProtoJSON spelling (`snakeCase`);
+/// names without `_` are unchanged.
+pub fn to_camel_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut upper = false;
+    for c in name.chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.extend(c.to_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Skips a `bool` field at its default when serializing.
 pub fn is_false(value: &bool) -> bool {
     !*value

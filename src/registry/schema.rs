@@ -220,7 +220,7 @@ impl CardValidator {
                         let name = if fields.contains_key(key) {
                             key.clone()
                         } else {
-                            let camel = to_camel_case(key);
+                            let camel = crate::protocol::wire::to_camel_case(key);
                             if fields.contains_key(&camel) {
                                 camel
                             } else {
@@ -278,23 +278,6 @@ impl CardValidator {
     }
 }
 
-/// The proto field name `snake_case` in its ProtoJSON spelling `snakeCase`.
-fn to_camel_case(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    let mut upper = false;
-    for c in name.chars() {
-        if c == '_' {
-            upper = true;
-        } else if upper {
-            out.extend(c.to_uppercase());
-            upper = false;
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// Maps a pointer into the normalised card back onto the card as given:
 /// where the caller wrote a snake_case key, the pointer names that key.
 fn original_pointer(card: &Value, pointer: &str) -> String {
@@ -308,7 +291,7 @@ fn original_pointer(card: &Value, pointer: &str) -> String {
                 Some(next) => Some(next),
                 None => object
                     .iter()
-                    .find(|(key, _)| to_camel_case(key) == segment)
+                    .find(|(key, _)| crate::protocol::wire::to_camel_case(key) == segment)
                     .map(|(key, next)| {
                         written = key.clone();
                         next

@@ -141,13 +141,8 @@ async fn agent_card(
 }
 
 async fn registry_rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    // Authenticate first: nobody without a key gets to probe the parser.
-    let principal = match state.authenticate(&headers) {
-        Ok(principal) => principal,
-        Err(response) => return response,
-    };
-    let body = match read_rpc_body(&state, &headers, body).await {
-        Ok(body) => body,
+    let (principal, body) = match accept_rpc(&state, &headers, body).await {
+        Ok(accepted) => accepted,
         Err(response) => return response,
     };
     let request = match parse_request(&body) {
@@ -329,6 +324,18 @@ fn peek_tenant(params: &serde_json::value::RawValue) -> String {
         .unwrap_or_default()
 }
 
+/// Admits a JSON-RPC call: the caller first (nobody without a key gets to
+/// probe the parser), then the body.
+async fn accept_rpc(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Principal, axum::body::Bytes), Response> {
+    let principal = state.authenticate(headers)?;
+    let body = read_rpc_body(state, headers, body).await?;
+    Ok((principal, body))
+}
+
 /// Reads a JSON-RPC body: capped in size, and JSON by its Content-Type.
 async fn read_rpc_body(
     state: &AppState,
@@ -363,12 +370,8 @@ async fn serve_rpc(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let principal = match state.authenticate(&headers) {
-        Ok(principal) => principal,
-        Err(response) => return response,
-    };
-    let body = match read_rpc_body(&state, &headers, body).await {
-        Ok(body) => body,
+    let (principal, body) = match accept_rpc(&state, &headers, body).await {
+        Ok(accepted) => accepted,
         Err(response) => return response,
     };
     let request = match parse_request(&body) {

@@ -9,6 +9,7 @@
 //! - [`protocol`]: A2A 1.0 wire types (exact ProtoJSON), method names.
 //! - [`jsonrpc`]: JSON-RPC envelope, method dispatch, SSE framing.
 //! - [`gateway`]: the eleven A2A methods over the ledger and the agents.
+//! - [`handoff`]: handoff control metadata, payloads, policy and routing.
 //! - [`lifecycle`]: task state transitions and event application.
 //! - [`store`]: the sled ledger, group-commit flusher and event fan-out.
 //! - [`agents`]: the agent trait and the built-in `echo` and `scenario` agents.
@@ -26,6 +27,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod gateway;
+pub mod handoff;
 pub mod jsonrpc;
 pub mod launch;
 pub mod lifecycle;

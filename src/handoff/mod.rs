@@ -1,0 +1,3 @@
+//! Handoffs across vendors (`urn:baton:handoff:v1`, DESIGN.md §3): the
+//! control metadata every call carries, the typed handoff payload, the
+//! policy checks before forwarding, and the routing rules.

@@ -39,6 +39,8 @@ pub struct CallContext {
     /// The `Idempotency-Key` header, or the messageId when the handoff
     /// extension is active.
     pub idempotency_key: Option<String>,
+    /// Handoff control from the request's headers (trace context, `Baton-*`).
+    pub incoming: crate::handoff::control::Incoming,
 }
 
 /// Gateway-wide settings the methods need.
@@ -48,6 +50,8 @@ pub struct GatewaySettings {
     pub task_timeout: Duration,
     /// Push notifications are offered; when false every push method is -32003.
     pub push_enabled: bool,
+    /// Largest hop count of a line of work (DESIGN.md §3.1).
+    pub max_hops: u32,
 }
 
 impl Default for GatewaySettings {
@@ -55,6 +59,7 @@ impl Default for GatewaySettings {
         Self {
             task_timeout: Duration::from_secs(300),
             push_enabled: true,
+            max_hops: 5,
         }
     }
 }

@@ -7,8 +7,15 @@ use super::validate::{self, check_history_length, check_message, finish};
 use super::{CallContext, Gateway};
 use crate::agents::{AgentEvent, AgentEvents, AgentRequest};
 use crate::error::GatewayError;
+use crate::handoff::control::{Control, Limits};
 use crate::protocol::*;
 use crate::registry::AgentEntry;
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+
+/// An agent execution in progress.
+type Execution = tokio::task::JoinHandle<Result<(), crate::agents::AgentError>>;
+use crate::handoff::reasons::{self, status_part};
 use crate::store::{IdempotencyRecord, TaskRecord};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -40,6 +47,8 @@ enum Begun {
     Started(Started),
     /// An idempotent repeat: what the first send with the key produced.
     Replay(IdempotencyRecord),
+    /// Refused before any agent saw it: the task is already terminal.
+    Settled(Box<TaskRecord>),
 }
 
 /// A send whose agent is running.
@@ -69,6 +78,11 @@ impl Gateway {
         let mut started = match self.start(ctx, req, false).await? {
             Begun::Started(started) => started,
             Begun::Replay(earlier) => return self.replay_send(ctx, earlier, &config).await,
+            Begun::Settled(record) => {
+                return Ok(SendMessageResponse::Task(
+                    record.task.view(config.history_length, true),
+                ));
+            }
         };
         match (&mut started.first).await {
             Ok(First::Message(message)) => return Ok(SendMessageResponse::Message(message)),
@@ -98,6 +112,15 @@ impl Gateway {
     ) -> Result<SendOutcome, GatewayError> {
         let mut started = match self.start(ctx, req, true).await? {
             Begun::Started(started) => started,
+            Begun::Settled(record) => {
+                let watcher = self.ledger.hub().watch(&record.task.id);
+                return Ok(SendOutcome::Task(TaskEventStream::from_snapshot(
+                    self.clone(),
+                    *record,
+                    watcher,
+                    true,
+                )));
+            }
             Begun::Replay(earlier) => {
                 if let Some(message) = earlier.message {
                     return Ok(SendOutcome::Message(message));
@@ -152,6 +175,49 @@ impl Gateway {
         Ok(SendMessageResponse::Task(
             record.task.view(config.history_length, true),
         ))
+    }
+
+    /// Records a task refused by policy: REJECTED at once, with the reason
+    /// code in a status part, and never delivered.
+    async fn reject(
+        &self,
+        ctx: &CallContext,
+        agent_id: &str,
+        message: Message,
+        control: &Control,
+        reason: &str,
+        detail: serde_json::Value,
+    ) -> Result<Begun, GatewayError> {
+        let mut status = Message::agent(vec![status_part(reason, detail)]);
+        status.task_id = message.task_id.clone();
+        status.context_id = message.context_id.clone();
+        let mut metadata = None;
+        control.write_into(&mut metadata);
+        let snapshot = Task {
+            id: message.task_id.clone(),
+            context_id: message.context_id.clone(),
+            status: TaskStatus::now(TaskState::Rejected, Some(status.clone())),
+            history: vec![message, status],
+            metadata,
+            ..Task::default()
+        };
+        let record = TaskRecord {
+            task: Task {
+                id: snapshot.id.clone(),
+                context_id: snapshot.context_id.clone(),
+                ..Task::default()
+            },
+            owner: ctx.principal.clone(),
+            agent: agent_id.to_string(),
+            created_at: chrono::Utc::now(),
+            ..TaskRecord::default()
+        };
+        tracing::info!(task_id = %snapshot.id, agent = agent_id, reason, "handoff refused");
+        let record = self
+            .ledger
+            .create(record, vec![StreamResponse::Task(snapshot)])
+            .await?;
+        Ok(Begun::Settled(Box::new(record)))
     }
 
     /// Checks a repeat against the first send with its key.
@@ -323,6 +389,37 @@ impl Gateway {
             self.ledger.put_push_config(&push).await?;
         }
 
+        // Handoff control (DESIGN.md §3.1): a new task is a new hop; a
+        // continuation stays on the hop of its task.
+        let control = match &continued {
+            Some(record) => Control::read_from(record.task.metadata.as_ref()).unwrap_or_default(),
+            None => {
+                let mut incoming = ctx.incoming.clone();
+                incoming.metadata = Control::read_from(message.metadata.as_ref());
+                let lineage = incoming
+                    .metadata
+                    .as_ref()
+                    .and_then(|c| c.parent_task_id.as_deref())
+                    .and_then(|parent| self.owned_task(ctx, parent).ok())
+                    .and_then(|parent| Control::read_from(parent.task.metadata.as_ref()));
+                let limits = Limits {
+                    max_hops: self.settings.max_hops,
+                    task_timeout: self.settings.task_timeout,
+                };
+                let merged =
+                    Control::merge(&incoming, lineage.as_ref(), limits, chrono::Utc::now());
+                if let Some((reason, detail)) = policy_refusal(&merged, &agent.id) {
+                    let delivered = merged.delivered_to(&agent.id);
+                    delivered.write_into(&mut message.metadata);
+                    return self
+                        .reject(ctx, &agent.id, message, &delivered, reason, detail)
+                        .await;
+                }
+                merged.delivered_to(&agent.id)
+            }
+        };
+        control.write_into(&mut message.metadata);
+
         let watcher = self.ledger.hub().watch(&task_id);
         let (first_tx, first) = oneshot::channel();
         let (done_tx, driver_done) = watch::channel(false);
@@ -428,17 +525,19 @@ impl Driver {
         // Cancelable like any execution: by CancelTask and by shutdown.
         let cancel = self.gateway.shutdown.child_token();
         self.gateway.register_running(&task.id, cancel.clone());
+        let agent_cancel = cancel.clone();
         let execution = tokio::spawn(async move {
             agent
-                .recover(&task, upstream.as_ref(), events, cancel)
+                .recover(&task, upstream.as_ref(), events, agent_cancel)
                 .await
         });
+        let deadline = Control::read_from(record.task.metadata.as_ref()).and_then(|c| c.deadline);
         self.pump(
             &record.task.id,
             &record.task.context_id,
             None,
             receiver,
-            execution,
+            (execution, cancel, deadline),
             None,
             true,
         )
@@ -454,6 +553,8 @@ impl Driver {
         let task_id = request.task_id.clone();
         let context_id = request.context_id.clone();
         let user_message = request.message.clone();
+        let cancel = request.cancel.clone();
+        let deadline = Control::read_from(user_message.metadata.as_ref()).and_then(|c| c.deadline);
         let (events, receiver) = AgentEvents::channel(64);
         let agent = self.agent.agent.clone();
         let execution = tokio::spawn(async move { agent.execute(request, events).await });
@@ -497,7 +598,7 @@ impl Driver {
             &context_id,
             Some(user_message),
             receiver,
-            execution,
+            (execution, cancel, deadline),
             first_tx,
             created,
         )
@@ -512,12 +613,40 @@ impl Driver {
         context_id: &str,
         user_message: Option<Message>,
         mut receiver: tokio::sync::mpsc::Receiver<AgentEvent>,
-        execution: tokio::task::JoinHandle<Result<(), crate::agents::AgentError>>,
+        (execution, cancel, deadline): (Execution, CancellationToken, Option<DateTime<Utc>>),
         mut first_tx: Option<oneshot::Sender<First>>,
         mut created: bool,
     ) {
         let (task_id, context_id) = (task_id.to_string(), context_id.to_string());
-        while let Some(event) = receiver.recv().await {
+        let expiry = async {
+            match deadline {
+                Some(deadline) => {
+                    let left = (deadline - Utc::now()).to_std().unwrap_or_default();
+                    tokio::time::sleep(left).await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::pin!(expiry);
+        loop {
+            let event = tokio::select! {
+                event = receiver.recv() => event,
+                _ = &mut expiry => {
+                    cancel.cancel();
+                    if created {
+                        self.expire(&task_id, &context_id).await;
+                    } else {
+                        let error = GatewayError::UpstreamTimeout(
+                            "the task's deadline passed before the agent answered".into(),
+                        );
+                        self.refuse(&mut first_tx, error).await;
+                    }
+                    break;
+                }
+            };
+            let Some(event) = event else {
+                break;
+            };
             let mut batch = vec![event];
             while let Ok(more) = receiver.try_recv() {
                 batch.push(more);
@@ -543,6 +672,12 @@ impl Driver {
                     context_id: context_id.clone(),
                     status: TaskStatus::now(TaskState::Submitted, None),
                     history: user_message.iter().cloned().collect(),
+                    metadata: user_message.as_ref().and_then(|m| {
+                        let control = Control::read_from(m.metadata.as_ref())?;
+                        let mut metadata = None;
+                        control.write_into(&mut metadata);
+                        metadata
+                    }),
                     ..Task::default()
                 }));
             }
@@ -602,6 +737,48 @@ impl Driver {
             (None, true) => {}
         }
         self.gateway.unregister_running(&task_id);
+    }
+
+    /// The deadline passed: the agent is told to stop at once (`CancelTask`
+    /// for a remote agent) and the task fails with `DEADLINE_EXCEEDED`.
+    async fn expire(&self, task_id: &str, context_id: &str) {
+        if let Ok(Some(record)) = self.gateway.ledger.get(task_id) {
+            if record.task.status.state.is_terminal() {
+                return;
+            }
+            if let Err(err) = self
+                .agent
+                .agent
+                .cancel(&record.task, record.upstream.as_ref())
+                .await
+            {
+                tracing::warn!(task_id, %err, "agent did not confirm the cancel at the deadline");
+            }
+        }
+        let mut status = Message::agent(vec![status_part(
+            reasons::DEADLINE_EXCEEDED,
+            serde_json::json!({}),
+        )]);
+        status.task_id = task_id.to_string();
+        status.context_id = context_id.to_string();
+        let result = self
+            .gateway
+            .ledger
+            .update(task_id, |record| {
+                if record.task.status.state.is_terminal() {
+                    return Ok::<_, GatewayError>(Vec::new());
+                }
+                Ok(vec![StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+                    task_id: task_id.to_string(),
+                    context_id: context_id.to_string(),
+                    status: TaskStatus::now(TaskState::Failed, Some(status)),
+                    metadata: None,
+                })])
+            })
+            .await;
+        if let Err(err) = result {
+            tracing::error!(task_id, %err, "could not record the deadline");
+        }
     }
 
     /// Answers the caller with an error when nothing was created; the
@@ -742,4 +919,22 @@ fn to_stream_event(event: AgentEvent, task_id: &str, context_id: &str) -> Option
         }),
     };
     Some(event)
+}
+
+/// Why the policy refuses to deliver a line of work to `target`, if it does:
+/// the hop limit is reached, or `target` already holds it (a cycle).
+fn policy_refusal(control: &Control, target: &str) -> Option<(&'static str, serde_json::Value)> {
+    if control.hops >= control.max_hops {
+        return Some((
+            reasons::HOP_LIMIT_EXCEEDED,
+            serde_json::json!({"hops": control.hops, "maxHops": control.max_hops, "chain": control.chain}),
+        ));
+    }
+    if control.chain.iter().any(|held| held == target) {
+        return Some((
+            reasons::HANDOFF_CYCLE,
+            serde_json::json!({"target": target, "chain": control.chain}),
+        ));
+    }
+    None
 }

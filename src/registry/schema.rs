@@ -307,7 +307,7 @@ fn original_pointer(card: &Value, pointer: &str) -> String {
 }
 
 /// The JSON Pointer of a serde path.
-fn serde_pointer(path: &serde_path_to_error::Path) -> String {
+pub(crate) fn serde_pointer(path: &serde_path_to_error::Path) -> String {
     use serde_path_to_error::Segment;
     let mut out = String::new();
     for segment in path.iter() {
@@ -322,7 +322,7 @@ fn serde_pointer(path: &serde_path_to_error::Path) -> String {
 }
 
 /// Escapes one JSON Pointer reference token (RFC 6901).
-fn escape(token: &str) -> String {
+pub(crate) fn escape(token: &str) -> String {
     token.replace('~', "~0").replace('/', "~1")
 }
 
@@ -332,7 +332,7 @@ fn unescape(token: &str) -> String {
 }
 
 /// The JSON Schema type name of `value`.
-fn json_type(value: &Value) -> &'static str {
+pub(crate) fn json_type(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "boolean",
@@ -345,7 +345,7 @@ fn json_type(value: &Value) -> &'static str {
 }
 
 /// `"an object"`, `"a string"`: reads better in a sentence.
-fn with_article(noun: &str) -> String {
+pub(crate) fn with_article(noun: &str) -> String {
     let article = if noun.starts_with(['a', 'e', 'i', 'o', 'u']) {
         "an"
     } else {

@@ -435,6 +435,7 @@ async fn serve_rpc(
         principal: principal.into(),
         agent_id: agent_id.clone(),
         idempotency_key,
+        incoming: crate::handoff::control::Incoming::read(&headers, None),
     };
     let mut response = dispatch(&state.gateway, &ctx, request, extended_card)
         .instrument(tracing::debug_span!("rpc", agent = %agent_id))

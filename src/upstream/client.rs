@@ -11,6 +11,7 @@
 use super::sse::{SseDecoder, SseEvent};
 use super::{UpstreamConfigError, UpstreamSettings};
 use crate::agents::AgentError;
+use crate::handoff::control::Control;
 use crate::netguard::OutboundPolicy;
 use crate::protocol::{
     AgentCard, CancelTaskRequest, GetTaskRequest, Message, PROTOCOL_VERSION, SendMessageRequest,
@@ -111,7 +112,8 @@ impl UpstreamClient {
         mut request: SendMessageRequest,
     ) -> Result<SendMessageResponse, AgentError> {
         request.tenant = self.tenant.clone();
-        self.call(methods::SEND_MESSAGE, &request).await
+        let control = control_headers(&request);
+        self.call(methods::SEND_MESSAGE, &request, &control).await
     }
 
     /// `SendStreamingMessage`: the stream of the task's events, or a single
@@ -121,20 +123,21 @@ impl UpstreamClient {
         mut request: SendMessageRequest,
     ) -> Result<UpstreamStream, AgentError> {
         request.tenant = self.tenant.clone();
-        self.open_stream(methods::SEND_STREAMING_MESSAGE, &request)
+        let control = control_headers(&request);
+        self.open_stream(methods::SEND_STREAMING_MESSAGE, &request, &control)
             .await
     }
 
     /// `GetTask`.
     pub async fn get_task(&self, mut request: GetTaskRequest) -> Result<Task, AgentError> {
         request.tenant = self.tenant.clone();
-        self.call(methods::GET_TASK, &request).await
+        self.call(methods::GET_TASK, &request, &[]).await
     }
 
     /// `CancelTask`: the task as the agent left it.
     pub async fn cancel_task(&self, mut request: CancelTaskRequest) -> Result<Task, AgentError> {
         request.tenant = self.tenant.clone();
-        self.call(methods::CANCEL_TASK, &request).await
+        self.call(methods::CANCEL_TASK, &request, &[]).await
     }
 
     /// `SubscribeToTask`: the task, then its later events.
@@ -143,7 +146,8 @@ impl UpstreamClient {
         mut request: SubscribeToTaskRequest,
     ) -> Result<UpstreamStream, AgentError> {
         request.tenant = self.tenant.clone();
-        self.open_stream(methods::SUBSCRIBE_TO_TASK, &request).await
+        self.open_stream(methods::SUBSCRIBE_TO_TASK, &request, &[])
+            .await
     }
 
     fn label(&self, method: &str) -> String {
@@ -156,6 +160,7 @@ impl UpstreamClient {
         method: &str,
         params: &impl Serialize,
         accept: &str,
+        extra: &[(&'static str, String)],
     ) -> Result<(u64, reqwest::RequestBuilder), AgentError> {
         // Resolvers never see IP literals, so those are checked here.
         self.policy.check_url(&self.url).map_err(|reason| {
@@ -169,13 +174,16 @@ impl UpstreamClient {
             "params": params,
         }))
         .map_err(|e| AgentError::Failed(format!("cannot encode {method} params: {e}")))?;
-        let request = self
+        let mut request = self
             .http
             .post(self.url.clone())
             .header(VERSION_HEADER, PROTOCOL_VERSION)
             .header(CONTENT_TYPE, APPLICATION_JSON)
             .header(ACCEPT, accept)
             .body(body);
+        for (name, value) in extra {
+            request = request.header(*name, value);
+        }
         Ok((id, request))
     }
 
@@ -184,9 +192,10 @@ impl UpstreamClient {
         &self,
         method: &str,
         params: &impl Serialize,
+        extra: &[(&'static str, String)],
     ) -> Result<T, AgentError> {
         let label = self.label(method);
-        let (id, request) = self.request(method, params, APPLICATION_JSON)?;
+        let (id, request) = self.request(method, params, APPLICATION_JSON, extra)?;
         tracing::debug!(upstream = %self.url, method, id, "calling agent");
         // reqwest's per-request timeout covers connecting, sending and
         // reading the whole body.
@@ -206,9 +215,10 @@ impl UpstreamClient {
         &self,
         method: &str,
         params: &impl Serialize,
+        extra: &[(&'static str, String)],
     ) -> Result<UpstreamStream, AgentError> {
         let label = self.label(method);
-        let (id, request) = self.request(method, params, EVENT_STREAM)?;
+        let (id, request) = self.request(method, params, EVENT_STREAM, extra)?;
         tracing::debug!(upstream = %self.url, method, id, "opening agent stream");
         let timeout = self.settings.request_timeout;
         let timed_out = || AgentError::Timeout(format!("{label}: no answer within {timeout:?}"));
@@ -558,6 +568,18 @@ fn parse_result<T: A2aResult>(label: &str, result: Value) -> Result<T, AgentErro
     let parsed: T = serde_path_to_error::deserialize(result).map_err(|e| invalid(e.to_string()))?;
     parsed.check().map_err(invalid)?;
     Ok(parsed)
+}
+
+/// The handoff control of a forwarded message as HTTP headers (trace
+/// context with a new span, `Baton-Hops`, `Baton-Chain`, `Baton-Deadline`),
+/// for agents that read headers only.
+fn control_headers(request: &SendMessageRequest) -> Vec<(&'static str, String)> {
+    request
+        .message
+        .as_ref()
+        .and_then(|message| Control::read_from(message.metadata.as_ref()))
+        .map(|control| control.headers())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -129,6 +129,7 @@ impl BatonBuilder {
             GatewaySettings {
                 task_timeout: Duration::from_secs(30),
                 push_enabled: self.push_enabled,
+                ..GatewaySettings::default()
             },
             shutdown_token,
         );

@@ -1,0 +1,347 @@
+//! Control metadata (DESIGN.md §3.1): the trace id, hop count, chain and
+//! deadline every call through Baton carries, in message metadata under
+//! `urn:baton:handoff:v1` and in HTTP headers.
+//!
+//! The rules: take the largest `hops`, the longest `chain` and the earliest
+//! `deadline` among what the ledger knows of the task's lineage, the
+//! metadata and the headers; a caller may shorten limits but never lengthen
+//! them. Delivering to agent X adds one hop and appends X to the chain.
+
+use crate::protocol::{HANDOFF_EXTENSION, wire};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// `Baton-Hops`.
+pub const HOPS_HEADER: &str = "baton-hops";
+/// `Baton-Chain`: agent ids, comma-separated.
+pub const CHAIN_HEADER: &str = "baton-chain";
+/// `Baton-Deadline`: RFC 3339 UTC, milliseconds.
+pub const DEADLINE_HEADER: &str = "baton-deadline";
+/// W3C trace context.
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+/// W3C trace state, passed on unchanged.
+pub const TRACESTATE_HEADER: &str = "tracestate";
+
+/// The control metadata of one line of work.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Control {
+    /// W3C trace id, 32 lowercase hex digits.
+    #[serde(default)]
+    pub trace_id: String,
+    /// How many times a gateway has forwarded this line of work.
+    #[serde(default, deserialize_with = "lenient_u32")]
+    pub hops: u32,
+    /// Largest `hops` allowed.
+    #[serde(default, deserialize_with = "lenient_u32")]
+    pub max_hops: u32,
+    /// The agents that have held this line of work, last the current one.
+    #[serde(default)]
+    pub chain: Vec<String>,
+    /// When the work must be done.
+    #[serde(
+        default,
+        with = "wire::opt_timestamp",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub deadline: Option<DateTime<Utc>>,
+    /// The gateway task this one is a child of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_task_id: Option<String>,
+    /// The handoff this work came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff_id: Option<String>,
+    /// A caller's correlation id, passed on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+}
+
+fn lenient_u32<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let value = wire::int32(d)?;
+    Ok(u32::try_from(value).unwrap_or(0))
+}
+
+/// The limits that apply to a call: the gateway's, narrowed by the agent's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest hop count.
+    pub max_hops: u32,
+    /// Longest a task may take.
+    pub task_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_hops: 5,
+            task_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What a request carries, from wherever it came.
+#[derive(Clone, Debug, Default)]
+pub struct Incoming {
+    /// `message.metadata["urn:baton:handoff:v1"]`.
+    pub metadata: Option<Control>,
+    /// `traceparent`.
+    pub traceparent: Option<String>,
+    /// `tracestate`.
+    pub tracestate: Option<String>,
+    /// `Baton-Hops`.
+    pub hops: Option<u32>,
+    /// `Baton-Chain`.
+    pub chain: Option<Vec<String>>,
+    /// `Baton-Deadline`.
+    pub deadline: Option<DateTime<Utc>>,
+}
+
+impl Incoming {
+    /// Reads the headers and the message metadata of a request.
+    pub fn read(headers: &axum::http::HeaderMap, message_metadata: Option<&wire::Struct>) -> Self {
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+        };
+        Self {
+            metadata: message_metadata
+                .and_then(|m| m.get(HANDOFF_EXTENSION))
+                .and_then(|v| serde_json::from_value(v.clone()).ok()),
+            traceparent: header(TRACEPARENT_HEADER),
+            tracestate: header(TRACESTATE_HEADER),
+            hops: header(HOPS_HEADER).and_then(|v| v.parse().ok()),
+            chain: header(CHAIN_HEADER).map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            }),
+            deadline: header(DEADLINE_HEADER).and_then(|v| wire::parse_timestamp(&v).ok()),
+        }
+    }
+}
+
+/// The trace id of a W3C `traceparent` (`00-<trace>-<span>-<flags>`).
+pub fn trace_id_of(traceparent: &str) -> Option<String> {
+    let mut parts = traceparent.split('-');
+    let (_version, trace, span) = (parts.next()?, parts.next()?, parts.next()?);
+    let valid = |s: &str, len| s.len() == len && s.chars().all(|c| c.is_ascii_hexdigit());
+    (valid(trace, 32) && valid(span, 16) && trace.chars().any(|c| c != '0'))
+        .then(|| trace.to_ascii_lowercase())
+}
+
+/// A fresh W3C trace id.
+pub fn new_trace_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// A `traceparent` for the next hop: the same trace, a new span.
+pub fn next_traceparent(trace_id: &str) -> String {
+    let span = &uuid::Uuid::new_v4().simple().to_string()[..16];
+    format!("00-{trace_id}-{span}-01")
+}
+
+impl Control {
+    /// The control of a request before delivery: the largest hops, longest
+    /// chain and earliest deadline of `lineage`, the metadata and the
+    /// headers; limits only ever shortened.
+    pub fn merge(
+        incoming: &Incoming,
+        lineage: Option<&Control>,
+        limits: Limits,
+        now: DateTime<Utc>,
+    ) -> Self {
+        let sources: Vec<&Control> = incoming.metadata.iter().chain(lineage).collect();
+        let trace_id = incoming
+            .traceparent
+            .as_deref()
+            .and_then(trace_id_of)
+            .or_else(|| {
+                sources
+                    .iter()
+                    .map(|c| c.trace_id.clone())
+                    .find(|t| t.len() == 32)
+            })
+            .unwrap_or_else(new_trace_id);
+        let hops = sources
+            .iter()
+            .map(|c| c.hops)
+            .chain(incoming.hops)
+            .max()
+            .unwrap_or(0);
+        let chain = sources
+            .iter()
+            .map(|c| c.chain.clone())
+            .chain(incoming.chain.clone())
+            .max_by_key(Vec::len)
+            .unwrap_or_default();
+        let max_hops = sources
+            .iter()
+            .map(|c| c.max_hops)
+            .filter(|m| *m > 0)
+            .chain([limits.max_hops])
+            .min()
+            .unwrap_or(limits.max_hops);
+        let timeout =
+            chrono::Duration::from_std(limits.task_timeout).unwrap_or(chrono::Duration::MAX);
+        let deadline = sources
+            .iter()
+            .filter_map(|c| c.deadline)
+            .chain(incoming.deadline)
+            .chain(now.checked_add_signed(timeout))
+            .min();
+        let first = |f: fn(&Control) -> Option<String>| sources.iter().find_map(|c| f(c));
+        Self {
+            trace_id,
+            hops,
+            max_hops,
+            chain,
+            deadline,
+            parent_task_id: first(|c| c.parent_task_id.clone()),
+            handoff_id: first(|c| c.handoff_id.clone()),
+            correlation_id: first(|c| c.correlation_id.clone()),
+        }
+    }
+
+    /// The control sent with a delivery to `agent`.
+    pub fn delivered_to(&self, agent: &str) -> Self {
+        let mut next = self.clone();
+        next.hops += 1;
+        next.chain.push(agent.to_string());
+        next
+    }
+
+    /// As JSON, for `metadata["urn:baton:handoff:v1"]`.
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+
+    /// Puts this control into a metadata object.
+    pub fn write_into(&self, metadata: &mut Option<wire::Struct>) {
+        metadata
+            .get_or_insert_with(Default::default)
+            .insert(HANDOFF_EXTENSION.to_string(), self.to_value());
+    }
+
+    /// Reads the control from a metadata object.
+    pub fn read_from(metadata: Option<&wire::Struct>) -> Option<Self> {
+        serde_json::from_value(metadata?.get(HANDOFF_EXTENSION)?.clone()).ok()
+    }
+
+    /// The headers that carry this control to an agent.
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut headers = vec![
+            (TRACEPARENT_HEADER, next_traceparent(&self.trace_id)),
+            (HOPS_HEADER, self.hops.to_string()),
+            (CHAIN_HEADER, self.chain.join(",")),
+        ];
+        if let Some(deadline) = self.deadline {
+            headers.push((DEADLINE_HEADER, wire::format_timestamp(&deadline)));
+        }
+        headers
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(secs, 0).unwrap()
+    }
+
+    #[test]
+    fn a_fresh_request_starts_a_trace_at_hop_zero() {
+        let control = Control::merge(&Incoming::default(), None, Limits::default(), at(1_000));
+        assert_eq!(control.trace_id.len(), 32);
+        assert_eq!((control.hops, control.max_hops), (0, 5));
+        assert!(control.chain.is_empty());
+        assert_eq!(control.deadline, Some(at(1_300)));
+        let delivered = control.delivered_to("triage");
+        assert_eq!(
+            (delivered.hops, delivered.chain.clone()),
+            (1, vec!["triage".to_string()])
+        );
+    }
+
+    #[test]
+    fn the_largest_hops_longest_chain_and_earliest_deadline_win() {
+        let incoming = Incoming {
+            metadata: Some(Control {
+                trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+                hops: 1,
+                max_hops: 9,
+                chain: vec!["a".into()],
+                deadline: Some(at(2_000)),
+                ..Control::default()
+            }),
+            hops: Some(3),
+            chain: Some(vec!["a".into(), "b".into()]),
+            deadline: Some(at(1_100)),
+            ..Incoming::default()
+        };
+        let control = Control::merge(&incoming, None, Limits::default(), at(1_000));
+        assert_eq!(control.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(control.hops, 3);
+        assert_eq!(control.chain, ["a", "b"]);
+        assert_eq!(control.deadline, Some(at(1_100)));
+        assert_eq!(
+            control.max_hops, 5,
+            "a caller cannot lengthen the hop limit"
+        );
+        let shorter = Incoming {
+            metadata: Some(Control {
+                max_hops: 2,
+                ..Control::default()
+            }),
+            ..Incoming::default()
+        };
+        assert_eq!(
+            Control::merge(&shorter, None, Limits::default(), at(0)).max_hops,
+            2
+        );
+    }
+
+    #[test]
+    fn traceparent_wins_and_each_hop_gets_a_new_span() {
+        let incoming = Incoming {
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+            ..Incoming::default()
+        };
+        let control = Control::merge(&incoming, None, Limits::default(), at(0));
+        assert_eq!(control.trace_id, "0af7651916cd43dd8448eb211c80319c");
+        let (_, first) = &control.headers()[0];
+        let (_, second) = &control.headers()[0];
+        assert!(first.starts_with("00-0af7651916cd43dd8448eb211c80319c-"));
+        assert_ne!(first, second);
+        assert_eq!(
+            trace_id_of("00-00000000000000000000000000000000-b7ad6b7169203331-01"),
+            None
+        );
+        assert_eq!(trace_id_of("garbage"), None);
+    }
+
+    #[test]
+    fn metadata_round_trips_with_lenient_numbers() {
+        let mut metadata = Some(serde_json::Map::new());
+        let control = Control {
+            trace_id: new_trace_id(),
+            hops: 2,
+            max_hops: 5,
+            chain: vec!["x".into(), "y".into()],
+            deadline: Some(at(5)),
+            ..Control::default()
+        };
+        control.write_into(&mut metadata);
+        assert_eq!(Control::read_from(metadata.as_ref()), Some(control));
+        let doubles = serde_json::json!({"urn:baton:handoff:v1": {"hops": 2.0, "maxHops": 4.0}});
+        let read = Control::read_from(doubles.as_object()).unwrap();
+        assert_eq!((read.hops, read.max_hops), (2, 4));
+    }
+}

@@ -1,0 +1,227 @@
+//! Handoff control over real HTTP (DESIGN.md §3.1, §3.4): trace ids, hops,
+//! chains and deadlines carried to the agent, and the policy refusals.
+
+mod common;
+
+use common::agents::GatedAgent;
+use common::*;
+use serde_json::{Value, json};
+
+/// Registers `agent` of `upstream` at `gateway` under `id`.
+async fn register(gateway: &TestBaton, upstream: &TestBaton, agent: &str, id: &str) {
+    let url = upstream.url(&format!("/agents/{agent}/.well-known/agent-card.json"));
+    let card: Value = upstream
+        .http
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "RegisterAgent", "params": {"id": id, "card": card}});
+    gateway.post_json("/registry", &body).await.result();
+}
+
+/// The status part's reason code of a task.
+fn reason(task: &Value) -> &str {
+    task["status"]["message"]["parts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["mediaType"] == "application/vnd.baton.status.v1+json")
+        .and_then(|p| p["data"]["reason"].as_str())
+        .unwrap_or("")
+}
+
+#[tokio::test]
+async fn the_trace_and_hop_reach_the_agent_and_are_mirrored_on_the_task() {
+    let upstream = baton().start().await;
+    let gateway = baton().start().await;
+    register(&gateway, &upstream, "scenario", "remote").await;
+
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
+        "message": user_message(&message_id("tck-complete-task"), "hi")}});
+    let reply = gateway
+        .post_raw(
+            "/agents/remote/a2a",
+            body.to_string(),
+            &[
+                ("content-type", "application/json"),
+                ("a2a-version", "1.0"),
+                ("traceparent", &format!("00-{trace}-b7ad6b7169203331-01")),
+            ],
+        )
+        .await;
+    let task = &reply.result()["task"];
+    let mirrored = &task["metadata"]["urn:baton:handoff:v1"];
+    assert_eq!(mirrored["traceId"], trace);
+    assert_eq!(mirrored["hops"], 1);
+    assert_eq!(mirrored["chain"], json!(["remote"]));
+    assert_eq!(mirrored["maxHops"], 5);
+    assert!(
+        mirrored["deadline"]
+            .as_str()
+            .is_some_and(|d| d.ends_with('Z'))
+    );
+
+    // The upstream, itself a Baton, received hop 1 with chain [remote] and
+    // honoured it: its own delivery is hop 2, in the same trace.
+    let listed = upstream
+        .call_at("/agents/scenario/a2a", "ListTasks", json!({}))
+        .await;
+    let upstream_task = &listed.result()["tasks"][0];
+    let upstream_control = &upstream_task["metadata"]["urn:baton:handoff:v1"];
+    assert_eq!(upstream_control["traceId"], trace);
+    assert_eq!(upstream_control["hops"], 2);
+    assert_eq!(upstream_control["chain"], json!(["remote", "scenario"]));
+    gateway.stop().await;
+    upstream.stop().await;
+}
+
+#[tokio::test]
+async fn the_hop_limit_and_cycles_are_refused_before_forwarding() {
+    let gateway = baton().start().await;
+    let control = |hops: u32, chain: Value| {
+        let mut message = user_message(&message_id("m"), "x");
+        message["metadata"] = json!({"urn:baton:handoff:v1": {"hops": hops, "chain": chain}});
+        json!({"message": message})
+    };
+    let refused = gateway
+        .call_at(
+            "/agents/echo/a2a",
+            "SendMessage",
+            control(5, json!(["a", "b", "c", "d", "e"])),
+        )
+        .await;
+    let task = &refused.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED");
+    assert_eq!(reason(task), "HOP_LIMIT_EXCEEDED");
+    assert!(task.get("artifacts").is_none(), "the agent never saw it");
+
+    // A caller may shorten the limit.
+    let mut message = user_message(&message_id("m"), "x");
+    message["metadata"] = json!({"urn:baton:handoff:v1": {"hops": 2, "maxHops": 2}});
+    let shortened = gateway
+        .call_at(
+            "/agents/echo/a2a",
+            "SendMessage",
+            json!({"message": message}),
+        )
+        .await;
+    assert_eq!(reason(&shortened.result()["task"]), "HOP_LIMIT_EXCEEDED");
+
+    // Headers count as well: Baton-Hops from another gateway.
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": user_message(&message_id("m"), "x")}});
+    let by_header = gateway
+        .post_raw(
+            "/agents/echo/a2a",
+            body.to_string(),
+            &[
+                ("content-type", "application/json"),
+                ("a2a-version", "1.0"),
+                ("baton-hops", "7"),
+            ],
+        )
+        .await;
+    assert_eq!(reason(&by_header.result()["task"]), "HOP_LIMIT_EXCEEDED");
+
+    let cycle = gateway
+        .call_at(
+            "/agents/echo/a2a",
+            "SendMessage",
+            control(2, json!(["echo", "scenario"])),
+        )
+        .await;
+    let task = &cycle.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED");
+    assert_eq!(reason(task), "HANDOFF_CYCLE");
+    assert_eq!(
+        task["status"]["message"]["parts"][0]["data"]["detail"]["chain"],
+        json!(["echo", "scenario"])
+    );
+
+    // Under the limit and not in the chain: delivered.
+    let fine = gateway
+        .call_at(
+            "/agents/echo/a2a",
+            "SendMessage",
+            control(1, json!(["scenario"])),
+        )
+        .await;
+    let task = &fine.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(
+        task["metadata"]["urn:baton:handoff:v1"]["chain"],
+        json!(["scenario", "echo"])
+    );
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_passed_deadline_fails_the_task_and_cancels_it_downstream_at_once() {
+    let gated = GatedAgent::new();
+    let upstream = baton().agent("gated", gated.clone()).start().await;
+    let gateway = baton().start().await;
+    register(&gateway, &upstream, "gated", "slow").await;
+
+    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(800);
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
+        "message": user_message(&message_id("m"), "take your time"),
+        "configuration": {"returnImmediately": true}}});
+    let reply = gateway
+        .post_raw(
+            "/agents/slow/a2a",
+            body.to_string(),
+            &[
+                ("content-type", "application/json"),
+                ("a2a-version", "1.0"),
+                (
+                    "baton-deadline",
+                    &baton::protocol::wire::format_timestamp(&deadline),
+                ),
+            ],
+        )
+        .await;
+    let task_id = reply.result()["task"]["id"].as_str().unwrap().to_string();
+
+    let started = std::time::Instant::now();
+    let failed = loop {
+        let got = gateway.call("GetTask", json!({"id": task_id})).await;
+        let task = got.result().clone();
+        if task["status"]["state"] == "TASK_STATE_FAILED" {
+            break task;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "still {}",
+            task["status"]["state"]
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(reason(&failed), "DEADLINE_EXCEEDED");
+    let failed_at = chrono::Utc::now();
+    assert!(failed_at - deadline < chrono::Duration::seconds(1));
+
+    // Downstream the work stopped within a second of the deadline: the
+    // upstream Baton got the deadline with the message and enforced it too
+    // (or took the gateway's CancelTask, whichever came first).
+    let upstream_tasks = upstream
+        .call_at("/agents/gated/a2a", "ListTasks", json!({}))
+        .await;
+    let upstream_task = &upstream_tasks.result()["tasks"][0];
+    let state = upstream_task["status"]["state"].as_str().unwrap();
+    assert!(
+        state == "TASK_STATE_CANCELED"
+            || (state == "TASK_STATE_FAILED" && reason(upstream_task) == "DEADLINE_EXCEEDED"),
+        "{upstream_task}"
+    );
+    let canceled_at = chrono::DateTime::parse_from_rfc3339(
+        upstream_task["status"]["timestamp"].as_str().unwrap(),
+    )
+    .unwrap();
+    assert!(canceled_at.with_timezone(&chrono::Utc) - deadline < chrono::Duration::seconds(1));
+    gateway.stop().await;
+    upstream.stop().await;
+}

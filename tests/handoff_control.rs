@@ -225,3 +225,119 @@ async fn a_passed_deadline_fails_the_task_and_cancels_it_downstream_at_once() {
     gateway.stop().await;
     upstream.stop().await;
 }
+
+/// A message carrying a handoff payload part.
+fn handoff_message(payload: Value) -> Value {
+    json!({
+        "messageId": message_id("h"),
+        "role": "ROLE_USER",
+        "parts": [
+            {"text": "please take over"},
+            {"data": payload, "mediaType": "application/vnd.baton.handoff.v1+json"}
+        ]
+    })
+}
+
+fn payload(target: Value) -> Value {
+    let mut payload = json!({
+        "handoffId": "hf_1",
+        "from": "triage",
+        "reason": "specialization",
+        "goal": "Refund the duplicate charge.",
+        "summary": "The customer was charged twice for order 42.",
+    });
+    payload
+        .as_object_mut()
+        .unwrap()
+        .extend(target.as_object().unwrap().clone());
+    payload
+}
+
+#[tokio::test]
+async fn direct_handoffs_go_to_the_payload_target_or_are_rejected_with_the_reason() {
+    let gateway = baton().start().await;
+
+    // `to` picks the agent, even on /a2a where the default would be echo.
+    let reply = gateway
+        .call(
+            "SendMessage",
+            json!({"message": handoff_message(payload(json!({"to": "scenario"})))}),
+        )
+        .await;
+    let task = &reply.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(
+        task["status"]["message"]["parts"][0]["text"], "Hello from TCK",
+        "the scenario agent answered"
+    );
+    assert_eq!(
+        task["metadata"]["urn:baton:handoff:v1"]["handoffId"],
+        "hf_1"
+    );
+
+    // `toSkill` picks an agent declaring the skill.
+    let reply = gateway
+        .call(
+            "SendMessage",
+            json!({"message": handoff_message(payload(json!({"toSkill": "echo"})))}),
+        )
+        .await;
+    assert_eq!(reply.result()["task"]["artifacts"][0]["name"], "echo");
+
+    // Unknown targets.
+    for target in [json!({"to": "payroll"}), json!({"toSkill": "payroll"})] {
+        let reply = gateway
+            .call(
+                "SendMessage",
+                json!({"message": handoff_message(payload(target.clone()))}),
+            )
+            .await;
+        let task = &reply.result()["task"];
+        assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{target}");
+        assert_eq!(reason(task), "TARGET_NOT_FOUND", "{target}");
+    }
+
+    // A payload that fails the schema names every violation.
+    let invalid = json!({"handoffId": "hf_2", "from": "triage", "to": "echo", "toSkill": "echo", "reason": "boredom", "goal": ""});
+    let reply = gateway
+        .call("SendMessage", json!({"message": handoff_message(invalid)}))
+        .await;
+    let task = &reply.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED");
+    assert_eq!(reason(task), "SCHEMA_INVALID");
+    let violations = task["status"]["message"]["parts"][0]["data"]["detail"]["violations"]
+        .as_array()
+        .unwrap();
+    let pointers: Vec<&str> = violations
+        .iter()
+        .map(|v| v["pointer"].as_str().unwrap())
+        .collect();
+    for expected in ["/goal", "/reason", "/summary", "/toSkill"] {
+        assert!(
+            pointers.contains(&expected),
+            "{expected} missing from {pointers:?}"
+        );
+    }
+
+    // On an agent's own path, `to` must be that agent.
+    let reply = gateway
+        .call_at(
+            "/agents/echo/a2a",
+            "SendMessage",
+            json!({"message": handoff_message(payload(json!({"to": "scenario"})))}),
+        )
+        .await;
+    assert_eq!(reply.code(), Some(-32602));
+    let reply = gateway
+        .call_at(
+            "/agents/echo/a2a",
+            "SendMessage",
+            json!({"message": handoff_message(payload(json!({"to": "echo"})))}),
+        )
+        .await;
+    assert_eq!(
+        reply.result()["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    gateway.stop().await;
+}

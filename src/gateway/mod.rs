@@ -41,6 +41,9 @@ pub struct CallContext {
     pub idempotency_key: Option<String>,
     /// Handoff control from the request's headers (trace context, `Baton-*`).
     pub incoming: crate::handoff::control::Incoming,
+    /// The caller named the agent (by path or tenant), rather than leaving
+    /// the choice to the gateway.
+    pub pinned: bool,
 }
 
 /// Gateway-wide settings the methods need.
@@ -75,6 +78,8 @@ pub struct Gateway {
     running: Mutex<HashMap<String, CancellationToken>>,
     /// Canceled at shutdown: ends streams and agent work.
     pub(crate) shutdown: CancellationToken,
+    /// Turns of the round-robin among agents sharing a skill.
+    balance: std::sync::atomic::AtomicU64,
 }
 
 impl Gateway {
@@ -93,12 +98,19 @@ impl Gateway {
             settings,
             running: Mutex::new(HashMap::new()),
             shutdown,
+            balance: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
     /// The ledger.
     pub fn ledger(&self) -> &Arc<Ledger> {
         &self.ledger
+    }
+
+    /// The next turn of the round-robin among agents sharing a skill.
+    pub(crate) fn next_balance(&self) -> u64 {
+        self.balance
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether push notifications are offered.

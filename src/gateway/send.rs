@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 /// An agent execution in progress.
 type Execution = tokio::task::JoinHandle<Result<(), crate::agents::AgentError>>;
+use crate::handoff::payload::{HandoffTarget, PayloadValidator, find_payload, violations_detail};
 use crate::handoff::reasons::{self, status_part};
+use crate::handoff::routing::{AgentView, agents_with_skill};
 use crate::store::{IdempotencyRecord, TaskRecord};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -177,6 +179,83 @@ impl Gateway {
         ))
     }
 
+    /// Resolves a direct handoff (DESIGN.md §3.3): a message with a payload
+    /// part goes to the payload's `to`, or to an agent with its `toSkill`.
+    /// An invalid payload or an unknown target becomes a refusal (a REJECTED
+    /// task); a `to` that contradicts the addressed agent is -32602.
+    fn direct_handoff(
+        &self,
+        ctx: &CallContext,
+        message: &Message,
+    ) -> Result<(String, Handoff), GatewayError> {
+        let addressed = ctx.agent_id.clone();
+        let Some(data) = find_payload(message) else {
+            return Ok((addressed, Handoff::default()));
+        };
+        let payload = match PayloadValidator::shared().validate(data) {
+            Ok(payload) => payload,
+            Err(violations) => {
+                let refusal = (reasons::SCHEMA_INVALID, violations_detail(&violations));
+                return Ok((addressed, Handoff::refused(None, refusal)));
+            }
+        };
+        let handoff_id = Some(payload.handoff_id.clone());
+        match &payload.target {
+            HandoffTarget::Agent(to) => {
+                if ctx.pinned && *to != addressed {
+                    return Err(GatewayError::invalid_field(
+                        "message.parts",
+                        format!(
+                            "the handoff payload names {to:?}, but the call is addressed to {addressed:?}"
+                        ),
+                    ));
+                }
+                if self.agent(to).is_some() {
+                    Ok((
+                        to.clone(),
+                        Handoff {
+                            handoff_id,
+                            refusal: None,
+                        },
+                    ))
+                } else {
+                    let refusal = (reasons::TARGET_NOT_FOUND, serde_json::json!({"to": to}));
+                    Ok((to.clone(), Handoff::refused(handoff_id, refusal)))
+                }
+            }
+            HandoffTarget::Skill(skill) => {
+                let entries = self.directory().list();
+                let views: Vec<AgentView> = entries
+                    .iter()
+                    .filter(|e| !ctx.pinned || e.id == addressed)
+                    .map(|e| AgentView {
+                        id: &e.id,
+                        card: e.agent.card(),
+                        healthy: true,
+                    })
+                    .collect();
+                let candidates = agents_with_skill(skill, &views);
+                if candidates.is_empty() {
+                    let refusal = (
+                        reasons::TARGET_NOT_FOUND,
+                        serde_json::json!({"toSkill": skill}),
+                    );
+                    return Ok((addressed, Handoff::refused(handoff_id, refusal)));
+                }
+                // Balanced across the agents declaring the skill.
+                let turn = self.next_balance() as usize % candidates.len();
+                let target = candidates[turn].to_string();
+                Ok((
+                    target,
+                    Handoff {
+                        handoff_id,
+                        refusal: None,
+                    },
+                ))
+            }
+        }
+    }
+
     /// Records a task refused by policy: REJECTED at once, with the reason
     /// code in a status part, and never delivered.
     async fn reject(
@@ -317,9 +396,10 @@ impl Gateway {
         } else {
             Some(self.owned_task(ctx, &message.task_id)?)
         };
-        let agent_id = continued
-            .as_ref()
-            .map_or(ctx.agent_id.clone(), |r| r.agent.clone());
+        let (agent_id, handoff) = match &continued {
+            Some(record) => (record.agent.clone(), Handoff::default()),
+            None => self.direct_handoff(ctx, &message)?,
+        };
         let fingerprint = fingerprint(&agent_id, &message);
 
         // A repeated idempotent send answers like the first, whatever the task
@@ -357,10 +437,18 @@ impl Gateway {
                 ));
             }
         }
-        let agent = self.agent(&agent_id).ok_or_else(|| {
-            GatewayError::invalid_field("tenant", format!("unknown agent {agent_id:?}"))
-        })?;
-        validate::check_input_modes(agent.agent.card(), &message)?;
+        // A refused handoff may name no agent at all; it never reaches one.
+        let agent = self.agent(&agent_id);
+        match &agent {
+            Some(agent) => validate::check_input_modes(agent.agent.card(), &message)?,
+            None if handoff.refusal.is_none() => {
+                return Err(GatewayError::invalid_field(
+                    "tenant",
+                    format!("unknown agent {agent_id:?}"),
+                ));
+            }
+            None => {}
+        }
 
         if let Some(key) = &ctx.idempotency_key
             && let Some(earlier) = self
@@ -406,19 +494,33 @@ impl Gateway {
                     max_hops: self.settings.max_hops,
                     task_timeout: self.settings.task_timeout,
                 };
-                let merged =
+                let mut merged =
                     Control::merge(&incoming, lineage.as_ref(), limits, chrono::Utc::now());
-                if let Some((reason, detail)) = policy_refusal(&merged, &agent.id) {
-                    let delivered = merged.delivered_to(&agent.id);
+                if handoff.handoff_id.is_some() {
+                    merged.handoff_id = handoff.handoff_id.clone();
+                }
+                let refusal = handoff
+                    .refusal
+                    .clone()
+                    .or_else(|| policy_refusal(&merged, &agent_id));
+                if let Some((reason, detail)) = refusal {
+                    let delivered = merged.delivered_to(&agent_id);
                     delivered.write_into(&mut message.metadata);
                     return self
-                        .reject(ctx, &agent.id, message, &delivered, reason, detail)
+                        .reject(ctx, &agent_id, message, &delivered, reason, detail)
                         .await;
                 }
-                merged.delivered_to(&agent.id)
+                merged.delivered_to(&agent_id)
             }
         };
         control.write_into(&mut message.metadata);
+
+        let Some(agent) = agent else {
+            return Err(GatewayError::invalid_field(
+                "tenant",
+                format!("unknown agent {agent_id:?}"),
+            ));
+        };
 
         let watcher = self.ledger.hub().watch(&task_id);
         let (first_tx, first) = oneshot::channel();
@@ -919,6 +1021,24 @@ fn to_stream_event(event: AgentEvent, task_id: &str, context_id: &str) -> Option
         }),
     };
     Some(event)
+}
+
+/// What a direct handoff decided before delivery.
+#[derive(Clone, Debug, Default)]
+struct Handoff {
+    /// The payload's `handoffId`.
+    handoff_id: Option<String>,
+    /// Why it is refused, if it is: the reason code and its detail.
+    refusal: Option<(&'static str, serde_json::Value)>,
+}
+
+impl Handoff {
+    fn refused(handoff_id: Option<String>, refusal: (&'static str, serde_json::Value)) -> Self {
+        Self {
+            handoff_id,
+            refusal: Some(refusal),
+        }
+    }
 }
 
 /// Why the policy refuses to deliver a line of work to `target`, if it does:

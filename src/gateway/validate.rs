@@ -94,6 +94,9 @@ pub fn media_type_matches(accepted: &str, offered: &str) -> bool {
     }
 }
 
+/// The media types of the handoff extension's own parts.
+const BATON_MEDIA_PREFIX: &str = "application/vnd.baton.";
+
 /// Checks that the agent accepts every declared media type in the message
 /// (-32005 otherwise). Parts without a media type are accepted.
 pub fn check_input_modes(card: &AgentCard, message: &Message) -> Result<(), GatewayError> {
@@ -109,7 +112,9 @@ pub fn check_input_modes(card: &AgentCard, message: &Message) -> Result<(), Gate
         return Ok(());
     }
     for part in &message.parts {
-        if part.media_type.is_empty() {
+        // Baton's own parts (handoff payloads and results) are the gateway's
+        // to read, so every agent behind it takes them.
+        if part.media_type.is_empty() || part.media_type.starts_with(BATON_MEDIA_PREFIX) {
             continue;
         }
         if !accepted

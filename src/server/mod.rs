@@ -384,6 +384,7 @@ async fn serve_rpc(
 
     // The card of the endpoint addressed: an agent's, or the gateway's own.
     let tenant = peek_tenant(request.params);
+    let pinned = path_agent.is_some() || !tenant.is_empty();
     let (agent_id, published) = match path_agent.or((!tenant.is_empty()).then_some(tenant)) {
         Some(id) => match state.gateway.agent(&id) {
             Some(published) => (id, Some(published)),
@@ -436,6 +437,7 @@ async fn serve_rpc(
         agent_id: agent_id.clone(),
         idempotency_key,
         incoming: crate::handoff::control::Incoming::read(&headers, None),
+        pinned,
     };
     let mut response = dispatch(&state.gateway, &ctx, request, extended_card)
         .instrument(tracing::debug_span!("rpc", agent = %agent_id))

@@ -75,6 +75,9 @@ pub struct FileConfig {
     shutdown_grace_secs: Option<u64>,
     task_timeout_secs: Option<u64>,
     disable_push: Option<bool>,
+    /// `[[route]]` tables: the routing rules of `/a2a`.
+    #[serde(default)]
+    route: Vec<crate::handoff::routing::RouteRule>,
     agent_cards: Option<PathBuf>,
     health_interval_secs: Option<u64>,
     keys_file: Option<PathBuf>,
@@ -114,6 +117,8 @@ pub struct Config {
     pub push_enabled: bool,
     /// Cards registered at start-up.
     pub agent_cards_dir: PathBuf,
+    /// Routing rules for `/a2a` calls without a tenant (`[[route]]`).
+    pub routing: crate::handoff::routing::RoutingRules,
     /// Between health checks of registered agents.
     pub health_interval: Duration,
     /// The file the settings came from, if any.
@@ -260,6 +265,13 @@ impl Config {
             errors.extend(bad.into_iter().map(|e| format!("api-keys: {e}")));
         }
 
+        let routing = crate::handoff::routing::RoutingRules::compile(&file.route).unwrap_or_else(
+            |problems| {
+                errors.extend(problems);
+                Default::default()
+            },
+        );
+
         if !errors.is_empty() {
             return Err(ConfigError(errors));
         }
@@ -283,6 +295,7 @@ impl Config {
             task_timeout: Duration::from_secs(task_timeout_secs),
             push_enabled: !(args.disable_push || file.disable_push.unwrap_or(false)),
             agent_cards_dir,
+            routing,
             health_interval: Duration::from_secs(
                 args.health_interval_secs
                     .or(file.health_interval_secs)

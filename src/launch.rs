@@ -108,6 +108,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         GatewaySettings {
             task_timeout: config.task_timeout,
             push_enabled: config.push_enabled,
+            routing: Arc::new(config.routing.clone()),
             ..GatewaySettings::default()
         },
         shutdown.clone(),

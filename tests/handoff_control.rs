@@ -341,3 +341,41 @@ async fn direct_handoffs_go_to_the_payload_target_or_are_rejected_with_the_reaso
     );
     gateway.stop().await;
 }
+
+#[tokio::test]
+async fn routing_rules_choose_the_agent_of_calls_that_name_none() {
+    let gateway = baton()
+        .routing(
+            r#"
+            [[route]]
+            when = { text = "(?i)refund" }
+            to = { agent = "scenario" }
+            "#,
+        )
+        .start()
+        .await;
+    let routed = gateway
+        .call("SendMessage", json!({"message": user_message(&message_id("tck-message-response"), "I want a REFUND")}))
+        .await;
+    assert_eq!(
+        routed.result()["message"]["parts"][0]["text"],
+        "Direct message response"
+    );
+    // No rule matches: the default agent (echo).
+    let default = gateway
+        .call(
+            "SendMessage",
+            json!({"message": user_message(&message_id("tck-message-response"), "hello")}),
+        )
+        .await;
+    assert_eq!(default.result()["task"]["artifacts"][0]["name"], "echo");
+    // A tenant wins over the rules.
+    let pinned = gateway
+        .call(
+            "SendMessage",
+            json!({"tenant": "echo", "message": user_message(&message_id("m"), "refund please")}),
+        )
+        .await;
+    assert_eq!(pinned.result()["task"]["artifacts"][0]["name"], "echo");
+    gateway.stop().await;
+}

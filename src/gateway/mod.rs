@@ -55,6 +55,8 @@ pub struct GatewaySettings {
     pub push_enabled: bool,
     /// Largest hop count of a line of work (DESIGN.md §3.1).
     pub max_hops: u32,
+    /// Rules choosing the agent of `/a2a` calls that name none (DESIGN.md §5).
+    pub routing: Arc<crate::handoff::routing::RoutingRules>,
 }
 
 impl Default for GatewaySettings {
@@ -63,6 +65,7 @@ impl Default for GatewaySettings {
             task_timeout: Duration::from_secs(300),
             push_enabled: true,
             max_hops: 5,
+            routing: Arc::default(),
         }
     }
 }

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 type Execution = tokio::task::JoinHandle<Result<(), crate::agents::AgentError>>;
 use crate::handoff::payload::{HandoffTarget, PayloadValidator, find_payload, violations_detail};
 use crate::handoff::reasons::{self, status_part};
-use crate::handoff::routing::{AgentView, agents_with_skill};
+use crate::handoff::routing::{AgentView, RouteInput, agents_with_skill};
 use crate::store::{IdempotencyRecord, TaskRecord};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -187,10 +187,15 @@ impl Gateway {
         &self,
         ctx: &CallContext,
         message: &Message,
+        metadata: Option<&crate::protocol::wire::Struct>,
     ) -> Result<(String, Handoff), GatewayError> {
         let addressed = ctx.agent_id.clone();
         let Some(data) = find_payload(message) else {
-            return Ok((addressed, Handoff::default()));
+            // Routed (§3.3): the rules choose when the caller named no agent.
+            let routed = (!ctx.pinned)
+                .then(|| self.route(message, metadata))
+                .flatten();
+            return Ok((routed.unwrap_or(addressed), Handoff::default()));
         };
         let payload = match PayloadValidator::shared().validate(data) {
             Ok(payload) => payload,
@@ -254,6 +259,31 @@ impl Gateway {
                 ))
             }
         }
+    }
+
+    /// The agent the routing rules choose for a message, if any rule matches.
+    fn route(
+        &self,
+        message: &Message,
+        metadata: Option<&crate::protocol::wire::Struct>,
+    ) -> Option<String> {
+        let entries = self.directory().list();
+        let views: Vec<AgentView> = entries
+            .iter()
+            .map(|e| AgentView {
+                id: &e.id,
+                card: e.agent.card(),
+                healthy: true,
+            })
+            .collect();
+        let input = RouteInput {
+            tenant: None,
+            message,
+            metadata,
+        };
+        self.settings
+            .routing
+            .route(&input, &views, self.next_balance())
     }
 
     /// Records a task refused by policy: REJECTED at once, with the reason
@@ -398,7 +428,7 @@ impl Gateway {
         };
         let (agent_id, handoff) = match &continued {
             Some(record) => (record.agent.clone(), Handoff::default()),
-            None => self.direct_handoff(ctx, &message)?,
+            None => self.direct_handoff(ctx, &message, req.metadata.as_ref())?,
         };
         let fingerprint = fingerprint(&agent_id, &message);
 

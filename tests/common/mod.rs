@@ -33,6 +33,7 @@ pub struct BatonBuilder {
     max_body_bytes: usize,
     push_settings: PushSettings,
     api_keys: Option<String>,
+    routing: baton::handoff::routing::RoutingRules,
 }
 
 fn directory_secured(registry: &Registry, keys: &KeyStore) {
@@ -53,6 +54,7 @@ pub fn baton() -> BatonBuilder {
             ..PushSettings::default()
         },
         api_keys: None,
+        routing: Default::default(),
     }
 }
 
@@ -87,6 +89,17 @@ impl BatonBuilder {
     /// Requires API keys: `"acme=KEY1,globex=KEY2"`.
     pub fn api_keys(mut self, keys: &str) -> Self {
         self.api_keys = Some(keys.into());
+        self
+    }
+
+    /// Routing rules, as `[[route]]` tables in TOML.
+    pub fn routing(mut self, toml_rules: &str) -> Self {
+        #[derive(serde::Deserialize)]
+        struct Rules {
+            route: Vec<baton::handoff::routing::RouteRule>,
+        }
+        let rules: Rules = toml::from_str(toml_rules).expect("routing TOML");
+        self.routing = baton::handoff::routing::RoutingRules::compile(&rules.route).expect("rules");
         self
     }
 
@@ -129,6 +142,7 @@ impl BatonBuilder {
             GatewaySettings {
                 task_timeout: Duration::from_secs(30),
                 push_enabled: self.push_enabled,
+                routing: Arc::new(self.routing),
                 ..GatewaySettings::default()
             },
             shutdown_token,

@@ -379,3 +379,58 @@ async fn routing_rules_choose_the_agent_of_calls_that_name_none() {
     assert_eq!(pinned.result()["task"]["artifacts"][0]["name"], "echo");
     gateway.stop().await;
 }
+
+#[tokio::test]
+async fn canceling_a_task_cancels_its_handoff_graph() {
+    let gated = GatedAgent::new();
+    // Three agents: handing back to an agent already in the chain would be a cycle.
+    let gateway = baton()
+        .agent("gated", gated.clone())
+        .agent("gated-2", gated.clone())
+        .agent("gated-3", gated.clone())
+        .start()
+        .await;
+    let start = |parent: Option<String>| {
+        let mut message = user_message(&message_id("m"), "work");
+        if let Some(parent) = parent {
+            message["metadata"] = json!({"urn:baton:handoff:v1": {"parentTaskId": parent}});
+        }
+        json!({"message": message, "configuration": {"returnImmediately": true}})
+    };
+    let id = |reply: &Reply| reply.result()["task"]["id"].as_str().unwrap().to_string();
+    let parent = id(&gateway
+        .call_at("/agents/gated/a2a", "SendMessage", start(None))
+        .await);
+    let child = id(&gateway
+        .call_at(
+            "/agents/gated-2/a2a",
+            "SendMessage",
+            start(Some(parent.clone())),
+        )
+        .await);
+    let grandchild = id(&gateway
+        .call_at(
+            "/agents/gated-3/a2a",
+            "SendMessage",
+            start(Some(child.clone())),
+        )
+        .await);
+    let unrelated = id(&gateway
+        .call_at("/agents/gated/a2a", "SendMessage", start(None))
+        .await);
+
+    let canceled = gateway.call("CancelTask", json!({"id": parent})).await;
+    assert_eq!(canceled.result()["status"]["state"], "TASK_STATE_CANCELED");
+    for task in [&child, &grandchild] {
+        let got = gateway.call("GetTask", json!({"id": task})).await;
+        assert_eq!(
+            got.result()["status"]["state"],
+            "TASK_STATE_CANCELED",
+            "{task}"
+        );
+    }
+    let got = gateway.call("GetTask", json!({"id": unrelated})).await;
+    assert_eq!(got.result()["status"]["state"], "TASK_STATE_WORKING");
+    gated.release(10);
+    gateway.stop().await;
+}

@@ -268,7 +268,60 @@ impl Gateway {
                 })])
             })
             .await?;
+        self.cancel_children(&req.id).await;
         Ok(record.task.view(None, true))
+    }
+
+    /// Cancels every task in the handoff graph below `task_id`, depth first;
+    /// the children belong to the graph, whoever created them.
+    async fn cancel_children(&self, task_id: &str) {
+        let mut pending = match self.ledger.children(task_id) {
+            Ok(children) => children,
+            Err(err) => {
+                tracing::error!(task_id, %err, "cannot read child tasks");
+                return;
+            }
+        };
+        let mut seen = std::collections::HashSet::new();
+        while let Some(child) = pending.pop() {
+            if !seen.insert(child.clone()) {
+                continue;
+            }
+            let Ok(Some(record)) = self.ledger.get(&child) else {
+                continue;
+            };
+            if !record.task.status.state.is_terminal() {
+                if let Some(agent) = self.agent(&record.agent)
+                    && let Err(err) = agent
+                        .agent
+                        .cancel(&record.task, record.upstream.as_ref())
+                        .await
+                {
+                    tracing::warn!(task_id = %child, %err, "agent did not confirm the cascaded cancel");
+                }
+                if let Some(token) = self.running.lock().expect("running lock").get(&child) {
+                    token.cancel();
+                }
+                let canceled = self
+                    .ledger
+                    .update(&child, |record| {
+                        if record.task.status.state.is_terminal() {
+                            return Ok::<_, GatewayError>(Vec::new());
+                        }
+                        Ok(vec![StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+                            task_id: record.task.id.clone(),
+                            context_id: record.task.context_id.clone(),
+                            status: TaskStatus::now(TaskState::Canceled, None),
+                            metadata: None,
+                        })])
+                    })
+                    .await;
+                if let Err(err) = canceled {
+                    tracing::error!(task_id = %child, %err, "cascaded cancel not recorded");
+                }
+            }
+            pending.extend(self.ledger.children(&child).unwrap_or_default());
+        }
     }
 
     /// `SubscribeToTask`: the current task, then every later event.

@@ -318,6 +318,7 @@ impl Gateway {
             },
             owner: ctx.principal.clone(),
             agent: agent_id.to_string(),
+            parent_task_id: control.parent_task_id.clone(),
             created_at: chrono::Utc::now(),
             ..TaskRecord::default()
         };
@@ -942,6 +943,9 @@ impl Driver {
                 "a new task starts with its snapshot".into(),
             ));
         };
+        // The handoff graph: a child names its parent in its control.
+        let parent_task_id =
+            Control::read_from(initial.metadata.as_ref()).and_then(|c| c.parent_task_id);
         // An empty record: applying the log's first event, the snapshot, fills it.
         let record = TaskRecord {
             task: Task {
@@ -952,6 +956,7 @@ impl Driver {
             owner: self.owner.clone(),
             agent: self.agent.id.clone(),
             upstream,
+            parent_task_id,
             created_at: chrono::Utc::now(),
             ..TaskRecord::default()
         };

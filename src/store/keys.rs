@@ -15,6 +15,7 @@
 //! | `k` | owner, 0, idempotency key | `IdempotencyRecord` JSON |
 //! | `a` | task id | empty: tasks an agent is working on (SUBMITTED, WORKING) |
 //! | `g` | agent id | `AgentRecord` JSON: registered agents |
+//! | `ch` | parent task id, 0, child task id | empty: the handoff graph |
 //!
 //! `order` is the status time inverted (u64::MAX - millis, big-endian) followed
 //! by the task id, so a forward scan yields the newest status first.
@@ -120,6 +121,12 @@ pub fn active(task_id: &str) -> Vec<u8> {
 /// `g` key of a registered agent; `agent("")` is the prefix.
 pub fn agent(agent_id: &str) -> Vec<u8> {
     join(&[b"g", agent_id.as_bytes()])
+}
+
+/// `ch` key linking a child task to its parent; `child(parent, "")` is the
+/// prefix of all the parent's children.
+pub fn child(parent_task_id: &str, child_task_id: &str) -> Vec<u8> {
+    join(&[b"ch", parent_task_id.as_bytes(), child_task_id.as_bytes()])
 }
 
 /// `k` key of an idempotency record.

@@ -60,6 +60,9 @@ pub struct TaskRecord {
     pub last_seq: u64,
     /// When the gateway created the task.
     pub created_at: DateTime<Utc>,
+    /// The gateway task this one is a child of (a handoff's `parentTaskId`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_task_id: Option<String>,
 }
 
 /// What an idempotency key was first used for.
@@ -248,6 +251,9 @@ impl Ledger {
             let published = self.append_events(&mut batch, &mut record, events)?;
             let mut counts = CounterDeltas::new();
             Self::index_insert(&mut batch, &mut counts, &record, true);
+            if let Some(parent) = &record.parent_task_id {
+                batch.insert(keys::child(parent, &task_id), &[]);
+            }
             self.apply_counts(&mut batch, counts)?;
             record.version = 1;
             batch.insert(keys::task(&task_id), serde_json::to_vec(&record)?);
@@ -589,6 +595,16 @@ impl Ledger {
         };
         self.flusher.wait_durable(ticket).await;
         Ok(())
+    }
+
+    /// The ids of a task's child tasks (handoffs it started).
+    pub fn children(&self, parent_task_id: &str) -> Result<Vec<String>, LedgerError> {
+        let prefix = keys::child(parent_task_id, "");
+        self.tree
+            .scan_prefix(&prefix)
+            .keys()
+            .map(|key| Ok(String::from_utf8_lossy(&key?[prefix.len()..]).into_owned()))
+            .collect()
     }
 
     /// Every registered agent, by id.

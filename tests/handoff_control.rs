@@ -434,3 +434,54 @@ async fn canceling_a_task_cancels_its_handoff_graph() {
     gated.release(10);
     gateway.stop().await;
 }
+
+#[tokio::test]
+async fn typed_artifacts_are_checked_against_the_return_schema() {
+    let gateway = baton().start().await;
+    // echo returns the parts it gets, so its artifact holds the payload itself.
+    let typed = |schema: Value| {
+        let mut payload = payload(json!({"to": "echo"}));
+        payload["returnSchema"] = schema;
+        json!({"message": handoff_message(payload)})
+    };
+    let ok = gateway
+        .call(
+            "SendMessage",
+            typed(json!({"type": "object", "required": ["handoffId", "goal"]})),
+        )
+        .await;
+    assert_eq!(
+        ok.result()["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+
+    let wrong = gateway
+        .call(
+            "SendMessage",
+            typed(json!({"type": "object", "required": ["refundId"], "properties": {"goal": {"type": "integer"}}})),
+        )
+        .await;
+    let task = &wrong.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED");
+    assert_eq!(reason(task), "OUTPUT_SCHEMA_INVALID");
+    let violations = task["status"]["message"]["parts"][0]["data"]["detail"]["violations"]
+        .as_array()
+        .unwrap();
+    let pointers: Vec<&str> = violations
+        .iter()
+        .map(|v| v["pointer"].as_str().unwrap())
+        .collect();
+    assert!(
+        pointers.contains(&"/artifacts/0/parts/1/data"),
+        "{pointers:?}"
+    );
+    assert!(
+        pointers.contains(&"/artifacts/0/parts/1/data/goal"),
+        "{pointers:?}"
+    );
+    assert!(
+        task["artifacts"][0]["parts"][1]["data"].is_object(),
+        "the artifacts are kept for inspection"
+    );
+    gateway.stop().await;
+}

@@ -826,6 +826,10 @@ impl Driver {
                         if bound.is_some() {
                             record.upstream = bound;
                         }
+                        let mut stream_events = stream_events;
+                        if let Some(schema) = &record.return_schema {
+                            enforce_return_schema(&record.task, schema, &mut stream_events);
+                        }
                         Ok::<_, GatewayError>(stream_events)
                     })
                     .await
@@ -938,7 +942,7 @@ impl Driver {
         upstream: Option<crate::agents::UpstreamRef>,
         events: Vec<StreamResponse>,
     ) -> Result<TaskRecord, GatewayError> {
-        let StreamResponse::Task(initial) = &events[0] else {
+        let Some(StreamResponse::Task(initial)) = events.first().cloned() else {
             return Err(GatewayError::Internal(
                 "a new task starts with its snapshot".into(),
             ));
@@ -946,6 +950,21 @@ impl Driver {
         // The handoff graph: a child names its parent in its control.
         let parent_task_id =
             Control::read_from(initial.metadata.as_ref()).and_then(|c| c.parent_task_id);
+        // A handoff asking for a typed result: its artifacts are checked.
+        let return_schema = initial
+            .history
+            .first()
+            .and_then(find_payload)
+            .and_then(|payload| payload.get("returnSchema"))
+            .cloned();
+        let mut events = events;
+        if let Some(schema) = &return_schema {
+            let empty = Task {
+                id: initial.id.clone(),
+                ..Task::default()
+            };
+            enforce_return_schema(&empty, schema, &mut events);
+        }
         // An empty record: applying the log's first event, the snapshot, fills it.
         let record = TaskRecord {
             task: Task {
@@ -957,6 +976,7 @@ impl Driver {
             agent: self.agent.id.clone(),
             upstream,
             parent_task_id,
+            return_schema,
             created_at: chrono::Utc::now(),
             ..TaskRecord::default()
         };
@@ -1092,4 +1112,38 @@ fn policy_refusal(control: &Control, target: &str) -> Option<(&'static str, serd
         ));
     }
     None
+}
+
+/// A completion whose artifacts fail the task's `returnSchema` becomes a
+/// failure with `OUTPUT_SCHEMA_INVALID` and the violations (DESIGN.md §3.4).
+/// `task` is the task before `events`; the events are applied to a copy to
+/// see what the completion would leave.
+fn enforce_return_schema(task: &Task, schema: &serde_json::Value, events: &mut [StreamResponse]) {
+    let mut after = task.clone();
+    for event in events.iter() {
+        if crate::lifecycle::apply_event(&mut after, event).is_err() {
+            return; // the ledger refuses the batch anyway
+        }
+    }
+    if after.status.state != TaskState::Completed {
+        return;
+    }
+    let Err(violations) = crate::handoff::artifacts::check_artifacts(schema, &after.artifacts)
+    else {
+        return;
+    };
+    let Some(StreamResponse::StatusUpdate(completion)) = events
+        .iter_mut()
+        .rev()
+        .find(|e| e.state() == Some(TaskState::Completed))
+    else {
+        return;
+    };
+    let mut status = Message::agent(vec![status_part(
+        reasons::OUTPUT_SCHEMA_INVALID,
+        violations_detail(&violations),
+    )]);
+    status.task_id = completion.task_id.clone();
+    status.context_id = completion.context_id.clone();
+    completion.status = TaskStatus::now(TaskState::Failed, Some(status));
 }

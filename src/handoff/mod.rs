@@ -2,6 +2,7 @@
 //! control metadata every call carries, the typed handoff payload, the
 //! policy checks before forwarding, and the routing rules.
 
+pub mod artifacts;
 pub mod control;
 pub mod payload;
 pub mod reasons;

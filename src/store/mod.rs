@@ -63,6 +63,9 @@ pub struct TaskRecord {
     /// The gateway task this one is a child of (a handoff's `parentTaskId`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_task_id: Option<String>,
+    /// The JSON Schema the result must satisfy (a handoff's `returnSchema`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_schema: Option<serde_json::Value>,
 }
 
 /// What an idempotency key was first used for.

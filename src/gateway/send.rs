@@ -863,7 +863,10 @@ impl Driver {
             ))),
         };
         match (failure, created) {
-            (Some(err), true) => self.fail(&task_id, &context_id, &err.to_string()).await,
+            (Some(err), true) => {
+                let reason = vec![Part::text(err.to_string())];
+                self.fail(&task_id, &context_id, reason).await
+            }
             (Some(err), false) => self.refuse(&mut first_tx, err.into()).await,
             (None, false) => {
                 let error = GatewayError::InvalidAgentResponse(
@@ -892,30 +895,8 @@ impl Driver {
                 tracing::warn!(task_id, %err, "agent did not confirm the cancel at the deadline");
             }
         }
-        let mut status = Message::agent(vec![status_part(
-            reasons::DEADLINE_EXCEEDED,
-            serde_json::json!({}),
-        )]);
-        status.task_id = task_id.to_string();
-        status.context_id = context_id.to_string();
-        let result = self
-            .gateway
-            .ledger
-            .update(task_id, |record| {
-                if record.task.status.state.is_terminal() {
-                    return Ok::<_, GatewayError>(Vec::new());
-                }
-                Ok(vec![StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
-                    task_id: task_id.to_string(),
-                    context_id: context_id.to_string(),
-                    status: TaskStatus::now(TaskState::Failed, Some(status)),
-                    metadata: None,
-                })])
-            })
-            .await;
-        if let Err(err) = result {
-            tracing::error!(task_id, %err, "could not record the deadline");
-        }
+        let reason = status_part(reasons::DEADLINE_EXCEEDED, serde_json::json!({}));
+        self.fail(task_id, context_id, vec![reason]).await;
     }
 
     /// Answers the caller with an error when nothing was created; the
@@ -1003,8 +984,9 @@ impl Driver {
         }
     }
 
-    async fn fail(&self, task_id: &str, context_id: &str, reason: &str) {
-        let mut message = Message::agent(vec![Part::text(reason)]);
+    /// Fails a task (unless it is terminal already) with a status message of `parts`.
+    async fn fail(&self, task_id: &str, context_id: &str, parts: Vec<Part>) {
+        let mut message = Message::agent(parts);
         message.task_id = task_id.to_string();
         message.context_id = context_id.to_string();
         let result = self

@@ -15,6 +15,7 @@
 //! - [`agents`]: the agent trait and the built-in `echo` and `scenario` agents.
 //! - [`push`]: webhook delivery of task events.
 //! - [`registry`]: the live directory of agents and card publication.
+//! - [`schema_support`]: compiling embedded JSON Schemas and wording their errors.
 //! - [`netguard`]: the outbound-connection (SSRF) guard.
 //! - [`upstream`]: remote A2A agents: the JSON-RPC client and the proxying `RemoteAgent`.
 //! - [`server`]: the axum router, card publication, health, shutdown.
@@ -36,6 +37,7 @@ pub mod protocol;
 pub mod push;
 pub mod registry;
 pub mod registry_client;
+pub mod schema_support;
 pub mod server;
 pub mod store;
 pub mod telemetry;

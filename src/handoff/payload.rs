@@ -24,8 +24,10 @@
 
 use crate::error::FieldViolation;
 use crate::protocol::{Message, Part, PartContent, wire};
-use crate::registry::schema::{escape, json_type, serde_pointer, with_article};
-use jsonschema::error::{TypeKind, ValidationErrorKind};
+use crate::schema_support::{
+    compile_embedded, describe_common, escape, oneof_members, serde_pointer,
+};
+use jsonschema::error::ValidationErrorKind;
 use jsonschema::{ValidationError, Validator};
 use serde::{Deserialize, Deserializer, Serialize, de};
 use serde_json::{Map, Value, json};
@@ -346,11 +348,7 @@ impl PayloadValidator {
     /// Only if the embedded schema is not a valid 2020-12 schema, which the
     /// unit tests rule out.
     pub fn new() -> Self {
-        let schema: Value = serde_json::from_str(SCHEMA).expect("handoff schema is JSON");
-        let validator = jsonschema::draft202012::options()
-            .should_validate_formats(false)
-            .build(&schema)
-            .expect("handoff schema compiles");
+        let (schema, validator) = compile_embedded(SCHEMA, "handoff payload");
         Self { schema, validator }
     }
 
@@ -387,6 +385,9 @@ impl PayloadValidator {
     fn violation(&self, error: &ValidationError<'_>) -> Violation {
         let pointer = error.instance_path().as_str();
         let instance: &Value = error.instance();
+        if let Some(message) = describe_common(error) {
+            return Violation::new(pointer, message);
+        }
         match error.kind() {
             ValidationErrorKind::Required { property } => {
                 let property = property.as_str().unwrap_or_default();
@@ -401,32 +402,8 @@ impl PayloadValidator {
             | ValidationErrorKind::OneOfNotValid { .. } => {
                 self.oneof_violation(pointer, instance, error.schema_path().as_str())
             }
-            ValidationErrorKind::Type { kind } => {
-                let expected: Vec<&str> = match kind {
-                    TypeKind::Single(one) => vec![one.as_str()],
-                    TypeKind::Multiple(set) => set.iter().map(|t| t.as_str()).collect(),
-                };
-                let message = format!(
-                    "must be {}, not {}",
-                    with_article(&expected.join(" or ")),
-                    with_article(json_type(instance))
-                );
-                Violation::new(pointer, message)
-            }
-            ValidationErrorKind::MinLength { limit: 1 } => {
-                Violation::new(pointer, "must not be empty")
-            }
             ValidationErrorKind::Minimum { limit } => {
                 Violation::new(pointer, format!("must be at least {limit}"))
-            }
-            ValidationErrorKind::Enum { options } => {
-                let options: Vec<String> = options
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(Value::to_string)
-                    .collect();
-                Violation::new(pointer, format!("must be one of {}", options.join(", ")))
             }
             ValidationErrorKind::Pattern { .. } if pointer.ends_with("/sha256") => {
                 Violation::new(pointer, "must be 64 hexadecimal characters")
@@ -440,14 +417,7 @@ impl PayloadValidator {
     /// `{"required": [member]}`. With none set, the first member is named as
     /// missing; with several, the second one set is named.
     fn oneof_violation(&self, pointer: &str, instance: &Value, schema_path: &str) -> Violation {
-        let members: Vec<&str> = self
-            .schema
-            .pointer(schema_path)
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|branch| branch.pointer("/required/0")?.as_str())
-            .collect();
+        let members = oneof_members(&self.schema, schema_path);
         let all = members.join(", ");
         let set: Vec<&str> = members
             .iter()

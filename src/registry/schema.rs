@@ -27,7 +27,10 @@
 
 use crate::error::FieldViolation;
 use crate::protocol::AgentCard;
-use jsonschema::error::{TypeKind, ValidationErrorKind};
+use crate::schema_support::{
+    compile_embedded, describe_common, escape, oneof_members, serde_pointer,
+};
+use jsonschema::error::ValidationErrorKind;
 use jsonschema::{ValidationError, Validator};
 use serde_json::{Map, Value};
 use std::sync::LazyLock;
@@ -66,13 +69,7 @@ impl CardValidator {
     /// Only if the embedded schema is not a valid 2020-12 schema, which the
     /// unit tests rule out.
     pub fn new() -> Self {
-        let schema: Value = serde_json::from_str(SCHEMA).expect("agent card schema is JSON");
-        // 2020-12 makes `format` an annotation anyway; say so here so that a
-        // change of the crate's default cannot start rejecting cards.
-        let validator = jsonschema::draft202012::options()
-            .should_validate_formats(false)
-            .build(&schema)
-            .expect("agent card schema compiles");
+        let (schema, validator) = compile_embedded(SCHEMA, "agent card");
         Self { schema, validator }
     }
 
@@ -122,35 +119,16 @@ impl CardValidator {
 
     /// A readable description of one schema error.
     fn describe(&self, error: &ValidationError<'_>) -> String {
-        let instance: &Value = error.instance();
+        if let Some(message) = describe_common(error) {
+            return message;
+        }
         match error.kind() {
-            ValidationErrorKind::Type { kind } => {
-                let expected: Vec<&str> = match kind {
-                    TypeKind::Single(one) => vec![one.as_str()],
-                    TypeKind::Multiple(set) => set.iter().map(|t| t.as_str()).collect(),
-                };
-                format!(
-                    "must be {}, not {}",
-                    with_article(&expected.join(" or ")),
-                    with_article(json_type(instance))
-                )
-            }
             ValidationErrorKind::MinItems { limit: 1 } => {
                 "must contain at least one element".to_owned()
             }
-            ValidationErrorKind::MinLength { limit: 1 } => "must not be empty".to_owned(),
-            ValidationErrorKind::Enum { options } => {
-                let options: Vec<String> = options
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(Value::to_string)
-                    .collect();
-                format!("must be one of {}", options.join(", "))
-            }
             ValidationErrorKind::OneOfMultipleValid { .. }
             | ValidationErrorKind::OneOfNotValid { .. } => {
-                self.describe_oneof(instance, error.schema_path().as_str())
+                self.describe_oneof(error.instance(), error.schema_path().as_str())
             }
             // Not produced by this schema today; jsonschema's own wording.
             _ => error.to_string(),
@@ -160,14 +138,7 @@ impl CardValidator {
     /// Describes a proto `oneof` with the wrong number of members set. Each
     /// `oneOf` branch of the schema is `{"required": [member]}`.
     fn describe_oneof(&self, instance: &Value, schema_path: &str) -> String {
-        let members: Vec<&str> = self
-            .schema
-            .pointer(schema_path)
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|branch| branch.pointer("/required/0")?.as_str())
-            .collect();
+        let members = oneof_members(&self.schema, schema_path);
         let set: Vec<&str> = members
             .iter()
             .copied()
@@ -306,52 +277,9 @@ fn original_pointer(card: &Value, pointer: &str) -> String {
     out
 }
 
-/// The JSON Pointer of a serde path.
-pub(crate) fn serde_pointer(path: &serde_path_to_error::Path) -> String {
-    use serde_path_to_error::Segment;
-    let mut out = String::new();
-    for segment in path.iter() {
-        match segment {
-            Segment::Seq { index } => out.push_str(&format!("/{index}")),
-            Segment::Map { key } => out.push_str(&format!("/{}", escape(key))),
-            Segment::Enum { variant } => out.push_str(&format!("/{}", escape(variant))),
-            Segment::Unknown => {}
-        }
-    }
-    out
-}
-
-/// Escapes one JSON Pointer reference token (RFC 6901).
-pub(crate) fn escape(token: &str) -> String {
-    token.replace('~', "~0").replace('/', "~1")
-}
-
-/// Undoes [`escape`].
+/// Undoes `escape`.
 fn unescape(token: &str) -> String {
     token.replace("~1", "/").replace("~0", "~")
-}
-
-/// The JSON Schema type name of `value`.
-pub(crate) fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
-
-/// `"an object"`, `"a string"`: reads better in a sentence.
-pub(crate) fn with_article(noun: &str) -> String {
-    let article = if noun.starts_with(['a', 'e', 'i', 'o', 'u']) {
-        "an"
-    } else {
-        "a"
-    };
-    format!("{article} {noun}")
 }
 
 #[cfg(test)]

@@ -66,6 +66,87 @@ pub struct TaskRecord {
     /// The JSON Schema the result must satisfy (a handoff's `returnSchema`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_schema: Option<serde_json::Value>,
+    /// Every agent that has held this task, in order: the task's own part of
+    /// the handoff graph, for `baton trace` and the metrics.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hops: Vec<HopRecord>,
+    /// Where a transfer came from, while its target works on the task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<TransferSource>,
+}
+
+/// How an agent came to hold a task.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HopKind {
+    /// The caller addressed the agent, or it is the default.
+    #[default]
+    Call,
+    /// The routing rules chose it.
+    Routed,
+    /// A message with a handoff payload named it (`to` or `toSkill`).
+    Direct,
+    /// The previous agent transferred the task to it.
+    Transfer,
+    /// The gateway returned a transfer's result to the agent that made it.
+    Return,
+    /// The ladder tried another agent with the skill after no acknowledgement.
+    Reroute,
+}
+
+/// One agent's turn holding a task.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HopRecord {
+    /// The agent.
+    pub agent: String,
+    /// How it got the task.
+    pub kind: HopKind,
+    /// When the gateway began delivering to it.
+    pub started_at: DateTime<Utc>,
+    /// When it acknowledged (its first answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acked_at: Option<DateTime<Utc>>,
+    /// When its turn ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<DateTime<Utc>>,
+    /// The state its turn ended in (the agent's state, which the caller may not see).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<TaskState>,
+    /// A reason code, when one applies (`REROUTED`, `DEADLINE_EXCEEDED`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The agent's own task id, when it keeps one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_task_id: Option<String>,
+    /// Size of the message built for it, in bytes of JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_bytes: Option<u64>,
+    /// Delivery attempts made (1 unless the ladder retried).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// The agent that transferred a task, kept while the target works, so the
+/// result can return to it (`returnToParent`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TransferSource {
+    /// The source agent.
+    pub agent: String,
+    /// The source's own task ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<crate::agents::UpstreamRef>,
+    /// The state the source left its own task in.
+    pub state: TaskState,
+    /// The payload's `handoffId`.
+    pub handoff_id: String,
+    /// Whether the result goes back to the source.
+    pub return_to_parent: bool,
 }
 
 /// What an idempotency key was first used for.

@@ -41,6 +41,16 @@ pub struct ServeArgs {
     /// Longest a blocking SendMessage waits, in seconds.
     #[arg(long, env = "BATON_TASK_TIMEOUT_SECS")]
     pub task_timeout_secs: Option<u64>,
+    /// Largest hop count of a line of work (default 5).
+    #[arg(long, env = "BATON_MAX_HOPS")]
+    pub max_hops: Option<u32>,
+    /// How long a handoff's target may take to acknowledge, in milliseconds (default 5000).
+    #[arg(long, env = "BATON_ACK_TIMEOUT_MS")]
+    pub ack_timeout_ms: Option<u64>,
+    /// When a handoff's target never acknowledges, leave the task
+    /// INPUT_REQUIRED (ESCALATED) instead of failing it.
+    #[arg(long, env = "BATON_ESCALATE")]
+    pub escalate: bool,
     /// Directory of AgentCards registered at start-up (default ./agent-cards).
     #[arg(long, env = "BATON_AGENT_CARDS")]
     pub agent_cards: Option<PathBuf>,
@@ -74,6 +84,9 @@ pub struct FileConfig {
     log_format: Option<String>,
     shutdown_grace_secs: Option<u64>,
     task_timeout_secs: Option<u64>,
+    max_hops: Option<u32>,
+    ack_timeout_ms: Option<u64>,
+    escalate: Option<bool>,
     disable_push: Option<bool>,
     /// `[[route]]` tables: the routing rules of `/a2a`.
     #[serde(default)]
@@ -111,8 +124,14 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Drain bound at shutdown.
     pub shutdown_grace: Duration,
-    /// Blocking SendMessage bound.
+    /// Blocking SendMessage bound, and the longest deadline of a task.
     pub task_timeout: Duration,
+    /// Largest hop count of a line of work.
+    pub max_hops: u32,
+    /// How long a handoff's target may take to acknowledge.
+    pub ack_timeout: Duration,
+    /// An unavailable target escalates to the caller instead of failing.
+    pub escalate: bool,
     /// Push notifications are offered.
     pub push_enabled: bool,
     /// Cards registered at start-up.
@@ -260,6 +279,15 @@ impl Config {
             errors.push("task-timeout-secs: must be positive".into());
         }
 
+        let max_hops = args.max_hops.or(file.max_hops).unwrap_or(5);
+        if max_hops == 0 {
+            errors.push("max-hops: must be positive".into());
+        }
+        let ack_timeout_ms = args.ack_timeout_ms.or(file.ack_timeout_ms).unwrap_or(5000);
+        if ack_timeout_ms == 0 {
+            errors.push("ack-timeout-ms: must be positive".into());
+        }
+
         let api_keys = args.api_keys.clone().map(Secret);
         if let Some(Err(bad)) = api_keys.as_deref().map(crate::auth::check_env_keys) {
             errors.extend(bad.into_iter().map(|e| format!("api-keys: {e}")));
@@ -293,6 +321,9 @@ impl Config {
                     .unwrap_or(10),
             ),
             task_timeout: Duration::from_secs(task_timeout_secs),
+            max_hops,
+            ack_timeout: Duration::from_millis(ack_timeout_ms),
+            escalate: args.escalate || file.escalate.unwrap_or(false),
             push_enabled: !(args.disable_push || file.disable_push.unwrap_or(false)),
             agent_cards_dir,
             routing,

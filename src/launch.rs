@@ -109,6 +109,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             task_timeout: config.task_timeout,
             push_enabled: config.push_enabled,
             routing: Arc::new(config.routing.clone()),
+            max_hops: config.max_hops,
+            ack_timeout: config.ack_timeout,
+            escalate: config.escalate,
             ..GatewaySettings::default()
         },
         shutdown.clone(),

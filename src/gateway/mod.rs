@@ -1,6 +1,8 @@
 //! The A2A methods on top of the ledger and the agents: what each of the
 //! eleven methods does, independent of the JSON-RPC transport.
 
+mod driver;
+mod relay;
 mod send;
 mod stream;
 pub mod validate;
@@ -57,6 +59,13 @@ pub struct GatewaySettings {
     pub max_hops: u32,
     /// Rules choosing the agent of `/a2a` calls that name none (DESIGN.md §5).
     pub routing: Arc<crate::handoff::routing::RoutingRules>,
+    /// How long a handoff's target may take to acknowledge (DESIGN.md §3.3).
+    pub ack_timeout: Duration,
+    /// The pause before a handoff is retried after no acknowledgement.
+    pub retry_delay: Duration,
+    /// An exhausted ladder leaves the task INPUT_REQUIRED (`ESCALATED`) for
+    /// the caller to decide, instead of failing it (`TARGET_UNAVAILABLE`).
+    pub escalate: bool,
 }
 
 impl Default for GatewaySettings {
@@ -66,6 +75,9 @@ impl Default for GatewaySettings {
             push_enabled: true,
             max_hops: 5,
             routing: Arc::default(),
+            ack_timeout: Duration::from_secs(5),
+            retry_delay: Duration::from_secs(2),
+            escalate: false,
         }
     }
 }
@@ -471,6 +483,23 @@ impl Gateway {
             .expect("running lock")
             .insert(task_id.to_string(), token);
     }
+
+    /// Whether a driver is working on the task now.
+    pub(crate) fn is_running(&self, task_id: &str) -> bool {
+        self.running
+            .lock()
+            .expect("running lock")
+            .contains_key(task_id)
+    }
+
+    /// Counts a handoff from `source` to `target`.
+    pub(crate) fn metrics_handoff(&self, _source: &str, _target: &str, _kind: store::HopKind) {}
+
+    /// Counts a ladder step.
+    pub(crate) fn metrics_ladder(&self, _target: &str, _reason: &str) {}
+
+    /// Counts a refused handoff.
+    pub(crate) fn metrics_rejected(&self, _reason: &str) {}
 
     pub(crate) fn unregister_running(&self, task_id: &str) {
         self.running.lock().expect("running lock").remove(task_id);

@@ -1,31 +1,31 @@
 //! SendMessage and SendStreamingMessage: validation, continuation rules,
-//! idempotency, and the driver that turns an agent's events into ledger
-//! events.
+//! idempotency, direct handoffs and routing, up to the point where a
+//! [`Driver`] takes the task to its agent.
 
+use super::driver::{Driver, Start, Turn, send_first};
+use super::relay::{policy_refusal, skill_output_schema};
 use super::stream::TaskEventStream;
 use super::validate::{self, check_history_length, check_message, finish};
 use super::{CallContext, Gateway};
-use crate::agents::{AgentEvent, AgentEvents, AgentRequest};
+use crate::agents::AgentRequest;
 use crate::error::GatewayError;
+use crate::handoff::context::{direct_history, message_bytes};
 use crate::handoff::control::{Control, Limits};
+use crate::handoff::payload::{
+    HandoffPayload, HandoffTarget, PayloadValidator, find_payload, violations_detail,
+};
+use crate::handoff::reasons::{self, status_part};
+use crate::handoff::routing::{AgentView, RouteInput};
 use crate::protocol::*;
 use crate::registry::AgentEntry;
-use chrono::{DateTime, Utc};
-use tokio_util::sync::CancellationToken;
-
-/// An agent execution in progress.
-type Execution = tokio::task::JoinHandle<Result<(), crate::agents::AgentError>>;
-use crate::handoff::payload::{HandoffTarget, PayloadValidator, find_payload, violations_detail};
-use crate::handoff::reasons::{self, status_part};
-use crate::handoff::routing::{AgentView, RouteInput, agents_with_skill};
-use crate::store::{IdempotencyRecord, TaskRecord};
+use crate::store::{HopKind, HopRecord, IdempotencyRecord, TaskRecord};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{broadcast, oneshot, watch};
 
 /// What a send produced first.
-enum First {
+pub(super) enum First {
     /// The agent answered with a message; no task exists.
     Message(Message),
     /// The task exists in the ledger: created (`None`, its log starts with
@@ -182,7 +182,8 @@ impl Gateway {
     /// Resolves a direct handoff (DESIGN.md §3.3): a message with a payload
     /// part goes to the payload's `to`, or to an agent with its `toSkill`.
     /// An invalid payload or an unknown target becomes a refusal (a REJECTED
-    /// task); a `to` that contradicts the addressed agent is -32602.
+    /// task); a `to` that contradicts the addressed agent is -32602. A
+    /// message without a payload goes where the caller or the rules say.
     fn direct_handoff(
         &self,
         ctx: &CallContext,
@@ -195,7 +196,16 @@ impl Gateway {
             let routed = (!ctx.pinned)
                 .then(|| self.route(message, metadata))
                 .flatten();
-            return Ok((routed.unwrap_or(addressed), Handoff::default()));
+            let kind = if routed.is_some() {
+                HopKind::Routed
+            } else {
+                HopKind::Call
+            };
+            let handoff = Handoff {
+                kind,
+                ..Handoff::default()
+            };
+            return Ok((routed.unwrap_or(addressed), handoff));
         };
         let payload = match PayloadValidator::shared().validate(data) {
             Ok(payload) => payload,
@@ -205,6 +215,13 @@ impl Gateway {
             }
         };
         let handoff_id = Some(payload.handoff_id.clone());
+        let accepted = |skill: Option<String>| Handoff {
+            handoff_id: handoff_id.clone(),
+            kind: HopKind::Direct,
+            skill,
+            payload: Some(Box::new(payload.clone())),
+            refusal: None,
+        };
         match &payload.target {
             HandoffTarget::Agent(to) => {
                 if ctx.pinned && *to != addressed {
@@ -216,47 +233,28 @@ impl Gateway {
                     ));
                 }
                 if self.agent(to).is_some() {
-                    Ok((
-                        to.clone(),
-                        Handoff {
-                            handoff_id,
-                            refusal: None,
-                        },
-                    ))
+                    Ok((to.clone(), accepted(None)))
                 } else {
                     let refusal = (reasons::TARGET_NOT_FOUND, serde_json::json!({"to": to}));
                     Ok((to.clone(), Handoff::refused(handoff_id, refusal)))
                 }
             }
             HandoffTarget::Skill(skill) => {
-                let entries = self.directory().list();
-                let views: Vec<AgentView> = entries
-                    .iter()
-                    .filter(|e| !ctx.pinned || e.id == addressed)
-                    .map(|e| AgentView {
-                        id: &e.id,
-                        card: e.agent.card(),
-                        healthy: true,
-                    })
-                    .collect();
-                let candidates = agents_with_skill(skill, &views);
-                if candidates.is_empty() {
-                    let refusal = (
-                        reasons::TARGET_NOT_FOUND,
-                        serde_json::json!({"toSkill": skill}),
-                    );
-                    return Ok((addressed, Handoff::refused(handoff_id, refusal)));
+                let mut candidates = self.agents_for_skill(skill, &[]);
+                if ctx.pinned {
+                    candidates.retain(|e| e.id == addressed);
                 }
-                // Balanced across the agents declaring the skill.
-                let turn = self.next_balance() as usize % candidates.len();
-                let target = candidates[turn].to_string();
-                Ok((
-                    target,
-                    Handoff {
-                        handoff_id,
-                        refusal: None,
-                    },
-                ))
+                // Balanced across the healthy agents declaring the skill.
+                match self.balanced(&candidates) {
+                    Some(target) => Ok((target.id.clone(), accepted(Some(skill.clone())))),
+                    None => {
+                        let refusal = (
+                            reasons::TARGET_NOT_FOUND,
+                            serde_json::json!({"toSkill": skill}),
+                        );
+                        Ok((addressed, Handoff::refused(handoff_id, refusal)))
+                    }
+                }
             }
         }
     }
@@ -510,30 +508,50 @@ impl Gateway {
 
         // Handoff control (DESIGN.md §3.1): a new task is a new hop; a
         // continuation stays on the hop of its task.
+        let mut parent_history = Vec::new();
         let control = match &continued {
             Some(record) => Control::read_from(record.task.metadata.as_ref()).unwrap_or_default(),
             None => {
                 let mut incoming = ctx.incoming.clone();
                 incoming.metadata = Control::read_from(message.metadata.as_ref());
-                let lineage = incoming
+                let parent = incoming
                     .metadata
                     .as_ref()
                     .and_then(|c| c.parent_task_id.as_deref())
-                    .and_then(|parent| self.owned_task(ctx, parent).ok())
+                    .and_then(|parent| self.owned_task(ctx, parent).ok());
+                let lineage = parent
+                    .as_ref()
                     .and_then(|parent| Control::read_from(parent.task.metadata.as_ref()));
+                if let Some(parent) = parent {
+                    parent_history = parent.task.history;
+                }
+                // An agent's own limits only ever shorten the gateway's.
+                let own = agent.as_ref().map(|a| &a.policy);
                 let limits = Limits {
-                    max_hops: self.settings.max_hops,
-                    task_timeout: self.settings.task_timeout,
+                    max_hops: own
+                        .and_then(|p| p.max_hops)
+                        .map_or(self.settings.max_hops, |m| m.min(self.settings.max_hops)),
+                    task_timeout: own
+                        .and_then(|p| p.task_timeout)
+                        .map_or(self.settings.task_timeout, |t| {
+                            t.min(self.settings.task_timeout)
+                        }),
                 };
                 let mut merged =
                     Control::merge(&incoming, lineage.as_ref(), limits, chrono::Utc::now());
                 if handoff.handoff_id.is_some() {
                     merged.handoff_id = handoff.handoff_id.clone();
                 }
-                let refusal = handoff
-                    .refusal
-                    .clone()
-                    .or_else(|| policy_refusal(&merged, &agent_id));
+                // Who hands off: the payload's sender, else the agent that
+                // forwarded the call (the end of the chain it carries).
+                let source = handoff
+                    .payload
+                    .as_ref()
+                    .map(|p| p.from.clone())
+                    .or_else(|| merged.chain.last().cloned());
+                let refusal = handoff.refusal.clone().or_else(|| {
+                    policy_refusal(&merged, &agent_id, agent.as_deref(), source.as_deref())
+                });
                 if let Some((reason, detail)) = refusal {
                     let delivered = merged.delivered_to(&agent_id);
                     delivered.write_into(&mut message.metadata);
@@ -553,10 +571,17 @@ impl Gateway {
             ));
         };
 
+        // A direct handoff's context policy may add the parent's conversation.
+        if let Some(payload) = &handoff.payload
+            && let Some(history) = direct_history(payload.context, &parent_history)
+        {
+            message.parts.push(history);
+        }
+
         let watcher = self.ledger.hub().watch(&task_id);
         let (first_tx, first) = oneshot::channel();
         let (done_tx, driver_done) = watch::channel(false);
-        let cancel = self.shutdown.child_token();
+        let task_cancel = self.shutdown.child_token();
         let request = AgentRequest {
             task_id: task_id.clone(),
             context_id: message.context_id.clone(),
@@ -565,18 +590,46 @@ impl Gateway {
             upstream: continued.as_ref().and_then(|r| r.upstream.clone()),
             streaming,
             accepted_output_modes: config.accepted_output_modes,
-            cancel: cancel.clone(),
+            cancel: task_cancel.child_token(),
         };
-        self.register_running(&task_id, cancel);
-        let driver = Driver {
+        let deadline =
+            Control::read_from(request.message.metadata.as_ref()).and_then(|c| c.deadline);
+        self.register_running(&task_id, task_cancel.clone());
+        let mut driver = Driver {
             gateway: self.clone(),
-            agent,
             owner: ctx.principal.clone(),
             idempotency_key: ctx.idempotency_key.clone(),
             fingerprint,
+            task_id: task_id.clone(),
+            context_id: request.context_id.clone(),
+            task_cancel,
+            deadline,
+            created: false,
+            first_tx: Some(first_tx),
+            tried: Vec::new(),
+        };
+        let start = match continued {
+            Some(record) => Start::Continued(Box::new(record)),
+            None if handoff.payload.is_some() => {
+                // A handoff is a task from acceptance: SUBMITTED until the
+                // target acknowledges (DESIGN.md §3.4).
+                if let Err(err) = self.accept_handoff(ctx, &agent, &handoff, &request).await {
+                    self.unregister_running(&task_id);
+                    return Err(err);
+                }
+                send_first(&mut driver.first_tx, First::Task(None));
+                Start::Accepted
+            }
+            None => Start::New(handoff.kind),
+        };
+        let turn = Turn {
+            agent,
+            request,
+            handoff: handoff.payload.is_some(),
+            skill: handoff.skill.clone(),
         };
         tokio::spawn(async move {
-            driver.run(request, continued, first_tx).await;
+            driver.run(turn, start).await;
             let _ = done_tx.send(true);
         });
         Ok(Begun::Started(Started {
@@ -587,9 +640,68 @@ impl Gateway {
         }))
     }
 
+    /// Records an accepted direct handoff as a SUBMITTED task, with its
+    /// first hop and the schema its result must satisfy.
+    async fn accept_handoff(
+        &self,
+        ctx: &CallContext,
+        agent: &AgentEntry,
+        handoff: &Handoff,
+        request: &AgentRequest,
+    ) -> Result<(), GatewayError> {
+        let message = &request.message;
+        let control = Control::read_from(message.metadata.as_ref());
+        let mut metadata = None;
+        if let Some(control) = &control {
+            control.write_into(&mut metadata);
+        }
+        let return_schema = handoff
+            .payload
+            .as_ref()
+            .and_then(|p| p.return_schema.clone())
+            .map(serde_json::Value::Object)
+            .or_else(|| skill_output_schema(agent, handoff.skill.as_deref()));
+        let record = TaskRecord {
+            task: Task {
+                id: request.task_id.clone(),
+                context_id: request.context_id.clone(),
+                ..Task::default()
+            },
+            owner: ctx.principal.clone(),
+            agent: agent.id.clone(),
+            parent_task_id: control.and_then(|c| c.parent_task_id),
+            return_schema,
+            created_at: chrono::Utc::now(),
+            hops: vec![HopRecord {
+                agent: agent.id.clone(),
+                kind: HopKind::Direct,
+                started_at: chrono::Utc::now(),
+                message_bytes: Some(message_bytes(message)),
+                attempts: 1,
+                ..HopRecord::default()
+            }],
+            ..TaskRecord::default()
+        };
+        let snapshot = Task {
+            id: request.task_id.clone(),
+            context_id: request.context_id.clone(),
+            status: TaskStatus::now(TaskState::Submitted, None),
+            history: vec![message.clone()],
+            metadata,
+            ..Task::default()
+        };
+        self.ledger
+            .create(record, vec![StreamResponse::Task(snapshot)])
+            .await?;
+        let source = handoff.payload.as_ref().map_or("", |p| p.from.as_str());
+        self.metrics_handoff(source, &agent.id, HopKind::Direct);
+        Ok(())
+    }
+
     /// Hands every task left SUBMITTED or WORKING by a previous run back to
-    /// its agent, which resumes it or fails it with the reason. Returns how
-    /// many tasks were picked up.
+    /// its agent, which resumes it or fails it with the reason; and sets
+    /// the deadline timers of tasks waiting for input. Returns how many
+    /// tasks were picked up.
     pub async fn recover_in_flight(self: &Arc<Self>) -> Result<usize, GatewayError> {
         let ids = self.ledger.active_task_ids()?;
         let mut recovered = 0;
@@ -601,14 +713,23 @@ impl Gateway {
                 tracing::warn!(task_id, agent = %record.agent, "in-flight task of an unknown agent");
                 continue;
             };
+            let task_cancel = self.shutdown.child_token();
+            self.register_running(&task_id, task_cancel.clone());
             let driver = Driver {
                 gateway: self.clone(),
-                agent,
                 owner: record.owner.clone(),
                 idempotency_key: None,
                 fingerprint: String::new(),
+                task_id: record.task.id.clone(),
+                context_id: record.task.context_id.clone(),
+                task_cancel,
+                deadline: Control::read_from(record.task.metadata.as_ref())
+                    .and_then(|c| c.deadline),
+                created: true,
+                first_tx: None,
+                tried: Vec::new(),
             };
-            tokio::spawn(driver.recover(record));
+            tokio::spawn(driver.recover(agent, record));
             recovered += 1;
         }
         Ok(recovered)
@@ -638,433 +759,17 @@ impl Gateway {
     }
 }
 
-/// Runs one agent execution and records what it reports.
-struct Driver {
-    gateway: Arc<Gateway>,
-    agent: Arc<AgentEntry>,
-    owner: String,
-    idempotency_key: Option<String>,
-    fingerprint: String,
-}
-
-impl Driver {
-    /// Picks up a task left SUBMITTED or WORKING by a previous run of the
-    /// gateway; the agent either resumes it or the task fails with the reason.
-    pub(crate) async fn recover(self, record: TaskRecord) {
-        let (events, receiver) = AgentEvents::channel(64);
-        let agent = self.agent.agent.clone();
-        let task = record.task.clone();
-        let upstream = record.upstream.clone();
-        // Cancelable like any execution: by CancelTask and by shutdown.
-        let cancel = self.gateway.shutdown.child_token();
-        self.gateway.register_running(&task.id, cancel.clone());
-        let agent_cancel = cancel.clone();
-        let execution = tokio::spawn(async move {
-            agent
-                .recover(&task, upstream.as_ref(), events, agent_cancel)
-                .await
-        });
-        let deadline = Control::read_from(record.task.metadata.as_ref()).and_then(|c| c.deadline);
-        self.pump(
-            &record.task.id,
-            &record.task.context_id,
-            None,
-            receiver,
-            (execution, cancel, deadline),
-            None,
-            true,
-        )
-        .await;
-    }
-
-    async fn run(
-        self,
-        request: AgentRequest,
-        continued: Option<TaskRecord>,
-        first_tx: oneshot::Sender<First>,
-    ) {
-        let task_id = request.task_id.clone();
-        let context_id = request.context_id.clone();
-        let user_message = request.message.clone();
-        let cancel = request.cancel.clone();
-        let deadline = Control::read_from(user_message.metadata.as_ref()).and_then(|c| c.deadline);
-        let (events, receiver) = AgentEvents::channel(64);
-        let agent = self.agent.agent.clone();
-        let execution = tokio::spawn(async move { agent.execute(request, events).await });
-        let mut first_tx = Some(first_tx);
-        let mut created = false;
-
-        if continued.is_some() {
-            // The answer resumes the task: it is WORKING again until the agent says otherwise.
-            let appended = self
-                .gateway
-                .ledger
-                .update(&task_id, |record| {
-                    record.task.history.push(user_message.clone());
-                    if record.task.status.state == TaskState::Working {
-                        return Ok::<_, GatewayError>(Vec::new());
-                    }
-                    Ok(vec![StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
-                        task_id: task_id.clone(),
-                        context_id: context_id.clone(),
-                        status: TaskStatus::now(TaskState::Working, None),
-                        metadata: None,
-                    })])
-                })
-                .await;
-            match appended {
-                Ok(record) => {
-                    created = true;
-                    send_first(&mut first_tx, First::Task(Some(Box::new(record))));
-                }
-                Err(err) => {
-                    self.refuse(&mut first_tx, err).await;
-                    execution.abort();
-                    self.gateway.unregister_running(&task_id);
-                    return;
-                }
-            }
-        }
-
-        self.pump(
-            &task_id,
-            &context_id,
-            Some(user_message),
-            receiver,
-            (execution, cancel, deadline),
-            first_tx,
-            created,
-        )
-        .await;
-    }
-
-    /// Records what the agent reports until it is done, then its outcome.
-    #[allow(clippy::too_many_arguments)]
-    async fn pump(
-        &self,
-        task_id: &str,
-        context_id: &str,
-        user_message: Option<Message>,
-        mut receiver: tokio::sync::mpsc::Receiver<AgentEvent>,
-        (execution, cancel, deadline): (Execution, CancellationToken, Option<DateTime<Utc>>),
-        mut first_tx: Option<oneshot::Sender<First>>,
-        mut created: bool,
-    ) {
-        let (task_id, context_id) = (task_id.to_string(), context_id.to_string());
-        let expiry = async {
-            match deadline {
-                Some(deadline) => {
-                    let left = (deadline - Utc::now()).to_std().unwrap_or_default();
-                    tokio::time::sleep(left).await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        tokio::pin!(expiry);
-        loop {
-            let event = tokio::select! {
-                event = receiver.recv() => event,
-                _ = &mut expiry => {
-                    cancel.cancel();
-                    if created {
-                        self.expire(&task_id, &context_id).await;
-                    } else {
-                        let error = GatewayError::UpstreamTimeout(
-                            "the task's deadline passed before the agent answered".into(),
-                        );
-                        self.refuse(&mut first_tx, error).await;
-                    }
-                    break;
-                }
-            };
-            let Some(event) = event else {
-                break;
-            };
-            let mut batch = vec![event];
-            while let Ok(more) = receiver.try_recv() {
-                batch.push(more);
-            }
-            if !created && matches!(batch[0], AgentEvent::Message(_)) {
-                if let AgentEvent::Message(mut message) = batch.remove(0) {
-                    message.context_id = context_id.clone();
-                    message.task_id.clear();
-                    self.record_direct_reply(&task_id, &message).await;
-                    send_first(&mut first_tx, First::Message(message));
-                    break;
-                }
-            }
-            // The agent's own ids go with the record, not into the event log.
-            let bound = batch.iter().rev().find_map(|event| match event {
-                AgentEvent::Bound(upstream) => Some(upstream.clone()),
-                _ => None,
-            });
-            let mut stream_events = Vec::with_capacity(batch.len() + 1);
-            if !created {
-                stream_events.push(StreamResponse::Task(Task {
-                    id: task_id.clone(),
-                    context_id: context_id.clone(),
-                    status: TaskStatus::now(TaskState::Submitted, None),
-                    history: user_message.iter().cloned().collect(),
-                    metadata: user_message.as_ref().and_then(|m| {
-                        let control = Control::read_from(m.metadata.as_ref())?;
-                        let mut metadata = None;
-                        control.write_into(&mut metadata);
-                        metadata
-                    }),
-                    ..Task::default()
-                }));
-            }
-            stream_events.extend(
-                batch
-                    .into_iter()
-                    .filter_map(|event| to_stream_event(event, &task_id, &context_id)),
-            );
-            let result = if created {
-                self.gateway
-                    .ledger
-                    .update(&task_id, |record| {
-                        if bound.is_some() {
-                            record.upstream = bound;
-                        }
-                        let mut stream_events = stream_events;
-                        if let Some(schema) = &record.return_schema {
-                            enforce_return_schema(&record.task, schema, &mut stream_events);
-                        }
-                        Ok::<_, GatewayError>(stream_events)
-                    })
-                    .await
-            } else {
-                self.create(&task_id, bound, stream_events).await
-            };
-            match result {
-                Ok(_) if !created => {
-                    created = true;
-                    send_first(&mut first_tx, First::Task(None));
-                }
-                Ok(_) => {}
-                Err(err) => {
-                    // Typically a cancel that made the task terminal first.
-                    tracing::debug!(task_id = %task_id, %err, "agent event not applied");
-                    if !created {
-                        self.refuse(&mut first_tx, err).await;
-                    }
-                    break;
-                }
-            }
-        }
-        drop(receiver);
-
-        let outcome = execution.await;
-        let failure = match outcome {
-            Ok(Ok(())) => None,
-            Ok(Err(err)) => Some(err),
-            Err(join) => Some(crate::agents::AgentError::Failed(format!(
-                "agent execution panicked or was aborted: {join}"
-            ))),
-        };
-        match (failure, created) {
-            (Some(err), true) => {
-                let reason = vec![Part::text(err.to_string())];
-                self.fail(&task_id, &context_id, reason).await
-            }
-            (Some(err), false) => self.refuse(&mut first_tx, err.into()).await,
-            (None, false) => {
-                let error = GatewayError::InvalidAgentResponse(
-                    "the agent ended without a task or a message".into(),
-                );
-                self.refuse(&mut first_tx, error).await
-            }
-            (None, true) => {}
-        }
-        self.gateway.unregister_running(&task_id);
-    }
-
-    /// The deadline passed: the agent is told to stop at once (`CancelTask`
-    /// for a remote agent) and the task fails with `DEADLINE_EXCEEDED`.
-    async fn expire(&self, task_id: &str, context_id: &str) {
-        if let Ok(Some(record)) = self.gateway.ledger.get(task_id) {
-            if record.task.status.state.is_terminal() {
-                return;
-            }
-            if let Err(err) = self
-                .agent
-                .agent
-                .cancel(&record.task, record.upstream.as_ref())
-                .await
-            {
-                tracing::warn!(task_id, %err, "agent did not confirm the cancel at the deadline");
-            }
-        }
-        let reason = status_part(reasons::DEADLINE_EXCEEDED, serde_json::json!({}));
-        self.fail(task_id, context_id, vec![reason]).await;
-    }
-
-    /// Answers the caller with an error when nothing was created; the
-    /// idempotency key is released so a retry reaches the agent again.
-    async fn refuse(&self, first_tx: &mut Option<oneshot::Sender<First>>, error: GatewayError) {
-        let Some(tx) = first_tx.take() else {
-            return;
-        };
-        if let Some(key) = &self.idempotency_key
-            && let Err(err) = self
-                .gateway
-                .ledger
-                .release_idempotency(&self.owner, key)
-                .await
-        {
-            tracing::error!(%err, "could not release an idempotency key");
-        }
-        let _ = tx.send(First::Error(error));
-    }
-
-    async fn create(
-        &self,
-        task_id: &str,
-        upstream: Option<crate::agents::UpstreamRef>,
-        events: Vec<StreamResponse>,
-    ) -> Result<TaskRecord, GatewayError> {
-        let Some(StreamResponse::Task(initial)) = events.first().cloned() else {
-            return Err(GatewayError::Internal(
-                "a new task starts with its snapshot".into(),
-            ));
-        };
-        // The handoff graph: a child names its parent in its control.
-        let parent_task_id =
-            Control::read_from(initial.metadata.as_ref()).and_then(|c| c.parent_task_id);
-        // A handoff asking for a typed result: its artifacts are checked.
-        let return_schema = initial
-            .history
-            .first()
-            .and_then(find_payload)
-            .and_then(|payload| payload.get("returnSchema"))
-            .cloned();
-        let mut events = events;
-        if let Some(schema) = &return_schema {
-            let empty = Task {
-                id: initial.id.clone(),
-                ..Task::default()
-            };
-            enforce_return_schema(&empty, schema, &mut events);
-        }
-        // An empty record: applying the log's first event, the snapshot, fills it.
-        let record = TaskRecord {
-            task: Task {
-                id: initial.id.clone(),
-                context_id: initial.context_id.clone(),
-                ..Task::default()
-            },
-            owner: self.owner.clone(),
-            agent: self.agent.id.clone(),
-            upstream,
-            parent_task_id,
-            return_schema,
-            created_at: chrono::Utc::now(),
-            ..TaskRecord::default()
-        };
-        debug_assert_eq!(initial.id, task_id);
-        Ok(self.gateway.ledger.create(record, events).await?)
-    }
-
-    async fn record_direct_reply(&self, task_id: &str, message: &Message) {
-        tracing::info!(task_id, agent = %self.agent.id, message_id = %message.message_id, "agent answered with a message; no task");
-        if let Some(key) = &self.idempotency_key {
-            let record = IdempotencyRecord {
-                fingerprint: self.fingerprint.clone(),
-                task_id: task_id.to_string(),
-                message: Some(message.clone()),
-            };
-            if let Err(err) = self
-                .gateway
-                .ledger
-                .complete_idempotency(&self.owner, key, &record)
-                .await
-            {
-                tracing::error!(%err, "could not record idempotent reply");
-            }
-        }
-    }
-
-    /// Fails a task (unless it is terminal already) with a status message of `parts`.
-    async fn fail(&self, task_id: &str, context_id: &str, parts: Vec<Part>) {
-        let mut message = Message::agent(parts);
-        message.task_id = task_id.to_string();
-        message.context_id = context_id.to_string();
-        let result = self
-            .gateway
-            .ledger
-            .update(task_id, |record| {
-                if record.task.status.state.is_terminal() {
-                    return Ok::<_, GatewayError>(Vec::new());
-                }
-                Ok(vec![StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
-                    task_id: task_id.to_string(),
-                    context_id: context_id.to_string(),
-                    status: TaskStatus::now(TaskState::Failed, Some(message)),
-                    metadata: None,
-                })])
-            })
-            .await;
-        if let Err(err) = result {
-            tracing::error!(task_id, %err, "could not record agent failure");
-        }
-    }
-}
-
-fn send_first(first_tx: &mut Option<oneshot::Sender<First>>, first: First) {
-    if let Some(tx) = first_tx.take() {
-        let _ = tx.send(first);
-    }
-}
-
-/// Turns an agent event into the ledger event for the task; `Bound` is no
-/// event (the ids go into the record).
-fn to_stream_event(event: AgentEvent, task_id: &str, context_id: &str) -> Option<StreamResponse> {
-    let fill = |mut message: Message| {
-        message.task_id = task_id.to_string();
-        message.context_id = context_id.to_string();
-        if message.role == Role::Unspecified {
-            message.role = Role::Agent;
-        }
-        message
-    };
-    let event = match event {
-        AgentEvent::Bound(_) => return None,
-        AgentEvent::Status { state, message } => {
-            StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
-                task_id: task_id.to_string(),
-                context_id: context_id.to_string(),
-                status: TaskStatus::now(state, message.map(fill)),
-                metadata: None,
-            })
-        }
-        AgentEvent::Artifact {
-            artifact,
-            append,
-            last_chunk,
-        } => StreamResponse::ArtifactUpdate(TaskArtifactUpdateEvent {
-            task_id: task_id.to_string(),
-            context_id: context_id.to_string(),
-            artifact,
-            append,
-            last_chunk,
-            metadata: None,
-        }),
-        // A message once a task exists is recorded as the task's reply.
-        AgentEvent::Message(message) => StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
-            task_id: task_id.to_string(),
-            context_id: context_id.to_string(),
-            status: TaskStatus::now(TaskState::Completed, Some(fill(message))),
-            metadata: None,
-        }),
-    };
-    Some(event)
-}
-
 /// What a direct handoff decided before delivery.
 #[derive(Clone, Debug, Default)]
 struct Handoff {
     /// The payload's `handoffId`.
     handoff_id: Option<String>,
+    /// How the agent was chosen.
+    kind: HopKind,
+    /// The skill the target was chosen by (`toSkill`).
+    skill: Option<String>,
+    /// The validated payload of an accepted handoff.
+    payload: Option<Box<HandoffPayload>>,
     /// Why it is refused, if it is: the reason code and its detail.
     refusal: Option<(&'static str, serde_json::Value)>,
 }
@@ -1074,33 +779,21 @@ impl Handoff {
         Self {
             handoff_id,
             refusal: Some(refusal),
+            ..Self::default()
         }
     }
-}
-
-/// Why the policy refuses to deliver a line of work to `target`, if it does:
-/// the hop limit is reached, or `target` already holds it (a cycle).
-fn policy_refusal(control: &Control, target: &str) -> Option<(&'static str, serde_json::Value)> {
-    if control.hops >= control.max_hops {
-        return Some((
-            reasons::HOP_LIMIT_EXCEEDED,
-            serde_json::json!({"hops": control.hops, "maxHops": control.max_hops, "chain": control.chain}),
-        ));
-    }
-    if control.chain.iter().any(|held| held == target) {
-        return Some((
-            reasons::HANDOFF_CYCLE,
-            serde_json::json!({"target": target, "chain": control.chain}),
-        ));
-    }
-    None
 }
 
 /// A completion whose artifacts fail the task's `returnSchema` becomes a
 /// failure with `OUTPUT_SCHEMA_INVALID` and the violations (DESIGN.md §3.4).
 /// `task` is the task before `events`; the events are applied to a copy to
 /// see what the completion would leave.
-fn enforce_return_schema(task: &Task, schema: &serde_json::Value, events: &mut [StreamResponse]) {
+pub(super) fn enforce_return_schema(
+    task: &Task,
+    schema: &serde_json::Value,
+    from: usize,
+    events: &mut [StreamResponse],
+) {
     let mut after = task.clone();
     for event in events.iter() {
         if crate::lifecycle::apply_event(&mut after, event).is_err() {
@@ -1110,8 +803,8 @@ fn enforce_return_schema(task: &Task, schema: &serde_json::Value, events: &mut [
     if after.status.state != TaskState::Completed {
         return;
     }
-    let Err(violations) = crate::handoff::artifacts::check_artifacts(schema, &after.artifacts)
-    else {
+    let checked = after.artifacts.get(from..).unwrap_or_default();
+    let Err(violations) = crate::handoff::artifacts::check_artifacts(schema, checked) else {
         return;
     };
     let Some(StreamResponse::StatusUpdate(completion)) = events

@@ -3,6 +3,7 @@
 //! policy checks before forwarding, and the routing rules.
 
 pub mod artifacts;
+pub mod context;
 pub mod control;
 pub mod payload;
 pub mod reasons;

@@ -321,6 +321,15 @@ impl Message {
         }
     }
 
+    /// A user message with the given parts and a fresh id: what the
+    /// gateway sends when it speaks to an agent on its own account.
+    pub fn user(parts: Vec<Part>) -> Self {
+        Self {
+            role: Role::User,
+            ..Self::agent(parts)
+        }
+    }
+
     /// All text parts joined by newlines.
     pub fn text(&self) -> String {
         self.parts

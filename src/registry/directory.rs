@@ -24,6 +24,43 @@ pub struct AgentEntry {
     pub card: PublishedCard,
     /// The published extended card, when the agent has one.
     pub extended: Option<AgentCard>,
+    /// Limits and checks the agency set for the agent.
+    pub policy: AgentPolicy,
+    /// False once a health check failed, until one succeeds.
+    healthy: AtomicBool,
+}
+
+impl AgentEntry {
+    /// Whether the last health check (if any) succeeded.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+}
+
+/// What an agency sets for its agent besides the card (DESIGN.md §3.4,
+/// §4): limits that may only shorten the gateway's, who may hand off to
+/// it, and the schemas its skills' results must satisfy.
+#[derive(Clone, Debug, Default)]
+pub struct AgentPolicy {
+    /// The agent's task timeout.
+    pub task_timeout: Option<std::time::Duration>,
+    /// The agent's hop limit.
+    pub max_hops: Option<u32>,
+    /// How long the agent may take to acknowledge.
+    pub ack_timeout: Option<std::time::Duration>,
+    /// The agents allowed to hand off to it; `None` allows every agent.
+    pub allow_from: Option<Vec<String>>,
+    /// JSON Schemas of its skills' results, by skill id.
+    pub skill_output_schemas: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
+}
+
+impl AgentPolicy {
+    /// Whether `source` may hand off to the agent.
+    pub fn allows(&self, source: &str) -> bool {
+        self.allow_from
+            .as_ref()
+            .is_none_or(|allowed| allowed.iter().any(|id| id == source))
+    }
 }
 
 struct Snapshot {
@@ -69,7 +106,13 @@ impl Directory {
     ) -> Self {
         let directory = Self::new(public_url, push_enabled);
         for handle in agents {
-            directory.upsert(&handle.id, owner, handle.agent, Utc::now());
+            directory.upsert(
+                &handle.id,
+                owner,
+                handle.agent,
+                AgentPolicy::default(),
+                Utc::now(),
+            );
         }
         directory
     }
@@ -104,6 +147,7 @@ impl Directory {
         id: &str,
         owner: &str,
         agent: Arc<dyn Agent>,
+        policy: AgentPolicy,
         modified: DateTime<Utc>,
     ) -> Arc<AgentEntry> {
         let secured = self.secured.load(Ordering::Relaxed);
@@ -118,11 +162,20 @@ impl Directory {
             agent,
             card: PublishedCard::new(card, modified),
             extended,
+            policy,
+            healthy: AtomicBool::new(true),
         });
         self.change(|agents| {
             agents.insert(id.to_string(), entry.clone());
         });
         entry
+    }
+
+    /// Records the outcome of an agent's health check.
+    pub fn set_healthy(&self, id: &str, healthy: bool) {
+        if let Some(entry) = self.get(id) {
+            entry.healthy.store(healthy, Ordering::Relaxed);
+        }
     }
 
     /// Says whether API keys are required, re-publishing every card when
@@ -133,7 +186,16 @@ impl Directory {
         }
         let now = Utc::now();
         for entry in self.list() {
-            self.upsert(&entry.id, &entry.owner, entry.agent.clone(), now);
+            let replaced = self.upsert(
+                &entry.id,
+                &entry.owner,
+                entry.agent.clone(),
+                entry.policy.clone(),
+                now,
+            );
+            replaced
+                .healthy
+                .store(entry.is_healthy(), Ordering::Relaxed);
         }
         self.change(|_| {});
     }

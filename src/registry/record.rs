@@ -35,6 +35,20 @@ pub enum HealthStatus {
     Unhealthy,
 }
 
+impl AgentRecord {
+    /// The limits and checks the gateway applies to the agent.
+    pub fn policy(&self) -> crate::registry::directory::AgentPolicy {
+        use std::time::Duration;
+        crate::registry::directory::AgentPolicy {
+            task_timeout: self.task_timeout_ms.map(Duration::from_millis),
+            max_hops: self.max_hops,
+            ack_timeout: self.ack_timeout_ms.map(Duration::from_millis),
+            allow_from: self.allow_from.clone(),
+            skill_output_schemas: self.skill_output_schemas.clone().map(std::sync::Arc::new),
+        }
+    }
+}
+
 /// An agent as the registry knows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -65,6 +79,15 @@ pub struct AgentRecord {
     /// The agent's task timeout, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_timeout_ms: Option<u64>,
+    /// The agent's hop limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_hops: Option<u32>,
+    /// How long the agent may take to acknowledge, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ack_timeout_ms: Option<u64>,
+    /// The agents allowed to hand off to it (absent: every agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_from: Option<Vec<String>>,
     /// Served in-process by Baton rather than over the network.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub builtin: bool,

@@ -2,7 +2,7 @@
 //! their agents' cards; anyone with a key reads and searches them. Records
 //! live in the ledger; the directory routes to what is registered.
 
-use super::directory::Directory;
+use super::directory::{AgentPolicy, Directory};
 use super::fetch::{CardFetcher, FetchError};
 use super::record::{AgentRecord, Health, HealthStatus};
 use super::schema::CardValidator;
@@ -43,6 +43,49 @@ pub struct RegisterParams {
     /// The agent's task timeout in milliseconds.
     #[serde(default, alias = "task_timeout_ms")]
     pub task_timeout_ms: Option<u64>,
+    /// The agent's hop limit (it may only shorten the gateway's).
+    #[serde(default, alias = "max_hops")]
+    pub max_hops: Option<u32>,
+    /// How long the agent may take to acknowledge, in milliseconds.
+    #[serde(default, alias = "ack_timeout_ms")]
+    pub ack_timeout_ms: Option<u64>,
+    /// The agents allowed to hand off to it (absent: every agent).
+    #[serde(default, alias = "allow_from")]
+    pub allow_from: Option<Vec<String>>,
+}
+
+impl RegisterParams {
+    /// Refuses limits that cannot hold: zero timeouts, a zero hop limit,
+    /// empty agent ids in the allow list.
+    fn check_limits(&self) -> Result<(), GatewayError> {
+        if self.task_timeout_ms == Some(0) {
+            return Err(GatewayError::invalid_field(
+                "taskTimeoutMs",
+                "must be at least 1",
+            ));
+        }
+        if self.ack_timeout_ms == Some(0) {
+            return Err(GatewayError::invalid_field(
+                "ackTimeoutMs",
+                "must be at least 1",
+            ));
+        }
+        if self.max_hops == Some(0) {
+            return Err(GatewayError::invalid_field("maxHops", "must be at least 1"));
+        }
+        if let Some(index) = self
+            .allow_from
+            .iter()
+            .flatten()
+            .position(|id| id.trim().is_empty())
+        {
+            return Err(GatewayError::invalid_field(
+                format!("allowFrom[{index}]"),
+                "must be a non-empty agent id",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Params of `GetAgent` and `DeregisterAgent`.
@@ -170,7 +213,9 @@ impl Registry {
     pub fn add_builtin(&self, handle: AgentHandle, owner: &str) {
         let now = Utc::now();
         let card = handle.agent.card().clone();
-        let entry = self.directory.upsert(&handle.id, owner, handle.agent, now);
+        let entry =
+            self.directory
+                .upsert(&handle.id, owner, handle.agent, AgentPolicy::default(), now);
         let record = AgentRecord {
             id: handle.id.clone(),
             owner: owner.to_string(),
@@ -188,6 +233,9 @@ impl Registry {
             card_url: None,
             skill_output_schemas: None,
             task_timeout_ms: None,
+            max_hops: None,
+            ack_timeout_ms: None,
+            allow_from: None,
             builtin: true,
         };
         self.records
@@ -203,8 +251,13 @@ impl Registry {
         for record in stored {
             match (self.connect)(&record.id, &record.card) {
                 Ok(agent) => {
-                    self.directory
-                        .upsert(&record.id, &record.owner, agent, record.updated_at);
+                    self.directory.upsert(
+                        &record.id,
+                        &record.owner,
+                        agent,
+                        record.policy(),
+                        record.updated_at,
+                    );
                     self.records
                         .write()
                         .expect("registry lock")
@@ -395,6 +448,9 @@ impl Registry {
             .skill_output_schemas
             .or(existing.skill_output_schemas);
         params.task_timeout_ms = params.task_timeout_ms.or(existing.task_timeout_ms);
+        params.max_hops = params.max_hops.or(existing.max_hops);
+        params.ack_timeout_ms = params.ack_timeout_ms.or(existing.ack_timeout_ms);
+        params.allow_from = params.allow_from.or(existing.allow_from);
         self.store(
             owner,
             &id,
@@ -418,23 +474,31 @@ impl Registry {
         registered_at: chrono::DateTime<Utc>,
         updated_at: chrono::DateTime<Utc>,
     ) -> Result<AgentRecord, GatewayError> {
+        params.check_limits()?;
         let agent = (self.connect)(id, &card)
             .map_err(|e| GatewayError::invalid_field("/card/supportedInterfaces", e))?;
-        let entry = self.directory.upsert(id, owner, agent, updated_at);
-        let record = AgentRecord {
+        let mut record = AgentRecord {
             id: id.to_string(),
             owner: owner.to_string(),
             card,
-            published_card: entry.card.card.clone(),
-            etag: entry.card.etag.clone(),
+            published_card: AgentCard::default(),
+            etag: String::new(),
             registered_at,
             updated_at,
             health: Health::default(),
             card_url,
             skill_output_schemas: params.skill_output_schemas.clone(),
             task_timeout_ms: params.task_timeout_ms,
+            max_hops: params.max_hops,
+            ack_timeout_ms: params.ack_timeout_ms,
+            allow_from: params.allow_from.clone(),
             builtin: false,
         };
+        let entry = self
+            .directory
+            .upsert(id, owner, agent, record.policy(), updated_at);
+        record.published_card = entry.card.card.clone();
+        record.etag = entry.card.etag.clone();
         self.ledger.put_agent(id, &record).await?;
         self.records
             .write()
@@ -565,6 +629,8 @@ impl Registry {
                     error: Some(err.to_string()),
                 },
             };
+            self.directory
+                .set_healthy(&record.id, health.status != HealthStatus::Unhealthy);
             if let Some(stored) = self
                 .records
                 .write()

@@ -147,6 +147,10 @@ pub struct TransferSource {
     pub handoff_id: String,
     /// Whether the result goes back to the source.
     pub return_to_parent: bool,
+    /// How many artifacts the task had before the target's turn: only the
+    /// target's own are checked against the handoff's returnSchema.
+    #[serde(default)]
+    pub artifacts_before: usize,
 }
 
 /// What an idempotency key was first used for.

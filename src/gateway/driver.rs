@@ -1,0 +1,834 @@
+//! The driver of one gateway task: it runs agent turns and turns what each
+//! agent reports into ledger events.
+//!
+//! A task is held by one agent at a time. Each agent's **turn** ends when
+//! the agent settles the task, stops acknowledging (the failure ladder in
+//! `relay.rs` takes over), hands the task on with a payload (a transfer), or
+//! completes a transfer whose result goes back to its source. The driver
+//! loops over turns until the task settles, so the caller keeps one task id
+//! and one open stream through every handoff.
+
+use super::send::First;
+use super::{Gateway, send::enforce_return_schema};
+use crate::agents::{AgentError, AgentEvent, AgentEvents, AgentRequest, UpstreamRef};
+use crate::error::GatewayError;
+use crate::handoff::control::Control;
+use crate::handoff::payload::{HANDOFF_MEDIA_TYPE, find_data};
+use crate::handoff::reasons::{self, status_part};
+use crate::protocol::*;
+use crate::registry::AgentEntry;
+use crate::store::{HopKind, HopRecord, IdempotencyRecord, TaskRecord};
+use chrono::{DateTime, Utc};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// An agent execution in progress.
+pub(super) type Execution = tokio::task::JoinHandle<Result<(), AgentError>>;
+
+/// One agent's turn holding a task.
+#[derive(Clone)]
+pub(super) struct Turn {
+    /// The agent.
+    pub agent: Arc<AgentEntry>,
+    /// What it is asked; `cancel` is this turn's own token.
+    pub request: AgentRequest,
+    /// Handoff semantics: the agent must acknowledge within its ackTimeout
+    /// (else the ladder), and a message reply completes the task.
+    pub handoff: bool,
+    /// The skill the agent was chosen by: the ladder may reroute by it.
+    pub skill: Option<String>,
+}
+
+/// How a task's first turn begins.
+pub(super) enum Start {
+    /// Created on the agent's first answer; a message reply creates none.
+    New(HopKind),
+    /// Created at acceptance (a handoff), SUBMITTED.
+    Accepted,
+    /// A message continues this task.
+    Continued(Box<TaskRecord>),
+}
+
+/// How an agent's turn ended.
+pub(super) enum TurnEnd {
+    /// The agent settled the task, or the task ended otherwise.
+    Settled,
+    /// The agent did not acknowledge: why.
+    NoAck(String),
+    /// The agent handed the task on with a payload.
+    Transfer(TransferOffer),
+    /// A transfer's target completed; these artifacts go back to the source.
+    Return(Vec<Artifact>),
+}
+
+/// A payload an agent answered with, and what it left its own task as.
+pub(super) struct TransferOffer {
+    /// The payload's data.
+    pub data: serde_json::Value,
+    /// The state the source left its own task in.
+    pub state: TaskState,
+}
+
+/// Runs one gateway task's agent turns.
+pub(super) struct Driver {
+    pub gateway: Arc<Gateway>,
+    pub owner: String,
+    pub idempotency_key: Option<String>,
+    pub fingerprint: String,
+    pub task_id: String,
+    pub context_id: String,
+    /// Canceled by CancelTask and at shutdown; each turn's token is a child.
+    pub task_cancel: CancellationToken,
+    /// When the task's line of work must be done.
+    pub deadline: Option<DateTime<Utc>>,
+    /// The task exists in the ledger.
+    pub created: bool,
+    /// Where the first outcome goes, until it is known.
+    pub first_tx: Option<oneshot::Sender<First>>,
+    /// Agents the ladder has given up on for this delivery.
+    pub tried: Vec<String>,
+}
+
+impl Driver {
+    /// Runs turns until the task settles.
+    pub(super) async fn run(mut self, first: Turn, start: Start) {
+        let mut hop_kind = HopKind::Call;
+        match start {
+            Start::New(kind) => hop_kind = kind,
+            Start::Accepted => self.created = true,
+            Start::Continued(record) => {
+                if !self.resume(&first.request.message, &record).await {
+                    self.gateway.unregister_running(&self.task_id);
+                    return;
+                }
+            }
+        }
+        let mut turn = first;
+        let mut attempts = 1;
+        loop {
+            let user_message = (!self.created).then(|| turn.request.message.clone());
+            let (events, receiver) = AgentEvents::channel(64);
+            let agent = turn.agent.agent.clone();
+            let request = turn.request.clone();
+            let execution = tokio::spawn(async move { agent.execute(request, events).await });
+            let cancel = turn.request.cancel.clone();
+            let end = self
+                .pump(
+                    &turn.agent,
+                    turn.handoff,
+                    (user_message, hop_kind),
+                    receiver,
+                    (execution, cancel),
+                )
+                .await;
+            let next = match end {
+                TurnEnd::Settled => None,
+                TurnEnd::NoAck(why) => self.next_attempt(turn, why, &mut attempts).await,
+                TurnEnd::Transfer(offer) => {
+                    attempts = 1;
+                    self.transfer(&turn, offer).await
+                }
+                TurnEnd::Return(artifacts) => {
+                    attempts = 1;
+                    self.give_back(&turn, artifacts).await
+                }
+            };
+            match next {
+                Some(next) => turn = next,
+                None => break,
+            }
+        }
+        self.watch_interrupted_deadline();
+        self.gateway.unregister_running(&self.task_id);
+    }
+
+    /// Picks up a task left SUBMITTED or WORKING by a previous run of the
+    /// gateway; the agent either resumes it or the task fails with the reason.
+    pub(super) async fn recover(mut self, agent: Arc<AgentEntry>, record: TaskRecord) {
+        let (events, receiver) = AgentEvents::channel(64);
+        let implementation = agent.agent.clone();
+        let task = record.task.clone();
+        let upstream = record.upstream.clone();
+        let cancel = self.task_cancel.child_token();
+        let agent_cancel = cancel.clone();
+        let execution = tokio::spawn(async move {
+            implementation
+                .recover(&task, upstream.as_ref(), events, agent_cancel)
+                .await
+        });
+        self.created = true;
+        // A recovered turn ends where it ends: no new transfer is started
+        // from here, so a payload is recorded like any other answer.
+        let _ = self
+            .pump(
+                &agent,
+                false,
+                (None, HopKind::Call),
+                receiver,
+                (execution, cancel),
+            )
+            .await;
+        self.watch_interrupted_deadline();
+        self.gateway.unregister_running(&self.task_id);
+    }
+
+    /// The answer resumes the task: it is WORKING again until the agent says
+    /// otherwise. False when the task could not take the message.
+    async fn resume(&mut self, message: &Message, record: &TaskRecord) -> bool {
+        let (task_id, context_id) = (self.task_id.clone(), self.context_id.clone());
+        let appended = self
+            .gateway
+            .ledger
+            .update(&task_id, |current| {
+                current.task.history.push(message.clone());
+                if current.task.status.state == TaskState::Working {
+                    return Ok::<_, GatewayError>(Vec::new());
+                }
+                Ok(vec![status_update(
+                    &task_id,
+                    &context_id,
+                    TaskState::Working,
+                    None,
+                )])
+            })
+            .await;
+        debug_assert_eq!(record.task.id, self.task_id);
+        match appended {
+            Ok(updated) => {
+                self.created = true;
+                send_first(&mut self.first_tx, First::Task(Some(Box::new(updated))));
+                true
+            }
+            Err(err) => {
+                self.refuse(err).await;
+                false
+            }
+        }
+    }
+
+    /// Records what `agent` reports until its turn ends.
+    async fn pump(
+        &mut self,
+        agent: &Arc<AgentEntry>,
+        handoff: bool,
+        (user_message, hop_kind): (Option<Message>, HopKind),
+        mut receiver: mpsc::Receiver<AgentEvent>,
+        (execution, cancel): (Execution, CancellationToken),
+    ) -> TurnEnd {
+        let expiry = until(self.deadline);
+        tokio::pin!(expiry);
+        let ack_timeout = handoff.then(|| self.gateway.ack_timeout(agent));
+        let ack_timer = tokio::time::sleep(ack_timeout.unwrap_or(Duration::MAX / 4));
+        tokio::pin!(ack_timer);
+        let turn_started = std::time::Instant::now();
+        let mut acked = false;
+        let returns = self.returns_to_source().await;
+        loop {
+            let event = tokio::select! {
+                event = receiver.recv() => event,
+                _ = &mut expiry => {
+                    cancel.cancel();
+                    if self.created {
+                        self.expire(agent).await;
+                    } else {
+                        let error = GatewayError::UpstreamTimeout(
+                            "the task's deadline passed before the agent answered".into(),
+                        );
+                        self.refuse(error).await;
+                    }
+                    return TurnEnd::Settled;
+                }
+                _ = &mut ack_timer, if ack_timeout.is_some() && !acked => {
+                    cancel.cancel();
+                    execution.abort();
+                    let waited = ack_timeout.unwrap_or_default().as_millis();
+                    return TurnEnd::NoAck(format!("no answer within the ackTimeout of {waited} ms"));
+                }
+            };
+            let Some(event) = event else {
+                break;
+            };
+            let mut batch = vec![event];
+            while let Ok(more) = receiver.try_recv() {
+                batch.push(more);
+            }
+            let first_answer = !acked;
+            if first_answer {
+                acked = true;
+                self.gateway
+                    .metrics_acknowledged(&agent.id, turn_started.elapsed());
+            }
+            if let Some(offer) = find_transfer(&batch, &agent.id) {
+                cancel.cancel();
+                execution.abort();
+                let bound = last_bound(&batch);
+                if !self.created {
+                    let snapshot = self.snapshot(user_message.as_ref());
+                    let hop = first_hop(agent, hop_kind);
+                    match self.create(agent, hop, bound, vec![snapshot]).await {
+                        Ok(_) => {
+                            self.created = true;
+                            send_first(&mut self.first_tx, First::Task(None));
+                        }
+                        Err(err) => {
+                            self.refuse(err).await;
+                            return TurnEnd::Settled;
+                        }
+                    }
+                } else if let Some(bound) = bound {
+                    let _ = self
+                        .gateway
+                        .ledger
+                        .update(&self.task_id, |record| {
+                            record.upstream = Some(bound);
+                            Ok::<_, GatewayError>(Vec::new())
+                        })
+                        .await;
+                }
+                return TurnEnd::Transfer(offer);
+            }
+            if !self.created && matches!(batch[0], AgentEvent::Message(_)) {
+                if let AgentEvent::Message(mut message) = batch.remove(0) {
+                    message.context_id = self.context_id.clone();
+                    message.task_id.clear();
+                    self.record_direct_reply(agent, &message).await;
+                    send_first(&mut self.first_tx, First::Message(message));
+                    break;
+                }
+            }
+            // The agent's own ids go with the record, not into the event log.
+            let bound = last_bound(&batch);
+            if handoff {
+                batch = batch.into_iter().flat_map(reply_as_response).collect();
+            }
+            let mut stream_events = Vec::with_capacity(batch.len() + 1);
+            if !self.created {
+                stream_events.push(self.snapshot(user_message.as_ref()));
+            }
+            stream_events.extend(
+                batch
+                    .into_iter()
+                    .filter_map(|event| to_stream_event(event, &self.task_id, &self.context_id)),
+            );
+            // A transfer's target completing hands the result back instead.
+            let returning = returns
+                && stream_events
+                    .iter()
+                    .any(|e| e.state() == Some(TaskState::Completed));
+            if returning {
+                stream_events.retain(|e| e.state() != Some(TaskState::Completed));
+            }
+            let result = if self.created {
+                let now = Utc::now();
+                self.gateway
+                    .ledger
+                    .update(&self.task_id, |record| {
+                        if bound.is_some() {
+                            record.upstream = bound;
+                        }
+                        let mut stream_events = stream_events;
+                        // An agent picking a handed-on task up starts it over at
+                        // its end; the gateway task is past SUBMITTED already.
+                        if record.task.status.state != TaskState::Submitted {
+                            stream_events.retain(|e| e.state() != Some(TaskState::Submitted));
+                        }
+                        if let Some(schema) = &record.return_schema
+                            && !returning
+                        {
+                            let from = record.transfer.as_ref().map_or(0, |t| t.artifacts_before);
+                            enforce_return_schema(&record.task, schema, from, &mut stream_events);
+                        }
+                        note_hop(record, &stream_events, first_answer, now);
+                        Ok::<_, GatewayError>(stream_events)
+                    })
+                    .await
+            } else {
+                let hop = first_hop(agent, hop_kind);
+                self.create(agent, hop, bound, stream_events).await
+            };
+            match result {
+                Ok(_) if !self.created => {
+                    self.created = true;
+                    send_first(&mut self.first_tx, First::Task(None));
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    // Typically a cancel that made the task terminal first.
+                    tracing::debug!(task_id = %self.task_id, %err, "agent event not applied");
+                    if !self.created {
+                        self.refuse(err).await;
+                    }
+                    break;
+                }
+            }
+            if returning {
+                cancel.cancel();
+                execution.abort();
+                return self.result_of_turn().await;
+            }
+        }
+        drop(receiver);
+
+        let failure = match execution.await {
+            Ok(Ok(())) => None,
+            Ok(Err(err)) => Some(err),
+            Err(join) if join.is_cancelled() => None,
+            Err(join) => Some(AgentError::Failed(format!(
+                "agent execution panicked or was aborted: {join}"
+            ))),
+        };
+        match (failure, self.created) {
+            (Some(err @ (AgentError::Unreachable(_) | AgentError::Timeout(_))), _)
+                if handoff && !acked =>
+            {
+                TurnEnd::NoAck(err.to_string())
+            }
+            (Some(err), true) => {
+                let reason = vec![Part::text(err.to_string())];
+                self.fail(reason).await;
+                TurnEnd::Settled
+            }
+            (Some(err), false) => {
+                self.refuse(err.into()).await;
+                TurnEnd::Settled
+            }
+            (None, false) => {
+                if self.first_tx.is_some() {
+                    let error = GatewayError::InvalidAgentResponse(
+                        "the agent ended without a task or a message".into(),
+                    );
+                    self.refuse(error).await;
+                }
+                TurnEnd::Settled
+            }
+            (None, true) => TurnEnd::Settled,
+        }
+    }
+
+    /// Whether the agent holding the task is a transfer's target whose
+    /// result goes back to the source.
+    async fn returns_to_source(&self) -> bool {
+        if !self.created {
+            return false;
+        }
+        matches!(
+            self.gateway.ledger.get(&self.task_id),
+            Ok(Some(record)) if record.transfer.as_ref().is_some_and(|t| t.return_to_parent)
+        )
+    }
+
+    /// A returning target's result: its artifacts, once they satisfy the
+    /// handoff's returnSchema (else the task fails with the violations).
+    async fn result_of_turn(&mut self) -> TurnEnd {
+        let Ok(Some(record)) = self.gateway.ledger.get(&self.task_id) else {
+            return TurnEnd::Settled;
+        };
+        let from = record.transfer.as_ref().map_or(0, |t| t.artifacts_before);
+        let artifacts = record
+            .task
+            .artifacts
+            .get(from..)
+            .unwrap_or_default()
+            .to_vec();
+        if let Some(schema) = &record.return_schema
+            && let Err(violations) = crate::handoff::artifacts::check_artifacts(schema, &artifacts)
+        {
+            let detail = crate::handoff::payload::violations_detail(&violations);
+            self.fail(vec![status_part(reasons::OUTPUT_SCHEMA_INVALID, detail)])
+                .await;
+            return TurnEnd::Settled;
+        }
+        TurnEnd::Return(artifacts)
+    }
+
+    /// The first event of a task created on the agent's first answer.
+    fn snapshot(&self, user_message: Option<&Message>) -> StreamResponse {
+        StreamResponse::Task(Task {
+            id: self.task_id.clone(),
+            context_id: self.context_id.clone(),
+            status: TaskStatus::now(TaskState::Submitted, None),
+            history: user_message.into_iter().cloned().collect(),
+            metadata: user_message.and_then(|m| {
+                let control = Control::read_from(m.metadata.as_ref())?;
+                let mut metadata = None;
+                control.write_into(&mut metadata);
+                metadata
+            }),
+            ..Task::default()
+        })
+    }
+
+    /// The deadline passed: the agent is told to stop at once (`CancelTask`
+    /// for a remote agent) and the task fails with `DEADLINE_EXCEEDED`.
+    pub(super) async fn expire(&self, agent: &Arc<AgentEntry>) {
+        expire_task(&self.gateway, agent, &self.task_id).await;
+    }
+
+    /// Answers the caller with an error when nothing was created; the
+    /// idempotency key is released so a retry reaches the agent again.
+    pub(super) async fn refuse(&mut self, error: GatewayError) {
+        let Some(tx) = self.first_tx.take() else {
+            return;
+        };
+        if let Some(key) = &self.idempotency_key
+            && let Err(err) = self
+                .gateway
+                .ledger
+                .release_idempotency(&self.owner, key)
+                .await
+        {
+            tracing::error!(%err, "could not release an idempotency key");
+        }
+        let _ = tx.send(First::Error(error));
+    }
+
+    async fn create(
+        &self,
+        agent: &AgentEntry,
+        hop: HopRecord,
+        upstream: Option<UpstreamRef>,
+        events: Vec<StreamResponse>,
+    ) -> Result<TaskRecord, GatewayError> {
+        let Some(StreamResponse::Task(initial)) = events.first().cloned() else {
+            return Err(GatewayError::Internal(
+                "a new task starts with its snapshot".into(),
+            ));
+        };
+        // The handoff graph: a child names its parent in its control.
+        let parent_task_id =
+            Control::read_from(initial.metadata.as_ref()).and_then(|c| c.parent_task_id);
+        let mut hop = hop;
+        hop.acked_at = Some(Utc::now());
+        hop.upstream_task_id = upstream.as_ref().map(|u| u.task_id.clone());
+        // An empty record: applying the log's first event, the snapshot, fills it.
+        let mut record = TaskRecord {
+            task: Task {
+                id: initial.id.clone(),
+                context_id: initial.context_id.clone(),
+                ..Task::default()
+            },
+            owner: self.owner.clone(),
+            agent: agent.id.clone(),
+            upstream,
+            parent_task_id,
+            created_at: Utc::now(),
+            hops: vec![hop],
+            ..TaskRecord::default()
+        };
+        note_hop(&mut record, &events, false, Utc::now());
+        Ok(self.gateway.ledger.create(record, events).await?)
+    }
+
+    async fn record_direct_reply(&self, agent: &AgentEntry, message: &Message) {
+        tracing::info!(task_id = %self.task_id, agent = %agent.id, message_id = %message.message_id, "agent answered with a message; no task");
+        if let Some(key) = &self.idempotency_key {
+            let record = IdempotencyRecord {
+                fingerprint: self.fingerprint.clone(),
+                task_id: self.task_id.clone(),
+                message: Some(message.clone()),
+            };
+            if let Err(err) = self
+                .gateway
+                .ledger
+                .complete_idempotency(&self.owner, key, &record)
+                .await
+            {
+                tracing::error!(%err, "could not record idempotent reply");
+            }
+        }
+    }
+
+    /// Fails the task (unless it is terminal already) with a status message of `parts`.
+    pub(super) async fn fail(&self, parts: Vec<Part>) {
+        self.settle(TaskState::Failed, parts).await;
+    }
+
+    /// Moves the task to `state` (unless it is terminal already) with a
+    /// status message of `parts`.
+    pub(super) async fn settle(&self, state: TaskState, parts: Vec<Part>) {
+        settle_task(&self.gateway, &self.task_id, state, parts).await;
+    }
+
+    /// An interrupted task still has a deadline: nobody drives it while it
+    /// waits for input, so a timer fails it when the deadline passes.
+    fn watch_interrupted_deadline(&self) {
+        let Some(deadline) = self.deadline else {
+            return;
+        };
+        let interrupted = matches!(
+            self.gateway.ledger.get(&self.task_id),
+            Ok(Some(record)) if record.task.status.state.is_interrupted()
+        );
+        if interrupted {
+            self.gateway
+                .clone()
+                .expire_at_deadline(self.task_id.clone(), deadline);
+        }
+    }
+}
+
+impl Gateway {
+    /// Fails `task_id` with `DEADLINE_EXCEEDED` at `deadline` if it is then
+    /// still waiting for input and no agent is working on it.
+    pub(super) fn expire_at_deadline(self: Arc<Self>, task_id: String, deadline: DateTime<Utc>) {
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = until(Some(deadline)) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            let Ok(Some(record)) = self.ledger.get(&task_id) else {
+                return;
+            };
+            if !record.task.status.state.is_interrupted() || self.is_running(&task_id) {
+                return;
+            }
+            if let Some(agent) = self.agent(&record.agent) {
+                expire_task(&self, &agent, &task_id).await;
+            }
+        });
+    }
+
+    /// The ackTimeout for `agent`: the gateway's, shortened by the agent's own.
+    pub(super) fn ack_timeout(&self, agent: &AgentEntry) -> Duration {
+        agent
+            .policy
+            .ack_timeout
+            .map_or(self.settings.ack_timeout, |own| {
+                own.min(self.settings.ack_timeout)
+            })
+    }
+
+    /// Records how long an agent took to acknowledge.
+    pub(super) fn metrics_acknowledged(&self, _agent: &str, _latency: Duration) {}
+}
+
+/// Tells the agent to stop and fails the task with `DEADLINE_EXCEEDED`.
+async fn expire_task(gateway: &Gateway, agent: &AgentEntry, task_id: &str) {
+    if let Ok(Some(record)) = gateway.ledger.get(task_id) {
+        if record.task.status.state.is_terminal() {
+            return;
+        }
+        if let Err(err) = agent
+            .agent
+            .cancel(&record.task, record.upstream.as_ref())
+            .await
+        {
+            tracing::warn!(task_id, %err, "agent did not confirm the cancel at the deadline");
+        }
+    }
+    let reason = status_part(reasons::DEADLINE_EXCEEDED, serde_json::json!({}));
+    settle_task(gateway, task_id, TaskState::Failed, vec![reason]).await;
+}
+
+/// Moves a task to `state` (unless it is terminal already) with a status
+/// message of `parts`, and closes its current hop.
+async fn settle_task(gateway: &Gateway, task_id: &str, state: TaskState, parts: Vec<Part>) {
+    let now = Utc::now();
+    let result = gateway
+        .ledger
+        .update(task_id, |record| {
+            if record.task.status.state.is_terminal() {
+                return Ok::<_, GatewayError>(Vec::new());
+            }
+            let mut message = Message::agent(parts);
+            message.task_id = task_id.to_string();
+            message.context_id = record.task.context_id.clone();
+            let events = vec![status_update(
+                task_id,
+                &record.task.context_id,
+                state,
+                Some(message),
+            )];
+            note_hop(record, &events, false, now);
+            Ok(events)
+        })
+        .await;
+    if let Err(err) = result {
+        tracing::error!(task_id, %err, "could not record the task's end");
+    }
+}
+
+/// Notes on the task's current hop what `events` do: its acknowledgement,
+/// and its end when they settle or interrupt the task.
+pub(super) fn note_hop(
+    record: &mut TaskRecord,
+    events: &[StreamResponse],
+    acknowledged: bool,
+    now: DateTime<Utc>,
+) {
+    let upstream_task_id = record.upstream.as_ref().map(|u| u.task_id.clone());
+    let Some(hop) = record.hops.last_mut() else {
+        return;
+    };
+    if acknowledged && hop.acked_at.is_none() {
+        hop.acked_at = Some(now);
+    }
+    if hop.upstream_task_id.is_none() {
+        hop.upstream_task_id = upstream_task_id;
+    }
+    let last_state = events.iter().rev().find_map(StreamResponse::state);
+    if let Some(state) = last_state
+        && (state.is_terminal() || state.is_interrupted())
+    {
+        hop.ended_at = Some(now);
+        hop.state = Some(state);
+        hop.reason = events.iter().rev().find_map(reason_of);
+    }
+}
+
+/// The reason code in a status event's message, if it has one.
+fn reason_of(event: &StreamResponse) -> Option<String> {
+    let StreamResponse::StatusUpdate(update) = event else {
+        return None;
+    };
+    let message = update.status.message.as_ref()?;
+    let status = find_data(&message.parts, reasons::STATUS_MEDIA_TYPE)?;
+    status.get("reason")?.as_str().map(str::to_string)
+}
+
+/// The first hop of a task created on its agent's first answer.
+fn first_hop(agent: &AgentEntry, kind: HopKind) -> HopRecord {
+    HopRecord {
+        agent: agent.id.clone(),
+        kind,
+        started_at: Utc::now(),
+        attempts: 1,
+        ..HopRecord::default()
+    }
+}
+
+/// A status update event.
+pub(super) fn status_update(
+    task_id: &str,
+    context_id: &str,
+    state: TaskState,
+    message: Option<Message>,
+) -> StreamResponse {
+    StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+        task_id: task_id.to_string(),
+        context_id: context_id.to_string(),
+        status: TaskStatus::now(state, message),
+        metadata: None,
+    })
+}
+
+/// Sleeps until `deadline`, forever without one.
+async fn until(deadline: Option<DateTime<Utc>>) {
+    match deadline {
+        Some(deadline) => {
+            let left = (deadline - Utc::now()).to_std().unwrap_or_default();
+            tokio::time::sleep(left).await;
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
+
+pub(super) fn send_first(first_tx: &mut Option<oneshot::Sender<First>>, first: First) {
+    if let Some(tx) = first_tx.take() {
+        let _ = tx.send(first);
+    }
+}
+
+/// The agent's own ids, when the batch reports them.
+fn last_bound(batch: &[AgentEvent]) -> Option<UpstreamRef> {
+    batch.iter().rev().find_map(|event| match event {
+        AgentEvent::Bound(upstream) => Some(upstream.clone()),
+        _ => None,
+    })
+}
+
+/// A transfer (DESIGN.md §3.3): a payload part in a status message, an
+/// artifact or a reply of `agent`'s, naming `agent` as its sender. A payload
+/// naming someone else is data the agent passes along (an echo, a quote),
+/// not a handoff of its own.
+fn find_transfer(batch: &[AgentEvent], agent: &str) -> Option<TransferOffer> {
+    let mut state = TaskState::Working;
+    let mut data = None;
+    for event in batch {
+        let parts = match event {
+            AgentEvent::Status { state: s, message } => {
+                state = *s;
+                message.as_ref().map(|m| m.parts.as_slice())
+            }
+            AgentEvent::Artifact { artifact, .. } => Some(artifact.parts.as_slice()),
+            AgentEvent::Message(message) => {
+                state = TaskState::Completed;
+                Some(message.parts.as_slice())
+            }
+            AgentEvent::Bound(_) => None,
+        };
+        if data.is_none()
+            && let Some(found) = parts.and_then(|p| find_data(p, HANDOFF_MEDIA_TYPE))
+            && found.get("from").and_then(|v| v.as_str()) == Some(agent)
+        {
+            data = Some(found.clone());
+        }
+    }
+    data.map(|data| TransferOffer { data, state })
+}
+
+/// Under handoff semantics a message reply acknowledges and completes the
+/// task: its parts become an artifact named `response` (DESIGN.md §3.3).
+fn reply_as_response(event: AgentEvent) -> Vec<AgentEvent> {
+    match event {
+        AgentEvent::Message(message) => vec![
+            AgentEvent::Artifact {
+                artifact: Artifact {
+                    artifact_id: uuid::Uuid::new_v4().to_string(),
+                    name: "response".into(),
+                    parts: message.parts,
+                    ..Artifact::default()
+                },
+                append: false,
+                last_chunk: true,
+            },
+            AgentEvent::Status {
+                state: TaskState::Completed,
+                message: None,
+            },
+        ],
+        other => vec![other],
+    }
+}
+
+/// Turns an agent event into the ledger event for the task; `Bound` is no
+/// event (the ids go into the record).
+fn to_stream_event(event: AgentEvent, task_id: &str, context_id: &str) -> Option<StreamResponse> {
+    let fill = |mut message: Message| {
+        message.task_id = task_id.to_string();
+        message.context_id = context_id.to_string();
+        if message.role == Role::Unspecified {
+            message.role = Role::Agent;
+        }
+        message
+    };
+    let event = match event {
+        AgentEvent::Bound(_) => return None,
+        AgentEvent::Status { state, message } => {
+            status_update(task_id, context_id, state, message.map(fill))
+        }
+        AgentEvent::Artifact {
+            artifact,
+            append,
+            last_chunk,
+        } => StreamResponse::ArtifactUpdate(TaskArtifactUpdateEvent {
+            task_id: task_id.to_string(),
+            context_id: context_id.to_string(),
+            artifact,
+            append,
+            last_chunk,
+            metadata: None,
+        }),
+        // A message once a task exists is recorded as the task's reply.
+        AgentEvent::Message(message) => status_update(
+            task_id,
+            context_id,
+            TaskState::Completed,
+            Some(fill(message)),
+        ),
+    };
+    Some(event)
+}

@@ -1,0 +1,502 @@
+//! Where a task goes next (DESIGN.md §3.3): a transfer to the agent a
+//! payload names, a result returned to the agent that handed off, and the
+//! failure ladder when an agent does not acknowledge (retry, reroute by
+//! skill, then escalate or fail).
+
+use super::driver::{Driver, TransferOffer, Turn, status_update};
+use crate::agents::{AgentRequest, UpstreamRef};
+use crate::error::GatewayError;
+use crate::handoff::context::{message_bytes, result_parts, transfer_parts};
+use crate::handoff::control::Control;
+use crate::handoff::payload::{HandoffTarget, PayloadValidator, violations_detail};
+use crate::handoff::reasons::{self, status_part};
+use crate::handoff::routing::{AgentView, agents_with_skill};
+use crate::protocol::*;
+use crate::registry::AgentEntry;
+use crate::store::{HopKind, HopRecord, TransferSource};
+use chrono::Utc;
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// Why a handoff may not go to its target: a reason code and its detail.
+pub(super) type Refusal = (&'static str, Value);
+
+impl super::Gateway {
+    /// Healthy agents declaring `skill`, other than those in `excluded`.
+    pub(super) fn agents_for_skill(
+        &self,
+        skill: &str,
+        excluded: &[String],
+    ) -> Vec<Arc<AgentEntry>> {
+        let entries: Vec<Arc<AgentEntry>> = self
+            .directory()
+            .list()
+            .into_iter()
+            .filter(|e| e.is_healthy() && !excluded.contains(&e.id))
+            .collect();
+        let views: Vec<AgentView> = entries
+            .iter()
+            .map(|e| AgentView {
+                id: &e.id,
+                card: e.agent.card(),
+                healthy: true,
+            })
+            .collect();
+        let chosen = agents_with_skill(skill, &views);
+        entries
+            .iter()
+            .filter(|e| chosen.contains(&e.id.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    /// One of `candidates`, taking turns between calls.
+    pub(super) fn balanced(&self, candidates: &[Arc<AgentEntry>]) -> Option<Arc<AgentEntry>> {
+        if candidates.is_empty() {
+            return None;
+        }
+        let turn = self.next_balance() as usize % candidates.len();
+        Some(candidates[turn].clone())
+    }
+}
+
+/// Why policy refuses to deliver a line of work to `target`, if it does:
+/// the hop limit is reached, `target` already holds it (a cycle), or
+/// `source` is not on the target's allow list.
+pub(super) fn policy_refusal(
+    control: &Control,
+    target: &str,
+    target_entry: Option<&AgentEntry>,
+    source: Option<&str>,
+) -> Option<Refusal> {
+    let max_hops = target_entry
+        .and_then(|e| e.policy.max_hops)
+        .map_or(control.max_hops, |own| own.min(control.max_hops));
+    if control.hops >= max_hops {
+        return Some((
+            reasons::HOP_LIMIT_EXCEEDED,
+            json!({"hops": control.hops, "maxHops": max_hops, "chain": control.chain}),
+        ));
+    }
+    if control.chain.iter().any(|held| held == target) {
+        return Some((
+            reasons::HANDOFF_CYCLE,
+            json!({"target": target, "chain": control.chain}),
+        ));
+    }
+    if let (Some(entry), Some(source)) = (target_entry, source)
+        && !entry.policy.allows(source)
+    {
+        return Some((
+            reasons::NOT_ALLOWED,
+            json!({"source": source, "target": target}),
+        ));
+    }
+    None
+}
+
+/// A deadline shortened by an agent's own task timeout.
+pub(super) fn agent_deadline(
+    deadline: Option<chrono::DateTime<Utc>>,
+    agent: &AgentEntry,
+) -> Option<chrono::DateTime<Utc>> {
+    let own = agent
+        .policy
+        .task_timeout
+        .and_then(|t| chrono::Duration::from_std(t).ok())
+        .and_then(|t| Utc::now().checked_add_signed(t));
+    match (deadline, own) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+impl Driver {
+    /// Moves the task to the agent a payload names. `None` when the
+    /// transfer is refused (the task is then REJECTED with the reason).
+    pub(super) async fn transfer(&mut self, source: &Turn, offer: TransferOffer) -> Option<Turn> {
+        let source_id = source.agent.id.clone();
+        let payload = match PayloadValidator::shared().validate(&offer.data) {
+            Ok(payload) => payload,
+            Err(violations) => {
+                let refusal = (reasons::SCHEMA_INVALID, violations_detail(&violations));
+                self.refuse_handoff(refusal).await;
+                return None;
+            }
+        };
+        let (target, skill) = match &payload.target {
+            HandoffTarget::Agent(to) => match self.gateway.agent(to) {
+                Some(target) => (target, None),
+                None => {
+                    self.refuse_handoff((reasons::TARGET_NOT_FOUND, json!({"to": to})))
+                        .await;
+                    return None;
+                }
+            },
+            HandoffTarget::Skill(skill) => {
+                let candidates = self
+                    .gateway
+                    .agents_for_skill(skill, std::slice::from_ref(&source_id));
+                match self.gateway.balanced(&candidates) {
+                    Some(target) => (target, Some(skill.clone())),
+                    None => {
+                        let detail = json!({"toSkill": skill});
+                        self.refuse_handoff((reasons::TARGET_NOT_FOUND, detail))
+                            .await;
+                        return None;
+                    }
+                }
+            }
+        };
+        let record = self.gateway.ledger.get(&self.task_id).ok().flatten()?;
+        let control = Control::read_from(record.task.metadata.as_ref()).unwrap_or_default();
+        if let Some(refusal) = policy_refusal(&control, &target.id, Some(&target), Some(&source_id))
+        {
+            self.refuse_handoff(refusal).await;
+            return None;
+        }
+        let mut delivered = control.delivered_to(&target.id);
+        delivered.handoff_id = Some(payload.handoff_id.clone());
+        delivered.deadline = agent_deadline(delivered.deadline, &target);
+        self.deadline = delivered.deadline;
+
+        let parts = transfer_parts(&offer.data, &payload, &record.task.history);
+        let mut message = Message::user(parts);
+        message.task_id = self.task_id.clone();
+        message.context_id = self.context_id.clone();
+        delivered.write_into(&mut message.metadata);
+        let bytes = message_bytes(&message);
+        let return_schema = payload
+            .return_schema
+            .clone()
+            .map(Value::Object)
+            .or_else(|| skill_output_schema(&target, skill.as_deref()));
+        tracing::info!(task_id = %self.task_id, from = %source_id, to = %target.id, handoff_id = %payload.handoff_id, bytes, "transfer");
+
+        let now = Utc::now();
+        let (task_id, context_id) = (self.task_id.clone(), self.context_id.clone());
+        let moved = self
+            .gateway
+            .ledger
+            .update(&task_id, |record| {
+                if record.task.status.state.is_terminal() {
+                    return Err(GatewayError::UnsupportedOperation(
+                        "the task ended before the transfer".into(),
+                    ));
+                }
+                let source_upstream = record.upstream.take();
+                if let Some(hop) = record.hops.last_mut() {
+                    hop.ended_at = Some(now);
+                    hop.state = Some(offer.state);
+                }
+                record.hops.push(HopRecord {
+                    agent: target.id.clone(),
+                    kind: HopKind::Transfer,
+                    started_at: now,
+                    message_bytes: Some(bytes),
+                    attempts: 1,
+                    ..HopRecord::default()
+                });
+                record.transfer = Some(TransferSource {
+                    agent: source_id.clone(),
+                    upstream: source_upstream,
+                    state: offer.state,
+                    handoff_id: payload.handoff_id.clone(),
+                    return_to_parent: payload.return_to_parent,
+                    artifacts_before: record.task.artifacts.len(),
+                });
+                record.agent = target.id.clone();
+                record.return_schema = return_schema;
+                delivered.write_into(&mut record.task.metadata);
+                // Still WORKING for the caller; the control shows the new holder.
+                let mut metadata = None;
+                delivered.write_into(&mut metadata);
+                let StreamResponse::StatusUpdate(mut update) =
+                    status_update(&task_id, &context_id, TaskState::Working, None)
+                else {
+                    unreachable!("status_update builds a status update");
+                };
+                update.metadata = metadata;
+                Ok(vec![StreamResponse::StatusUpdate(update)])
+            })
+            .await;
+        let record = match moved {
+            Ok(record) => record,
+            Err(err) => {
+                tracing::debug!(task_id = %self.task_id, %err, "transfer not applied");
+                return None;
+            }
+        };
+        self.gateway
+            .metrics_handoff(&source_id, &target.id, HopKind::Transfer);
+        Some(Turn {
+            agent: target,
+            request: AgentRequest {
+                task_id: self.task_id.clone(),
+                context_id: self.context_id.clone(),
+                message,
+                task: Some(record.task),
+                upstream: None,
+                streaming: source.request.streaming,
+                accepted_output_modes: source.request.accepted_output_modes.clone(),
+                cancel: self.task_cancel.child_token(),
+            },
+            handoff: true,
+            skill,
+        })
+    }
+
+    /// Delivers a completed transfer's result to the agent that made it
+    /// (`returnToParent`): on the source's own task when that waits for
+    /// input, else as a new task in the source's context.
+    pub(super) async fn give_back(
+        &mut self,
+        target: &Turn,
+        artifacts: Vec<Artifact>,
+    ) -> Option<Turn> {
+        let record = self.gateway.ledger.get(&self.task_id).ok().flatten()?;
+        let source = record.transfer.clone()?;
+        let Some(source_agent) = self.gateway.agent(&source.agent) else {
+            let detail = json!({"to": source.agent});
+            self.fail(vec![status_part(reasons::TARGET_NOT_FOUND, detail)])
+                .await;
+            return None;
+        };
+        let parts = result_parts(
+            &source.handoff_id,
+            &target.agent.id,
+            TaskState::Completed,
+            &artifacts,
+        );
+        // The return leg is the gateway's own: never a cycle, never refused.
+        let control = Control::read_from(record.task.metadata.as_ref()).unwrap_or_default();
+        let delivered = control.delivered_to(&source.agent);
+        let mut message = Message::user(parts);
+        message.task_id = self.task_id.clone();
+        message.context_id = self.context_id.clone();
+        delivered.write_into(&mut message.metadata);
+        let upstream = source.upstream.clone().map(|held| {
+            if source.state.is_interrupted() {
+                held
+            } else {
+                UpstreamRef {
+                    task_id: String::new(),
+                    context_id: held.context_id,
+                }
+            }
+        });
+        let now = Utc::now();
+        let bytes = message_bytes(&message);
+        let task_id = self.task_id.clone();
+        let returned = self
+            .gateway
+            .ledger
+            .update(&task_id, |record| {
+                if let Some(hop) = record.hops.last_mut() {
+                    hop.ended_at = Some(now);
+                    hop.state = Some(TaskState::Completed);
+                }
+                record.hops.push(HopRecord {
+                    agent: source.agent.clone(),
+                    kind: HopKind::Return,
+                    started_at: now,
+                    message_bytes: Some(bytes),
+                    attempts: 1,
+                    ..HopRecord::default()
+                });
+                record.agent = source.agent.clone();
+                record.upstream = upstream.clone().filter(|u| !u.task_id.is_empty());
+                record.transfer = None;
+                record.return_schema = None;
+                delivered.write_into(&mut record.task.metadata);
+                Ok::<_, GatewayError>(Vec::new())
+            })
+            .await
+            .ok()?;
+        tracing::info!(task_id = %self.task_id, from = %target.agent.id, to = %source.agent, "handoff result returned");
+        self.gateway
+            .metrics_handoff(&target.agent.id, &source.agent, HopKind::Return);
+        Some(Turn {
+            agent: source_agent,
+            request: AgentRequest {
+                task_id: self.task_id.clone(),
+                context_id: self.context_id.clone(),
+                message,
+                task: Some(returned.task),
+                upstream,
+                streaming: target.request.streaming,
+                accepted_output_modes: target.request.accepted_output_modes.clone(),
+                cancel: self.task_cancel.child_token(),
+            },
+            handoff: true,
+            skill: None,
+        })
+    }
+
+    /// The failure ladder (DESIGN.md §3.3) after `turn`'s agent did not
+    /// acknowledge: retry it once after the retry delay, then (chosen by
+    /// skill) another healthy agent with the skill, then escalate or fail.
+    pub(super) async fn next_attempt(
+        &mut self,
+        turn: Turn,
+        why: String,
+        attempts: &mut u32,
+    ) -> Option<Turn> {
+        let agent_id = turn.agent.id.clone();
+        tracing::warn!(task_id = %self.task_id, agent = %agent_id, attempt = *attempts, %why, "no acknowledgement");
+        if *attempts == 1 {
+            *attempts = 2;
+            let detail = json!({"agent": agent_id, "attempt": 2, "why": why});
+            self.announce(reasons::RETRY, detail, None).await?;
+            self.gateway.metrics_ladder(&agent_id, reasons::RETRY);
+            let pause = tokio::time::sleep(self.gateway.settings.retry_delay);
+            tokio::select! {
+                _ = pause => {}
+                _ = self.task_cancel.cancelled() => return None,
+            }
+            if self.deadline.is_some_and(|d| d <= Utc::now()) {
+                self.expire(&turn.agent).await;
+                return None;
+            }
+            let mut retry = turn;
+            retry.request.cancel = self.task_cancel.child_token();
+            return Some(retry);
+        }
+        self.tried.push(agent_id.clone());
+        if let Some(skill) = turn.skill.clone() {
+            let control = self.current_control();
+            // The chain ends with the agent that failed; the others held the work before.
+            let held: Vec<String> = control
+                .chain
+                .iter()
+                .take(control.chain.len().saturating_sub(1))
+                .cloned()
+                .collect();
+            let excluded: Vec<String> = self.tried.iter().chain(&held).cloned().collect();
+            let candidates = self.gateway.agents_for_skill(&skill, &excluded);
+            if let Some(alternative) = self.gateway.balanced(&candidates) {
+                let detail =
+                    json!({"from": agent_id, "to": alternative.id, "toSkill": skill, "why": why});
+                let mut rerouted = control.clone();
+                if let Some(last) = rerouted.chain.last_mut() {
+                    *last = alternative.id.clone();
+                }
+                self.announce(reasons::REROUTED, detail, Some((&alternative, &rerouted)))
+                    .await?;
+                self.gateway.metrics_ladder(&agent_id, reasons::REROUTED);
+                // One attempt for each alternative: the ladder moves on after it.
+                *attempts = 2;
+                let mut request = turn.request;
+                rerouted.write_into(&mut request.message.metadata);
+                request.cancel = self.task_cancel.child_token();
+                return Some(Turn {
+                    agent: alternative,
+                    request,
+                    handoff: true,
+                    skill: Some(skill),
+                });
+            }
+        }
+        let detail = json!({"tried": self.tried, "why": why});
+        if self.gateway.settings.escalate {
+            self.gateway.metrics_ladder(&agent_id, reasons::ESCALATED);
+            self.settle(
+                TaskState::InputRequired,
+                vec![status_part(reasons::ESCALATED, detail)],
+            )
+            .await;
+        } else {
+            self.gateway
+                .metrics_ladder(&agent_id, reasons::TARGET_UNAVAILABLE);
+            self.fail(vec![status_part(reasons::TARGET_UNAVAILABLE, detail)])
+                .await;
+        }
+        None
+    }
+
+    /// The task's control as the ledger holds it.
+    fn current_control(&self) -> Control {
+        self.gateway
+            .ledger
+            .get(&self.task_id)
+            .ok()
+            .flatten()
+            .and_then(|record| Control::read_from(record.task.metadata.as_ref()))
+            .unwrap_or_default()
+    }
+
+    /// Announces a ladder step as a status update in the task's current
+    /// state; with `moved`, the task moves to that agent and control.
+    /// `None` when the task ended meanwhile.
+    async fn announce(
+        &self,
+        reason: &str,
+        detail: Value,
+        moved: Option<(&Arc<AgentEntry>, &Control)>,
+    ) -> Option<()> {
+        let now = Utc::now();
+        let (task_id, context_id) = (self.task_id.clone(), self.context_id.clone());
+        self.gateway
+            .ledger
+            .update(&task_id, |record| {
+                let state = record.task.status.state;
+                if state.is_terminal() {
+                    return Err(GatewayError::UnsupportedOperation("task ended".into()));
+                }
+                let mut message = Message::agent(vec![status_part(reason, detail)]);
+                message.task_id = task_id.clone();
+                message.context_id = context_id.clone();
+                match moved {
+                    Some((agent, control)) => {
+                        if let Some(hop) = record.hops.last_mut() {
+                            hop.ended_at = Some(now);
+                            hop.reason = Some(reason.to_string());
+                        }
+                        let bytes = record.hops.last().and_then(|h| h.message_bytes);
+                        record.hops.push(HopRecord {
+                            agent: agent.id.clone(),
+                            kind: HopKind::Reroute,
+                            started_at: now,
+                            message_bytes: bytes,
+                            attempts: 1,
+                            ..HopRecord::default()
+                        });
+                        record.agent = agent.id.clone();
+                        record.upstream = None;
+                        control.write_into(&mut record.task.metadata);
+                    }
+                    None => {
+                        if let Some(hop) = record.hops.last_mut() {
+                            hop.attempts += 1;
+                            hop.reason = Some(reason.to_string());
+                        }
+                    }
+                }
+                Ok(vec![status_update(
+                    &task_id,
+                    &context_id,
+                    state,
+                    Some(message),
+                )])
+            })
+            .await
+            .ok()
+            .map(|_| ())
+    }
+
+    /// Refuses a handoff the task's agent asked for: the task is REJECTED
+    /// with the reason, and nothing is delivered.
+    async fn refuse_handoff(&self, (reason, detail): Refusal) {
+        tracing::info!(task_id = %self.task_id, reason, "handoff refused");
+        self.gateway.metrics_rejected(reason);
+        self.settle(TaskState::Rejected, vec![status_part(reason, detail)])
+            .await;
+    }
+}
+
+/// The output schema an agency registered for the skill a target was
+/// chosen by (`skillOutputSchemas`).
+pub(super) fn skill_output_schema(target: &AgentEntry, skill: Option<&str>) -> Option<Value> {
+    let schemas = target.policy.skill_output_schemas.as_ref()?;
+    schemas.get(skill?).cloned()
+}

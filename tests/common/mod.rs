@@ -34,6 +34,7 @@ pub struct BatonBuilder {
     push_settings: PushSettings,
     api_keys: Option<String>,
     routing: baton::handoff::routing::RoutingRules,
+    tune: Option<Box<dyn FnOnce(&mut GatewaySettings)>>,
 }
 
 fn directory_secured(registry: &Registry, keys: &KeyStore) {
@@ -55,6 +56,7 @@ pub fn baton() -> BatonBuilder {
         },
         api_keys: None,
         routing: Default::default(),
+        tune: None,
     }
 }
 
@@ -103,6 +105,12 @@ impl BatonBuilder {
         self
     }
 
+    /// Adjusts the gateway settings (ack timeout, retry delay, escalation).
+    pub fn tune(mut self, tune: impl FnOnce(&mut GatewaySettings) + 'static) -> Self {
+        self.tune = Some(Box::new(tune));
+        self
+    }
+
     /// Caps request bodies.
     pub fn max_body_bytes(mut self, bytes: usize) -> Self {
         self.max_body_bytes = bytes;
@@ -135,18 +143,16 @@ impl BatonBuilder {
         for handle in self.agents {
             registry.add_builtin(handle, "local");
         }
-        let gateway = Gateway::new(
-            ledger.clone(),
-            directory,
-            push,
-            GatewaySettings {
-                task_timeout: Duration::from_secs(30),
-                push_enabled: self.push_enabled,
-                routing: Arc::new(self.routing),
-                ..GatewaySettings::default()
-            },
-            shutdown_token,
-        );
+        let mut settings = GatewaySettings {
+            task_timeout: Duration::from_secs(30),
+            push_enabled: self.push_enabled,
+            routing: Arc::new(self.routing),
+            ..GatewaySettings::default()
+        };
+        if let Some(tune) = self.tune {
+            tune(&mut settings);
+        }
+        let gateway = Gateway::new(ledger.clone(), directory, push, settings, shutdown_token);
         let keys = KeyStore::load(None, self.api_keys.as_deref()).expect("test keys");
         directory_secured(&registry, &keys);
         let state = AppState::new(

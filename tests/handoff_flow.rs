@@ -1,0 +1,688 @@
+//! Handoffs between agents of other vendors, over real HTTP (DESIGN.md
+//! §3.3, §3.4): direct handoffs with typed artifacts, transfers that keep
+//! one gateway task, results returned to the source, the acknowledgement
+//! ladder, deadlines, allow lists and skill output schemas. Every upstream
+//! is a [`VendorAgent`]: a plain A2A agent with no Baton logic of its own.
+
+mod common;
+
+use baton::demo::vendor::{Reply, Turn, VendorAgent};
+use baton::protocol::{Part, PartContent, TaskState};
+use common::*;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const HANDOFF: &str = "application/vnd.baton.handoff.v1+json";
+const RESULT: &str = "application/vnd.baton.handoff-result.v1+json";
+
+/// Registers a vendor agent at `gateway` under `id`, with `extra` params
+/// (`allowFrom`, `skillOutputSchemas`, ...).
+async fn register(gateway: &TestBaton, id: &str, agent: &VendorAgent, extra: Value) {
+    let mut params = json!({"id": id, "card": agent.card()});
+    merge(&mut params, extra);
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "RegisterAgent", "params": params});
+    let reply = gateway.post_json("/registry", &body).await;
+    assert!(reply.code().is_none(), "register {id}: {}", reply.body);
+}
+
+/// The reason code in a status message, if any.
+fn reason_of(message: &Value) -> &str {
+    message["parts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["mediaType"] == "application/vnd.baton.status.v1+json")
+        .and_then(|p| p["data"]["reason"].as_str())
+        .unwrap_or("")
+}
+
+fn reason(task: &Value) -> &str {
+    reason_of(&task["status"]["message"])
+}
+
+/// Every reason code in the task's history, in order.
+fn reasons_in_history(task: &Value) -> Vec<String> {
+    task["history"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| reason_of(m).to_string())
+        .filter(|r| !r.is_empty())
+        .collect()
+}
+
+fn payload(from: &str, target: Value, extra: Value) -> Value {
+    let mut payload = json!({
+        "handoffId": format!("hf_{}", message_id("x")),
+        "from": from,
+        "reason": "specialization",
+        "goal": "Refund the duplicate March charge.",
+        "summary": "The customer was charged twice for invoice INV-0342.",
+        "keyFacts": {"invoice": "INV-0342", "amount": 42.0},
+    });
+    merge(&mut payload, target);
+    merge(&mut payload, extra);
+    payload
+}
+
+fn handoff_message(payload: Value) -> Value {
+    json!({
+        "messageId": message_id("h"),
+        "role": "ROLE_USER",
+        "parts": [{"data": payload, "mediaType": HANDOFF}]
+    })
+}
+
+fn refund_schema() -> Value {
+    json!({
+        "type": "object",
+        "required": ["refundId", "amount", "currency"],
+        "properties": {
+            "refundId": {"type": "string"},
+            "amount": {"type": "number"},
+            "currency": {"type": "string"}
+        }
+    })
+}
+
+fn refund() -> Reply {
+    Reply::artifact(
+        "refund",
+        json!({"refundId": "rf_1", "amount": 42.0, "currency": "EUR"}),
+    )
+}
+
+fn has_part(turn: &Turn, media_type: &str) -> bool {
+    turn.message
+        .parts
+        .iter()
+        .any(|p| p.media_type == media_type)
+}
+
+fn data_of<'a>(parts: &'a [Part], media_type: &str) -> Option<&'a Value> {
+    parts.iter().find_map(|p| match &p.content {
+        PartContent::Data(data) if p.media_type == media_type => Some(data),
+        _ => None,
+    })
+}
+
+/// Sends `message` to `path` and waits for the task to settle.
+async fn send(gateway: &TestBaton, path: &str, message: Value) -> Value {
+    let reply = gateway
+        .call_at(path, "SendMessage", json!({"message": message}))
+        .await;
+    assert!(reply.code().is_none(), "send: {}", reply.body);
+    reply.result()["task"].clone()
+}
+
+async fn get_task(gateway: &TestBaton, id: &str) -> Value {
+    gateway
+        .call("GetTask", json!({"id": id}))
+        .await
+        .result()
+        .clone()
+}
+
+/// Polls until the task is in `state` (bounded by [`WAIT`]).
+async fn wait_state(gateway: &TestBaton, id: &str, state: &str) -> Value {
+    let until = std::time::Instant::now() + WAIT;
+    loop {
+        let task = get_task(gateway, id).await;
+        if task["status"]["state"] == state || std::time::Instant::now() > until {
+            return task;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_direct_handoff_completes_with_a_typed_artifact_or_fails_the_schema() {
+    let gateway = baton().start().await;
+    let billing = VendorAgent::start("billing", &["refund"], |turn| {
+        if turn.message.text().contains("bad") {
+            Reply::artifact("refund", json!({"refundId": 7}))
+        } else {
+            refund()
+        }
+    })
+    .await
+    .unwrap();
+    register(&gateway, "billing", &billing, json!({})).await;
+
+    let extra = json!({"returnSchema": refund_schema()});
+    let task = send(
+        &gateway,
+        "/a2a",
+        handoff_message(payload("triage", json!({"to": "billing"}), extra.clone())),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(task["artifacts"][0]["name"], "refund");
+    assert_eq!(task["artifacts"][0]["parts"][0]["data"]["currency"], "EUR");
+    let control = &task["metadata"]["urn:baton:handoff:v1"];
+    assert_eq!(control["chain"], json!(["billing"]));
+
+    // The same handoff whose result breaks the schema fails with the violations.
+    let mut message = handoff_message(payload("triage", json!({"to": "billing"}), extra));
+    message["parts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"text": "bad"}));
+    let task = send(&gateway, "/a2a", message).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(&task), "OUTPUT_SCHEMA_INVALID");
+    let violations = &task["status"]["message"]["parts"][0]["data"]["detail"]["violations"];
+    assert!(
+        violations.to_string().contains("/artifacts/0/parts/0/data"),
+        "{violations}"
+    );
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_transfer_keeps_one_task_and_follow_ups_reach_the_new_agent() {
+    let gateway = baton().start().await;
+    let triage = VendorAgent::start("triage", &["triage"], |_| Reply::Handoff {
+        payload: payload(
+            "triage",
+            json!({"to": "billing"}),
+            json!({"returnSchema": refund_schema(), "context": {"policy": "SUMMARY"}}),
+        ),
+        state: TaskState::Completed,
+    })
+    .await
+    .unwrap();
+    // Billing asks which card to refund, then refunds.
+    let billing = VendorAgent::start("billing", &["refund"], |turn| {
+        if turn.task_id.is_none() {
+            Reply::AskInput("Which card should get the refund?".into())
+        } else {
+            refund()
+        }
+    })
+    .await
+    .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(&gateway, "billing", &billing, json!({})).await;
+
+    let task = send(
+        &gateway,
+        "/agents/triage/a2a",
+        user_message(&message_id("t"), "I was charged twice, please refund"),
+    )
+    .await;
+    let task_id = task["id"].as_str().unwrap().to_string();
+    // The question of the new agent is relayed on the caller's one task.
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{task}"
+    );
+    assert!(
+        task["status"]["message"]["parts"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Which card")
+    );
+    let control = &task["metadata"]["urn:baton:handoff:v1"];
+    assert_eq!(control["chain"], json!(["triage", "billing"]));
+    assert_eq!(control["hops"], 2);
+
+    // Billing got the SUMMARY context: goal and summary as text, the cut payload.
+    let first = billing
+        .received()
+        .into_iter()
+        .find(|r| r.method == "SendMessage")
+        .unwrap();
+    let parts = &first.params["message"]["parts"];
+    assert!(
+        parts[0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("Refund the duplicate")
+    );
+    assert_eq!(parts[1]["data"]["keyFacts"]["invoice"], "INV-0342");
+    assert_eq!(first.headers["baton-chain"], "triage,billing");
+
+    // The answer, on the same task and endpoint, goes to billing's own task.
+    let mut answer = user_message(&message_id("a"), "the Visa ending 4242");
+    answer["taskId"] = json!(task_id);
+    let task = send(&gateway, "/agents/triage/a2a", answer).await;
+    assert_eq!(task["id"], task_id.as_str());
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(task["artifacts"][0]["name"], "refund");
+    let sends: Vec<_> = billing
+        .received()
+        .into_iter()
+        .filter(|r| r.method == "SendMessage")
+        .collect();
+    assert_eq!(sends.len(), 2);
+    let billing_task = sends[1].params["message"]["taskId"].as_str().unwrap();
+    assert!(
+        billing.task(billing_task).is_some(),
+        "answer continued billing's task"
+    );
+    assert_eq!(
+        triage
+            .received()
+            .iter()
+            .filter(|r| r.method == "SendMessage")
+            .count(),
+        1
+    );
+
+    let record = gateway.ledger.get(&task_id).unwrap().unwrap();
+    let hops: Vec<_> = record.hops.iter().map(|h| h.agent.as_str()).collect();
+    assert_eq!(hops, ["triage", "billing"]);
+    assert!(record.hops[1].message_bytes.unwrap() > 0);
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn return_to_parent_delivers_the_result_and_the_source_finishes() {
+    let gateway = baton().start().await;
+    let triage = VendorAgent::start("triage", &["triage"], |turn| {
+        if turn.task_id.is_none() {
+            return Reply::Handoff {
+                payload: payload(
+                    "triage",
+                    json!({"toSkill": "refund"}),
+                    json!({"returnToParent": true, "returnSchema": refund_schema()}),
+                ),
+                state: TaskState::InputRequired,
+            };
+        }
+        // The result came back: the source closes the case with its own artifact.
+        let result = data_of(&turn.message.parts, RESULT).cloned();
+        match result {
+            Some(result) if result["from"] == "billing" => Reply::artifact(
+                "case",
+                json!({"closed": true, "refundId": result["artifacts"][0]["parts"][0]["data"]["refundId"]}),
+            ),
+            _ => Reply::Fail("no handoff result".into()),
+        }
+    })
+    .await
+    .unwrap();
+    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
+        .await
+        .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(&gateway, "billing", &billing, json!({})).await;
+
+    let task = send(
+        &gateway,
+        "/agents/triage/a2a",
+        user_message(&message_id("r"), "refund please"),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let names: Vec<_> = task["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["refund", "case"]);
+    assert_eq!(task["artifacts"][1]["parts"][0]["data"]["refundId"], "rf_1");
+
+    // The result went to triage's own task, which waited for input.
+    let sends: Vec<_> = triage
+        .received()
+        .into_iter()
+        .filter(|r| r.method == "SendMessage")
+        .collect();
+    assert_eq!(sends.len(), 2);
+    let returned = &sends[1].params["message"];
+    assert!(returned["taskId"].as_str().is_some_and(|t| !t.is_empty()));
+    let record = gateway
+        .ledger
+        .get(task["id"].as_str().unwrap())
+        .unwrap()
+        .unwrap();
+    let hops: Vec<_> = record
+        .hops
+        .iter()
+        .map(|h| format!("{}:{:?}", h.agent, h.kind))
+        .collect();
+    assert_eq!(hops, ["triage:Call", "billing:Transfer", "triage:Return"]);
+    assert!(
+        !has_part(
+            &Turn {
+                message: serde_json::from_value(returned.clone()).unwrap(),
+                task_id: None,
+                history: vec![]
+            },
+            HANDOFF
+        ),
+        "the return leg carries the result, not a new handoff"
+    );
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn transfers_are_refused_by_cycle_and_allow_list() {
+    let gateway = baton().start().await;
+    // Triage hands back to itself: a cycle.
+    let triage = VendorAgent::start("triage", &["triage"], |turn| {
+        let to = if turn.message.text().contains("loop") {
+            "triage"
+        } else {
+            "billing"
+        };
+        Reply::Handoff {
+            payload: payload("triage", json!({"to": to}), json!({})),
+            state: TaskState::Completed,
+        }
+    })
+    .await
+    .unwrap();
+    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
+        .await
+        .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(
+        &gateway,
+        "billing",
+        &billing,
+        json!({"allowFrom": ["intake"]}),
+    )
+    .await;
+
+    let task = send(
+        &gateway,
+        "/agents/triage/a2a",
+        user_message(&message_id("c"), "loop"),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
+    assert_eq!(reason(&task), "HANDOFF_CYCLE");
+
+    let task = send(
+        &gateway,
+        "/agents/triage/a2a",
+        user_message(&message_id("n"), "refund"),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
+    assert_eq!(reason(&task), "NOT_ALLOWED");
+    assert!(billing.received().is_empty(), "nothing reached billing");
+
+    // A direct handoff from an allowed source goes through.
+    let task = send(
+        &gateway,
+        "/a2a",
+        handoff_message(payload("intake", json!({"to": "billing"}), json!({}))),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let task = send(
+        &gateway,
+        "/a2a",
+        handoff_message(payload("stranger", json!({"to": "billing"}), json!({}))),
+    )
+    .await;
+    assert_eq!(reason(&task), "NOT_ALLOWED");
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn skill_output_schemas_type_results_of_handoffs_by_skill() {
+    let gateway = baton().start().await;
+    let billing = VendorAgent::start("billing", &["refund"], |_| {
+        Reply::artifact("refund", json!({"refundId": "rf_1"}))
+    })
+    .await
+    .unwrap();
+    register(
+        &gateway,
+        "billing",
+        &billing,
+        json!({"skillOutputSchemas": {"refund": refund_schema()}}),
+    )
+    .await;
+    let task = send(
+        &gateway,
+        "/a2a",
+        handoff_message(payload("triage", json!({"toSkill": "refund"}), json!({}))),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(&task), "OUTPUT_SCHEMA_INVALID");
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+fn quick_ladder(settings: &mut baton::gateway::GatewaySettings) {
+    settings.ack_timeout = Duration::from_millis(300);
+    settings.retry_delay = Duration::from_millis(200);
+}
+
+#[tokio::test]
+async fn no_acknowledgement_is_retried_then_rerouted_by_skill() {
+    let gateway = baton().tune(quick_ladder).start().await;
+    let silent = VendorAgent::start("silent", &["refund"], |_| Reply::Silent)
+        .await
+        .unwrap();
+    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
+        .await
+        .unwrap();
+    register(&gateway, "silent", &silent, json!({})).await;
+    register(&gateway, "billing", &billing, json!({})).await;
+
+    // Addressed to the silent agent, by skill: the ladder may reroute.
+    let task = send(
+        &gateway,
+        "/agents/silent/a2a",
+        handoff_message(payload("triage", json!({"toSkill": "refund"}), json!({}))),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let full = get_task(&gateway, task["id"].as_str().unwrap()).await;
+    assert_eq!(reasons_in_history(&full), ["RETRY", "REROUTED"], "{full}");
+    // Both steps were announced while the task was still SUBMITTED.
+    let record = gateway
+        .ledger
+        .get(task["id"].as_str().unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.agent, "billing");
+    assert_eq!(record.hops[0].attempts, 2);
+    assert_eq!(record.hops[1].agent, "billing");
+    // The same message (same messageId) was tried twice at the silent agent.
+    let tries: Vec<_> = silent
+        .received()
+        .into_iter()
+        .filter(|r| r.method == "SendMessage")
+        .map(|r| r.params["message"]["messageId"].clone())
+        .collect();
+    assert_eq!(tries.len(), 2);
+    assert_eq!(tries[0], tries[1]);
+    assert_eq!(
+        full["metadata"]["urn:baton:handoff:v1"]["chain"],
+        json!(["billing"])
+    );
+    silent.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn an_exhausted_ladder_fails_or_escalates() {
+    let gateway = baton().tune(quick_ladder).start().await;
+    let silent = VendorAgent::start("silent", &["refund"], |_| Reply::Silent)
+        .await
+        .unwrap();
+    register(&gateway, "silent", &silent, json!({})).await;
+    let started = std::time::Instant::now();
+    let task = send(
+        &gateway,
+        "/a2a",
+        handoff_message(payload("triage", json!({"toSkill": "refund"}), json!({}))),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(&task), "TARGET_UNAVAILABLE");
+    let full = get_task(&gateway, task["id"].as_str().unwrap()).await;
+    assert_eq!(
+        reasons_in_history(&full),
+        ["RETRY", "TARGET_UNAVAILABLE"],
+        "{full}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(800));
+    gateway.stop().await;
+
+    let gateway = baton()
+        .tune(|s| {
+            quick_ladder(s);
+            s.escalate = true;
+        })
+        .start()
+        .await;
+    register(&gateway, "silent", &silent, json!({})).await;
+    let task = send(
+        &gateway,
+        "/a2a",
+        handoff_message(payload("triage", json!({"to": "silent"}), json!({}))),
+    )
+    .await;
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{task}"
+    );
+    assert_eq!(reason(&task), "ESCALATED");
+    silent.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_deadline_cancels_a_non_baton_target_within_a_second() {
+    let gateway = baton().start().await;
+    let slow = VendorAgent::start("slow", &["refund"], |_| Reply::Working)
+        .await
+        .unwrap();
+    register(&gateway, "slow", &slow, json!({})).await;
+    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(1500);
+    let mut message = handoff_message(payload("triage", json!({"to": "slow"}), json!({})));
+    message["metadata"] = json!({"urn:baton:handoff:v1": {
+        "deadline": deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    }});
+    let reply = gateway
+        .call(
+            "SendMessage",
+            json!({"message": message, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
+    let task = wait_state(&gateway, &id, "TASK_STATE_FAILED").await;
+    assert_eq!(reason(&task), "DEADLINE_EXCEEDED", "{task}");
+    let cancels = slow.cancels();
+    assert_eq!(cancels.len(), 1, "the target got one CancelTask");
+    let late = cancels[0].1 - deadline;
+    assert!(
+        late < chrono::Duration::seconds(1) && late > chrono::Duration::milliseconds(-50),
+        "CancelTask {late} after the deadline"
+    );
+    slow.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_deadline_also_ends_a_task_waiting_for_input() {
+    let gateway = baton().start().await;
+    let asker = VendorAgent::start("asker", &["refund"], |_| {
+        Reply::AskInput("which card?".into())
+    })
+    .await
+    .unwrap();
+    register(&gateway, "asker", &asker, json!({})).await;
+    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(800);
+    let mut message = user_message(&message_id("d"), "refund");
+    message["metadata"] = json!({"urn:baton:handoff:v1": {
+        "deadline": deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    }});
+    let task = send(&gateway, "/agents/asker/a2a", message).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_INPUT_REQUIRED");
+    let task = wait_state(&gateway, task["id"].as_str().unwrap(), "TASK_STATE_FAILED").await;
+    assert_eq!(reason(&task), "DEADLINE_EXCEEDED", "{task}");
+    assert_eq!(asker.cancels().len(), 1);
+    asker.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn one_trace_id_reaches_the_third_agent_of_a_chain() {
+    let gateway = baton().start().await;
+    let triage = VendorAgent::start("triage", &["triage"], |_| Reply::Handoff {
+        payload: payload("triage", json!({"to": "billing"}), json!({})),
+        state: TaskState::Completed,
+    })
+    .await
+    .unwrap();
+    let billing = VendorAgent::start("billing", &["refund"], |_| Reply::Handoff {
+        payload: payload("billing", json!({"toSkill": "diagnose"}), json!({})),
+        state: TaskState::Completed,
+    })
+    .await
+    .unwrap();
+    let technical = VendorAgent::start("technical", &["diagnose"], |_| Reply::Complete {
+        text: Some("fixed".into()),
+        artifacts: vec![],
+    })
+    .await
+    .unwrap();
+    for (id, agent) in [
+        ("triage", &triage),
+        ("billing", &billing),
+        ("technical", &technical),
+    ] {
+        register(&gateway, id, agent, json!({})).await;
+    }
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": user_message(&message_id("tr"), "my card was charged twice and the app crashes")}});
+    let response = gateway
+        .http
+        .post(gateway.url("/agents/triage/a2a"))
+        .header("content-type", "application/json")
+        .header("a2a-version", "1.0")
+        .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let reply: Value = response.json().await.unwrap();
+    let task = &reply["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{reply}");
+    let seen = technical
+        .received()
+        .into_iter()
+        .find(|r| r.method == "SendMessage")
+        .expect("the third agent was reached");
+    assert!(
+        seen.headers["traceparent"].contains(trace_id),
+        "{:?}",
+        seen.headers
+    );
+    let control = &seen.params["message"]["metadata"]["urn:baton:handoff:v1"];
+    assert_eq!(control["traceId"], trace_id);
+    assert_eq!(control["chain"], json!(["triage", "billing", "technical"]));
+    assert_eq!(control["hops"], 3);
+    let record = gateway
+        .ledger
+        .get(task["id"].as_str().unwrap())
+        .unwrap()
+        .unwrap();
+    let agents: Vec<_> = record.hops.iter().map(|h| h.agent.as_str()).collect();
+    assert_eq!(agents, ["triage", "billing", "technical"]);
+    for agent in [triage, billing, technical] {
+        agent.stop().await;
+    }
+    gateway.stop().await;
+}

@@ -24,6 +24,9 @@ use tokio_util::sync::CancellationToken;
 /// How long any single wait in a test may take before it fails.
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// A change to the gateway settings of one test.
+type Tune = dyn FnOnce(&mut GatewaySettings);
+
 /// Builds a Baton for one test.
 pub struct BatonBuilder {
     agents: Vec<AgentHandle>,
@@ -34,7 +37,7 @@ pub struct BatonBuilder {
     push_settings: PushSettings,
     api_keys: Option<String>,
     routing: baton::handoff::routing::RoutingRules,
-    tune: Option<Box<dyn FnOnce(&mut GatewaySettings)>>,
+    tune: Option<Box<Tune>>,
 }
 
 fn directory_secured(registry: &Registry, keys: &KeyStore) {

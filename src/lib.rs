@@ -21,6 +21,7 @@
 //! - [`server`]: the axum router, card publication, health, shutdown.
 //! - [`auth`]: agency API keys: the `KeyStore`, the keys file, bearer checks.
 //! - [`registry_client`]: the registry JSON-RPC client behind `baton agents`.
+//! - [`metrics`]: handoff metrics in the Prometheus text format (`GET /metrics`).
 
 pub mod agents;
 pub mod auth;
@@ -32,6 +33,7 @@ pub mod handoff;
 pub mod jsonrpc;
 pub mod launch;
 pub mod lifecycle;
+pub mod metrics;
 pub mod netguard;
 pub mod protocol;
 pub mod push;

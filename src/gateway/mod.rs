@@ -83,6 +83,8 @@ pub struct Gateway {
     pub(crate) shutdown: CancellationToken,
     /// Turns of the round-robin among agents sharing a skill.
     balance: std::sync::atomic::AtomicU64,
+    /// Handoff metrics, served at `GET /metrics`.
+    pub metrics: Arc<crate::metrics::HandoffMetrics>,
 }
 
 impl Gateway {
@@ -102,6 +104,7 @@ impl Gateway {
             running: Mutex::new(HashMap::new()),
             shutdown,
             balance: std::sync::atomic::AtomicU64::new(0),
+            metrics: Arc::default(),
         })
     }
 

@@ -88,6 +88,7 @@ pub fn app(state: AppState) -> Router {
         .route("/registry/agents", get(registry_search))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
@@ -183,6 +184,25 @@ async fn readyz(State(state): State<AppState>) -> Response {
         )
             .into_response(),
     }
+}
+
+/// Prometheus text; unauthenticated, like the health probes.
+async fn metrics(State(state): State<AppState>) -> Response {
+    let gateway = &state.gateway;
+    let push = &gateway.push().stats;
+    let load =
+        |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
+    let figures = crate::metrics::GatewayFigures {
+        registered_agents: gateway.directory().list().len() as u64,
+        push_delivered: load(&push.delivered),
+        push_failed: load(&push.failed),
+        push_dropped: load(&push.dropped),
+    };
+    (
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+        gateway.metrics.render(figures),
+    )
+        .into_response()
 }
 
 async fn not_found() -> Response {

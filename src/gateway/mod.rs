@@ -3,10 +3,12 @@
 
 mod send;
 mod stream;
+mod trace;
 pub mod validate;
 
 pub use send::SendOutcome;
 pub use stream::TaskEventStream;
+pub use trace::{MAX_TRACE_DEPTH, MAX_TRACE_NODES, TraceNode, TraceReport};
 
 use crate::error::GatewayError;
 use crate::protocol::*;

@@ -1,7 +1,7 @@
 //! Baton: an A2A 1.0 gateway whose every task lives in a durable sled ledger.
 //!
 //! Module map:
-//! - [`cli`]: the command line (`baton serve`, `baton keys`, `baton agents`).
+//! - [`cli`]: the command line (`baton serve`, `baton keys`, `baton agents`, `baton trace`).
 //! - [`config`]: flags, `BATON_*` env and `baton.toml`, validated into `Config`.
 //! - [`telemetry`]: tracing subscriber (`RUST_LOG`, text or JSON).
 //! - [`launch`]: assembles a running Baton from a `Config`.

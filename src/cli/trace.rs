@@ -127,8 +127,11 @@ pub fn render(report: &TraceReport) -> String {
 }
 
 fn render_node(out: &mut String, node: &TraceNode, parent: Option<&TraceNode>, depth: usize) {
-    let indent = "    ".repeat(depth);
-    let marker = if depth == 0 { "" } else { "└─ " };
+    // A child's marker sits under its parent's hop table, its text 5 columns in.
+    let (indent, marker) = match depth {
+        0 => (String::new(), ""),
+        _ => (" ".repeat(5 * depth - 3), "└─ "),
+    };
     let _ = write!(
         out,
         "{indent}{marker}task {}  agent {}  {}",
@@ -149,11 +152,7 @@ fn render_node(out: &mut String, node: &TraceNode, parent: Option<&TraceNode>, d
         }
     }
     out.push('\n');
-    let body_indent = if depth == 0 {
-        "  ".to_string()
-    } else {
-        format!("{indent}   ")
-    };
+    let body_indent = " ".repeat(5 * depth + 2);
     if node.hops.is_empty() {
         let _ = writeln!(out, "{body_indent}(no hops recorded)");
     } else {
@@ -329,11 +328,11 @@ mod tests {
         );
         assert!(
             lines[5]
-                .starts_with("    └─ task t-child  agent refunds  REJECTED  reason HANDOFF_CYCLE")
+                .starts_with("  └─ task t-child  agent refunds  REJECTED  reason HANDOFF_CYCLE")
                 && lines[5].ends_with("context ctx-2"),
             "{text}"
         );
-        assert_eq!(lines[6].trim(), "(no hops recorded)");
+        assert_eq!(lines[6], "       (no hops recorded)");
         assert!(lines[7].starts_with("(truncated"), "{text}");
     }
 }

@@ -1,8 +1,10 @@
-//! The command line: `baton serve`, `baton keys` (the agency keys file) and
-//! `baton agents` (the registry of a running Baton).
+//! The command line: `baton serve`, `baton keys` (the agency keys file),
+//! `baton agents` (the registry of a running Baton) and `baton trace` (a
+//! task's handoff tree on a running Baton).
 
 pub mod agents;
 pub mod keys;
+pub mod trace;
 
 use crate::config::ServeArgs;
 use clap::{ArgGroup, Parser, Subcommand};
@@ -29,6 +31,8 @@ pub enum Command {
     Keys(KeysArgs),
     /// Register, list, search, get and remove agents on a running Baton.
     Agents(AgentsArgs),
+    /// Show the handoff tree below a task on a running Baton.
+    Trace(TraceArgs),
 }
 
 /// `baton keys`: edits the keys file that a running Baton re-reads.
@@ -84,6 +88,23 @@ pub struct AgentsArgs {
     /// Agency API key (prefer the environment: flags show in process lists).
     #[arg(long, env = "BATON_API_KEY", hide_env_values = true, global = true)]
     pub key: Option<String>,
+}
+
+/// `baton trace`: calls `GET {url}/tasks/{taskId}/trace` on a running Baton.
+#[derive(Debug, clap::Args)]
+pub struct TraceArgs {
+    /// The gateway task id.
+    pub task_id: String,
+    /// Base URL of the running Baton.
+    #[arg(long, env = "BATON_URL", default_value = "http://localhost:8080")]
+    pub url: String,
+    /// API key of the principal that owns the task (prefer the environment:
+    /// flags show in process lists).
+    #[arg(long, alias = "api-key", env = "BATON_API_KEY", hide_env_values = true)]
+    pub key: Option<String>,
+    /// Print the report as JSON instead of a tree.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `baton agents` subcommands.

@@ -1,7 +1,7 @@
 //! Baton: an A2A 1.0 gateway whose every task lives in a durable sled ledger.
 //!
 //! Module map:
-//! - [`cli`]: the command line (`baton serve`, `baton keys`, `baton agents`).
+//! - [`cli`]: the command line (`baton serve`, `baton keys`, `baton agents`, `baton trace`).
 //! - [`config`]: flags, `BATON_*` env and `baton.toml`, validated into `Config`.
 //! - [`telemetry`]: tracing subscriber (`RUST_LOG`, text or JSON).
 //! - [`launch`]: assembles a running Baton from a `Config`.
@@ -22,6 +22,7 @@
 //! - [`auth`]: agency API keys: the `KeyStore`, the keys file, bearer checks.
 //! - [`registry_client`]: the registry JSON-RPC client behind `baton agents`.
 //! - [`demo`]: `baton demo` and the vendor agent kit it and the tests use.
+//! - [`metrics`]: handoff metrics in the Prometheus text format (`GET /metrics`).
 
 pub mod agents;
 pub mod auth;
@@ -34,6 +35,7 @@ pub mod handoff;
 pub mod jsonrpc;
 pub mod launch;
 pub mod lifecycle;
+pub mod metrics;
 pub mod netguard;
 pub mod protocol;
 pub mod push;

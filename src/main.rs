@@ -1,5 +1,5 @@
 //! The `baton` binary: parse the command line, then serve, manage keys, or
-//! call a running Baton's registry.
+//! call a running Baton (its registry, a task's trace).
 
 use baton::cli::{self, Cli, Command, EXIT_BAD_CONFIG};
 use baton::config::Config;
@@ -12,6 +12,7 @@ async fn main() -> ExitCode {
     match cli.command {
         Command::Keys(args) => cli::keys::run(args),
         Command::Agents(args) => cli::agents::run(args).await,
+        Command::Trace(args) => cli::trace::run(args).await,
         Command::Serve(args) => {
             let config = match Config::load(&args, &baton::launch::builtin_agent_ids()) {
                 Ok(config) => config,

@@ -114,6 +114,7 @@ impl Driver {
             let request = turn.request.clone();
             let execution = tokio::spawn(async move { agent.execute(request, events).await });
             let cancel = turn.request.cancel.clone();
+            let turn_started = std::time::Instant::now();
             let end = self
                 .pump(
                     &turn.agent,
@@ -123,6 +124,10 @@ impl Driver {
                     (execution, cancel),
                 )
                 .await;
+            if turn.handoff {
+                let metrics = &self.gateway.metrics;
+                metrics.round_trip(&turn.agent.id, turn_started.elapsed());
+            }
             let next = match end {
                 TurnEnd::Settled => None,
                 TurnEnd::NoAck(why) => self.next_attempt(turn, why, &mut attempts).await,
@@ -141,6 +146,7 @@ impl Driver {
             }
         }
         self.watch_interrupted_deadline();
+        self.gateway.metrics_finished(&self.task_id);
         self.gateway.unregister_running(&self.task_id);
     }
 
@@ -257,8 +263,10 @@ impl Driver {
             let first_answer = !acked;
             if first_answer {
                 acked = true;
-                self.gateway
-                    .metrics_acknowledged(&agent.id, turn_started.elapsed());
+                if handoff {
+                    let metrics = &self.gateway.metrics;
+                    metrics.acknowledged(&agent.id, turn_started.elapsed());
+                }
             }
             if let Some(offer) = find_transfer(&batch, &agent.id) {
                 cancel.cancel();
@@ -322,6 +330,7 @@ impl Driver {
             }
             let result = if self.created {
                 let now = Utc::now();
+                let metrics = self.gateway.metrics.clone();
                 self.gateway
                     .ledger
                     .update(&self.task_id, |record| {
@@ -341,6 +350,7 @@ impl Driver {
                             enforce_return_schema(&record.task, schema, from, &mut stream_events);
                         }
                         note_hop(record, &stream_events, first_answer, now);
+                        note_transition(&metrics, record, &stream_events, now);
                         Ok::<_, GatewayError>(stream_events)
                     })
                     .await
@@ -601,8 +611,18 @@ impl Gateway {
             })
     }
 
-    /// Records how long an agent took to acknowledge.
-    pub(super) fn metrics_acknowledged(&self, _agent: &str, _latency: Duration) {}
+    /// What a finished task says about its handoffs: the last one's outcome.
+    fn metrics_finished(&self, task_id: &str) {
+        let Ok(Some(record)) = self.ledger.get(task_id) else {
+            return;
+        };
+        let [.., before, last] = record.hops.as_slice() else {
+            return;
+        };
+        let succeeded = record.task.status.state == TaskState::Completed;
+        self.metrics
+            .handoff_finished(&before.agent, &last.agent, succeeded);
+    }
 }
 
 /// Tells the agent to stop and fails the task with `DEADLINE_EXCEEDED`.
@@ -677,6 +697,25 @@ pub(super) fn note_hop(
         hop.state = Some(state);
         hop.reason = events.iter().rev().find_map(reason_of);
     }
+}
+
+/// Times the state change `events` make, if they make one.
+fn note_transition(
+    metrics: &crate::metrics::HandoffMetrics,
+    record: &TaskRecord,
+    events: &[StreamResponse],
+    now: DateTime<Utc>,
+) {
+    let from = record.task.status.state;
+    let Some(to) = events.iter().rev().find_map(StreamResponse::state) else {
+        return;
+    };
+    if to == from {
+        return;
+    }
+    let since = record.task.status.timestamp.unwrap_or(record.created_at);
+    let elapsed = (now - since).to_std().unwrap_or_default();
+    metrics.transition(from, to, elapsed);
 }
 
 /// The reason code in a status event's message, if it has one.

@@ -5,10 +5,12 @@ mod driver;
 mod relay;
 mod send;
 mod stream;
+mod trace;
 pub mod validate;
 
 pub use send::SendOutcome;
 pub use stream::TaskEventStream;
+pub use trace::{MAX_TRACE_DEPTH, MAX_TRACE_NODES, TraceNode, TraceReport};
 
 use crate::error::GatewayError;
 use crate::protocol::*;
@@ -95,6 +97,8 @@ pub struct Gateway {
     pub(crate) shutdown: CancellationToken,
     /// Turns of the round-robin among agents sharing a skill.
     balance: std::sync::atomic::AtomicU64,
+    /// Handoff metrics, served at `GET /metrics`.
+    pub metrics: Arc<crate::metrics::HandoffMetrics>,
 }
 
 impl Gateway {
@@ -114,6 +118,7 @@ impl Gateway {
             running: Mutex::new(HashMap::new()),
             shutdown,
             balance: std::sync::atomic::AtomicU64::new(0),
+            metrics: Arc::default(),
         })
     }
 
@@ -492,14 +497,29 @@ impl Gateway {
             .contains_key(task_id)
     }
 
-    /// Counts a handoff from `source` to `target`.
-    pub(crate) fn metrics_handoff(&self, _source: &str, _target: &str, _kind: store::HopKind) {}
+    /// Counts a handoff from `source` to `target` at hop `hops`, whose
+    /// message to the target is `bytes` long.
+    pub(crate) fn metrics_handoff(
+        &self,
+        (source, target): (&str, &str),
+        kind: store::HopKind,
+        hops: u32,
+        bytes: u64,
+    ) {
+        self.metrics.handoff_started(source, target, kind);
+        self.metrics.hop_depth(hops);
+        self.metrics.message_bytes(target, bytes);
+    }
 
     /// Counts a ladder step.
-    pub(crate) fn metrics_ladder(&self, _target: &str, _reason: &str) {}
+    pub(crate) fn metrics_ladder(&self, target: &str, reason: &str) {
+        self.metrics.ladder_step(target, reason);
+    }
 
     /// Counts a refused handoff.
-    pub(crate) fn metrics_rejected(&self, _reason: &str) {}
+    pub(crate) fn metrics_rejected(&self, reason: &str) {
+        self.metrics.rejected(reason);
+    }
 
     pub(crate) fn unregister_running(&self, task_id: &str) {
         self.running.lock().expect("running lock").remove(task_id);

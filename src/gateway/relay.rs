@@ -227,8 +227,12 @@ impl Driver {
                 return None;
             }
         };
-        self.gateway
-            .metrics_handoff(&source_id, &target.id, HopKind::Transfer);
+        self.gateway.metrics_handoff(
+            (&source_id, &target.id),
+            HopKind::Transfer,
+            delivered.hops,
+            bytes,
+        );
         Some(Turn {
             agent: target,
             request: AgentRequest {
@@ -314,8 +318,12 @@ impl Driver {
             .await
             .ok()?;
         tracing::info!(task_id = %self.task_id, from = %target.agent.id, to = %source.agent, "handoff result returned");
-        self.gateway
-            .metrics_handoff(&target.agent.id, &source.agent, HopKind::Return);
+        self.gateway.metrics_handoff(
+            (&target.agent.id, &source.agent),
+            HopKind::Return,
+            delivered.hops,
+            bytes,
+        );
         Some(Turn {
             agent: source_agent,
             request: AgentRequest {

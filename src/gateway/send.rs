@@ -321,6 +321,7 @@ impl Gateway {
             ..TaskRecord::default()
         };
         tracing::info!(task_id = %snapshot.id, agent = agent_id, reason, "handoff refused");
+        self.metrics_rejected(reason);
         let record = self
             .ledger
             .create(record, vec![StreamResponse::Task(snapshot)])
@@ -694,7 +695,13 @@ impl Gateway {
             .create(record, vec![StreamResponse::Task(snapshot)])
             .await?;
         let source = handoff.payload.as_ref().map_or("", |p| p.from.as_str());
-        self.metrics_handoff(source, &agent.id, HopKind::Direct);
+        let hops = Control::read_from(message.metadata.as_ref()).map_or(1, |c| c.hops);
+        self.metrics_handoff(
+            (source, &agent.id),
+            HopKind::Direct,
+            hops,
+            message_bytes(message),
+        );
         Ok(())
     }
 

@@ -88,6 +88,8 @@ pub fn app(state: AppState) -> Router {
         .route("/registry/agents", get(registry_search))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/tasks/{id}/trace", get(task_trace))
         .fallback(not_found)
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
@@ -182,6 +184,59 @@ async fn readyz(State(state): State<AppState>) -> Response {
             axum::Json(serde_json::json!({"status": "unavailable", "reason": err.to_string()})),
         )
             .into_response(),
+    }
+}
+
+/// Prometheus text; unauthenticated, like the health probes.
+async fn metrics(State(state): State<AppState>) -> Response {
+    let gateway = &state.gateway;
+    let push = &gateway.push().stats;
+    let load =
+        |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
+    let figures = crate::metrics::GatewayFigures {
+        registered_agents: gateway.directory().list().len() as u64,
+        push_delivered: load(&push.delivered),
+        push_failed: load(&push.failed),
+        push_dropped: load(&push.dropped),
+    };
+    (
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+        gateway.metrics.render(figures),
+    )
+        .into_response()
+}
+
+/// The handoff tree below a task (Baton's own path, not A2A), for the
+/// caller that owns the task; keys are checked as on the A2A endpoints.
+async fn task_trace(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let principal = match state.authenticate(&headers) {
+        Ok(principal) => principal,
+        Err(response) => return response,
+    };
+    let ctx = CallContext {
+        principal: principal.into(),
+        agent_id: state.settings.default_agent.clone(),
+        idempotency_key: None,
+        incoming: Default::default(),
+        pinned: false,
+    };
+    match state.gateway.trace(&ctx, &id) {
+        Ok(report) => axum::Json(report).into_response(),
+        Err(err) => {
+            let status = match err {
+                GatewayError::TaskNotFound(_) => StatusCode::NOT_FOUND,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            (
+                status,
+                axum::Json(serde_json::json!({"error": err.to_rpc_error()})),
+            )
+                .into_response()
+        }
     }
 }
 

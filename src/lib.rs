@@ -21,11 +21,13 @@
 //! - [`server`]: the axum router, card publication, health, shutdown.
 //! - [`auth`]: agency API keys: the `KeyStore`, the keys file, bearer checks.
 //! - [`registry_client`]: the registry JSON-RPC client behind `baton agents`.
+//! - [`demo`]: `baton demo` and the vendor agent kit it and the tests use.
 
 pub mod agents;
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod gateway;
 pub mod handoff;

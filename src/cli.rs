@@ -29,6 +29,8 @@ pub enum Command {
     Keys(KeysArgs),
     /// Register, list, search, get and remove agents on a running Baton.
     Agents(AgentsArgs),
+    /// Show the point of Baton: three vendor agents, a transfer, one task, its trace.
+    Demo,
 }
 
 /// `baton keys`: edits the keys file that a running Baton re-reads.

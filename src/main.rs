@@ -1,5 +1,5 @@
-//! The `baton` binary: parse the command line, then serve, manage keys, or
-//! call a running Baton's registry.
+//! The `baton` binary: parse the command line, then serve, manage keys,
+//! call a running Baton's registry, or run the demo.
 
 use baton::cli::{self, Cli, Command, EXIT_BAD_CONFIG};
 use baton::config::Config;
@@ -12,6 +12,7 @@ async fn main() -> ExitCode {
     match cli.command {
         Command::Keys(args) => cli::keys::run(args),
         Command::Agents(args) => cli::agents::run(args).await,
+        Command::Demo => baton::demo::run().await,
         Command::Serve(args) => {
             let config = match Config::load(&args, &baton::launch::builtin_agent_ids()) {
                 Ok(config) => config,

@@ -33,6 +33,8 @@ pub enum Command {
     Agents(AgentsArgs),
     /// Show the handoff tree below a task on a running Baton.
     Trace(TraceArgs),
+    /// Show the point of Baton: three vendor agents, a transfer, one task, its trace.
+    Demo,
 }
 
 /// `baton keys`: edits the keys file that a running Baton re-reads.

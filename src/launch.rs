@@ -66,13 +66,23 @@ async fn health_checks(
 
 /// Runs Baton until SIGTERM or Ctrl-C, then drains and closes the ledger.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    run(config, listener, shutdown_signal()).await
+}
+
+/// Runs Baton on `listener` (`config.listen` is not used) until `stop`
+/// resolves, then drains and closes the ledger. `baton demo` runs it in process.
+pub async fn run(
+    config: Config,
+    listener: tokio::net::TcpListener,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let ledger = Arc::new(
         Ledger::open(&config.data_dir)
             .with_context(|| format!("opening the ledger in {}", config.data_dir.display()))?,
     );
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("binding {}", config.listen))?;
     let bound = listener.local_addr()?;
     let public_url = config
         .public_url
@@ -148,7 +158,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     );
     // A line tests and scripts can wait for.
     println!("baton listening on {bound}");
-    server::run(listener, state, shutdown_signal(), config.shutdown_grace).await?;
+    server::run(listener, state, stop, config.shutdown_grace).await?;
     ledger.close();
     tracing::info!("stopped");
     Ok(())

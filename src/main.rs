@@ -1,5 +1,5 @@
-//! The `baton` binary: parse the command line, then serve, manage keys, or
-//! call a running Baton (its registry, a task's trace).
+//! The `baton` binary: parse the command line, then serve, manage keys,
+//! call a running Baton (its registry, a task's trace), or run the demo.
 
 use baton::cli::{self, Cli, Command, EXIT_BAD_CONFIG};
 use baton::config::Config;
@@ -13,6 +13,7 @@ async fn main() -> ExitCode {
         Command::Keys(args) => cli::keys::run(args),
         Command::Agents(args) => cli::agents::run(args).await,
         Command::Trace(args) => cli::trace::run(args).await,
+        Command::Demo => baton::demo::run().await,
         Command::Serve(args) => {
             let config = match Config::load(&args, &baton::launch::builtin_agent_ids()) {
                 Ok(config) => config,

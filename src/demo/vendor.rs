@@ -50,6 +50,7 @@ const INVALID_PARAMS: i64 = -32602;
 const TASK_NOT_FOUND: i64 = -32001;
 const TASK_NOT_CANCELABLE: i64 = -32002;
 const UNSUPPORTED_OPERATION: i64 = -32004;
+const INTERNAL_ERROR: i64 = -32603;
 
 /// What the script sees of one incoming message.
 #[derive(Clone, Debug)]
@@ -86,8 +87,9 @@ pub enum Reply {
     Message(String),
     /// The task stays WORKING until canceled.
     Working,
-    /// No answer at all: the request is held open (up to a minute), to provoke
-    /// acknowledgement timeouts.
+    /// No answer at all: the request is held open (up to a minute, or until
+    /// [`VendorAgent::stop`]), then answered -32603, to provoke acknowledgement
+    /// timeouts. No task is created.
     Silent,
     /// The task FAILED, with this text as status message.
     Fail(String),
@@ -401,7 +403,7 @@ async fn send_message(inner: &Inner, params: &Value) -> Result<Value, RpcError> 
                 _ = tokio::time::sleep(SILENT_HOLD) => {}
                 _ = inner.shutdown.cancelled() => {}
             }
-            return Err((UNSUPPORTED_OPERATION, "the agent stayed silent".into()));
+            return Err((INTERNAL_ERROR, "the agent stayed silent".into()));
         }
         Reply::Complete { text, artifacts } => (TaskState::Completed, text, artifacts, None),
         Reply::AskInput(question) => (TaskState::InputRequired, Some(question), Vec::new(), None),

@@ -681,6 +681,25 @@ async fn one_trace_id_reaches_the_third_agent_of_a_chain() {
         .unwrap();
     let agents: Vec<_> = record.hops.iter().map(|h| h.agent.as_str()).collect();
     assert_eq!(agents, ["triage", "billing", "technical"]);
+    // `baton trace` lists every hop, with the trace id.
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args([
+            "trace",
+            task["id"].as_str().unwrap(),
+            "--url",
+            &gateway.base,
+        ])
+        .output()
+        .await
+        .unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{printed}");
+    for needle in ["triage", "billing", "technical", "transfer", trace_id] {
+        assert!(
+            printed.contains(needle),
+            "{needle} missing from:\n{printed}"
+        );
+    }
     for agent in [triage, billing, technical] {
         agent.stop().await;
     }

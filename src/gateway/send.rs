@@ -222,6 +222,16 @@ impl Gateway {
             payload: Some(Box::new(payload.clone())),
             refusal: None,
         };
+        // A payload another gateway already routed arrives with its handoffId
+        // in the control: it is a delivery to the addressed agent, whose id
+        // at this gateway need not be the one the payload names.
+        let routed_upstream = ctx.pinned
+            && Control::read_from(message.metadata.as_ref())
+                .and_then(|c| c.handoff_id)
+                .is_some_and(|id| id == payload.handoff_id);
+        if routed_upstream {
+            return Ok((addressed, accepted(None)));
+        }
         match &payload.target {
             HandoffTarget::Agent(to) => {
                 if ctx.pinned && *to != addressed {

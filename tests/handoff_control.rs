@@ -23,17 +23,6 @@ async fn register(gateway: &TestBaton, upstream: &TestBaton, agent: &str, id: &s
     gateway.post_json("/registry", &body).await.result();
 }
 
-/// The status part's reason code of a task.
-fn reason(task: &Value) -> &str {
-    task["status"]["message"]["parts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|p| p["mediaType"] == "application/vnd.baton.status.v1+json")
-        .and_then(|p| p["data"]["reason"].as_str())
-        .unwrap_or("")
-}
-
 #[tokio::test]
 async fn the_trace_and_hop_reach_the_agent_and_are_mirrored_on_the_task() {
     let upstream = baton().start().await;

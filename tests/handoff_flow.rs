@@ -25,21 +25,6 @@ async fn register(gateway: &TestBaton, id: &str, agent: &VendorAgent, extra: Val
     assert!(reply.code().is_none(), "register {id}: {}", reply.body);
 }
 
-/// The reason code in a status message, if any.
-fn reason_of(message: &Value) -> &str {
-    message["parts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|p| p["mediaType"] == "application/vnd.baton.status.v1+json")
-        .and_then(|p| p["data"]["reason"].as_str())
-        .unwrap_or("")
-}
-
-fn reason(task: &Value) -> &str {
-    reason_of(&task["status"]["message"])
-}
-
 /// Every reason code in the task's history, in order.
 fn reasons_in_history(task: &Value) -> Vec<String> {
     task["history"]

@@ -9,19 +9,9 @@ mod process;
 
 use baton::demo::vendor::{Reply, VendorAgent};
 use baton::protocol::TaskState;
-use common::{message_id, user_message};
+use common::{message_id, reason, user_message};
 use process::BatonProcess;
 use serde_json::{Value, json};
-
-fn reason(task: &Value) -> &str {
-    task["status"]["message"]["parts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|p| p["mediaType"] == "application/vnd.baton.status.v1+json")
-        .and_then(|p| p["data"]["reason"].as_str())
-        .unwrap_or("")
-}
 
 fn gateway(data: &std::path::Path) -> BatonProcess {
     BatonProcess::builder(data)

@@ -34,14 +34,7 @@ impl super::Gateway {
             .into_iter()
             .filter(|e| e.is_healthy() && !excluded.contains(&e.id))
             .collect();
-        let views: Vec<AgentView> = entries
-            .iter()
-            .map(|e| AgentView {
-                id: &e.id,
-                card: e.agent.card(),
-                healthy: true,
-            })
-            .collect();
+        let views = agent_views(&entries);
         let chosen = agents_with_skill(skill, &views);
         entries
             .iter()
@@ -58,6 +51,18 @@ impl super::Gateway {
         let turn = self.next_balance() as usize % candidates.len();
         Some(candidates[turn].clone())
     }
+}
+
+/// What the routing functions see of `entries`: ids, cards and health.
+pub(super) fn agent_views(entries: &[Arc<AgentEntry>]) -> Vec<AgentView<'_>> {
+    entries
+        .iter()
+        .map(|e| AgentView {
+            id: &e.id,
+            card: e.agent.card(),
+            healthy: e.is_healthy(),
+        })
+        .collect()
 }
 
 /// Why policy refuses to deliver a line of work to `target`, if it does:

@@ -3,7 +3,7 @@
 //! [`Driver`] takes the task to its agent.
 
 use super::driver::{Driver, Start, Turn, send_first};
-use super::relay::{policy_refusal, skill_output_schema};
+use super::relay::{agent_views, policy_refusal, skill_output_schema};
 use super::stream::TaskEventStream;
 use super::validate::{self, check_history_length, check_message, finish};
 use super::{CallContext, Gateway};
@@ -15,7 +15,7 @@ use crate::handoff::payload::{
     HandoffPayload, HandoffTarget, PayloadValidator, find_payload, violations_detail,
 };
 use crate::handoff::reasons::{self, status_part};
-use crate::handoff::routing::{AgentView, RouteInput};
+use crate::handoff::routing::RouteInput;
 use crate::protocol::*;
 use crate::registry::AgentEntry;
 use crate::store::{HopKind, HopRecord, IdempotencyRecord, TaskRecord};
@@ -276,14 +276,7 @@ impl Gateway {
         metadata: Option<&crate::protocol::wire::Struct>,
     ) -> Option<String> {
         let entries = self.directory().list();
-        let views: Vec<AgentView> = entries
-            .iter()
-            .map(|e| AgentView {
-                id: &e.id,
-                card: e.agent.card(),
-                healthy: true,
-            })
-            .collect();
+        let views = agent_views(&entries);
         let input = RouteInput {
             tenant: None,
             message,

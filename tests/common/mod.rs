@@ -402,3 +402,19 @@ pub fn merge(target: &mut Value, extra: Value) {
 pub fn message_id(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
+
+/// The reason code in a status message (`application/vnd.baton.status.v1+json`), or "".
+pub fn reason_of(message: &Value) -> &str {
+    message["parts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["mediaType"] == "application/vnd.baton.status.v1+json")
+        .and_then(|p| p["data"]["reason"].as_str())
+        .unwrap_or("")
+}
+
+/// The reason code of a task's current status.
+pub fn reason(task: &Value) -> &str {
+    reason_of(&task["status"]["message"])
+}

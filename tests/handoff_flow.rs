@@ -564,7 +564,12 @@ async fn a_deadline_cancels_a_non_baton_target_within_a_second() {
             json!({"message": message, "configuration": {"returnImmediately": true}}),
         )
         .await;
-    let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
+    let accepted = &reply.result()["task"];
+    assert_eq!(accepted["status"]["state"], "TASK_STATE_SUBMITTED");
+    let id = accepted["id"].as_str().unwrap().to_string();
+    // The target took the work: WORKING until the deadline.
+    let task = wait_state(&gateway, &id, "TASK_STATE_WORKING").await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_WORKING", "{task}");
     let task = wait_state(&gateway, &id, "TASK_STATE_FAILED").await;
     assert_eq!(reason(&task), "DEADLINE_EXCEEDED", "{task}");
     let cancels = slow.cancels();

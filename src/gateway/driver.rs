@@ -338,9 +338,21 @@ impl Driver {
                             record.upstream = bound;
                         }
                         let mut stream_events = stream_events;
+                        let mut past_submitted = record.task.status.state != TaskState::Submitted;
+                        // A handoff's target acknowledged: the task is WORKING (§3.4).
+                        if handoff && first_answer && !past_submitted {
+                            let working = status_update(
+                                &record.task.id,
+                                &record.task.context_id,
+                                TaskState::Working,
+                                None,
+                            );
+                            stream_events.insert(0, working);
+                            past_submitted = true;
+                        }
                         // An agent picking a handed-on task up starts it over at
                         // its end; the gateway task is past SUBMITTED already.
-                        if record.task.status.state != TaskState::Submitted {
+                        if past_submitted {
                             stream_events.retain(|e| e.state() != Some(TaskState::Submitted));
                         }
                         if let Some(schema) = &record.return_schema

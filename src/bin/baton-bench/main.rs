@@ -1,0 +1,700 @@
+//! `baton-bench`: the benchmark harness of issue 5. It starts everything on
+//! 127.0.0.1 by itself (a fast single-threaded upstream agent, Baton as a
+//! separate process over a fresh ledger) and measures unary and streaming
+//! throughput and latency, Baton's CPU time per request, SSE fan-out, ledger
+//! transitions, GetTask/ListTasks at scale, memory and the handoff transfer,
+//! each against the issue's budget.
+//!
+//! `cargo run --release --bin baton-bench -- [--quick] [--json FILE]`
+
+mod baton_process;
+mod client;
+mod handoff;
+mod ledger;
+mod load;
+mod procfs;
+mod report;
+mod streaming;
+mod upstream;
+
+use baton_process::{BatonOptions, BatonProcess, locate_baton};
+use clap::Parser;
+use load::{LoadResult, LoadSpec, format_duration, json_rpc, message_params};
+use report::{Budget, Figure, Report};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use upstream::{AgentKind, FakeUpstream};
+
+/// Benchmarks Baton against the budgets of issue 5, on loopback only.
+#[derive(Debug, Parser)]
+#[command(name = "baton-bench")]
+struct Args {
+    /// Short windows and 100 k instead of 1 M stored tasks (under 3 minutes).
+    #[arg(long)]
+    quick: bool,
+    /// Also write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// The baton binary (default: `baton` beside this executable).
+    #[arg(long, value_name = "PATH")]
+    baton: Option<PathBuf>,
+    /// Run only these sections (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Section>,
+}
+
+/// The parts of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Section {
+    /// Durable ledger transitions, in process.
+    Ledger,
+    /// Unary, streaming, fan-out, memory in flight and handoff through one Baton.
+    Gateway,
+    /// GetTask, ListTasks and memory at rest over stored tasks.
+    Store,
+}
+
+/// Sizes and windows of one run.
+struct Settings {
+    warmup: Duration,
+    window: Duration,
+    max_requests: u64,
+    concurrencies: [usize; 3],
+    cpu_concurrency: usize,
+    streaming_concurrency: usize,
+    writers: [usize; 3],
+    small_store: u64,
+    large_store: u64,
+    populate_writers: usize,
+    subscribers: usize,
+    in_flight_tasks: usize,
+    handoff_samples: usize,
+}
+
+impl Settings {
+    fn new(quick: bool) -> Self {
+        Self {
+            warmup: Duration::from_millis(if quick { 500 } else { 2000 }),
+            window: Duration::from_secs(if quick { 3 } else { 10 }),
+            max_requests: 5_000_000,
+            concurrencies: [1, 16, 64],
+            cpu_concurrency: 16,
+            streaming_concurrency: 16,
+            writers: [1, 16, 64],
+            small_store: 10_000,
+            large_store: if quick { 100_000 } else { 1_000_000 },
+            populate_writers: 64,
+            subscribers: 1000,
+            in_flight_tasks: 1000,
+            handoff_samples: if quick { 20 } else { 100 },
+        }
+    }
+
+    fn load(
+        &self,
+        addr: std::net::SocketAddr,
+        concurrency: usize,
+        request: Arc<load::RequestFn>,
+    ) -> LoadSpec {
+        LoadSpec {
+            addr,
+            concurrency,
+            warmup: self.warmup,
+            duration: self.window,
+            max_requests: self.max_requests,
+            request,
+            expect: b"\"result\"",
+        }
+    }
+}
+
+/// Everything a section needs.
+struct Bench {
+    started: Instant,
+    settings: Settings,
+    baton_binary: PathBuf,
+    scratch: tempfile::TempDir,
+    cards_dir: PathBuf,
+    upstream: FakeUpstream,
+    /// Highest 1-minute load average seen so far.
+    peak_load: std::cell::Cell<f64>,
+}
+
+impl Bench {
+    /// Announces a section on stderr with the time since the start.
+    fn section(&self, what: &str) {
+        eprintln!("[{:5.1} s] {what}", self.started.elapsed().as_secs_f64());
+    }
+
+    fn note_load(&self) {
+        self.peak_load
+            .set(self.peak_load.get().max(procfs::load_average_1m()));
+    }
+
+    async fn start_baton(&self, data_dir: &Path) -> anyhow::Result<BatonProcess> {
+        let work_dir = tempfile::tempdir_in(self.scratch.path())?.keep();
+        BatonProcess::start(&BatonOptions {
+            binary: &self.baton_binary,
+            work_dir: &work_dir,
+            data_dir,
+            cards_dir: &self.cards_dir,
+            default_agent: "fast",
+        })
+        .await
+    }
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    match run(&args).await {
+        Ok(report) => {
+            println!("{}", report.table());
+            if let Some(path) = &args.json {
+                if let Err(err) = report.write_json(path) {
+                    eprintln!("baton-bench: writing {}: {err:#}", path.display());
+                    return std::process::ExitCode::FAILURE;
+                }
+                println!("JSON written to {}", path.display());
+            }
+            std::process::ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("baton-bench: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: &Args) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let machine = procfs::Machine::detect();
+    let mode = if args.quick { "quick" } else { "full" };
+    eprintln!(
+        "baton-bench ({mode}) on {} cores, {}, Linux {}, load average {}",
+        machine.nproc, machine.cpu_model, machine.kernel, machine.load_average
+    );
+    // 1 000 subscribers plus the held upstream streams need a few thousand descriptors.
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) if limit < 8192 => eprintln!("warning: only {limit} file descriptors allowed"),
+        Ok(_) => {}
+        Err(err) => eprintln!("warning: could not raise the file descriptor limit: {err}"),
+    }
+    let baton_binary = locate_baton(args.baton.as_deref())?;
+    let scratch = tempfile::Builder::new().prefix("baton-bench-").tempdir()?;
+    let upstream = FakeUpstream::start()?;
+    let cards_dir = scratch.path().join("agent-cards");
+    write_cards(&cards_dir, upstream.base_url())?;
+    let bench = Bench {
+        started,
+        settings: Settings::new(args.quick),
+        baton_binary,
+        scratch,
+        cards_dir,
+        upstream,
+        peak_load: std::cell::Cell::new(procfs::load_average_1m()),
+    };
+    let runs = |section| args.only.is_empty() || args.only.contains(&section);
+    let mut figures = Vec::new();
+    if runs(Section::Ledger) {
+        figures.extend(ledger_figures(&bench).await);
+    }
+    if runs(Section::Gateway) {
+        figures.extend(gateway_figures(&bench).await);
+    }
+    if runs(Section::Store) {
+        figures.extend(store_figures(&bench).await);
+    }
+    bench.note_load();
+    bench.section("done");
+    Ok(Report {
+        mode,
+        machine,
+        peak_load_average: bench.peak_load.get(),
+        duration_secs: started.elapsed().as_secs_f64(),
+        figures,
+    })
+}
+
+/// The upstream's agents as Baton registers them at start-up.
+fn write_cards(dir: &Path, base: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let cards = [
+        ("fast", AgentKind::Fast, false),
+        ("fast-stream", AgentKind::Fast, true),
+        ("transfer-source", AgentKind::TransferSource, false),
+        ("typed-target", AgentKind::TypedTarget, false),
+    ];
+    for (id, kind, streaming) in cards {
+        let card = upstream::agent_card(base, kind, id, streaming);
+        std::fs::write(
+            dir.join(format!("{id}.json")),
+            serde_json::to_vec_pretty(&card)?,
+        )?;
+    }
+    Ok(())
+}
+
+fn progress(what: &str, result: &str) {
+    eprintln!("  {what}: {result}");
+}
+
+/// Durable ledger transitions per second, in process.
+async fn ledger_figures(bench: &Bench) -> Vec<Figure> {
+    bench.section("ledger transitions (in process)");
+    let mut figures = Vec::new();
+    for writers in bench.settings.writers {
+        let plural = if writers == 1 { "" } else { "s" };
+        let name = format!("durable ledger transitions/s, {writers} writer{plural}");
+        let budget = (writers == 64).then_some(Budget::Min(50_000.0));
+        let dir = bench.scratch.path().join(format!("ledger-{writers}"));
+        let measured = ledger::transition_rate(
+            &dir,
+            writers,
+            bench.settings.window,
+            bench.settings.max_requests,
+        )
+        .await;
+        let figure = match measured {
+            Ok(rate) => {
+                progress(&name, &format!("{:.0}", rate.per_second()));
+                let figure = Figure::number(&name, rate.per_second().round(), "/s");
+                match budget {
+                    Some(budget) => figure.budget(budget),
+                    None => figure,
+                }
+            }
+            Err(err) => Figure::failed(&name, "/s", budget, &err),
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        figures.push(figure);
+        bench.note_load();
+    }
+    figures
+}
+
+/// Unary and streaming load, CPU per request, memory in flight, fan-out
+/// and handoff, on one Baton with an empty ledger.
+async fn gateway_figures(bench: &Bench) -> Vec<Figure> {
+    bench.section("gateway: unary, streaming, fan-out, memory, handoff");
+    let data_dir = bench.scratch.path().join("gateway-ledger");
+    let baton = match bench.start_baton(&data_dir).await {
+        Ok(baton) => baton,
+        Err(err) => {
+            return vec![Figure::harness_error(
+                "gateway figures: starting Baton",
+                &err,
+            )];
+        }
+    };
+    let mut figures = unary_figures(bench, &baton).await;
+    figures.extend(streaming_figures(bench, &baton).await);
+    bench.section("gateway: memory in flight");
+    let held = bench.settings.in_flight_tasks;
+    let name = format!("Baton RSS per 1 000 in-flight tasks ({held} held WORKING)");
+    let memory = streaming::in_flight_memory(baton.addr, &bench.upstream, held, || {
+        Ok(baton.memory()?.current_kib)
+    })
+    .await;
+    figures.push(match memory {
+        Ok(memory) => {
+            let per_thousand_mb = memory.per_thousand_kib() * 1024.0 / 1e6;
+            progress(&name, &format!("{per_thousand_mb:.2} MB"));
+            Figure::number(&name, round2(per_thousand_mb), "MB").note(format!(
+                "VmRSS {:.1} MB before, {:.1} MB with the tasks in flight; allocator reuse makes this approximate",
+                memory.before_kib as f64 * 1024.0 / 1e6,
+                memory.during_kib as f64 * 1024.0 / 1e6
+            ))
+        }
+        Err(err) => Figure::failed(&name, "MB", None, &err),
+    });
+    bench.note_load();
+    bench.section("gateway: SSE fan-out");
+    figures.extend(fan_out_figures(bench, &baton).await);
+    bench.section("gateway: handoff");
+    figures.push(handoff_figure(bench, &baton).await);
+    baton.stop();
+    figures
+}
+
+/// A blocking SendMessage; a good answer is a completed task.
+fn unary_spec(
+    settings: &Settings,
+    addr: std::net::SocketAddr,
+    concurrency: usize,
+    path: &'static str,
+) -> LoadSpec {
+    let mut spec = settings.load(addr, concurrency, unary_request(path));
+    spec.expect = b"TASK_STATE_COMPLETED";
+    spec
+}
+
+fn unary_request(path: &'static str) -> Arc<load::RequestFn> {
+    Arc::new(move |n| {
+        (
+            path,
+            json_rpc(n, "SendMessage", &message_params("bench-", "")),
+        )
+    })
+}
+
+async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
+    let settings = &bench.settings;
+    let ticks_per_second = procfs::clock_ticks_per_second() as f64;
+    let mut figures = Vec::new();
+    let mut pairs: Vec<(usize, LoadResult, LoadResult)> = Vec::new();
+    let mut cpu_per_request: Option<anyhow::Result<f64>> = None;
+    for concurrency in settings.concurrencies {
+        let direct_spec = unary_spec(
+            settings,
+            bench.upstream.addr,
+            concurrency,
+            AgentKind::Fast.path(),
+        );
+        let direct = load::run(&direct_spec, || {}).await;
+        progress(&format!("unary c={concurrency} direct"), &direct.summary());
+        let through_spec = unary_spec(settings, baton.addr, concurrency, "/a2a");
+        let mut ticks = Vec::new();
+        let through = load::run(&through_spec, || ticks.push(baton.cpu_ticks())).await;
+        progress(
+            &format!("unary c={concurrency} through Baton"),
+            &through.summary(),
+        );
+        if concurrency == settings.cpu_concurrency {
+            cpu_per_request = Some(match ticks.as_slice() {
+                [Ok(before), Ok(after)] if through.completed > 0 => {
+                    Ok((after - before) as f64 / ticks_per_second / through.completed as f64 * 1e6)
+                }
+                _ => Err(anyhow::anyhow!(
+                    "no CPU reading or no completed request: {ticks:?}"
+                )),
+            });
+        }
+        pairs.push((concurrency, direct, through));
+        bench.note_load();
+    }
+    for (concurrency, direct, through) in &pairs {
+        for (side, result) in [("direct", direct), ("through Baton", through)] {
+            figures.push(Figure::info(
+                format!("unary SendMessage c={concurrency}, {side}"),
+                result.throughput().round(),
+                "req/s",
+                result.summary(),
+            ));
+        }
+    }
+    for (concurrency, direct, through) in &pairs {
+        let name = format!("unary throughput through Baton / direct, c={concurrency}");
+        let ratio = through.throughput() / direct.throughput().max(1e-9);
+        let figure = Figure::number(name, round2(ratio), "");
+        figures.push(if *concurrency == 1 {
+            figure
+        } else {
+            figure.budget(Budget::Min(0.22))
+        });
+    }
+    let cpu_name = format!(
+        "Baton CPU time per request, c={} (/proc)",
+        settings.cpu_concurrency
+    );
+    figures.push(match cpu_per_request {
+        Some(Ok(micros)) => Figure::number(cpu_name, micros.round(), "µs")
+            .budget(Budget::Max(50.0))
+            .note(format!(
+                "utime+stime at {ticks_per_second} ticks/s over the measured window"
+            )),
+        Some(Err(err)) => Figure::failed(cpu_name, "µs", Some(Budget::Max(50.0)), &err),
+        None => Figure::failed(
+            cpu_name,
+            "µs",
+            Some(Budget::Max(50.0)),
+            &anyhow::anyhow!("not run"),
+        ),
+    });
+    if let Some((_, direct, through)) = pairs.iter().find(|(c, _, _)| *c == 1) {
+        let added = through.quantile(0.99).as_secs_f64() - direct.quantile(0.99).as_secs_f64();
+        figures.push(
+            Figure::number(
+                "added p99 latency through Baton, c=1",
+                round3(added * 1e3),
+                "ms",
+            )
+            .budget(Budget::Max(1.0)),
+        );
+    }
+    figures
+}
+
+async fn streaming_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
+    let settings = &bench.settings;
+    let concurrency = settings.streaming_concurrency;
+    let streaming = |path: &'static str| -> Arc<load::RequestFn> {
+        Arc::new(move |n| {
+            (
+                path,
+                json_rpc(n, "SendStreamingMessage", &message_params("bench-", "")),
+            )
+        })
+    };
+    let mut figures = Vec::new();
+    let targets = [
+        ("direct", bench.upstream.addr, AgentKind::Fast.path()),
+        ("through Baton", baton.addr, streaming::STREAMING_AGENT_PATH),
+    ];
+    for (side, addr, path) in targets {
+        let mut spec = settings.load(addr, concurrency, streaming(path));
+        spec.expect = b"TASK_STATE_COMPLETED";
+        let result = load::run(&spec, || {}).await;
+        let name = format!("SendStreamingMessage events/s, c={concurrency}, {side}");
+        let shown = format!(
+            "{:.0} events/s ({:.0} streams/s, {:.1} events each, stream p99 {}){}",
+            result.events_per_second(),
+            result.throughput(),
+            result.events as f64 / result.completed.max(1) as f64,
+            format_duration(result.quantile(0.99)),
+            if result.errors > 0 {
+                format!(", {} errors", result.errors)
+            } else {
+                String::new()
+            }
+        );
+        progress(&name, &shown);
+        figures.push(Figure::info(
+            name,
+            result.events_per_second().round(),
+            "events/s",
+            shown,
+        ));
+    }
+    bench.note_load();
+    figures
+}
+
+async fn fan_out_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
+    let subscribers = bench.settings.subscribers;
+    let name = format!("SSE fan-out to {subscribers} subscribers, delivery p99");
+    let budget = Budget::Max(50.0);
+    let figure = match streaming::fan_out(baton.addr, &bench.upstream, subscribers).await {
+        Ok(fan_out) => {
+            let p = |q: f64| Duration::from_nanos(fan_out.latency.value_at_quantile(q));
+            let p99 = p(0.99);
+            progress(
+                &name,
+                &format!(
+                    "p50 {}, p99 {}, max {}",
+                    format_duration(p(0.5)),
+                    format_duration(p99),
+                    format_duration(p(1.0))
+                ),
+            );
+            let mut figure =
+                Figure::number(&name, round3(p99.as_secs_f64() * 1e3), "ms").budget(budget);
+            let mut note = format!(
+                "from the release at the upstream: upstream → Baton → durable write → fan-out; p50 {}, max {}",
+                format_duration(p(0.5)),
+                format_duration(p(1.0))
+            );
+            if fan_out.delivered < subscribers {
+                figure.verdict = report::Verdict::Fail;
+                note.push_str(&format!(
+                    "; only {} of {} subscribers ({} live) got the event",
+                    fan_out.delivered, subscribers, fan_out.subscribers
+                ));
+            }
+            figure.note(note)
+        }
+        Err(err) => Figure::failed(&name, "ms", Some(budget), &err),
+    };
+    bench.note_load();
+    vec![figure]
+}
+
+/// The transfer figure: measured when the gateway transfers, else "not available".
+async fn handoff_figure(bench: &Bench, baton: &BatonProcess) -> Figure {
+    let name = "handoff: two-hop transfer with typed artifact, added latency vs two direct calls";
+    match handoff::measure_transfer(
+        baton.addr,
+        bench.upstream.addr,
+        bench.settings.handoff_samples,
+    )
+    .await
+    {
+        Ok(handoff::TransferOutcome::Measured {
+            samples,
+            through,
+            direct_pair,
+        }) => {
+            let added = through.as_secs_f64() - direct_pair.as_secs_f64();
+            progress(
+                name,
+                &format!(
+                    "{} added",
+                    format_duration(Duration::from_secs_f64(added.max(0.0)))
+                ),
+            );
+            Figure::number(name, round3(added * 1e3), "ms").note(format!(
+                "median of {samples}: through Baton {}, direct pair {}",
+                format_duration(through),
+                format_duration(direct_pair)
+            ))
+        }
+        Ok(handoff::TransferOutcome::NotAvailable(why)) => {
+            progress(name, "not available");
+            Figure::unavailable(name, "ms", why)
+        }
+        Err(err) => Figure::failed(name, "ms", None, &err),
+    }
+}
+
+/// GetTask and ListTasks at a small and a large store, and Baton's memory
+/// at rest holding the large one.
+async fn store_figures(bench: &Bench) -> Vec<Figure> {
+    let (small, large) = (bench.settings.small_store, bench.settings.large_store);
+    let size = |n: u64| {
+        if n >= 1_000_000 {
+            format!("{} M", n / 1_000_000)
+        } else {
+            format!("{} k", n / 1000)
+        }
+    };
+    let quick_note = (large < 1_000_000)
+        .then(|| format!("--quick: {} stored tasks instead of 1 M", size(large)));
+    let data_dir = bench.scratch.path().join("store-ledger");
+    let get_name = format!("GetTask p99 at {} tasks", size(large));
+    let list_name = format!(
+        "ListTasks first page p99 at {} / at {}",
+        size(large),
+        size(small)
+    );
+    let rss_name = format!("Baton peak RSS (VmHWM) at rest with {} tasks", size(large));
+    let fail_all = |err: anyhow::Error| {
+        vec![
+            Figure::failed(&get_name, "ms", Some(Budget::Max(1.0)), &err),
+            Figure::failed(&list_name, "", Some(Budget::Max(1.5)), &err),
+            Figure::failed(&rss_name, "MB", Some(Budget::Max(150.0)), &err),
+        ]
+    };
+    bench.section(&format!("store: {} tasks", size(small)));
+    let mut sample = match populate(bench, &data_dir, small).await {
+        Ok(sample) => sample,
+        Err(err) => return fail_all(err),
+    };
+    let small_queries = match query_figures(bench, &data_dir, &sample).await {
+        Ok(queries) => queries,
+        Err(err) => return fail_all(err),
+    };
+    bench.section(&format!("store: {} tasks", size(large)));
+    match populate(bench, &data_dir, large - small).await {
+        Ok(more) => sample.extend(more),
+        Err(err) => return fail_all(err),
+    }
+    let large_queries = match query_figures(bench, &data_dir, &sample).await {
+        Ok(queries) => queries,
+        Err(err) => return fail_all(err),
+    };
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let ms = |d: Duration| round3(d.as_secs_f64() * 1e3);
+    let mut figures = vec![
+        Figure::number(format!("GetTask p99 at {} tasks", size(small)), ms(small_queries.get_p99), "ms"),
+        Figure::number(get_name, ms(large_queries.get_p99), "ms").budget(Budget::Max(1.0)),
+        Figure::number(format!("ListTasks first page p99 at {} tasks", size(small)), ms(small_queries.list_p99), "ms"),
+        Figure::number(format!("ListTasks first page p99 at {} tasks", size(large)), ms(large_queries.list_p99), "ms"),
+        Figure::number(
+            list_name,
+            round2(large_queries.list_p99.as_secs_f64() / small_queries.list_p99.as_secs_f64().max(1e-9)),
+            "",
+        )
+        .budget(Budget::Max(1.5)),
+        Figure::number(rss_name, round2(large_queries.rest.peak_kib as f64 * 1024.0 / 1e6), "MB")
+            .budget(Budget::Max(150.0))
+            .note(format!(
+                "VmRSS at rest {:.1} MB; after the queries VmRSS {:.1} MB, VmHWM {:.1} MB (MB = 10^6 bytes)",
+                large_queries.rest.current_kib as f64 * 1024.0 / 1e6,
+                large_queries.after.current_kib as f64 * 1024.0 / 1e6,
+                large_queries.after.peak_kib as f64 * 1024.0 / 1e6
+            )),
+    ];
+    if let Some(note) = quick_note {
+        for figure in figures.iter_mut().skip(1) {
+            if figure.note.is_none() && figure.figure.contains(&size(large)) {
+                figure.note = Some(note.clone());
+            }
+        }
+        if let Some(rss) = figures.last_mut() {
+            rss.note = rss.note.take().map(|n| format!("{note}; {n}"));
+        }
+    }
+    figures
+}
+
+async fn populate(bench: &Bench, dir: &Path, count: u64) -> anyhow::Result<Vec<String>> {
+    let started = Instant::now();
+    let sample = ledger::populate(dir, count, bench.settings.populate_writers).await?;
+    eprintln!(
+        "  stored {count} tasks in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    bench.note_load();
+    Ok(sample)
+}
+
+struct QueryFigures {
+    get_p99: Duration,
+    list_p99: Duration,
+    rest: procfs::Memory,
+    after: procfs::Memory,
+}
+
+/// Starts Baton on the populated ledger, reads its memory at rest, then
+/// times GetTask (random stored tasks) and ListTasks (first page) at c=1.
+async fn query_figures(
+    bench: &Bench,
+    data_dir: &Path,
+    sample: &[String],
+) -> anyhow::Result<QueryFigures> {
+    anyhow::ensure!(!sample.is_empty(), "no stored task to query");
+    let baton = bench.start_baton(data_dir).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rest = baton.memory()?;
+    let ids: Arc<Vec<String>> = Arc::new(sample.to_vec());
+    let get: Arc<load::RequestFn> = Arc::new(move |n| {
+        // A multiplicative hash spreads consecutive requests over the sample.
+        let id = &ids[(n.wrapping_mul(2_654_435_761) % ids.len() as u64) as usize];
+        (
+            "/a2a",
+            json_rpc(n, "GetTask", &format!(r#"{{"id":"{id}"}}"#)),
+        )
+    });
+    let list: Arc<load::RequestFn> = Arc::new(|n| ("/a2a", json_rpc(n, "ListTasks", "{}")));
+    let get_spec = bench.settings.load(baton.addr, 1, get);
+    let get_result = load::run(&get_spec, || {}).await;
+    progress("GetTask c=1", &get_result.summary());
+    let list_spec = bench.settings.load(baton.addr, 1, list);
+    let list_result = load::run(&list_spec, || {}).await;
+    progress("ListTasks c=1", &list_result.summary());
+    let after = baton.memory()?;
+    baton.stop();
+    bench.note_load();
+    for (what, result) in [("GetTask", &get_result), ("ListTasks", &list_result)] {
+        anyhow::ensure!(
+            result.completed > 0,
+            "{what}: no good answer ({} errors)",
+            result.errors
+        );
+    }
+    Ok(QueryFigures {
+        get_p99: get_result.quantile(0.99),
+        list_p99: list_result.quantile(0.99),
+        rest,
+        after,
+    })
+}
+
+fn round2(value: f64) -> f64 {
+    (value * 100.0).round() / 100.0
+}
+
+fn round3(value: f64) -> f64 {
+    (value * 1000.0).round() / 1000.0
+}

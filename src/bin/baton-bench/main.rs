@@ -9,6 +9,7 @@
 
 mod baton_process;
 mod client;
+mod disk;
 mod handoff;
 mod ledger;
 mod load;
@@ -548,84 +549,146 @@ async fn handoff_figure(bench: &Bench, baton: &BatonProcess) -> Figure {
 }
 
 /// GetTask and ListTasks at a small and a large store, and Baton's memory
-/// at rest holding the large one.
+/// at rest holding the large one. The ledger directory is removed at the
+/// end, whatever happened: it can take gigabytes.
 async fn store_figures(bench: &Bench) -> Vec<Figure> {
-    let (small, large) = (bench.settings.small_store, bench.settings.large_store);
-    let size = |n: u64| {
-        if n >= 1_000_000 {
-            format!("{} M", n / 1_000_000)
-        } else {
-            format!("{} k", n / 1000)
-        }
-    };
-    let quick_note = (large < 1_000_000)
-        .then(|| format!("--quick: {} stored tasks instead of 1 M", size(large)));
     let data_dir = bench.scratch.path().join("store-ledger");
-    let get_name = format!("GetTask p99 at {} tasks", size(large));
-    let list_name = format!(
-        "ListTasks first page p99 at {} / at {}",
-        size(large),
-        size(small)
-    );
-    let rss_name = format!("Baton peak RSS (VmHWM) at rest with {} tasks", size(large));
-    let fail_all = |err: anyhow::Error| {
-        vec![
-            Figure::failed(&get_name, "ms", Some(Budget::Max(1.0)), &err),
-            Figure::failed(&list_name, "", Some(Budget::Max(1.5)), &err),
-            Figure::failed(&rss_name, "MB", Some(Budget::Max(150.0)), &err),
-        ]
-    };
-    bench.section(&format!("store: {} tasks", size(small)));
-    let mut sample = match populate(bench, &data_dir, small).await {
-        Ok(sample) => sample,
-        Err(err) => return fail_all(err),
-    };
-    let small_queries = match query_figures(bench, &data_dir, &sample).await {
-        Ok(queries) => queries,
-        Err(err) => return fail_all(err),
-    };
-    bench.section(&format!("store: {} tasks", size(large)));
-    match populate(bench, &data_dir, large - small).await {
-        Ok(more) => sample.extend(more),
-        Err(err) => return fail_all(err),
-    }
-    let large_queries = match query_figures(bench, &data_dir, &sample).await {
-        Ok(queries) => queries,
-        Err(err) => return fail_all(err),
-    };
+    let mut figures = Vec::new();
+    let outcome = store_run(bench, &data_dir, &mut figures).await;
     let _ = std::fs::remove_dir_all(&data_dir);
-    let ms = |d: Duration| round3(d.as_secs_f64() * 1e3);
-    let mut figures = vec![
-        Figure::number(format!("GetTask p99 at {} tasks", size(small)), ms(small_queries.get_p99), "ms"),
-        Figure::number(get_name, ms(large_queries.get_p99), "ms").budget(Budget::Max(1.0)),
-        Figure::number(format!("ListTasks first page p99 at {} tasks", size(small)), ms(small_queries.list_p99), "ms"),
-        Figure::number(format!("ListTasks first page p99 at {} tasks", size(large)), ms(large_queries.list_p99), "ms"),
-        Figure::number(
-            list_name,
-            round2(large_queries.list_p99.as_secs_f64() / small_queries.list_p99.as_secs_f64().max(1e-9)),
-            "",
-        )
-        .budget(Budget::Max(1.5)),
-        Figure::number(rss_name, round2(large_queries.rest.peak_kib as f64 * 1024.0 / 1e6), "MB")
-            .budget(Budget::Max(150.0))
-            .note(format!(
-                "VmRSS at rest {:.1} MB; after the queries VmRSS {:.1} MB, VmHWM {:.1} MB (MB = 10^6 bytes)",
-                large_queries.rest.current_kib as f64 * 1024.0 / 1e6,
-                large_queries.after.current_kib as f64 * 1024.0 / 1e6,
-                large_queries.after.peak_kib as f64 * 1024.0 / 1e6
-            )),
-    ];
-    if let Some(note) = quick_note {
-        for figure in figures.iter_mut().skip(1) {
-            if figure.note.is_none() && figure.figure.contains(&size(large)) {
-                figure.note = Some(note.clone());
+    if let Err(err) = outcome {
+        let large = task_count(bench.settings.large_store);
+        let small = task_count(bench.settings.small_store);
+        let budgeted = [
+            (
+                format!("GetTask p99 at {large} tasks"),
+                "ms",
+                Budget::Max(1.0),
+            ),
+            (
+                format!("ListTasks first page p99 at {large} / at {small}"),
+                "",
+                Budget::Max(1.5),
+            ),
+            (
+                format!("Baton peak RSS (VmHWM) at rest with {large} tasks"),
+                "MB",
+                Budget::Max(150.0),
+            ),
+        ];
+        for (name, unit, budget) in budgeted {
+            if !figures.iter().any(|f: &Figure| f.figure == name) {
+                figures.push(Figure::failed(name, unit, Some(budget), &err));
             }
-        }
-        if let Some(rss) = figures.last_mut() {
-            rss.note = rss.note.take().map(|n| format!("{note}; {n}"));
         }
     }
     figures
+}
+
+/// `10 k`, `1 M`.
+fn task_count(n: u64) -> String {
+    if n >= 1_000_000 {
+        format!("{} M", n / 1_000_000)
+    } else {
+        format!("{} k", n / 1000)
+    }
+}
+
+async fn store_run(
+    bench: &Bench,
+    data_dir: &Path,
+    figures: &mut Vec<Figure>,
+) -> anyhow::Result<()> {
+    let (small, large) = (bench.settings.small_store, bench.settings.large_store);
+    let (small_name, large_name) = (task_count(small), task_count(large));
+    let scale_note =
+        (large < 1_000_000).then(|| format!("--quick: {large_name} stored tasks instead of 1 M"));
+    let with_scale_note = |figure: Figure| match &scale_note {
+        Some(note) => {
+            let joined = figure
+                .note
+                .as_ref()
+                .map_or_else(|| note.clone(), |n| format!("{note}; {n}"));
+            figure.note(joined)
+        }
+        None => figure,
+    };
+    let ms = |d: Duration| round3(d.as_secs_f64() * 1e3);
+
+    bench.section(&format!("store: {small_name} tasks"));
+    let mut sample = populate(bench, data_dir, small).await?;
+    let bytes_per_task = disk::allocated_bytes(data_dir) / small.max(1);
+    let small_queries = query_figures(bench, data_dir, &sample).await?;
+    figures.push(Figure::number(
+        format!("GetTask p99 at {small_name} tasks"),
+        ms(small_queries.get_p99),
+        "ms",
+    ));
+    figures.push(Figure::number(
+        format!("ListTasks first page p99 at {small_name} tasks"),
+        ms(small_queries.list_p99),
+        "ms",
+    ));
+
+    bench.section(&format!("store: {large_name} tasks"));
+    // sled takes several kB per task; refuse rather than fill a shared disk.
+    let needed = bytes_per_task * large * 3 / 2 + (1 << 30);
+    if let Some(available) = disk::available_bytes(data_dir) {
+        anyhow::ensure!(
+            available >= needed,
+            "storing {large_name} tasks needs about {} free where TMPDIR points ({bytes_per_task} B per task seen at {small_name}), {} available",
+            disk::format_bytes(needed),
+            disk::format_bytes(available)
+        );
+    }
+    sample.extend(populate(bench, data_dir, large - small).await?);
+    let on_disk = disk::allocated_bytes(data_dir);
+    figures.push(with_scale_note(Figure::number(
+        format!("ledger size on disk at {large_name} tasks"),
+        round2(on_disk as f64 / 1e9),
+        "GB",
+    )));
+    let large_queries = query_figures(bench, data_dir, &sample).await?;
+    figures.push(with_scale_note(
+        Figure::number(
+            format!("GetTask p99 at {large_name} tasks"),
+            ms(large_queries.get_p99),
+            "ms",
+        )
+        .budget(Budget::Max(1.0)),
+    ));
+    figures.push(with_scale_note(Figure::number(
+        format!("ListTasks first page p99 at {large_name} tasks"),
+        ms(large_queries.list_p99),
+        "ms",
+    )));
+    figures.push(with_scale_note(
+        Figure::number(
+            format!("ListTasks first page p99 at {large_name} / at {small_name}"),
+            round2(
+                large_queries.list_p99.as_secs_f64()
+                    / small_queries.list_p99.as_secs_f64().max(1e-9),
+            ),
+            "",
+        )
+        .budget(Budget::Max(1.5)),
+    ));
+    let mb = |kib: u64| kib as f64 * 1024.0 / 1e6;
+    figures.push(with_scale_note(
+        Figure::number(
+            format!("Baton peak RSS (VmHWM) at rest with {large_name} tasks"),
+            round2(mb(large_queries.rest.peak_kib)),
+            "MB",
+        )
+        .budget(Budget::Max(150.0))
+        .note(format!(
+            "VmRSS at rest {:.1} MB; after the queries VmRSS {:.1} MB, VmHWM {:.1} MB (MB = 10^6 bytes)",
+            mb(large_queries.rest.current_kib),
+            mb(large_queries.after.current_kib),
+            mb(large_queries.after.peak_kib)
+        )),
+    ));
+    Ok(())
 }
 
 async fn populate(bench: &Bench, dir: &Path, count: u64) -> anyhow::Result<Vec<String>> {

@@ -89,6 +89,9 @@ pub(super) struct Driver {
     pub first_tx: Option<oneshot::Sender<First>>,
     /// Agents the ladder has given up on for this delivery.
     pub tried: Vec<String>,
+    /// The task's state after the driver's last own write, when that was
+    /// the last write; saves reading the record back at the end.
+    pub last_state: Option<TaskState>,
 }
 
 impl Driver {
@@ -107,7 +110,9 @@ impl Driver {
         }
         let mut turn = first;
         let mut attempts = 1;
+        let mut handed_on = false;
         loop {
+            handed_on |= turn.handoff;
             let user_message = (!self.created).then(|| turn.request.message.clone());
             let (events, receiver) = AgentEvents::channel(64);
             let agent = turn.agent.agent.clone();
@@ -128,6 +133,9 @@ impl Driver {
                 let metrics = &self.gateway.metrics;
                 metrics.round_trip(&turn.agent.id, turn_started.elapsed());
             }
+            if !matches!(end, TurnEnd::Settled) {
+                self.last_state = None;
+            }
             let next = match end {
                 TurnEnd::Settled => None,
                 TurnEnd::NoAck(why) => self.next_attempt(turn, why, &mut attempts).await,
@@ -146,7 +154,9 @@ impl Driver {
             }
         }
         self.watch_interrupted_deadline();
-        self.gateway.metrics_finished(&self.task_id);
+        if handed_on {
+            self.gateway.metrics_finished(&self.task_id);
+        }
         self.gateway.unregister_running(&self.task_id);
     }
 
@@ -257,6 +267,9 @@ impl Driver {
                 break;
             };
             let mut batch = vec![event];
+            // An agent reports several events at once (its ids, artifacts, a
+            // status); one yield lets them arrive, so they share one durable write.
+            tokio::task::yield_now().await;
             while let Ok(more) = receiver.try_recv() {
                 batch.push(more);
             }
@@ -371,11 +384,12 @@ impl Driver {
                 self.create(agent, hop, bound, stream_events).await
             };
             match result {
-                Ok(_) if !self.created => {
+                Ok(record) if !self.created => {
+                    self.last_state = Some(record.task.status.state);
                     self.created = true;
                     send_first(&mut self.first_tx, First::Task(None));
                 }
-                Ok(_) => {}
+                Ok(record) => self.last_state = Some(record.task.status.state),
                 Err(err) => {
                     // Typically a cancel that made the task terminal first.
                     tracing::debug!(task_id = %self.task_id, %err, "agent event not applied");
@@ -484,7 +498,8 @@ impl Driver {
 
     /// The deadline passed: the agent is told to stop at once (`CancelTask`
     /// for a remote agent) and the task fails with `DEADLINE_EXCEEDED`.
-    pub(super) async fn expire(&self, agent: &Arc<AgentEntry>) {
+    pub(super) async fn expire(&mut self, agent: &Arc<AgentEntry>) {
+        self.last_state = None;
         expire_task(&self.gateway, agent, &self.task_id).await;
     }
 
@@ -563,13 +578,14 @@ impl Driver {
     }
 
     /// Fails the task (unless it is terminal already) with a status message of `parts`.
-    pub(super) async fn fail(&self, parts: Vec<Part>) {
+    pub(super) async fn fail(&mut self, parts: Vec<Part>) {
         self.settle(TaskState::Failed, parts).await;
     }
 
     /// Moves the task to `state` (unless it is terminal already) with a
     /// status message of `parts`.
-    pub(super) async fn settle(&self, state: TaskState, parts: Vec<Part>) {
+    pub(super) async fn settle(&mut self, state: TaskState, parts: Vec<Part>) {
+        self.last_state = None;
         settle_task(&self.gateway, &self.task_id, state, parts).await;
     }
 
@@ -579,10 +595,13 @@ impl Driver {
         let Some(deadline) = self.deadline else {
             return;
         };
-        let interrupted = matches!(
-            self.gateway.ledger.get(&self.task_id),
-            Ok(Some(record)) if record.task.status.state.is_interrupted()
-        );
+        let interrupted = match self.last_state {
+            Some(state) => state.is_interrupted(),
+            None => matches!(
+                self.gateway.ledger.get(&self.task_id),
+                Ok(Some(record)) if record.task.status.state.is_interrupted()
+            ),
+        };
         if interrupted {
             self.gateway
                 .clone()

@@ -499,7 +499,7 @@ impl Driver {
 
     /// Refuses a handoff the task's agent asked for: the task is REJECTED
     /// with the reason, and nothing is delivered.
-    async fn refuse_handoff(&self, (reason, detail): Refusal) {
+    async fn refuse_handoff(&mut self, (reason, detail): Refusal) {
         tracing::info!(task_id = %self.task_id, reason, "handoff refused");
         self.gateway.metrics_rejected(reason);
         self.settle(TaskState::Rejected, vec![status_part(reason, detail)])

@@ -360,12 +360,19 @@ impl Gateway {
     ) {
         let deadline = tokio::time::sleep(self.settings.task_timeout);
         tokio::pin!(deadline);
+        // The ledger is read when an event alone cannot tell: at the start,
+        // after a missed event, and for an interruption, which may be a late
+        // event of an earlier turn. A terminal state is final whatever its turn.
+        let mut look = true;
         loop {
-            if let Ok(Some(record)) = self.ledger.get(task_id) {
-                let state = record.task.status.state;
-                if state.is_terminal() || state.is_interrupted() {
-                    return;
+            if look {
+                if let Ok(Some(record)) = self.ledger.get(task_id) {
+                    let state = record.task.status.state;
+                    if state.is_terminal() || state.is_interrupted() {
+                        return;
+                    }
                 }
+                look = false;
             }
             if driver_done.as_ref().is_some_and(|done| *done.borrow()) {
                 return;
@@ -379,15 +386,19 @@ impl Gateway {
                 }
             };
             tokio::select! {
-                // Any event means: look at the ledger again. An event may be a
-                // late one from an earlier turn, so its state alone says nothing.
                 event = watcher.recv() => match event {
-                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Ok(event) => match event.event.state() {
+                        Some(state) if state.is_terminal() => return,
+                        Some(state) if state.is_interrupted() => look = true,
+                        _ => {}
+                    },
+                    Err(broadcast::error::RecvError::Lagged(_)) => look = true,
                     Err(broadcast::error::RecvError::Closed) => {
                         *watcher = self.ledger.hub().watch(task_id);
+                        look = true;
                     }
                 },
-                _ = driver_changed => {}
+                _ = driver_changed => look = true,
                 _ = &mut deadline => return,
                 _ = self.shutdown.cancelled() => return,
             }
@@ -433,7 +444,12 @@ impl Gateway {
             Some(record) => (record.agent.clone(), Handoff::default()),
             None => self.direct_handoff(ctx, &message, req.metadata.as_ref())?,
         };
-        let fingerprint = fingerprint(&agent_id, &message);
+        // Only an idempotent send is ever compared with another.
+        let fingerprint = if ctx.idempotency_key.is_some() {
+            fingerprint(&agent_id, &message)
+        } else {
+            String::new()
+        };
 
         // A repeated idempotent send answers like the first, whatever the task
         // has become since; so this comes before the state checks.
@@ -611,6 +627,7 @@ impl Gateway {
             created: false,
             first_tx: Some(first_tx),
             tried: Vec::new(),
+            last_state: None,
         };
         let start = match continued {
             Some(record) => Start::Continued(Box::new(record)),
@@ -738,6 +755,7 @@ impl Gateway {
                 created: true,
                 first_tx: None,
                 tried: Vec::new(),
+                last_state: None,
             };
             tokio::spawn(driver.recover(agent, record));
             recovered += 1;

@@ -184,3 +184,62 @@ fn validate_config_reports_every_problem_with_exit_code_2() {
         "{stdout}"
     );
 }
+
+#[tokio::test]
+async fn a_deadline_passed_while_stopped_ends_a_waiting_task_after_restart() {
+    use baton::demo::vendor::{Reply, VendorAgent};
+    let asker = VendorAgent::start("asker", &["refund"], |_| {
+        Reply::AskInput("which card?".into())
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let start = || {
+        BatonProcess::builder(dir.path())
+            .args(["--allow-upstream", "127.0.0.0/8,::1"])
+            .start()
+    };
+    let mut first = start();
+    first
+        .registry(
+            "RegisterAgent",
+            json!({"id": "asker", "card": serde_json::to_value(asker.card()).unwrap()}),
+        )
+        .await;
+    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(2500);
+    let mut message = user_message(&message_id("w"), "refund");
+    message["metadata"] = json!({"urn:baton:handoff:v1": {
+        "deadline": deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    }});
+    let reply = first
+        .rpc(
+            "/agents/asker/a2a",
+            "SendMessage",
+            json!({"message": message}),
+        )
+        .await;
+    let id = reply["result"]["task"]["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        reply["result"]["task"]["status"]["state"],
+        "TASK_STATE_INPUT_REQUIRED"
+    );
+    first.terminate();
+    assert!(first.wait_exit(WAIT).success());
+
+    // The deadline passes while no Baton runs; the next one ends the task.
+    let left = (deadline - chrono::Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(left + Duration::from_millis(300)).await;
+    let second = start();
+    let until = Instant::now() + WAIT;
+    let task = loop {
+        let task = second.call("GetTask", json!({"id": id})).await;
+        if task["status"]["state"] == "TASK_STATE_FAILED" || Instant::now() > until {
+            break task;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert!(task.to_string().contains("DEADLINE_EXCEEDED"), "{task}");
+    assert_eq!(asker.cancels().len(), 1, "the agent was told to stop");
+    asker.stop().await;
+}

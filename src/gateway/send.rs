@@ -760,6 +760,17 @@ impl Gateway {
             tokio::spawn(driver.recover(agent, record));
             recovered += 1;
         }
+        // Nobody drives a task waiting for input; its deadline still holds.
+        for task_id in self.ledger.waiting_task_ids()? {
+            let deadline = self
+                .ledger
+                .get(&task_id)?
+                .and_then(|record| Control::read_from(record.task.metadata.as_ref()))
+                .and_then(|control| control.deadline);
+            if let Some(deadline) = deadline {
+                self.clone().expire_at_deadline(task_id, deadline);
+            }
+        }
         Ok(recovered)
     }
 

@@ -14,6 +14,7 @@
 //! | `p` | task id, 0, config id | `TaskPushNotificationConfig` JSON |
 //! | `k` | owner, 0, idempotency key | `IdempotencyRecord` JSON |
 //! | `a` | task id | empty: tasks an agent is working on (SUBMITTED, WORKING) |
+//! | `w` | task id | empty: tasks waiting for input (INPUT_REQUIRED, AUTH_REQUIRED) |
 //! | `g` | agent id | `AgentRecord` JSON: registered agents |
 //! | `ch` | parent task id, 0, child task id | empty: the handoff graph |
 //!
@@ -116,6 +117,11 @@ pub fn push_config(task_id: &str, config_id: &str) -> Vec<u8> {
 /// `a` key of a task an agent is working on; `active("")` is the prefix.
 pub fn active(task_id: &str) -> Vec<u8> {
     join(&[b"a", task_id.as_bytes()])
+}
+
+/// `w` key of a task waiting for input; `waiting("")` is the prefix.
+pub fn waiting(task_id: &str) -> Vec<u8> {
+    join(&[b"w", task_id.as_bytes()])
 }
 
 /// `g` key of a registered agent; `agent("")` is the prefix.

@@ -434,6 +434,9 @@ impl Ledger {
         if is_active(task.status.state) {
             batch.insert(keys::active(&task.id), &[]);
         }
+        if task.status.state.is_interrupted() {
+            batch.insert(keys::waiting(&task.id), &[]);
+        }
         *counts
             .entry(keys::counter(owner, &format!("s{state}")))
             .or_default() += 1;
@@ -454,6 +457,9 @@ impl Ledger {
         batch.remove([keys::by_state_prefix(owner, state), order.clone()].concat());
         batch.remove([keys::by_context_prefix(owner, &task.context_id), order].concat());
         batch.remove(keys::active(&task.id));
+        if task.status.state.is_interrupted() {
+            batch.remove(keys::waiting(&task.id));
+        }
         *counts
             .entry(keys::counter(owner, &format!("s{state}")))
             .or_default() -= 1;
@@ -478,6 +484,16 @@ impl Ledger {
     /// the gateway stopped; interrupted and terminal tasks are not listed.
     pub fn active_task_ids(&self) -> Result<Vec<String>, LedgerError> {
         let prefix = keys::active("");
+        self.tree
+            .scan_prefix(&prefix)
+            .keys()
+            .map(|key| Ok(String::from_utf8_lossy(&key?[prefix.len()..]).into_owned()))
+            .collect()
+    }
+
+    /// Ids of the tasks waiting for input (INPUT_REQUIRED, AUTH_REQUIRED).
+    pub fn waiting_task_ids(&self) -> Result<Vec<String>, LedgerError> {
+        let prefix = keys::waiting("");
         self.tree
             .scan_prefix(&prefix)
             .keys()

@@ -113,6 +113,10 @@ impl Driver {
         let mut handed_on = false;
         loop {
             handed_on |= turn.handoff;
+            // A cancel between turns must not start the next one.
+            if self.task_cancel.is_cancelled() {
+                break;
+            }
             let user_message = (!self.created).then(|| turn.request.message.clone());
             let (events, receiver) = AgentEvents::channel(64);
             let agent = turn.agent.agent.clone();
@@ -141,10 +145,12 @@ impl Driver {
                 TurnEnd::NoAck(why) => self.next_attempt(turn, why, &mut attempts).await,
                 TurnEnd::Transfer(offer) => {
                     attempts = 1;
+                    self.tried.clear();
                     self.transfer(&turn, offer).await
                 }
                 TurnEnd::Return(artifacts) => {
                     attempts = 1;
+                    self.tried.clear();
                     self.give_back(&turn, artifacts).await
                 }
             };
@@ -175,9 +181,9 @@ impl Driver {
                 .await
         });
         self.created = true;
-        // A recovered turn ends where it ends: no new transfer is started
-        // from here, so a payload is recorded like any other answer.
-        let _ = self
+        // A recovered turn has no request to hand on: a transfer or return
+        // found now cannot be resumed, and the task says so.
+        let end = self
             .pump(
                 &agent,
                 false,
@@ -186,6 +192,11 @@ impl Driver {
                 (execution, cancel),
             )
             .await;
+        if !matches!(end, TurnEnd::Settled) {
+            let reason = "the agent handed the task on while the gateway restarted; \
+                          send the request again";
+            self.fail(vec![Part::text(reason)]).await;
+        }
         self.watch_interrupted_deadline();
         self.gateway.unregister_running(&self.task_id);
     }
@@ -243,6 +254,8 @@ impl Driver {
         let returns = self.returns_to_source().await;
         loop {
             let event = tokio::select! {
+                // An answer already queued counts before any timer.
+                biased;
                 event = receiver.recv() => event,
                 _ = &mut expiry => {
                     cancel.cancel();
@@ -391,9 +404,13 @@ impl Driver {
                 }
                 Ok(record) => self.last_state = Some(record.task.status.state),
                 Err(err) => {
-                    // Typically a cancel that made the task terminal first.
+                    // Typically a cancel that made the task terminal first;
+                    // anything else must not leave the task open with no driver.
                     tracing::debug!(task_id = %self.task_id, %err, "agent event not applied");
-                    if !self.created {
+                    if self.created {
+                        let reason = format!("the agent's report could not be recorded: {err}");
+                        self.fail(vec![Part::text(reason)]).await;
+                    } else {
                         self.refuse(err).await;
                     }
                     break;
@@ -676,7 +693,12 @@ async fn expire_task(gateway: &Gateway, agent: &AgentEntry, task_id: &str) {
 
 /// Moves a task to `state` (unless it is terminal already) with a status
 /// message of `parts`, and closes its current hop.
-async fn settle_task(gateway: &Gateway, task_id: &str, state: TaskState, parts: Vec<Part>) {
+pub(super) async fn settle_task(
+    gateway: &Gateway,
+    task_id: &str,
+    state: TaskState,
+    parts: Vec<Part>,
+) {
     let now = Utc::now();
     let result = gateway
         .ledger

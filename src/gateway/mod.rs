@@ -92,7 +92,9 @@ pub struct Gateway {
     pub(crate) settings: GatewaySettings,
     /// Cancel tokens of agent executions in progress, by task id.
     // std Mutex: map operations only, never held across .await.
-    running: Mutex<HashMap<String, CancellationToken>>,
+    /// The cancel token of every task a driver works on, and how many
+    /// drivers do (a continuation may start while the previous one ends).
+    running: Mutex<HashMap<String, (CancellationToken, usize)>>,
     /// Canceled at shutdown: ends streams and agent work.
     pub(crate) shutdown: CancellationToken,
     /// Turns of the round-robin among agents sharing a skill.
@@ -267,7 +269,7 @@ impl Gateway {
                 }
             }
         }
-        if let Some(token) = self.running.lock().expect("running lock").get(&req.id) {
+        if let Some((token, _)) = self.running.lock().expect("running lock").get(&req.id) {
             token.cancel();
         }
         let record = self
@@ -316,7 +318,7 @@ impl Gateway {
                 {
                     tracing::warn!(task_id = %child, %err, "agent did not confirm the cascaded cancel");
                 }
-                if let Some(token) = self.running.lock().expect("running lock").get(&child) {
+                if let Some((token, _)) = self.running.lock().expect("running lock").get(&child) {
                     token.cancel();
                 }
                 let canceled = self
@@ -482,11 +484,15 @@ impl Gateway {
         Ok(())
     }
 
-    pub(crate) fn register_running(&self, task_id: &str, token: CancellationToken) {
-        self.running
-            .lock()
-            .expect("running lock")
-            .insert(task_id.to_string(), token);
+    /// Enters a driver for `task_id`: the task's cancel token, shared by
+    /// every driver on the task, so one CancelTask stops them all.
+    pub(crate) fn enter_running(&self, task_id: &str) -> CancellationToken {
+        let mut running = self.running.lock().expect("running lock");
+        let entry = running
+            .entry(task_id.to_string())
+            .or_insert_with(|| (self.shutdown.child_token(), 0));
+        entry.1 += 1;
+        entry.0.clone()
     }
 
     /// Whether a driver is working on the task now.
@@ -521,7 +527,14 @@ impl Gateway {
         self.metrics.rejected(reason);
     }
 
+    /// A driver of `task_id` ends; the token goes with the last one.
     pub(crate) fn unregister_running(&self, task_id: &str) {
-        self.running.lock().expect("running lock").remove(task_id);
+        let mut running = self.running.lock().expect("running lock");
+        if let Some(entry) = running.get_mut(task_id) {
+            entry.1 = entry.1.saturating_sub(1);
+            if entry.1 == 0 {
+                running.remove(task_id);
+            }
+        }
     }
 }

@@ -229,6 +229,8 @@ impl Driver {
             Ok(record) => record,
             Err(err) => {
                 tracing::debug!(task_id = %self.task_id, %err, "transfer not applied");
+                let reason = format!("the transfer could not be recorded: {err}");
+                self.fail(vec![Part::text(reason)]).await;
                 return None;
             }
         };
@@ -301,6 +303,11 @@ impl Driver {
             .gateway
             .ledger
             .update(&task_id, |record| {
+                if record.task.status.state.is_terminal() {
+                    return Err(GatewayError::UnsupportedOperation(
+                        "the task ended before the result returned".into(),
+                    ));
+                }
                 if let Some(hop) = record.hops.last_mut() {
                     hop.ended_at = Some(now);
                     hop.state = Some(TaskState::Completed);
@@ -318,10 +325,18 @@ impl Driver {
                 record.transfer = None;
                 record.return_schema = None;
                 delivered.write_into(&mut record.task.metadata);
-                Ok::<_, GatewayError>(Vec::new())
+                Ok(Vec::new())
             })
-            .await
-            .ok()?;
+            .await;
+        let returned = match returned {
+            Ok(returned) => returned,
+            Err(err) => {
+                tracing::debug!(task_id = %self.task_id, %err, "return not applied");
+                let reason = format!("the result could not be returned: {err}");
+                self.fail(vec![Part::text(reason)]).await;
+                return None;
+            }
+        };
         tracing::info!(task_id = %self.task_id, from = %target.agent.id, to = %source.agent, "handoff result returned");
         self.gateway.metrics_handoff(
             (&target.agent.id, &source.agent),

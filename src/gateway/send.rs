@@ -523,7 +523,10 @@ impl Gateway {
             if push.id.is_empty() {
                 push.id = uuid::Uuid::new_v4().to_string();
             }
-            self.ledger.put_push_config(&push).await?;
+            if let Err(err) = self.ledger.put_push_config(&push).await {
+                self.release_claim(ctx).await;
+                return Err(err.into());
+            }
         }
 
         // Handoff control (DESIGN.md §3.1): a new task is a new hop; a
@@ -601,7 +604,7 @@ impl Gateway {
         let watcher = self.ledger.hub().watch(&task_id);
         let (first_tx, first) = oneshot::channel();
         let (done_tx, driver_done) = watch::channel(false);
-        let task_cancel = self.shutdown.child_token();
+        let task_cancel = self.enter_running(&task_id);
         let request = AgentRequest {
             task_id: task_id.clone(),
             context_id: message.context_id.clone(),
@@ -614,7 +617,6 @@ impl Gateway {
         };
         let deadline =
             Control::read_from(request.message.metadata.as_ref()).and_then(|c| c.deadline);
-        self.register_running(&task_id, task_cancel.clone());
         let mut driver = Driver {
             gateway: self.clone(),
             owner: ctx.principal.clone(),
@@ -636,6 +638,7 @@ impl Gateway {
                 // target acknowledges (DESIGN.md §3.4).
                 if let Err(err) = self.accept_handoff(ctx, &agent, &handoff, &request).await {
                     self.unregister_running(&task_id);
+                    self.release_claim(ctx).await;
                     return Err(err);
                 }
                 send_first(&mut driver.first_tx, First::Task(None));
@@ -659,6 +662,16 @@ impl Gateway {
             watcher,
             driver_done,
         }))
+    }
+
+    /// Frees the caller's idempotency key after a send failed before any
+    /// task existed, so a retry reaches the agent again.
+    async fn release_claim(&self, ctx: &CallContext) {
+        if let Some(key) = &ctx.idempotency_key
+            && let Err(err) = self.ledger.release_idempotency(&ctx.principal, key).await
+        {
+            tracing::error!(%err, "could not release an idempotency key");
+        }
     }
 
     /// Records an accepted direct handoff as a SUBMITTED task, with its
@@ -737,11 +750,13 @@ impl Gateway {
                 continue;
             };
             let Some(agent) = self.agent(&record.agent) else {
-                tracing::warn!(task_id, agent = %record.agent, "in-flight task of an unknown agent");
+                tracing::warn!(task_id, agent = %record.agent, "in-flight task of an agent no longer registered");
+                let detail = serde_json::json!({"to": record.agent});
+                let parts = vec![status_part(reasons::TARGET_NOT_FOUND, detail)];
+                super::driver::settle_task(self, &task_id, TaskState::Failed, parts).await;
                 continue;
             };
-            let task_cancel = self.shutdown.child_token();
-            self.register_running(&task_id, task_cancel.clone());
+            let task_cancel = self.enter_running(&task_id);
             let driver = Driver {
                 gateway: self.clone(),
                 owner: record.owner.clone(),

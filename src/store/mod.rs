@@ -483,19 +483,18 @@ impl Ledger {
     /// Ids of tasks an agent was working on (SUBMITTED or WORKING), e.g. when
     /// the gateway stopped; interrupted and terminal tasks are not listed.
     pub fn active_task_ids(&self) -> Result<Vec<String>, LedgerError> {
-        let prefix = keys::active("");
-        self.tree
-            .scan_prefix(&prefix)
-            .keys()
-            .map(|key| Ok(String::from_utf8_lossy(&key?[prefix.len()..]).into_owned()))
-            .collect()
+        self.task_ids_under(&keys::active(""))
     }
 
     /// Ids of the tasks waiting for input (INPUT_REQUIRED, AUTH_REQUIRED).
     pub fn waiting_task_ids(&self) -> Result<Vec<String>, LedgerError> {
-        let prefix = keys::waiting("");
+        self.task_ids_under(&keys::waiting(""))
+    }
+
+    /// The task ids of a set keyed `prefix` + task id.
+    fn task_ids_under(&self, prefix: &[u8]) -> Result<Vec<String>, LedgerError> {
         self.tree
-            .scan_prefix(&prefix)
+            .scan_prefix(prefix)
             .keys()
             .map(|key| Ok(String::from_utf8_lossy(&key?[prefix.len()..]).into_owned()))
             .collect()

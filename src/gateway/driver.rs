@@ -334,7 +334,8 @@ impl Driver {
             }
             // The agent's own ids go with the record, not into the event log.
             let bound = last_bound(&batch);
-            if handoff {
+            // A handoff's reply, or a returning target's, is a result to keep.
+            if handoff || returns {
                 batch = batch.into_iter().flat_map(reply_as_response).collect();
             }
             let mut stream_events = Vec::with_capacity(batch.len() + 1);

@@ -9,18 +9,11 @@ use serde_json::{Value, json};
 
 /// Registers `agent` of `upstream` at `gateway` under `id`.
 async fn register(gateway: &TestBaton, upstream: &TestBaton, agent: &str, id: &str) {
-    let url = upstream.url(&format!("/agents/{agent}/.well-known/agent-card.json"));
-    let card: Value = upstream
-        .http
-        .get(url)
-        .send()
+    let card = upstream.published_card(agent).await;
+    gateway
+        .registry("RegisterAgent", json!({"id": id, "card": card}))
         .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "RegisterAgent", "params": {"id": id, "card": card}});
-    gateway.post_json("/registry", &body).await.result();
+        .result();
 }
 
 #[tokio::test]

@@ -8,41 +8,15 @@ use common::*;
 use serde_json::{Value, json};
 
 /// Calls a registry method, returning the reply.
-async fn registry(baton: &TestBaton, method: &str, params: Value) -> Reply {
-    baton
-        .post_json(
-            "/registry",
-            &json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}),
-        )
-        .await
-}
-
-/// The card of an agent served by `upstream`, as the upstream publishes it.
-async fn upstream_card(upstream: &TestBaton, agent: &str) -> Value {
-    let url = upstream.url(&format!("/agents/{agent}/.well-known/agent-card.json"));
-    upstream
-        .http
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn register_inline_publish_and_route_through_the_gateway() {
     let upstream = baton().start().await;
     let gateway = baton().start().await;
-    let card = upstream_card(&upstream, "echo").await;
+    let card = upstream.published_card("echo").await;
 
-    let reply = registry(
-        &gateway,
-        "RegisterAgent",
-        json!({"id": "far-echo", "card": card}),
-    )
-    .await;
+    let reply = gateway
+        .registry("RegisterAgent", json!({"id": "far-echo", "card": card}))
+        .await;
     let agent = &reply.result()["agent"];
     assert_eq!(agent["id"], "far-echo");
     assert_eq!(agent["owner"], "anonymous");
@@ -125,12 +99,9 @@ async fn register_inline_publish_and_route_through_the_gateway() {
     // An update changes the card and its ETag.
     let mut changed = card.clone();
     changed["description"] = json!("a changed description");
-    let updated = registry(
-        &gateway,
-        "UpdateAgent",
-        json!({"id": "far-echo", "card": changed}),
-    )
-    .await;
+    let updated = gateway
+        .registry("UpdateAgent", json!({"id": "far-echo", "card": changed}))
+        .await;
     let new_etag = updated.result()["agent"]["etag"]
         .as_str()
         .unwrap()
@@ -146,10 +117,13 @@ async fn register_inline_publish_and_route_through_the_gateway() {
     assert_eq!(refreshed.status(), 200);
 
     // Deregistered agents are gone everywhere.
-    let removed = registry(&gateway, "DeregisterAgent", json!({"id": "far-echo"})).await;
+    let removed = gateway
+        .registry("DeregisterAgent", json!({"id": "far-echo"}))
+        .await;
     assert_eq!(removed.result(), &json!({}));
     assert_eq!(
-        registry(&gateway, "GetAgent", json!({"id": "far-echo"}))
+        gateway
+            .registry("GetAgent", json!({"id": "far-echo"}))
             .await
             .code(),
         Some(-32602)
@@ -171,18 +145,20 @@ async fn register_by_url_fetches_the_card() {
     let upstream = baton().start().await;
     let gateway = baton().start().await;
     let card_url = upstream.url("/agents/scenario/.well-known/agent-card.json");
-    let reply = registry(&gateway, "RegisterAgent", json!({"cardUrl": card_url})).await;
+    let reply = gateway
+        .registry("RegisterAgent", json!({"cardUrl": card_url}))
+        .await;
     let agent = &reply.result()["agent"];
     assert_eq!(agent["id"], "scenario-2", "{agent}");
     assert_eq!(agent["cardUrl"], card_url.as_str());
 
     // A bare origin means the well-known card of the gateway itself.
-    let reply = registry(
-        &gateway,
-        "RegisterAgent",
-        json!({"id": "upstream-gw", "cardUrl": upstream.base}),
-    )
-    .await;
+    let reply = gateway
+        .registry(
+            "RegisterAgent",
+            json!({"id": "upstream-gw", "cardUrl": upstream.base}),
+        )
+        .await;
     assert_eq!(reply.result()["agent"]["card"]["name"], "Baton");
     gateway.stop().await;
     upstream.stop().await;
@@ -200,12 +176,9 @@ async fn invalid_cards_are_rejected_with_every_failing_field() {
         "defaultOutputModes": ["text/plain"],
         "skills": [{"id": "s", "name": "S", "description": "d"}],
     });
-    let reply = registry(
-        &gateway,
-        "RegisterAgent",
-        json!({"id": "broken", "card": card}),
-    )
-    .await;
+    let reply = gateway
+        .registry("RegisterAgent", json!({"id": "broken", "card": card}))
+        .await;
     assert_eq!(reply.code(), Some(-32602));
     let data = &reply.body["error"]["data"][0];
     assert_eq!(data["@type"], "type.googleapis.com/google.rpc.BadRequest");
@@ -227,7 +200,8 @@ async fn invalid_cards_are_rejected_with_every_failing_field() {
         );
     }
     assert_eq!(
-        registry(&gateway, "SearchAgents", json!({"query": "broken"}))
+        gateway
+            .registry("SearchAgents", json!({"query": "broken"}))
             .await
             .result()["agents"],
         json!([])
@@ -244,7 +218,9 @@ async fn card_urls_at_internal_addresses_are_refused_without_connecting() {
         "http://127.0.0.1:1/",
     ] {
         let started = std::time::Instant::now();
-        let reply = registry(&gateway, "RegisterAgent", json!({"cardUrl": url})).await;
+        let reply = gateway
+            .registry("RegisterAgent", json!({"cardUrl": url}))
+            .await;
         assert_eq!(reply.code(), Some(-32602), "{url}");
         let violation = &reply.body["error"]["data"][0]["fieldViolations"][0];
         assert_eq!(violation["field"], "cardUrl");
@@ -269,8 +245,8 @@ async fn card_urls_at_internal_addresses_are_refused_without_connecting() {
 async fn search_filters_and_pages() {
     let upstream = baton().start().await;
     let gateway = baton().start().await;
-    let echo = upstream_card(&upstream, "echo").await;
-    let scenario = upstream_card(&upstream, "scenario").await;
+    let echo = upstream.published_card("echo").await;
+    let scenario = upstream.published_card("scenario").await;
     for i in 0..7 {
         let mut card = if i % 2 == 0 {
             echo.clone()
@@ -278,12 +254,12 @@ async fn search_filters_and_pages() {
             scenario.clone()
         };
         card["name"] = json!(format!("Agent {i}"));
-        let reply = registry(
-            &gateway,
-            "RegisterAgent",
-            json!({"id": format!("agent-{i}"), "card": card}),
-        )
-        .await;
+        let reply = gateway
+            .registry(
+                "RegisterAgent",
+                json!({"id": format!("agent-{i}"), "card": card}),
+            )
+            .await;
         reply.result();
     }
     let ids = |reply: &Reply| -> Vec<String> {
@@ -295,41 +271,43 @@ async fn search_filters_and_pages() {
             .collect()
     };
     // Built-ins (echo, scenario) plus 7 registered.
-    let all = registry(&gateway, "SearchAgents", json!({})).await;
+    let all = gateway.registry("SearchAgents", json!({})).await;
     assert_eq!(ids(&all).len(), 9);
-    let by_skill = registry(&gateway, "SearchAgents", json!({"skill": "echo"})).await;
+    let by_skill = gateway
+        .registry("SearchAgents", json!({"skill": "echo"}))
+        .await;
     assert_eq!(
         ids(&by_skill),
         ["agent-0", "agent-2", "agent-4", "agent-6", "echo"]
     );
-    let by_tag = registry(&gateway, "SearchAgents", json!({"tag": "conformance"})).await;
+    let by_tag = gateway
+        .registry("SearchAgents", json!({"tag": "conformance"}))
+        .await;
     assert_eq!(ids(&by_tag), ["agent-1", "agent-3", "agent-5", "scenario"]);
-    let by_text = registry(&gateway, "SearchAgents", json!({"query": "agent 3"})).await;
+    let by_text = gateway
+        .registry("SearchAgents", json!({"query": "agent 3"}))
+        .await;
     assert_eq!(ids(&by_text), ["agent-3"]);
-    let by_input = registry(&gateway, "SearchAgents", json!({"inputMode": "image/png"})).await;
+    let by_input = gateway
+        .registry("SearchAgents", json!({"inputMode": "image/png"}))
+        .await;
     assert_eq!(
         ids(&by_input),
         ["agent-0", "agent-2", "agent-4", "agent-6", "echo"],
         "echo accepts */*"
     );
-    let by_output = registry(
-        &gateway,
-        "SearchAgents",
-        json!({"outputMode": "application/json"}),
-    )
-    .await;
+    let by_output = gateway
+        .registry("SearchAgents", json!({"outputMode": "application/json"}))
+        .await;
     assert_eq!(ids(&by_output).len(), 9);
 
     // Pages of 4 over the 9 agents, via JSON-RPC and via GET.
     let mut seen = Vec::new();
     let mut token = String::new();
     loop {
-        let page = registry(
-            &gateway,
-            "SearchAgents",
-            json!({"pageSize": 4, "pageToken": token}),
-        )
-        .await;
+        let page = gateway
+            .registry("SearchAgents", json!({"pageSize": 4, "pageToken": token}))
+            .await;
         let page_ids = ids(&page);
         assert!(page_ids.len() <= 4);
         seen.extend(page_ids);

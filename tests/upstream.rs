@@ -80,23 +80,6 @@ fn upstream_of(gateway: &TestBaton, task_id: &str) -> UpstreamRef {
         .expect("upstream ids recorded")
 }
 
-/// Polls GetTask at `baton` (on `path`) until the task reaches `state`.
-async fn wait_for_state(baton: &TestBaton, path: &str, task_id: &str, state: &str) -> Value {
-    let wait = async {
-        loop {
-            let reply = baton.call_at(path, "GetTask", json!({"id": task_id})).await;
-            let task = reply.result().clone();
-            if task["status"]["state"] == state {
-                return task;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(WAIT, wait)
-        .await
-        .unwrap_or_else(|_| panic!("task {task_id} did not reach {state} in time"))
-}
-
 fn text_of(value: &Value) -> &str {
     value["parts"][0]["text"].as_str().unwrap_or_default()
 }
@@ -246,7 +229,9 @@ async fn return_immediately_and_three_subscribers() {
             "{:?}",
             streams[0]
         );
-        let done = wait_for_state(&gateway, "/a2a", &task_id, "TASK_STATE_COMPLETED").await;
+        let done = gateway
+            .wait_for_state("/a2a", &task_id, "TASK_STATE_COMPLETED")
+            .await;
         assert_eq!(done["artifacts"].as_array().unwrap().len(), 1);
         gateway.stop().await;
     }
@@ -320,7 +305,9 @@ async fn input_required_resumes_the_upstream_task() {
         // Read back rather than trusting the blocking reply's state: the
         // gateway's wait can end on a late publication of the earlier
         // INPUT_REQUIRED event (a race in `wait_settled`, not in the proxy).
-        let task = &wait_for_state(&gateway, "/a2a", &task_id, "TASK_STATE_COMPLETED").await;
+        let task = &gateway
+            .wait_for_state("/a2a", &task_id, "TASK_STATE_COMPLETED")
+            .await;
         let texts: Vec<&str> = task["history"]
             .as_array()
             .unwrap()

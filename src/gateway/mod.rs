@@ -517,16 +517,6 @@ impl Gateway {
         self.metrics.message_bytes(target, bytes);
     }
 
-    /// Counts a ladder step.
-    pub(crate) fn metrics_ladder(&self, target: &str, reason: &str) {
-        self.metrics.ladder_step(target, reason);
-    }
-
-    /// Counts a refused handoff.
-    pub(crate) fn metrics_rejected(&self, reason: &str) {
-        self.metrics.rejected(reason);
-    }
-
     /// A driver of `task_id` ends; the token goes with the last one.
     pub(crate) fn unregister_running(&self, task_id: &str) {
         let mut running = self.running.lock().expect("running lock");

@@ -376,7 +376,7 @@ impl Driver {
             *attempts = 2;
             let detail = json!({"agent": agent_id, "attempt": 2, "why": why});
             self.announce(reasons::RETRY, detail, None).await?;
-            self.gateway.metrics_ladder(&agent_id, reasons::RETRY);
+            self.gateway.metrics.ladder_step(&agent_id, reasons::RETRY);
             let pause = tokio::time::sleep(self.gateway.settings.retry_delay);
             tokio::select! {
                 _ = pause => {}
@@ -411,7 +411,9 @@ impl Driver {
                 }
                 self.announce(reasons::REROUTED, detail, Some((&alternative, &rerouted)))
                     .await?;
-                self.gateway.metrics_ladder(&agent_id, reasons::REROUTED);
+                self.gateway
+                    .metrics
+                    .ladder_step(&agent_id, reasons::REROUTED);
                 // One attempt for each alternative: the ladder moves on after it.
                 *attempts = 2;
                 let mut request = turn.request;
@@ -427,7 +429,9 @@ impl Driver {
         }
         let detail = json!({"tried": self.tried, "why": why});
         if self.gateway.settings.escalate {
-            self.gateway.metrics_ladder(&agent_id, reasons::ESCALATED);
+            self.gateway
+                .metrics
+                .ladder_step(&agent_id, reasons::ESCALATED);
             self.settle(
                 TaskState::InputRequired,
                 vec![status_part(reasons::ESCALATED, detail)],
@@ -435,7 +439,8 @@ impl Driver {
             .await;
         } else {
             self.gateway
-                .metrics_ladder(&agent_id, reasons::TARGET_UNAVAILABLE);
+                .metrics
+                .ladder_step(&agent_id, reasons::TARGET_UNAVAILABLE);
             self.fail(vec![status_part(reasons::TARGET_UNAVAILABLE, detail)])
                 .await;
         }
@@ -516,7 +521,7 @@ impl Driver {
     /// with the reason, and nothing is delivered.
     async fn refuse_handoff(&mut self, (reason, detail): Refusal) {
         tracing::info!(task_id = %self.task_id, reason, "handoff refused");
-        self.gateway.metrics_rejected(reason);
+        self.gateway.metrics.rejected(reason);
         self.settle(TaskState::Rejected, vec![status_part(reason, detail)])
             .await;
     }

@@ -324,7 +324,7 @@ impl Gateway {
             ..TaskRecord::default()
         };
         tracing::info!(task_id = %snapshot.id, agent = agent_id, reason, "handoff refused");
-        self.metrics_rejected(reason);
+        self.metrics.rejected(reason);
         let record = self
             .ledger
             .create(record, vec![StreamResponse::Task(snapshot)])

@@ -418,3 +418,38 @@ pub fn reason_of(message: &Value) -> &str {
 pub fn reason(task: &Value) -> &str {
     reason_of(&task["status"]["message"])
 }
+
+impl TestBaton {
+    /// A registry JSON-RPC call at `/registry`.
+    pub async fn registry(&self, method: &str, params: Value) -> Reply {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        self.post_json("/registry", &body).await
+    }
+
+    /// The card this Baton publishes for its agent `agent`.
+    pub async fn published_card(&self, agent: &str) -> Value {
+        let url = self.url(&format!("/agents/{agent}/.well-known/agent-card.json"));
+        let response = tokio::time::timeout(WAIT, self.http.get(url).send())
+            .await
+            .expect("card in time")
+            .expect("card fetch");
+        response.json().await.expect("card JSON")
+    }
+
+    /// Polls GetTask on `path` until the task reaches `state`; panics after [`WAIT`].
+    pub async fn wait_for_state(&self, path: &str, task_id: &str, state: &str) -> Value {
+        let wait = async {
+            loop {
+                let reply = self.call_at(path, "GetTask", json!({"id": task_id})).await;
+                let task = reply.result().clone();
+                if task["status"]["state"] == state {
+                    return task;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        };
+        tokio::time::timeout(WAIT, wait)
+            .await
+            .unwrap_or_else(|_| panic!("task {task_id} did not reach {state} in time"))
+    }
+}

@@ -1,6 +1,6 @@
 //! The `baton` binary as an operator runs it: tasks, history, artifacts and
-//! push configs survive a restart on the same data directory, and SIGTERM
-//! drains gracefully, closing SSE streams.
+//! push configs survive a restart on the same data directory, and a SIGKILL
+//! straight after the answers; SIGTERM drains gracefully, closing SSE streams.
 
 mod common;
 #[path = "common/process.rs"]
@@ -76,6 +76,67 @@ async fn tasks_history_artifacts_and_push_configs_survive_a_restart() {
     let resumed = second.call("SendMessage", json!({"message": answer})).await;
     assert_eq!(resumed["task"]["status"]["state"], "TASK_STATE_COMPLETED");
     assert_eq!(resumed["task"]["history"].as_array().unwrap().len(), 4);
+}
+
+#[tokio::test]
+async fn every_acknowledged_write_survives_a_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = BatonProcess::start(dir.path());
+
+    // Concurrent sends, so that writes share log syncs and sled applications.
+    let sends = (0..24).map(|i| {
+        let prefix = [
+            "tck-complete-task",
+            "tck-input-required",
+            "tck-artifact-text",
+        ][i % 3];
+        first.call(
+            "SendMessage",
+            json!({"message": user_message(&message_id(prefix), prefix)}),
+        )
+    });
+    let results = futures::future::join_all(sends).await;
+    let ids: Vec<String> = results
+        .iter()
+        .map(|r| r["task"]["id"].as_str().unwrap().to_string())
+        .collect();
+    let waiting = ids[1].clone();
+    first
+        .call(
+            "CreateTaskPushNotificationConfig",
+            json!({"taskId": waiting, "id": "hook", "url": "https://example.com/hook"}),
+        )
+        .await;
+    let mut before = Vec::new();
+    for id in &ids {
+        before.push(first.call("GetTask", json!({"id": id})).await);
+    }
+    // Straight after the answers: no clean close, no checkpoint.
+    first.kill();
+
+    let second = BatonProcess::start(dir.path());
+    for (id, expected) in ids.iter().zip(&before) {
+        assert_eq!(&second.call("GetTask", json!({"id": id})).await, expected);
+    }
+    let listed = second.call("ListTasks", json!({"pageSize": 100})).await;
+    assert_eq!(listed["totalSize"], 24);
+    let waiting_count = second
+        .call("ListTasks", json!({"status": "TASK_STATE_INPUT_REQUIRED"}))
+        .await;
+    assert_eq!(waiting_count["totalSize"], 8);
+    let configs = second
+        .call(
+            "ListTaskPushNotificationConfigs",
+            json!({"taskId": waiting}),
+        )
+        .await;
+    assert_eq!(configs["configs"][0]["id"], "hook");
+
+    // The replayed task goes on where it stopped.
+    let mut answer = user_message(&message_id("tck-complete-task"), "answer");
+    answer["taskId"] = json!(waiting);
+    let resumed = second.call("SendMessage", json!({"message": answer})).await;
+    assert_eq!(resumed["task"]["status"]["state"], "TASK_STATE_COMPLETED");
 }
 
 #[tokio::test]

@@ -2,16 +2,21 @@
 //! push configs and idempotency records, in one sled database.
 //!
 //! Durability rule: a write returns only after the group-commit flusher has
-//! flushed it, and its events reach watchers only after that flush. Writes
-//! are serialized by one in-process lock (held for the in-memory sled work,
-//! never across the flush), which keeps counters and event order exact.
+//! made its frame in the write-ahead log durable ([`wal`]), and its events
+//! reach watchers only after that. Writes are serialized by one in-process
+//! lock (held for the in-memory work, never across the sync), which keeps
+//! event order exact. The [`applier`] moves writes into sled in the
+//! background; reads see them in its overlay until then.
 
+pub mod applier;
 pub mod flusher;
 pub mod hub;
 pub mod keys;
+pub mod wal;
 
 use crate::lifecycle::{self, TransitionError};
 use crate::protocol::{StreamResponse, Task, TaskPushNotificationConfig, TaskState};
+use applier::{Applier, PendingSet, read_counter};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
@@ -192,17 +197,6 @@ pub struct ListPage {
     pub total_size: usize,
 }
 
-/// Pending counter changes of one write, summed per counter.
-type CounterDeltas = std::collections::HashMap<Vec<u8>, i64>;
-
-/// Whether an agent is (or was, before a stop) working on a task in `state`.
-fn is_active(state: TaskState) -> bool {
-    matches!(
-        state,
-        TaskState::Submitted | TaskState::Working | TaskState::Unspecified
-    )
-}
-
 /// How a ListTasks query is served: the narrowest index, and what must
 /// still be checked for each of its entries.
 struct IndexPlan {
@@ -271,29 +265,44 @@ pub fn decode_page_token(token: &str) -> Option<Vec<u8>> {
 
 /// The durable task ledger.
 pub struct Ledger {
-    db: sled::Db,
     tree: sled::Tree,
-    // std Mutex: guards in-memory sled work only; never held across .await.
-    write_lock: Mutex<()>,
+    // std Mutex: serializes writers for read-modify-write and keeps log order;
+    // guards the frame scratch buffer; never held across .await.
+    write_lock: Mutex<Vec<u8>>,
     flusher: Arc<Flusher>,
+    applier: Arc<Applier>,
     hub: Arc<EventHub>,
 }
 
 impl Ledger {
-    /// Opens (or creates) the ledger in `dir`.
+    /// Opens (or creates) the ledger in `dir`, applying whatever the log
+    /// holds from a process that stopped without closing it.
     pub fn open(dir: &Path) -> Result<Self, LedgerError> {
         let db = sled::Config::new()
             .path(dir)
             .cache_capacity(64 * 1024 * 1024)
+            // The write-ahead log makes writes durable; sled is flushed at checkpoints.
+            .flush_every_ms(None)
             .open()?;
         let tree = db.open_tree("ledger")?;
+        let wal_dir = dir.join("wal");
+        let io = |err: std::io::Error| LedgerError::Storage(sled::Error::Io(err));
+        let next_segment = wal::segments(&wal_dir)
+            .map_err(io)?
+            .last()
+            .map_or(1, |(number, _)| number + 1);
+        let replayed = wal::read_all(&wal_dir).map_err(io)?;
+        let applier = Applier::new(db.clone(), tree.clone(), wal_dir.clone());
+        applier.recover(PendingSet::from_log(replayed))?;
+        applier.start();
+        let segment = wal::Segment::create(&wal_dir, next_segment).map_err(io)?;
         let hub = Arc::new(EventHub::default());
-        let flusher = Flusher::start(db.clone(), hub.clone());
+        let flusher = Flusher::start(segment, hub.clone(), applier.clone());
         Ok(Self {
-            db,
             tree,
-            write_lock: Mutex::new(()),
+            write_lock: Mutex::new(Vec::new()),
             flusher,
+            applier,
             hub,
         })
     }
@@ -309,14 +318,18 @@ impl Ledger {
         self.flusher.wait_durable(ticket).await;
     }
 
-    /// Flushes and stops the flusher; call once at shutdown.
+    /// Makes everything durable, moves it into sled, and stops the
+    /// background threads; call once at shutdown.
     pub fn close(&self) {
         self.flusher.stop();
-        let _ = self.db.flush();
+        self.applier.stop();
     }
 
     /// Reads a task.
     pub fn get(&self, task_id: &str) -> Result<Option<TaskRecord>, LedgerError> {
+        if let Some(record) = self.applier.task(task_id) {
+            return Ok(Some(record));
+        }
         match self.tree.get(keys::task(task_id))? {
             Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
             None => Ok(None),
@@ -329,24 +342,14 @@ impl Ledger {
         mut record: TaskRecord,
         events: Vec<StreamResponse>,
     ) -> Result<TaskRecord, LedgerError> {
-        let task_id = record.task.id.clone();
         let ticket = {
-            let _guard = self.write_lock.lock().expect("ledger lock");
-            if self.tree.contains_key(keys::task(&task_id))? {
-                return Err(LedgerError::Exists(task_id));
+            let mut frames = self.write_lock.lock().expect("ledger lock");
+            if self.get(&record.task.id)?.is_some() {
+                return Err(LedgerError::Exists(record.task.id));
             }
-            let mut batch = sled::Batch::default();
-            let published = self.append_events(&mut batch, &mut record, events)?;
-            let mut counts = CounterDeltas::new();
-            Self::index_insert(&mut batch, &mut counts, &record, true);
-            if let Some(parent) = &record.parent_task_id {
-                batch.insert(keys::child(parent, &task_id), &[]);
-            }
-            self.apply_counts(&mut batch, counts)?;
+            let published = Self::append_events(&mut record, events)?;
             record.version = 1;
-            batch.insert(keys::task(&task_id), serde_json::to_vec(&record)?);
-            self.tree.apply_batch(batch)?;
-            self.flusher.note_write(published)
+            self.log_task(&mut frames, &record, published)?
         };
         self.flusher.wait_durable(ticket).await;
         Ok(record)
@@ -361,37 +364,70 @@ impl Ledger {
         E: From<LedgerError>,
     {
         let (record, ticket) = {
-            let _guard = self.write_lock.lock().expect("ledger lock");
-            let before = self
+            let mut frames = self.write_lock.lock().expect("ledger lock");
+            let mut record = self
                 .get(task_id)?
                 .ok_or_else(|| LedgerError::NotFound(task_id.to_string()))?;
-            let mut record = before.clone();
             let events = change(&mut record)?;
-            let mut batch = sled::Batch::default();
-            let published = self.append_events(&mut batch, &mut record, events)?;
-            let old = &before.task.status;
-            let new = &record.task.status;
-            if old.state != new.state || old.timestamp != new.timestamp {
-                let mut counts = CounterDeltas::new();
-                Self::index_remove(&mut batch, &mut counts, &before);
-                Self::index_insert(&mut batch, &mut counts, &record, false);
-                self.apply_counts(&mut batch, counts)?;
-            }
+            let published = Self::append_events(&mut record, events)?;
             record.version += 1;
-            batch.insert(
-                keys::task(task_id),
-                serde_json::to_vec(&record).map_err(LedgerError::from)?,
-            );
-            self.tree.apply_batch(batch).map_err(LedgerError::from)?;
-            (record, self.flusher.note_write(published))
+            let ticket = self.log_task(&mut frames, &record, published)?;
+            (record, ticket)
         };
         self.flusher.wait_durable(ticket).await;
         Ok(record)
     }
 
-    fn append_events(
+    /// Logs a task write and queues it for sled; runs under the write lock.
+    fn log_task(
         &self,
-        batch: &mut sled::Batch,
+        frames: &mut Vec<u8>,
+        record: &TaskRecord,
+        published: Vec<Arc<LedgerEvent>>,
+    ) -> Result<u64, LedgerError> {
+        frames.clear();
+        let events = published.iter().map(|e| (e.seq, &e.event)).collect();
+        wal::encode(frames, &wal::EntryRef::Task { record, events })?;
+        self.applier.add_task(record.clone(), &published);
+        Ok(self.flusher.note_write(frames, published))
+    }
+
+    /// Logs a raw key write and queues it for sled; runs under the write lock.
+    fn log_raw(
+        &self,
+        frames: &mut Vec<u8>,
+        key: Vec<u8>,
+        value: Option<Vec<u8>>,
+    ) -> Result<u64, LedgerError> {
+        frames.clear();
+        let entry = match &value {
+            Some(value) => wal::EntryRef::Put { key: &key, value },
+            None => wal::EntryRef::Remove { key: &key },
+        };
+        wal::encode(frames, &entry)?;
+        self.applier.set_raw(key, value);
+        Ok(self.flusher.note_write(frames, Vec::new()))
+    }
+
+    /// Sets (`Some`) or removes (`None`) a raw key, durably.
+    async fn write_raw(&self, key: Vec<u8>, value: Option<Vec<u8>>) -> Result<(), LedgerError> {
+        let ticket = {
+            let mut frames = self.write_lock.lock().expect("ledger lock");
+            self.log_raw(&mut frames, key, value)?
+        };
+        self.flusher.wait_durable(ticket).await;
+        Ok(())
+    }
+
+    /// Reads a raw key, pending writes included.
+    fn read_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>, LedgerError> {
+        if let Some(pending) = self.applier.raw(key) {
+            return Ok(pending);
+        }
+        Ok(self.tree.get(key)?.map(|value| value.to_vec()))
+    }
+
+    fn append_events(
         record: &mut TaskRecord,
         events: Vec<StreamResponse>,
     ) -> Result<Vec<Arc<LedgerEvent>>, LedgerError> {
@@ -399,10 +435,6 @@ impl Ledger {
         for event in events {
             lifecycle::apply_event(&mut record.task, &event)?;
             record.last_seq += 1;
-            batch.insert(
-                keys::event(&record.task.id, record.last_seq),
-                serde_json::to_vec(&event)?,
-            );
             published.push(Arc::new(LedgerEvent {
                 task_id: record.task.id.clone(),
                 seq: record.last_seq,
@@ -410,74 +442,6 @@ impl Ledger {
             }));
         }
         Ok(published)
-    }
-
-    /// Index entries of a task's current state, and the counter changes.
-    fn index_insert(
-        batch: &mut sled::Batch,
-        counts: &mut CounterDeltas,
-        record: &TaskRecord,
-        new_task: bool,
-    ) {
-        let (owner, task) = (&record.owner, &record.task);
-        let order = keys::order(task.status.timestamp, &task.id);
-        let state = task.status.state.number();
-        batch.insert([keys::by_time_prefix(owner), order.clone()].concat(), &[]);
-        batch.insert(
-            [keys::by_state_prefix(owner, state), order.clone()].concat(),
-            &[],
-        );
-        batch.insert(
-            [keys::by_context_prefix(owner, &task.context_id), order].concat(),
-            &[],
-        );
-        if is_active(task.status.state) {
-            batch.insert(keys::active(&task.id), &[]);
-        }
-        if task.status.state.is_interrupted() {
-            batch.insert(keys::waiting(&task.id), &[]);
-        }
-        *counts
-            .entry(keys::counter(owner, &format!("s{state}")))
-            .or_default() += 1;
-        if new_task {
-            *counts.entry(keys::counter(owner, "all")).or_default() += 1;
-            *counts
-                .entry(keys::counter(owner, &format!("c{}", task.context_id)))
-                .or_default() += 1;
-        }
-    }
-
-    /// Removes the index entries of a task's previous state.
-    fn index_remove(batch: &mut sled::Batch, counts: &mut CounterDeltas, record: &TaskRecord) {
-        let (owner, task) = (&record.owner, &record.task);
-        let order = keys::order(task.status.timestamp, &task.id);
-        let state = task.status.state.number();
-        batch.remove([keys::by_time_prefix(owner), order.clone()].concat());
-        batch.remove([keys::by_state_prefix(owner, state), order.clone()].concat());
-        batch.remove([keys::by_context_prefix(owner, &task.context_id), order].concat());
-        batch.remove(keys::active(&task.id));
-        if task.status.state.is_interrupted() {
-            batch.remove(keys::waiting(&task.id));
-        }
-        *counts
-            .entry(keys::counter(owner, &format!("s{state}")))
-            .or_default() -= 1;
-    }
-
-    /// Writes counter changes; runs under the write lock, so read-modify-write is safe.
-    fn apply_counts(
-        &self,
-        batch: &mut sled::Batch,
-        counts: CounterDeltas,
-    ) -> Result<(), LedgerError> {
-        for (key, delta) in counts {
-            if delta != 0 {
-                let next = (self.read_counter(&key)? as i64 + delta).max(0) as u64;
-                batch.insert(key, &next.to_be_bytes());
-            }
-        }
-        Ok(())
     }
 
     /// Ids of tasks an agent was working on (SUBMITTED or WORKING), e.g. when
@@ -493,6 +457,7 @@ impl Ledger {
 
     /// The task ids of a set keyed `prefix` + task id.
     fn task_ids_under(&self, prefix: &[u8]) -> Result<Vec<String>, LedgerError> {
+        self.applier.apply_pending()?;
         self.tree
             .scan_prefix(prefix)
             .keys()
@@ -500,18 +465,17 @@ impl Ledger {
             .collect()
     }
 
-    fn read_counter(&self, key: &[u8]) -> Result<u64, LedgerError> {
-        Ok(self
-            .tree
-            .get(key)?
-            .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
-            .unwrap_or(0))
-    }
-
     /// The events of a task after `seq`, in order.
     pub fn events_after(&self, task_id: &str, seq: u64) -> Result<Vec<LedgerEvent>, LedgerError> {
-        let start = keys::event(task_id, seq + 1);
+        self.applier.apply_pending()?;
         let prefix = keys::events_prefix(task_id);
+        let wanted = keys::event(task_id, seq + 1);
+        // Events are stored in chunks keyed by their first sequence number:
+        // start at the chunk that holds `seq + 1`.
+        let start = match self.tree.range(prefix.clone()..=wanted.clone()).next_back() {
+            Some(entry) => entry?.0.to_vec(),
+            None => prefix.clone(),
+        };
         let mut events = Vec::new();
         for entry in self.tree.range(start..) {
             let (key, value) = entry?;
@@ -519,17 +483,30 @@ impl Ledger {
                 break;
             }
             let seq_bytes: [u8; 8] = key[prefix.len()..].try_into().unwrap_or([0; 8]);
-            events.push(LedgerEvent {
-                task_id: task_id.to_string(),
-                seq: u64::from_be_bytes(seq_bytes),
-                event: serde_json::from_slice(&value)?,
-            });
+            let first = u64::from_be_bytes(seq_bytes);
+            // A chunk is a JSON array; ledgers written before chunks hold one event a key.
+            let chunk: Vec<StreamResponse> = if value.first() == Some(&b'[') {
+                serde_json::from_slice(&value)?
+            } else {
+                vec![serde_json::from_slice(&value)?]
+            };
+            for (offset, event) in chunk.into_iter().enumerate() {
+                let event_seq = first + offset as u64;
+                if event_seq > seq {
+                    events.push(LedgerEvent {
+                        task_id: task_id.to_string(),
+                        seq: event_seq,
+                        event,
+                    });
+                }
+            }
         }
         Ok(events)
     }
 
     /// One page of an owner's tasks, newest status first.
     pub fn list(&self, owner: &str, query: &ListQuery) -> Result<ListPage, LedgerError> {
+        self.applier.apply_pending()?;
         let plan = IndexPlan::new(owner, query);
         let start = match &query.page_token {
             Some(cursor) => {
@@ -585,7 +562,7 @@ impl Ledger {
             _ => None,
         };
         if let Some(name) = counter {
-            return Ok(self.read_counter(&keys::counter(owner, &name))? as usize);
+            return Ok(read_counter(&self.tree, &keys::counter(owner, &name))? as usize);
         }
         let mut total = 0;
         for entry in self.tree.scan_prefix(&plan.prefix) {
@@ -605,13 +582,7 @@ impl Ledger {
         config: &TaskPushNotificationConfig,
     ) -> Result<(), LedgerError> {
         let key = keys::push_config(&config.task_id, &config.id);
-        let ticket = {
-            let _guard = self.write_lock.lock().expect("ledger lock");
-            self.tree.insert(key, serde_json::to_vec(config)?)?;
-            self.flusher.note_write(Vec::new())
-        };
-        self.flusher.wait_durable(ticket).await;
-        Ok(())
+        self.write_raw(key, Some(serde_json::to_vec(config)?)).await
     }
 
     /// Reads one push config.
@@ -620,7 +591,7 @@ impl Ledger {
         task_id: &str,
         config_id: &str,
     ) -> Result<Option<TaskPushNotificationConfig>, LedgerError> {
-        match self.tree.get(keys::push_config(task_id, config_id))? {
+        match self.read_raw(&keys::push_config(task_id, config_id))? {
             Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
             None => Ok(None),
         }
@@ -631,6 +602,7 @@ impl Ledger {
         &self,
         task_id: &str,
     ) -> Result<Vec<TaskPushNotificationConfig>, LedgerError> {
+        self.applier.apply_pending()?;
         self.tree
             .scan_prefix(keys::push_prefix(task_id))
             .map(|entry| Ok(serde_json::from_slice(&entry?.1)?))
@@ -643,13 +615,8 @@ impl Ledger {
         task_id: &str,
         config_id: &str,
     ) -> Result<(), LedgerError> {
-        let ticket = {
-            let _guard = self.write_lock.lock().expect("ledger lock");
-            self.tree.remove(keys::push_config(task_id, config_id))?;
-            self.flusher.note_write(Vec::new())
-        };
-        self.flusher.wait_durable(ticket).await;
-        Ok(())
+        self.write_raw(keys::push_config(task_id, config_id), None)
+            .await
     }
 
     /// Claims an idempotency key for a send. Returns the earlier record when
@@ -662,12 +629,11 @@ impl Ledger {
     ) -> Result<Option<IdempotencyRecord>, LedgerError> {
         let db_key = keys::idempotency(owner, key);
         let ticket = {
-            let _guard = self.write_lock.lock().expect("ledger lock");
-            if let Some(existing) = self.tree.get(&db_key)? {
+            let mut frames = self.write_lock.lock().expect("ledger lock");
+            if let Some(existing) = self.read_raw(&db_key)? {
                 return Ok(Some(serde_json::from_slice(&existing)?));
             }
-            self.tree.insert(db_key, serde_json::to_vec(record)?)?;
-            self.flusher.note_write(Vec::new())
+            self.log_raw(&mut frames, db_key, Some(serde_json::to_vec(record)?))?
         };
         self.flusher.wait_durable(ticket).await;
         Ok(None)
@@ -679,29 +645,18 @@ impl Ledger {
         agent_id: &str,
         record: &T,
     ) -> Result<(), LedgerError> {
-        let ticket = {
-            let _guard = self.write_lock.lock().expect("ledger lock");
-            self.tree
-                .insert(keys::agent(agent_id), serde_json::to_vec(record)?)?;
-            self.flusher.note_write(Vec::new())
-        };
-        self.flusher.wait_durable(ticket).await;
-        Ok(())
+        self.write_raw(keys::agent(agent_id), Some(serde_json::to_vec(record)?))
+            .await
     }
 
     /// Deletes a registered agent durably.
     pub async fn delete_agent(&self, agent_id: &str) -> Result<(), LedgerError> {
-        let ticket = {
-            let _guard = self.write_lock.lock().expect("ledger lock");
-            self.tree.remove(keys::agent(agent_id))?;
-            self.flusher.note_write(Vec::new())
-        };
-        self.flusher.wait_durable(ticket).await;
-        Ok(())
+        self.write_raw(keys::agent(agent_id), None).await
     }
 
     /// The ids of a task's child tasks (handoffs it started).
     pub fn children(&self, parent_task_id: &str) -> Result<Vec<String>, LedgerError> {
+        self.applier.apply_pending()?;
         let prefix = keys::child(parent_task_id, "");
         self.tree
             .scan_prefix(&prefix)
@@ -712,6 +667,7 @@ impl Ledger {
 
     /// Every registered agent, by id.
     pub fn agents<T: serde::de::DeserializeOwned>(&self) -> Result<Vec<T>, LedgerError> {
+        self.applier.apply_pending()?;
         self.tree
             .scan_prefix(keys::agent(""))
             .values()
@@ -721,13 +677,7 @@ impl Ledger {
 
     /// Forgets an idempotency key whose send created nothing.
     pub async fn release_idempotency(&self, owner: &str, key: &str) -> Result<(), LedgerError> {
-        let ticket = {
-            let _guard = self.write_lock.lock().expect("ledger lock");
-            self.tree.remove(keys::idempotency(owner, key))?;
-            self.flusher.note_write(Vec::new())
-        };
-        self.flusher.wait_durable(ticket).await;
-        Ok(())
+        self.write_raw(keys::idempotency(owner, key), None).await
     }
 
     /// Reads an idempotency record without claiming it.
@@ -736,7 +686,7 @@ impl Ledger {
         owner: &str,
         key: &str,
     ) -> Result<Option<IdempotencyRecord>, LedgerError> {
-        match self.tree.get(keys::idempotency(owner, key))? {
+        match self.read_raw(&keys::idempotency(owner, key))? {
             Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
             None => Ok(None),
         }
@@ -749,19 +699,140 @@ impl Ledger {
         key: &str,
         record: &IdempotencyRecord,
     ) -> Result<(), LedgerError> {
-        let ticket = {
-            let _guard = self.write_lock.lock().expect("ledger lock");
-            self.tree
-                .insert(keys::idempotency(owner, key), serde_json::to_vec(record)?)?;
-            self.flusher.note_write(Vec::new())
-        };
-        self.flusher.wait_durable(ticket).await;
-        Ok(())
+        let value = serde_json::to_vec(record)?;
+        self.write_raw(keys::idempotency(owner, key), Some(value))
+            .await
     }
 }
 
 impl Drop for Ledger {
     fn drop(&mut self) {
-        self.flusher.stop();
+        self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{TaskStatus, TaskStatusUpdateEvent};
+
+    fn record(task_id: &str) -> TaskRecord {
+        TaskRecord {
+            task: Task {
+                id: task_id.to_string(),
+                context_id: "ctx".into(),
+                ..Task::default()
+            },
+            owner: "owner".into(),
+            agent: "agent".into(),
+            ..TaskRecord::default()
+        }
+    }
+
+    fn status(task_id: &str, state: TaskState) -> StreamResponse {
+        StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+            task_id: task_id.to_string(),
+            context_id: "ctx".into(),
+            status: TaskStatus::now(state, None),
+            ..TaskStatusUpdateEvent::default()
+        })
+    }
+
+    async fn flip(ledger: &Ledger, task_id: &str, times: usize) {
+        for i in 0..times {
+            let state = [TaskState::InputRequired, TaskState::Working][i % 2];
+            let event = status(task_id, state);
+            ledger
+                .update(task_id, |_| Ok::<_, LedgerError>(vec![event]))
+                .await
+                .unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn events_read_back_in_order_across_applied_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        ledger
+            .create(record("t1"), vec![status("t1", TaskState::Working)])
+            .await
+            .unwrap();
+        flip(&ledger, "t1", 3).await;
+        ledger.applier.apply_pending().unwrap(); // one chunk of 4
+        flip(&ledger, "t1", 3).await; // pending, not yet applied
+
+        let seqs = |events: Vec<LedgerEvent>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
+        assert_eq!(
+            seqs(ledger.events_after("t1", 0).unwrap()),
+            (1..=7).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            seqs(ledger.events_after("t1", 2).unwrap()),
+            vec![3, 4, 5, 6, 7]
+        );
+        assert_eq!(seqs(ledger.events_after("t1", 5).unwrap()), vec![6, 7]);
+        assert!(ledger.events_after("t1", 7).unwrap().is_empty());
+        let record = ledger.get("t1").unwrap().unwrap();
+        assert_eq!((record.version, record.last_seq), (7, 7));
+        assert_eq!(record.task.status.state, TaskState::InputRequired);
+    }
+
+    #[tokio::test]
+    async fn indexes_and_counters_follow_coalesced_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        for id in ["a", "b", "c"] {
+            ledger
+                .create(record(id), vec![status(id, TaskState::Working)])
+                .await
+                .unwrap();
+        }
+        // Several writes to one task before any application.
+        flip(&ledger, "b", 5).await;
+        let query = |state| ListQuery {
+            state,
+            page_size: 10,
+            ..ListQuery::default()
+        };
+        let waiting = ledger
+            .list("owner", &query(Some(TaskState::InputRequired)))
+            .unwrap();
+        assert_eq!(waiting.total_size, 1);
+        assert_eq!(waiting.records[0].task.id, "b");
+        let working = ledger
+            .list("owner", &query(Some(TaskState::Working)))
+            .unwrap();
+        assert_eq!(working.total_size, 2);
+        let all = ledger.list("owner", &query(None)).unwrap();
+        assert_eq!(all.total_size, 3);
+        assert_eq!(all.records[0].task.id, "b", "newest status first");
+        assert_eq!(ledger.waiting_task_ids().unwrap(), vec!["b".to_string()]);
+        assert_eq!(ledger.active_task_ids().unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_clean_close_moves_everything_into_sled_and_deletes_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        ledger
+            .create(record("t1"), vec![status("t1", TaskState::Working)])
+            .await
+            .unwrap();
+        flip(&ledger, "t1", 2).await;
+        let key = keys::idempotency("owner", "k");
+        ledger
+            .write_raw(key.clone(), Some(b"{}".to_vec()))
+            .await
+            .unwrap();
+        assert!(!wal::segments(&dir.path().join("wal")).unwrap().is_empty());
+        ledger.close();
+        drop(ledger);
+        assert!(wal::segments(&dir.path().join("wal")).unwrap().is_empty());
+
+        let reopened = Ledger::open(dir.path()).unwrap();
+        let record = reopened.get("t1").unwrap().unwrap();
+        assert_eq!(record.version, 3);
+        assert_eq!(reopened.read_raw(&key).unwrap(), Some(b"{}".to_vec()));
+        assert_eq!(reopened.events_after("t1", 0).unwrap().len(), 3);
     }
 }

@@ -254,6 +254,12 @@ impl BatonProcess {
         assert!(status.success());
     }
 
+    /// Kills the process with SIGKILL, as a crash or an OOM kill would, and
+    /// waits for it.
+    pub fn kill(&mut self) {
+        self.stop_now();
+    }
+
     /// Waits (at most `bound`) for the process to exit.
     pub fn wait_exit(&mut self, bound: Duration) -> ExitStatus {
         let started = Instant::now();

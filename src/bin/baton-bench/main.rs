@@ -7,6 +7,11 @@
 //!
 //! `cargo run --release --bin baton-bench -- [--quick] [--json FILE]`
 
+// The same allocator as the `baton` binary: the in-process ledger figures
+// measure Baton's code as it runs there.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod baton_process;
 mod client;
 mod disk;

@@ -1,0 +1,409 @@
+//! Moves durable ledger writes into sled, in the background and coalesced.
+//!
+//! A write is durable once its frame is in the write-ahead log; from then
+//! until this applier has put it into sled, readers find it in the overlay
+//! kept here. Several writes to one task between two applications become one
+//! record write and one index re-key, which is what lets the ledger take tens
+//! of thousands of transitions per second although every new sled key costs
+//! ~10 µs. sled is flushed only at checkpoints: when the log rotates a
+//! segment away, and at close.
+//!
+//! Order: one application at a time (`apply_lock`), each taking everything
+//! pending as one atomic sled batch, so sled always holds a prefix of the
+//! writes and its indexes and counters agree with its records.
+
+use super::hub::LedgerEvent;
+use super::{LedgerError, TaskRecord, keys, wal};
+use crate::protocol::TaskState;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// A task's writes not yet in sled: its latest record and every event since.
+pub struct PendingTask {
+    record: TaskRecord,
+    events: Vec<Arc<LedgerEvent>>,
+}
+
+/// Writes not yet in sled.
+#[derive(Default)]
+pub struct PendingSet {
+    tasks: HashMap<String, PendingTask>,
+    /// Raw keys: `Some` to set, `None` to remove.
+    raw: HashMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl PendingSet {
+    fn is_empty(&self) -> bool {
+        self.tasks.is_empty() && self.raw.is_empty()
+    }
+
+    /// Adds a task write; a later write's record replaces the earlier one.
+    pub fn add_task(&mut self, record: TaskRecord, events: &[Arc<LedgerEvent>]) {
+        match self.tasks.entry(record.task.id.clone()) {
+            std::collections::hash_map::Entry::Occupied(mut pending) => {
+                let pending = pending.get_mut();
+                pending.record = record;
+                pending.events.extend_from_slice(events);
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(PendingTask {
+                    record,
+                    events: events.to_vec(),
+                });
+            }
+        }
+    }
+
+    /// Adds a raw key write.
+    pub fn set_raw(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
+        self.raw.insert(key, value);
+    }
+
+    /// Rebuilds the pending writes of log entries read at start-up.
+    pub fn from_log(entries: Vec<wal::Entry>) -> Self {
+        let mut set = Self::default();
+        for entry in entries {
+            match entry {
+                wal::Entry::Put { key, value } => set.set_raw(key, Some(value)),
+                wal::Entry::Remove { key } => set.set_raw(key, None),
+                task => {
+                    if let Some((record, events)) = task.into_task_parts() {
+                        set.add_task(record, &events);
+                    }
+                }
+            }
+        }
+        set
+    }
+}
+
+#[derive(Default)]
+struct Overlay {
+    /// Writes since the last application began.
+    pending: PendingSet,
+    /// The writes being applied now (or whose application failed).
+    applying: Option<Arc<PendingSet>>,
+    /// Log segments whose writes must reach sled before they are deleted.
+    retired: Vec<PathBuf>,
+    stop: bool,
+}
+
+/// The background applier of one ledger.
+pub struct Applier {
+    db: sled::Db,
+    tree: sled::Tree,
+    wal_dir: PathBuf,
+    // std Mutexes: in-memory work only; never held across .await.
+    overlay: Mutex<Overlay>,
+    wake: Condvar,
+    apply_lock: Mutex<()>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// How long the applier lets writes gather before it applies them: longer
+/// coalesces more, and readers do not wait for it (they read the overlay).
+const GATHER: Duration = Duration::from_millis(20);
+
+impl Applier {
+    /// An applier for `tree`; call [`Applier::start`] to run it.
+    pub fn new(db: sled::Db, tree: sled::Tree, wal_dir: PathBuf) -> Arc<Self> {
+        Arc::new(Self {
+            db,
+            tree,
+            wal_dir,
+            overlay: Mutex::new(Overlay::default()),
+            wake: Condvar::new(),
+            apply_lock: Mutex::new(()),
+            thread: Mutex::new(None),
+        })
+    }
+
+    /// Starts the applier thread.
+    pub fn start(self: &Arc<Self>) {
+        let worker = self.clone();
+        let handle = std::thread::Builder::new()
+            .name("baton-applier".into())
+            .spawn(move || worker.run())
+            .expect("spawn applier thread");
+        *self.thread.lock().expect("applier lock") = Some(handle);
+    }
+
+    fn run(&self) {
+        loop {
+            let (retired, stop) = {
+                let mut overlay = self.overlay.lock().expect("applier lock");
+                while overlay.pending.is_empty()
+                    && overlay.retired.is_empty()
+                    && overlay.applying.is_none()
+                    && !overlay.stop
+                {
+                    overlay = self.wake.wait(overlay).expect("applier lock");
+                }
+                (std::mem::take(&mut overlay.retired), overlay.stop)
+            };
+            if !stop {
+                std::thread::sleep(GATHER);
+            }
+            if let Err(err) = self.apply_pending() {
+                if stop {
+                    // The log still holds these writes; the next start applies them.
+                    tracing::error!(%err, "applying ledger writes to sled failed at close");
+                    return;
+                }
+                tracing::error!(%err, "applying ledger writes to sled failed; retrying");
+                std::thread::sleep(Duration::from_millis(100));
+                self.overlay
+                    .lock()
+                    .expect("applier lock")
+                    .retired
+                    .extend(retired);
+                continue;
+            }
+            if stop {
+                let segments = wal::segments(&self.wal_dir).unwrap_or_default();
+                self.checkpoint(segments.into_iter().map(|(_, path)| path).collect());
+                return;
+            }
+            if !retired.is_empty() {
+                self.checkpoint(retired);
+            }
+        }
+    }
+
+    /// Flushes sled, then deletes log segments whose writes it now holds.
+    fn checkpoint(&self, segments: Vec<PathBuf>) {
+        if let Err(err) = self.db.flush() {
+            tracing::error!(%err, "ledger checkpoint flush failed; keeping the log");
+            return;
+        }
+        for path in segments {
+            if let Err(err) = std::fs::remove_file(&path) {
+                tracing::warn!(%err, path = %path.display(), "could not delete a checkpointed log segment");
+            }
+        }
+    }
+
+    /// Queues a task write (call under the ledger's write lock).
+    pub fn add_task(&self, record: TaskRecord, events: &[Arc<LedgerEvent>]) {
+        let mut overlay = self.overlay.lock().expect("applier lock");
+        if overlay.pending.is_empty() {
+            self.wake.notify_one();
+        }
+        overlay.pending.add_task(record, events);
+    }
+
+    /// Queues a raw key write (call under the ledger's write lock).
+    pub fn set_raw(&self, key: Vec<u8>, value: Option<Vec<u8>>) {
+        let mut overlay = self.overlay.lock().expect("applier lock");
+        if overlay.pending.is_empty() {
+            self.wake.notify_one();
+        }
+        overlay.pending.set_raw(key, value);
+    }
+
+    /// Hands over a log segment to delete once its writes are in sled.
+    pub fn retire(&self, segment: PathBuf) {
+        self.overlay
+            .lock()
+            .expect("applier lock")
+            .retired
+            .push(segment);
+        self.wake.notify_one();
+    }
+
+    /// A task's record if it has writes not yet in sled.
+    pub fn task(&self, task_id: &str) -> Option<TaskRecord> {
+        let overlay = self.overlay.lock().expect("applier lock");
+        let in_set = |set: &PendingSet| set.tasks.get(task_id).map(|p| p.record.clone());
+        in_set(&overlay.pending).or_else(|| overlay.applying.as_deref().and_then(in_set))
+    }
+
+    /// A raw key's pending value: `Some(None)` if it is pending removal,
+    /// `None` if sled is up to date for it.
+    pub fn raw(&self, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        let overlay = self.overlay.lock().expect("applier lock");
+        let in_set = |set: &PendingSet| set.raw.get(key).cloned();
+        in_set(&overlay.pending).or_else(|| overlay.applying.as_deref().and_then(in_set))
+    }
+
+    /// Applies every pending write to sled now, so that scans see them.
+    pub fn apply_pending(&self) -> Result<(), LedgerError> {
+        let _applying = self.apply_lock.lock().expect("applier lock");
+        let set = {
+            let mut overlay = self.overlay.lock().expect("applier lock");
+            match &overlay.applying {
+                Some(failed) => failed.clone(), // a failed application is retried first
+                None if overlay.pending.is_empty() => return Ok(()),
+                None => {
+                    let set = Arc::new(std::mem::take(&mut overlay.pending));
+                    overlay.applying = Some(set.clone());
+                    set
+                }
+            }
+        };
+        self.apply(&set)?;
+        self.overlay.lock().expect("applier lock").applying = None;
+        Ok(())
+    }
+
+    /// Applies writes read back from the log at start-up, and checkpoints.
+    pub fn recover(&self, set: PendingSet) -> Result<(), LedgerError> {
+        if !set.is_empty() {
+            self.apply(&set)?;
+        }
+        self.db.flush()?;
+        for (_, path) in wal::segments(&self.wal_dir).map_err(storage_io)? {
+            std::fs::remove_file(path).map_err(storage_io)?;
+        }
+        Ok(())
+    }
+
+    /// Writes one set into sled as one atomic batch. A task whose sled record
+    /// is as new as the pending one (a log replayed after a crash) is skipped.
+    fn apply(&self, set: &PendingSet) -> Result<(), LedgerError> {
+        let mut batch = sled::Batch::default();
+        let mut counts = CounterDeltas::new();
+        for (task_id, pending) in &set.tasks {
+            let before: Option<TaskRecord> = match self.tree.get(keys::task(task_id))? {
+                Some(bytes) => Some(serde_json::from_slice(&bytes)?),
+                None => None,
+            };
+            let record = &pending.record;
+            if before.as_ref().is_some_and(|b| b.version >= record.version) {
+                continue;
+            }
+            let applied_seq = before.as_ref().map_or(0, |b| b.last_seq);
+            let events: Vec<_> = pending
+                .events
+                .iter()
+                .filter(|e| e.seq > applied_seq)
+                .map(|e| &e.event)
+                .collect();
+            if let Some(first) = pending.events.iter().find(|e| e.seq > applied_seq) {
+                // One key per task per application: a chunk of consecutive events.
+                batch.insert(
+                    keys::event(task_id, first.seq),
+                    serde_json::to_vec(&events)?,
+                );
+            }
+            match &before {
+                None => {
+                    index_insert(&mut batch, &mut counts, record, true);
+                    if let Some(parent) = &record.parent_task_id {
+                        batch.insert(keys::child(parent, task_id), &[]);
+                    }
+                }
+                Some(before) => {
+                    let (old, new) = (&before.task.status, &record.task.status);
+                    if old.state != new.state || old.timestamp != new.timestamp {
+                        index_remove(&mut batch, &mut counts, before);
+                        index_insert(&mut batch, &mut counts, record, false);
+                    }
+                }
+            }
+            batch.insert(keys::task(task_id), serde_json::to_vec(record)?);
+        }
+        for (key, value) in &set.raw {
+            match value {
+                Some(value) => batch.insert(key.as_slice(), value.as_slice()),
+                None => batch.remove(key.as_slice()),
+            }
+        }
+        for (key, delta) in counts {
+            if delta != 0 {
+                let next = (read_counter(&self.tree, &key)? as i64 + delta).max(0) as u64;
+                batch.insert(key, &next.to_be_bytes());
+            }
+        }
+        self.tree.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Applies what is pending, checkpoints, deletes the log and stops.
+    pub fn stop(&self) {
+        self.overlay.lock().expect("applier lock").stop = true;
+        self.wake.notify_one();
+        if let Some(handle) = self.thread.lock().expect("applier lock").take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+fn storage_io(err: std::io::Error) -> LedgerError {
+    LedgerError::Storage(sled::Error::Io(err))
+}
+
+/// Reads a u64 counter; absent is zero.
+pub fn read_counter(tree: &sled::Tree, key: &[u8]) -> Result<u64, LedgerError> {
+    Ok(tree
+        .get(key)?
+        .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
+        .unwrap_or(0))
+}
+
+/// Pending counter changes of one application, summed per counter.
+type CounterDeltas = HashMap<Vec<u8>, i64>;
+
+/// Whether an agent is (or was, before a stop) working on a task in `state`.
+fn is_active(state: TaskState) -> bool {
+    matches!(
+        state,
+        TaskState::Submitted | TaskState::Working | TaskState::Unspecified
+    )
+}
+
+/// Index entries of a task's current state, and the counter changes.
+fn index_insert(
+    batch: &mut sled::Batch,
+    counts: &mut CounterDeltas,
+    record: &TaskRecord,
+    new_task: bool,
+) {
+    let (owner, task) = (&record.owner, &record.task);
+    let order = keys::order(task.status.timestamp, &task.id);
+    let state = task.status.state.number();
+    batch.insert([keys::by_time_prefix(owner), order.clone()].concat(), &[]);
+    batch.insert(
+        [keys::by_state_prefix(owner, state), order.clone()].concat(),
+        &[],
+    );
+    batch.insert(
+        [keys::by_context_prefix(owner, &task.context_id), order].concat(),
+        &[],
+    );
+    if is_active(task.status.state) {
+        batch.insert(keys::active(&task.id), &[]);
+    }
+    if task.status.state.is_interrupted() {
+        batch.insert(keys::waiting(&task.id), &[]);
+    }
+    *counts
+        .entry(keys::counter(owner, &format!("s{state}")))
+        .or_default() += 1;
+    if new_task {
+        *counts.entry(keys::counter(owner, "all")).or_default() += 1;
+        *counts
+            .entry(keys::counter(owner, &format!("c{}", task.context_id)))
+            .or_default() += 1;
+    }
+}
+
+/// Removes the index entries of a task's previous state.
+fn index_remove(batch: &mut sled::Batch, counts: &mut CounterDeltas, record: &TaskRecord) {
+    let (owner, task) = (&record.owner, &record.task);
+    let order = keys::order(task.status.timestamp, &task.id);
+    let state = task.status.state.number();
+    batch.remove([keys::by_time_prefix(owner), order.clone()].concat());
+    batch.remove([keys::by_state_prefix(owner, state), order.clone()].concat());
+    batch.remove([keys::by_context_prefix(owner, &task.context_id), order].concat());
+    batch.remove(keys::active(&task.id));
+    if task.status.state.is_interrupted() {
+        batch.remove(keys::waiting(&task.id));
+    }
+    *counts
+        .entry(keys::counter(owner, &format!("s{state}")))
+        .or_default() -= 1;
+}

@@ -1,0 +1,313 @@
+//! The ledger's write-ahead log: what makes a write durable.
+//!
+//! Every ledger write is appended here as one frame and the flusher makes a
+//! group of frames durable with one `fdatasync`. sled holds the same data as
+//! the queryable store, applied in the background and flushed only at
+//! checkpoints (see [`super::applier`]); after a crash, the frames still in
+//! the log are applied again at start-up.
+//!
+//! Why not sled's own flush: measured on a 2-core machine, a sled flush costs
+//! ~0.3 ms of CPU across its IO threads, and every new key a transition
+//! inserts costs ~10 µs, which capped durable transitions at ~5 k/s. A frame
+//! append is a `memcpy`, and the log's `fdatasync` is shared by every writer
+//! waiting on it.
+//!
+//! Layout: segment files `wal/<number>.log`, each a run of frames
+//! `[payload length u32 LE][crc32 of payload u32 LE][payload JSON]`, then
+//! zeros (space allocated ahead). A zero length ends the log, and so does a
+//! frame that is short or fails its checksum: it was being written when the
+//! process stopped, so its writer was never answered.
+
+use super::TaskRecord;
+use super::hub::LedgerEvent;
+use crate::protocol::StreamResponse;
+use serde::{Deserialize, Serialize};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Size after which the flusher starts a new segment and the old one is
+/// checkpointed away.
+pub const SEGMENT_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// Header bytes before each frame's payload.
+const HEADER: usize = 8;
+
+/// One logged write, as encoded (borrowing, so the hot path clones nothing).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase", tag = "op")]
+pub enum EntryRef<'a> {
+    /// A task's record after the write, and the events it appended.
+    Task {
+        /// The record after the write.
+        record: &'a TaskRecord,
+        /// The appended events with their sequence numbers.
+        events: Vec<(u64, &'a StreamResponse)>,
+    },
+    /// A raw key set (push configs, idempotency records, agents).
+    Put {
+        /// Key.
+        key: &'a [u8],
+        /// Value.
+        value: &'a [u8],
+    },
+    /// A raw key removed.
+    Remove {
+        /// Key.
+        key: &'a [u8],
+    },
+}
+
+/// One logged write, as read back at start-up.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", tag = "op")]
+pub enum Entry {
+    /// See [`EntryRef::Task`].
+    Task {
+        /// The record after the write.
+        record: Box<TaskRecord>,
+        /// The appended events with their sequence numbers.
+        events: Vec<(u64, StreamResponse)>,
+    },
+    /// See [`EntryRef::Put`].
+    Put {
+        /// Key.
+        key: Vec<u8>,
+        /// Value.
+        value: Vec<u8>,
+    },
+    /// See [`EntryRef::Remove`].
+    Remove {
+        /// Key.
+        key: Vec<u8>,
+    },
+}
+
+impl Entry {
+    /// The events of a task entry as the hub shapes them.
+    pub fn into_task_parts(self) -> Option<(TaskRecord, Vec<Arc<LedgerEvent>>)> {
+        match self {
+            Entry::Task { record, events } => {
+                let events = events
+                    .into_iter()
+                    .map(|(seq, event)| {
+                        Arc::new(LedgerEvent {
+                            task_id: record.task.id.clone(),
+                            seq,
+                            event,
+                        })
+                    })
+                    .collect();
+                Some((*record, events))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Appends `entry` as one frame to `buf`.
+pub fn encode(buf: &mut Vec<u8>, entry: &EntryRef<'_>) -> Result<(), serde_json::Error> {
+    let start = buf.len();
+    buf.extend_from_slice(&[0; HEADER]);
+    serde_json::to_writer(&mut *buf, entry)?;
+    let payload = &buf[start + HEADER..];
+    let len = payload.len() as u32;
+    let crc = crc32fast::hash(payload);
+    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    buf[start + 4..start + HEADER].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
+}
+
+/// The segment files in `dir`, oldest first.
+pub fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut found = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(found),
+        Err(err) => return Err(err),
+    };
+    for entry in entries {
+        let path = entry?.path();
+        let number = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .and_then(|name| name.strip_suffix(".log"))
+            .and_then(|stem| stem.parse::<u64>().ok());
+        if let Some(number) = number {
+            found.push((number, path));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Reads every whole frame of the segments in `dir`, in order.
+pub fn read_all(dir: &Path) -> io::Result<Vec<Entry>> {
+    let mut entries = Vec::new();
+    for (_, path) in segments(dir)? {
+        let bytes = std::fs::read(&path)?;
+        let mut at = 0;
+        while let Some(header) = bytes.get(at..at + HEADER) {
+            let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+            let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+            if len == 0 {
+                break; // the zero-filled space after the last frame
+            }
+            let Some(payload) = bytes.get(at + HEADER..at + HEADER + len) else {
+                break; // torn tail
+            };
+            if crc32fast::hash(payload) != crc {
+                break;
+            }
+            match serde_json::from_slice(payload) {
+                Ok(entry) => entries.push(entry),
+                Err(err) => {
+                    tracing::error!(%err, path = %path.display(), "undecodable ledger log frame; stopping replay there");
+                    break;
+                }
+            }
+            at += HEADER + len;
+        }
+    }
+    Ok(entries)
+}
+
+/// The segment being appended to.
+pub struct Segment {
+    dir: PathBuf,
+    number: u64,
+    file: File,
+    /// Bytes of frames written.
+    len: u64,
+    /// Bytes of the file, zero-filled ahead of `len`.
+    allocated: u64,
+}
+
+/// How far ahead of the frames a segment is zero-filled. Overwriting
+/// allocated blocks lets `fdatasync` skip the file-size metadata write:
+/// measured here, 165–190 µs per sync instead of 260–350 µs.
+const PREALLOCATE: u64 = 1024 * 1024;
+
+impl Segment {
+    /// Creates segment `number` in `dir` (and `dir` itself if needed).
+    pub fn create(dir: &Path, number: u64) -> io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(segment_path(dir, number))?;
+        let mut segment = Self {
+            dir: dir.to_path_buf(),
+            number,
+            file,
+            len: 0,
+            allocated: 0,
+        };
+        segment.preallocate(0)?;
+        // The new file's directory entry must be durable before frames in it count.
+        File::open(dir)?.sync_all()?;
+        Ok(segment)
+    }
+
+    /// Zero-fills the file so that `needed` more bytes fit after the frames.
+    fn preallocate(&mut self, needed: u64) -> io::Result<()> {
+        let target = self.len + needed.max(PREALLOCATE);
+        if target <= self.allocated {
+            return Ok(());
+        }
+        let zeros = vec![0; (target - self.allocated) as usize];
+        self.file.write_all_at(&zeros, self.allocated)?;
+        self.file.sync_all()?;
+        self.allocated = target;
+        Ok(())
+    }
+
+    /// Appends frames and makes them durable.
+    pub fn append_durably(&mut self, frames: &[u8]) -> io::Result<()> {
+        let needed = frames.len() as u64;
+        if self.len + needed > self.allocated {
+            self.preallocate(needed)?;
+        }
+        self.file.write_all_at(frames, self.len)?;
+        self.file.sync_data()?;
+        self.len += needed;
+        Ok(())
+    }
+
+    /// Whether this segment has reached [`SEGMENT_LIMIT`].
+    pub fn is_full(&self) -> bool {
+        self.len >= SEGMENT_LIMIT
+    }
+
+    /// Starts the next segment; returns the path of this one.
+    pub fn rotate(&mut self) -> io::Result<PathBuf> {
+        let next = Segment::create(&self.dir, self.number + 1)?;
+        let old = std::mem::replace(self, next);
+        Ok(segment_path(&old.dir, old.number))
+    }
+}
+
+fn segment_path(dir: &Path, number: u64) -> PathBuf {
+    dir.join(format!("{number:020}.log"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_read_back_until_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut segment = Segment::create(dir.path(), 7).unwrap();
+        let mut frames = Vec::new();
+        encode(
+            &mut frames,
+            &EntryRef::Put {
+                key: b"k1",
+                value: b"v1",
+            },
+        )
+        .unwrap();
+        encode(&mut frames, &EntryRef::Remove { key: b"k2" }).unwrap();
+        segment.append_durably(&frames).unwrap();
+        // A frame cut short, as a crash mid-write leaves it.
+        let mut torn = Vec::new();
+        encode(&mut torn, &EntryRef::Remove { key: b"k3" }).unwrap();
+        segment.append_durably(&torn[..torn.len() - 2]).unwrap();
+
+        let entries = read_all(dir.path()).unwrap();
+        assert_eq!(entries.len(), 2);
+        assert!(matches!(&entries[0], Entry::Put { key, value } if key == b"k1" && value == b"v1"));
+        assert!(matches!(&entries[1], Entry::Remove { key } if key == b"k2"));
+    }
+
+    #[test]
+    fn a_corrupt_frame_ends_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut segment = Segment::create(dir.path(), 1).unwrap();
+        let mut frames = Vec::new();
+        encode(&mut frames, &EntryRef::Remove { key: b"a" }).unwrap();
+        let first_len = frames.len();
+        encode(&mut frames, &EntryRef::Remove { key: b"b" }).unwrap();
+        frames[first_len + HEADER + 3] ^= 0xff;
+        segment.append_durably(&frames).unwrap();
+        assert_eq!(read_all(dir.path()).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn rotation_keeps_segment_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut segment = Segment::create(dir.path(), 1).unwrap();
+        let old = segment.rotate().unwrap();
+        assert!(old.ends_with("00000000000000000001.log"));
+        let numbers: Vec<u64> = segments(dir.path())
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(numbers, vec![1, 2]);
+    }
+}

@@ -119,9 +119,13 @@ impl PushDispatcher {
             stats,
         };
         let hook = dispatcher.clone();
-        ledger
-            .hub()
-            .add_sink(Box::new(move |event| hook.enqueue(event)));
+        let stored = ledger.push_config_count();
+        ledger.hub().add_sink(Box::new(move |event| {
+            // Most gateways hold no push configs: then no event needs a lookup.
+            if stored.load(Ordering::Relaxed) > 0 {
+                hook.enqueue(event);
+            }
+        }));
         dispatcher
     }
 

@@ -24,6 +24,8 @@ use std::time::Duration;
 /// A task's writes not yet in sled: its latest record and every event since.
 pub struct PendingTask {
     record: TaskRecord,
+    /// The record as JSON, when the writer encoded it already.
+    json: Option<Box<serde_json::value::RawValue>>,
     events: Vec<Arc<LedgerEvent>>,
 }
 
@@ -41,16 +43,23 @@ impl PendingSet {
     }
 
     /// Adds a task write; a later write's record replaces the earlier one.
-    pub fn add_task(&mut self, record: TaskRecord, events: &[Arc<LedgerEvent>]) {
+    pub fn add_task(
+        &mut self,
+        record: TaskRecord,
+        json: Option<Box<serde_json::value::RawValue>>,
+        events: &[Arc<LedgerEvent>],
+    ) {
         match self.tasks.entry(record.task.id.clone()) {
             std::collections::hash_map::Entry::Occupied(mut pending) => {
                 let pending = pending.get_mut();
                 pending.record = record;
+                pending.json = json;
                 pending.events.extend_from_slice(events);
             }
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(PendingTask {
                     record,
+                    json,
                     events: events.to_vec(),
                 });
             }
@@ -71,7 +80,7 @@ impl PendingSet {
                 wal::Entry::Remove { key } => set.set_raw(key, None),
                 task => {
                     if let Some((record, events)) = task.into_task_parts() {
-                        set.add_task(record, &events);
+                        set.add_task(record, None, &events);
                     }
                 }
             }
@@ -187,12 +196,17 @@ impl Applier {
     }
 
     /// Queues a task write (call under the ledger's write lock).
-    pub fn add_task(&self, record: TaskRecord, events: &[Arc<LedgerEvent>]) {
+    pub fn add_task(
+        &self,
+        record: TaskRecord,
+        json: Option<Box<serde_json::value::RawValue>>,
+        events: &[Arc<LedgerEvent>],
+    ) {
         let mut overlay = self.overlay.lock().expect("applier lock");
         if overlay.pending.is_empty() {
             self.wake.notify_one();
         }
-        overlay.pending.add_task(record, events);
+        overlay.pending.add_task(record, json, events);
     }
 
     /// Queues a raw key write (call under the ledger's write lock).
@@ -227,6 +241,21 @@ impl Applier {
         let overlay = self.overlay.lock().expect("applier lock");
         let in_set = |set: &PendingSet| set.raw.get(key).cloned();
         in_set(&overlay.pending).or_else(|| overlay.applying.as_deref().and_then(in_set))
+    }
+
+    /// The pending raw writes of keys under `prefix`, oldest set first.
+    pub fn raw_under(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        let overlay = self.overlay.lock().expect("applier lock");
+        let under = |set: &PendingSet| {
+            set.raw
+                .iter()
+                .filter(|(key, _)| key.starts_with(prefix))
+                .map(|(key, value)| (key.clone(), value.clone()))
+                .collect::<Vec<_>>()
+        };
+        let mut found = overlay.applying.as_deref().map(under).unwrap_or_default();
+        found.extend(under(&overlay.pending));
+        found
     }
 
     /// Applies every pending write to sled now, so that scans see them.
@@ -304,7 +333,10 @@ impl Applier {
                     }
                 }
             }
-            batch.insert(keys::task(task_id), serde_json::to_vec(record)?);
+            match &pending.json {
+                Some(json) => batch.insert(keys::task(task_id), json.get().as_bytes()),
+                None => batch.insert(keys::task(task_id), serde_json::to_vec(record)?),
+            }
         }
         for (key, value) in &set.raw {
             match value {
@@ -385,9 +417,6 @@ fn index_insert(
         .or_default() += 1;
     if new_task {
         *counts.entry(keys::counter(owner, "all")).or_default() += 1;
-        *counts
-            .entry(keys::counter(owner, &format!("c{}", task.context_id)))
-            .or_default() += 1;
     }
 }
 

@@ -10,7 +10,7 @@
 //! | `it` | owner, 0, order | empty: all tasks, newest status first |
 //! | `is` | owner, 0, state, order | empty: tasks by state |
 //! | `ic` | owner, 0, context id, 0, order | empty: tasks by context |
-//! | `n` | owner, 0, counter name | u64 BE count |
+//! | `n` | owner, 0, counter name | u64 BE count (`all`, `s{state}`) |
 //! | `p` | task id, 0, config id | `TaskPushNotificationConfig` JSON |
 //! | `k` | owner, 0, idempotency key | `IdempotencyRecord` JSON |
 //! | `a` | task id | empty: tasks an agent is working on (SUBMITTED, WORKING) |
@@ -95,7 +95,8 @@ pub fn by_context_prefix(owner: &str, context_id: &str) -> Vec<u8> {
     key
 }
 
-/// A counter of an owner: `all`, `s{state}` or `c{context}`.
+/// A counter of an owner: `all` or `s{state}` (ledgers written before
+/// 0.1 also hold unused `c{context}` counters).
 pub fn counter(owner: &str, name: &str) -> Vec<u8> {
     join(&[b"n", owner.as_bytes(), name.as_bytes()])
 }
@@ -105,6 +106,11 @@ pub fn push_prefix(task_id: &str) -> Vec<u8> {
     let mut key = join(&[b"p", task_id.as_bytes()]);
     key.push(SEP);
     key
+}
+
+/// Prefix of every push config.
+pub fn push_all_prefix() -> Vec<u8> {
+    join(&[b"p", b""])
 }
 
 /// `p` key of one push config.

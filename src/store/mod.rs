@@ -24,6 +24,7 @@ use flusher::Flusher;
 use hub::{EventHub, LedgerEvent};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Ledger failures.
@@ -272,6 +273,7 @@ pub struct Ledger {
     flusher: Arc<Flusher>,
     applier: Arc<Applier>,
     hub: Arc<EventHub>,
+    push_configs_stored: Arc<AtomicU64>,
 }
 
 impl Ledger {
@@ -298,12 +300,14 @@ impl Ledger {
         let segment = wal::Segment::create(&wal_dir, next_segment).map_err(io)?;
         let hub = Arc::new(EventHub::default());
         let flusher = Flusher::start(segment, hub.clone(), applier.clone());
+        let push_configs_stored = tree.scan_prefix(keys::push_all_prefix()).count() as u64;
         Ok(Self {
             tree,
             write_lock: Mutex::new(Vec::new()),
             flusher,
             applier,
             hub,
+            push_configs_stored: Arc::new(AtomicU64::new(push_configs_stored)),
         })
     }
 
@@ -386,9 +390,17 @@ impl Ledger {
         published: Vec<Arc<LedgerEvent>>,
     ) -> Result<u64, LedgerError> {
         frames.clear();
+        let json = serde_json::value::to_raw_value(record)?;
         let events = published.iter().map(|e| (e.seq, &e.event)).collect();
-        wal::encode(frames, &wal::EntryRef::Task { record, events })?;
-        self.applier.add_task(record.clone(), &published);
+        wal::encode(
+            frames,
+            &wal::EntryRef::Task {
+                record: &json,
+                events,
+            },
+        )?;
+        self.applier
+            .add_task(record.clone(), Some(json), &published);
         Ok(self.flusher.note_write(frames, published))
     }
 
@@ -558,7 +570,8 @@ impl Ledger {
         let counter = match (&query.context_id, query.state, query.status_after) {
             (None, None, None) => Some("all".to_string()),
             (None, Some(state), None) => Some(format!("s{}", state.number())),
-            (Some(context), None, None) => Some(format!("c{context}")),
+            // A context holds few tasks: its index is counted, which spares
+            // every new context a counter key.
             _ => None,
         };
         if let Some(name) = counter {
@@ -582,7 +595,22 @@ impl Ledger {
         config: &TaskPushNotificationConfig,
     ) -> Result<(), LedgerError> {
         let key = keys::push_config(&config.task_id, &config.id);
-        self.write_raw(key, Some(serde_json::to_vec(config)?)).await
+        let value = serde_json::to_vec(config)?;
+        let ticket = {
+            let mut frames = self.write_lock.lock().expect("ledger lock");
+            if self.read_raw(&key)?.is_none() {
+                self.push_configs_stored.fetch_add(1, Ordering::Relaxed);
+            }
+            self.log_raw(&mut frames, key, Some(value))?
+        };
+        self.flusher.wait_durable(ticket).await;
+        Ok(())
+    }
+
+    /// How many push configs the ledger holds, shared: push delivery skips
+    /// its per-event lookup while there are none.
+    pub fn push_config_count(&self) -> Arc<AtomicU64> {
+        self.push_configs_stored.clone()
     }
 
     /// Reads one push config.
@@ -602,11 +630,31 @@ impl Ledger {
         &self,
         task_id: &str,
     ) -> Result<Vec<TaskPushNotificationConfig>, LedgerError> {
-        self.applier.apply_pending()?;
-        self.tree
-            .scan_prefix(keys::push_prefix(task_id))
-            .map(|entry| Ok(serde_json::from_slice(&entry?.1)?))
+        // Read on every event (push delivery): merges pending writes rather
+        // than applying them here.
+        self.scan_raw(&keys::push_prefix(task_id))?
+            .values()
+            .map(|value| Ok(serde_json::from_slice(value)?))
             .collect()
+    }
+
+    /// The raw keys under `prefix` with their values, pending writes included.
+    fn scan_raw(
+        &self,
+        prefix: &[u8],
+    ) -> Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>, LedgerError> {
+        let mut found = std::collections::BTreeMap::new();
+        for entry in self.tree.scan_prefix(prefix) {
+            let (key, value) = entry?;
+            found.insert(key.to_vec(), value.to_vec());
+        }
+        for (key, value) in self.applier.raw_under(prefix) {
+            match value {
+                Some(value) => found.insert(key, value),
+                None => found.remove(&key),
+            };
+        }
+        Ok(found)
     }
 
     /// Deletes a push config durably; deleting a missing one is not an error.
@@ -615,8 +663,16 @@ impl Ledger {
         task_id: &str,
         config_id: &str,
     ) -> Result<(), LedgerError> {
-        self.write_raw(keys::push_config(task_id, config_id), None)
-            .await
+        let key = keys::push_config(task_id, config_id);
+        let ticket = {
+            let mut frames = self.write_lock.lock().expect("ledger lock");
+            if self.read_raw(&key)?.is_some() {
+                self.push_configs_stored.fetch_sub(1, Ordering::Relaxed);
+            }
+            self.log_raw(&mut frames, key, None)?
+        };
+        self.flusher.wait_durable(ticket).await;
+        Ok(())
     }
 
     /// Claims an idempotency key for a send. Returns the earlier record when
@@ -667,11 +723,9 @@ impl Ledger {
 
     /// Every registered agent, by id.
     pub fn agents<T: serde::de::DeserializeOwned>(&self) -> Result<Vec<T>, LedgerError> {
-        self.applier.apply_pending()?;
-        self.tree
-            .scan_prefix(keys::agent(""))
+        self.scan_raw(&keys::agent(""))?
             .values()
-            .map(|value| Ok(serde_json::from_slice(&value?)?))
+            .map(|value| Ok(serde_json::from_slice(value)?))
             .collect()
     }
 

@@ -41,8 +41,9 @@ const HEADER: usize = 8;
 pub enum EntryRef<'a> {
     /// A task's record after the write, and the events it appended.
     Task {
-        /// The record after the write.
-        record: &'a TaskRecord,
+        /// The record after the write, already encoded (the applier stores
+        /// these same bytes in sled).
+        record: &'a serde_json::value::RawValue,
         /// The appended events with their sequence numbers.
         events: Vec<(u64, &'a StreamResponse)>,
     },

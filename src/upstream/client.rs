@@ -33,6 +33,15 @@ const EVENT_STREAM: &str = "text/event-stream";
 /// How much of a bad body an error message quotes.
 const SNIPPET_CHARS: usize = 160;
 
+/// A JSON-RPC request as sent upstream, borrowing its params (no `Value` tree).
+#[derive(Serialize)]
+struct Envelope<'a, P> {
+    jsonrpc: &'static str,
+    id: u64,
+    method: &'a str,
+    params: &'a P,
+}
+
 /// A JSON-RPC client for one A2A agent endpoint.
 #[derive(Debug)]
 pub struct UpstreamClient {
@@ -155,10 +164,10 @@ impl UpstreamClient {
     }
 
     /// The request for one call: guard checked, envelope and headers set.
-    fn request(
+    fn request<P: Serialize>(
         &self,
         method: &str,
-        params: &impl Serialize,
+        params: &P,
         accept: &str,
         extra: &[(&'static str, String)],
     ) -> Result<(u64, reqwest::RequestBuilder), AgentError> {
@@ -167,12 +176,12 @@ impl UpstreamClient {
             AgentError::Unreachable(format!("{}: {reason}", self.label(method)))
         })?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let body = serde_json::to_vec(&json!({
-            "jsonrpc": "2.0",
-            "id": id,
-            "method": method,
-            "params": params,
-        }))
+        let body = serde_json::to_vec(&Envelope {
+            jsonrpc: "2.0",
+            id,
+            method,
+            params,
+        })
         .map_err(|e| AgentError::Failed(format!("cannot encode {method} params: {e}")))?;
         let mut request = self
             .http

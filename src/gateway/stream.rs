@@ -16,7 +16,9 @@ pub struct TaskEventStream {
     gateway: Arc<Gateway>,
     task_id: String,
     watcher: broadcast::Receiver<Arc<LedgerEvent>>,
-    queue: VecDeque<StreamResponse>,
+    /// Shared with the ledger's fan-out, so 1 000 subscribers of one task
+    /// clone and encode each event once, not 1 000 times.
+    queue: VecDeque<Arc<LedgerEvent>>,
     last_seq: u64,
     /// SendStreamingMessage ends at an interrupted state too; SubscribeToTask
     /// only at a terminal one.
@@ -37,7 +39,11 @@ impl TaskEventStream {
             gateway,
             task_id: record.task.id.clone(),
             watcher,
-            queue: VecDeque::from([StreamResponse::Task(record.task.view(None, true))]),
+            queue: VecDeque::from([Arc::new(LedgerEvent::new(
+                record.task.id.clone(),
+                record.last_seq,
+                StreamResponse::Task(record.task.view(None, true)),
+            ))]),
             last_seq: record.last_seq,
             end_on_interrupt,
             done,
@@ -77,7 +83,7 @@ impl TaskEventStream {
             Ok(events) => {
                 for event in events {
                     self.last_seq = event.seq;
-                    self.queue.push_back(event.event);
+                    self.queue.push_back(Arc::new(event));
                 }
             }
             Err(err) => {
@@ -87,10 +93,10 @@ impl TaskEventStream {
         }
     }
 
-    async fn next_event(&mut self) -> Option<StreamResponse> {
+    async fn next_event(&mut self) -> Option<Arc<LedgerEvent>> {
         loop {
             if let Some(event) = self.queue.pop_front() {
-                if self.is_final(&event) {
+                if self.is_final(&event.event) {
                     self.done = true;
                     self.queue.clear();
                 }
@@ -104,7 +110,7 @@ impl TaskEventStream {
                     Ok(event) if event.seq <= self.last_seq => {}
                     Ok(event) if event.seq == self.last_seq + 1 => {
                         self.last_seq = event.seq;
-                        self.queue.push_back(event.event.clone());
+                        self.queue.push_back(event);
                     }
                     Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => self.replay(),
                     Err(broadcast::error::RecvError::Closed) => {
@@ -118,7 +124,7 @@ impl TaskEventStream {
     }
 
     /// The events as a stream that ends after the final one.
-    pub fn into_stream(self) -> BoxStream<'static, StreamResponse> {
+    pub fn into_stream(self) -> BoxStream<'static, Arc<LedgerEvent>> {
         futures::stream::unfold(self, |mut stream| async move {
             stream.next_event().await.map(|event| (event, stream))
         })

@@ -6,6 +6,7 @@ use super::sse::sse_response;
 use crate::error::GatewayError;
 use crate::gateway::{CallContext, Gateway, SendOutcome};
 use crate::protocol::{AgentCard, StreamResponse, methods};
+use crate::store::hub::LedgerEvent;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::stream::StreamExt;
@@ -53,7 +54,12 @@ pub async fn dispatch(
             Ok(req) => match gateway.send_streaming_message(ctx, req).await {
                 Ok(SendOutcome::Message(message)) => sse_response(
                     id.to_owned(),
-                    futures::stream::iter([StreamResponse::Message(message)]).boxed(),
+                    futures::stream::iter([Arc::new(LedgerEvent::new(
+                        String::new(),
+                        0,
+                        StreamResponse::Message(message),
+                    ))])
+                    .boxed(),
                 ),
                 Ok(SendOutcome::Task(events)) => sse_response(id.to_owned(), events.into_stream()),
                 Err(err) => error_reply(Some(id), &err),

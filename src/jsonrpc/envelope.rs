@@ -146,9 +146,12 @@ fn strip_position(message: &str) -> String {
 }
 
 /// The body of a success reply.
-pub fn success_body<T: Serialize>(id: &RawValue, result: &T) -> Result<Vec<u8>, GatewayError> {
+pub fn success_body<T: Serialize + ?Sized>(
+    id: &RawValue,
+    result: &T,
+) -> Result<Vec<u8>, GatewayError> {
     #[derive(Serialize)]
-    struct Success<'a, T> {
+    struct Success<'a, T: ?Sized> {
         jsonrpc: &'static str,
         id: &'a RawValue,
         result: &'a T,

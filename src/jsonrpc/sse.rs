@@ -2,18 +2,25 @@
 //! JSON-RPC success response with the request's id.
 
 use super::envelope::success_body;
-use crate::protocol::StreamResponse;
+use crate::error::GatewayError;
+use crate::store::hub::LedgerEvent;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::stream::{BoxStream, StreamExt};
 use serde_json::value::RawValue;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
-/// An SSE response carrying `events`, each wrapped with `id`.
-pub fn sse_response(id: Box<RawValue>, events: BoxStream<'static, StreamResponse>) -> Response {
+/// An SSE response carrying `events`, each wrapped with `id`. Each event's
+/// JSON is encoded once and shared by every stream that carries it.
+pub fn sse_response(id: Box<RawValue>, events: BoxStream<'static, Arc<LedgerEvent>>) -> Response {
     let frames = events.map(move |event| {
-        let data = match success_body(&id, &event) {
+        let encoded = event
+            .json()
+            .map_err(|e| GatewayError::Internal(format!("cannot encode event: {e}")))
+            .and_then(|json| success_body(&id, json));
+        let data = match encoded {
             Ok(body) => String::from_utf8(body).unwrap_or_default(),
             Err(err) => String::from_utf8(super::error_body(Some(&id), &err)).unwrap_or_default(),
         };

@@ -311,12 +311,16 @@ impl Applier {
                 .filter(|e| e.seq > applied_seq)
                 .map(|e| &e.event)
                 .collect();
-            if let Some(first) = pending.events.iter().find(|e| e.seq > applied_seq) {
-                // One key per task per application: a chunk of consecutive events.
-                batch.insert(
-                    keys::event(task_id, first.seq),
-                    serde_json::to_vec(&events)?,
-                );
+            // One key per task per application: a chunk of consecutive events.
+            // A terminal task's events are not kept: nobody can subscribe to
+            // it any more, and a stream that fell behind gets its final
+            // snapshot instead (see `Ledger::events_after`).
+            let first = pending.events.iter().find(|e| e.seq > applied_seq);
+            if let Some(first) = first
+                && !record.task.status.state.is_terminal()
+            {
+                let chunk = serde_json::to_vec(&events)?;
+                batch.insert(keys::event(task_id, first.seq), chunk);
             }
             match &before {
                 None => {

@@ -25,6 +25,29 @@ pub struct LedgerEvent {
     pub seq: u64,
     /// The event.
     pub event: StreamResponse,
+    /// The event as JSON, encoded once however many streams carry it.
+    json: std::sync::OnceLock<Box<serde_json::value::RawValue>>,
+}
+
+impl LedgerEvent {
+    /// Event `seq` of `task_id`.
+    pub fn new(task_id: String, seq: u64, event: StreamResponse) -> Self {
+        Self {
+            task_id,
+            seq,
+            event,
+            json: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The event as JSON (encoded on first use, then shared).
+    pub fn json(&self) -> Result<&serde_json::value::RawValue, serde_json::Error> {
+        if let Some(json) = self.json.get() {
+            return Ok(json);
+        }
+        let json = serde_json::value::to_raw_value(&self.event)?;
+        Ok(self.json.get_or_init(|| json))
+    }
 }
 
 /// A callback for every durable event (push delivery hooks in here).

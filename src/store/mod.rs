@@ -447,11 +447,11 @@ impl Ledger {
         for event in events {
             lifecycle::apply_event(&mut record.task, &event)?;
             record.last_seq += 1;
-            published.push(Arc::new(LedgerEvent {
-                task_id: record.task.id.clone(),
-                seq: record.last_seq,
+            published.push(Arc::new(LedgerEvent::new(
+                record.task.id.clone(),
+                record.last_seq,
                 event,
-            }));
+            )));
         }
         Ok(published)
     }
@@ -477,7 +477,8 @@ impl Ledger {
             .collect()
     }
 
-    /// The events of a task after `seq`, in order.
+    /// The events of a task after `seq`, in order; for a task that ended,
+    /// its final snapshot in place of the events after its last logged one.
     pub fn events_after(&self, task_id: &str, seq: u64) -> Result<Vec<LedgerEvent>, LedgerError> {
         self.applier.apply_pending()?;
         let prefix = keys::events_prefix(task_id);
@@ -505,13 +506,23 @@ impl Ledger {
             for (offset, event) in chunk.into_iter().enumerate() {
                 let event_seq = first + offset as u64;
                 if event_seq > seq {
-                    events.push(LedgerEvent {
-                        task_id: task_id.to_string(),
-                        seq: event_seq,
-                        event,
-                    });
+                    events.push(LedgerEvent::new(task_id.to_string(), event_seq, event));
                 }
             }
+        }
+        // The last events of a task that ended are not logged: its final
+        // snapshot stands for them (the spec lets a stream end with one).
+        let logged = events.last().map_or(seq, |e| e.seq);
+        if let Some(record) = self.get(task_id)?
+            && record.last_seq > logged
+            && record.task.status.state.is_terminal()
+        {
+            let snapshot = StreamResponse::Task(record.task.view(None, true));
+            events.push(LedgerEvent::new(
+                task_id.to_string(),
+                record.last_seq,
+                snapshot,
+            ));
         }
         Ok(events)
     }
@@ -829,6 +840,37 @@ mod tests {
         let record = ledger.get("t1").unwrap().unwrap();
         assert_eq!((record.version, record.last_seq), (7, 7));
         assert_eq!(record.task.status.state, TaskState::InputRequired);
+    }
+
+    #[tokio::test]
+    async fn a_stream_behind_an_ended_task_replays_up_to_its_final_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        ledger
+            .create(record("t1"), vec![status("t1", TaskState::Working)])
+            .await
+            .unwrap();
+        ledger.applier.apply_pending().unwrap(); // event 1 logged while WORKING
+        flip(&ledger, "t1", 1).await;
+        let done = status("t1", TaskState::Completed);
+        ledger
+            .update("t1", |_| Ok::<_, LedgerError>(vec![done]))
+            .await
+            .unwrap();
+
+        let events = ledger.events_after("t1", 0).unwrap();
+        let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+        assert_eq!(
+            seqs,
+            vec![1, 3],
+            "the logged event, then the final snapshot"
+        );
+        match &events[1].event {
+            StreamResponse::Task(task) => assert_eq!(task.status.state, TaskState::Completed),
+            other => panic!("expected the final snapshot, got {other:?}"),
+        }
+        assert_eq!(ledger.events_after("t1", 1).unwrap().len(), 1);
+        assert!(ledger.events_after("t1", 3).unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -94,11 +94,7 @@ impl Entry {
                 let events = events
                     .into_iter()
                     .map(|(seq, event)| {
-                        Arc::new(LedgerEvent {
-                            task_id: record.task.id.clone(),
-                            seq,
-                            event,
-                        })
+                        Arc::new(LedgerEvent::new(record.task.id.clone(), seq, event))
                     })
                     .collect();
                 Some((*record, events))

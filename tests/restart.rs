@@ -12,6 +12,19 @@ use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// The push configs of a task.
+async fn push_configs(baton: &BatonProcess, task_id: &str) -> serde_json::Value {
+    let params = json!({"taskId": task_id});
+    baton.call("ListTaskPushNotificationConfigs", params).await
+}
+
+/// Answers a task waiting for input with a message that completes it.
+async fn answer(baton: &BatonProcess, task_id: &str) -> serde_json::Value {
+    let mut answer = user_message(&message_id("tck-complete-task"), "answer");
+    answer["taskId"] = json!(task_id);
+    baton.call("SendMessage", json!({"message": answer})).await
+}
+
 #[tokio::test]
 async fn tasks_history_artifacts_and_push_configs_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -62,18 +75,11 @@ async fn tasks_history_artifacts_and_push_configs_survive_a_restart() {
             .await,
         list_before
     );
-    let configs = second
-        .call(
-            "ListTaskPushNotificationConfigs",
-            json!({"taskId": waiting}),
-        )
-        .await;
+    let configs = push_configs(&second, &waiting).await;
     assert_eq!(configs["configs"][0]["token"], "secret");
 
     // The interrupted task goes on where it stopped.
-    let mut answer = user_message(&message_id("tck-complete-task"), "answer");
-    answer["taskId"] = json!(waiting);
-    let resumed = second.call("SendMessage", json!({"message": answer})).await;
+    let resumed = answer(&second, &waiting).await;
     assert_eq!(resumed["task"]["status"]["state"], "TASK_STATE_COMPLETED");
     assert_eq!(resumed["task"]["history"].as_array().unwrap().len(), 4);
 }
@@ -124,18 +130,11 @@ async fn every_acknowledged_write_survives_a_sigkill() {
         .call("ListTasks", json!({"status": "TASK_STATE_INPUT_REQUIRED"}))
         .await;
     assert_eq!(waiting_count["totalSize"], 8);
-    let configs = second
-        .call(
-            "ListTaskPushNotificationConfigs",
-            json!({"taskId": waiting}),
-        )
-        .await;
+    let configs = push_configs(&second, &waiting).await;
     assert_eq!(configs["configs"][0]["id"], "hook");
 
     // The replayed task goes on where it stopped.
-    let mut answer = user_message(&message_id("tck-complete-task"), "answer");
-    answer["taskId"] = json!(waiting);
-    let resumed = second.call("SendMessage", json!({"message": answer})).await;
+    let resumed = answer(&second, &waiting).await;
     assert_eq!(resumed["task"]["status"]["state"], "TASK_STATE_COMPLETED");
 }
 

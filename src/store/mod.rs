@@ -814,14 +814,20 @@ mod tests {
         }
     }
 
+    /// A ledger in `dir` holding one WORKING task.
+    async fn ledger_with_working_task(dir: &Path, task_id: &str) -> Ledger {
+        let ledger = Ledger::open(dir).unwrap();
+        ledger
+            .create(record(task_id), vec![status(task_id, TaskState::Working)])
+            .await
+            .unwrap();
+        ledger
+    }
+
     #[tokio::test]
     async fn events_read_back_in_order_across_applied_chunks() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(dir.path()).unwrap();
-        ledger
-            .create(record("t1"), vec![status("t1", TaskState::Working)])
-            .await
-            .unwrap();
+        let ledger = ledger_with_working_task(dir.path(), "t1").await;
         flip(&ledger, "t1", 3).await;
         ledger.applier.apply_pending().unwrap(); // one chunk of 4
         flip(&ledger, "t1", 3).await; // pending, not yet applied
@@ -845,11 +851,7 @@ mod tests {
     #[tokio::test]
     async fn a_stream_behind_an_ended_task_replays_up_to_its_final_snapshot() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(dir.path()).unwrap();
-        ledger
-            .create(record("t1"), vec![status("t1", TaskState::Working)])
-            .await
-            .unwrap();
+        let ledger = ledger_with_working_task(dir.path(), "t1").await;
         ledger.applier.apply_pending().unwrap(); // event 1 logged while WORKING
         flip(&ledger, "t1", 1).await;
         let done = status("t1", TaskState::Completed);
@@ -909,11 +911,7 @@ mod tests {
     #[tokio::test]
     async fn a_clean_close_moves_everything_into_sled_and_deletes_the_log() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(dir.path()).unwrap();
-        ledger
-            .create(record("t1"), vec![status("t1", TaskState::Working)])
-            .await
-            .unwrap();
+        let ledger = ledger_with_working_task(dir.path(), "t1").await;
         flip(&ledger, "t1", 2).await;
         let key = keys::idempotency("owner", "k");
         ledger

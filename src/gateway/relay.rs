@@ -228,9 +228,8 @@ impl Driver {
         let record = match moved {
             Ok(record) => record,
             Err(err) => {
-                tracing::debug!(task_id = %self.task_id, %err, "transfer not applied");
-                let reason = format!("the transfer could not be recorded: {err}");
-                self.fail(vec![Part::text(reason)]).await;
+                self.fail_unrecorded("the transfer could not be recorded", err)
+                    .await;
                 return None;
             }
         };
@@ -331,9 +330,8 @@ impl Driver {
         let returned = match returned {
             Ok(returned) => returned,
             Err(err) => {
-                tracing::debug!(task_id = %self.task_id, %err, "return not applied");
-                let reason = format!("the result could not be returned: {err}");
-                self.fail(vec![Part::text(reason)]).await;
+                self.fail_unrecorded("the result could not be returned", err)
+                    .await;
                 return None;
             }
         };
@@ -515,6 +513,13 @@ impl Driver {
             .await
             .ok()
             .map(|_| ())
+    }
+
+    /// Fails the task when a handoff step could not be written to the ledger:
+    /// no driver would be left to move it on.
+    async fn fail_unrecorded(&mut self, what: &str, err: GatewayError) {
+        tracing::debug!(task_id = %self.task_id, %err, what, "handoff step not applied");
+        self.fail(vec![Part::text(format!("{what}: {err}"))]).await;
     }
 
     /// Refuses a handoff the task's agent asked for: the task is REJECTED

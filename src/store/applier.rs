@@ -78,10 +78,14 @@ impl PendingSet {
             match entry {
                 wal::Entry::Put { key, value } => set.set_raw(key, Some(value)),
                 wal::Entry::Remove { key } => set.set_raw(key, None),
-                task => {
-                    if let Some((record, events)) = task.into_task_parts() {
-                        set.add_task(record, None, &events);
-                    }
+                wal::Entry::Task { record, events } => {
+                    let events: Vec<_> = events
+                        .into_iter()
+                        .map(|(seq, event)| {
+                            Arc::new(LedgerEvent::new(record.task.id.clone(), seq, event))
+                        })
+                        .collect();
+                    set.add_task(*record, None, &events);
                 }
             }
         }
@@ -304,23 +308,29 @@ impl Applier {
             if before.as_ref().is_some_and(|b| b.version >= record.version) {
                 continue;
             }
+            // One key per task per application: a chunk of consecutive events,
+            // from the JSON the writer encoded. A terminal task's events are
+            // not kept: nobody can subscribe to it any more, and a stream that
+            // fell behind gets its final snapshot instead (see
+            // `Ledger::events_after`).
             let applied_seq = before.as_ref().map_or(0, |b| b.last_seq);
-            let events: Vec<_> = pending
+            let fresh: Vec<&LedgerEvent> = pending
                 .events
                 .iter()
                 .filter(|e| e.seq > applied_seq)
-                .map(|e| &e.event)
+                .map(|e| &**e)
                 .collect();
-            // One key per task per application: a chunk of consecutive events.
-            // A terminal task's events are not kept: nobody can subscribe to
-            // it any more, and a stream that fell behind gets its final
-            // snapshot instead (see `Ledger::events_after`).
-            let first = pending.events.iter().find(|e| e.seq > applied_seq);
-            if let Some(first) = first
+            if let Some(first) = fresh.first()
                 && !record.task.status.state.is_terminal()
             {
-                let chunk = serde_json::to_vec(&events)?;
-                batch.insert(keys::event(task_id, first.seq), chunk);
+                let encoded = fresh
+                    .iter()
+                    .map(|e| e.json())
+                    .collect::<Result<Vec<_>, _>>()?;
+                batch.insert(
+                    keys::event(task_id, first.seq),
+                    serde_json::to_vec(&encoded)?,
+                );
             }
             match &before {
                 None => {
@@ -368,7 +378,8 @@ impl Applier {
     }
 }
 
-fn storage_io(err: std::io::Error) -> LedgerError {
+/// A file-system failure of the log, as a ledger storage error.
+pub fn storage_io(err: std::io::Error) -> LedgerError {
     LedgerError::Storage(sled::Error::Io(err))
 }
 

@@ -6,7 +6,7 @@
 //! | prefix | key | value |
 //! |---|---|---|
 //! | `t` | task id | `TaskRecord` JSON |
-//! | `e` | task id, 0, seq (u64 BE) | `StreamResponse` JSON |
+//! | `e` | task id, 0, first seq (u64 BE) | JSON array of consecutive `StreamResponse`s (one object in ledgers from before 0.1) |
 //! | `it` | owner, 0, order | empty: all tasks, newest status first |
 //! | `is` | owner, 0, state, order | empty: tasks by state |
 //! | `ic` | owner, 0, context id, 0, order | empty: tasks by context |

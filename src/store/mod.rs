@@ -16,7 +16,7 @@ pub mod wal;
 
 use crate::lifecycle::{self, TransitionError};
 use crate::protocol::{StreamResponse, Task, TaskPushNotificationConfig, TaskState};
-use applier::{Applier, PendingSet, read_counter};
+use applier::{Applier, PendingSet, read_counter, storage_io};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
@@ -288,16 +288,15 @@ impl Ledger {
             .open()?;
         let tree = db.open_tree("ledger")?;
         let wal_dir = dir.join("wal");
-        let io = |err: std::io::Error| LedgerError::Storage(sled::Error::Io(err));
         let next_segment = wal::segments(&wal_dir)
-            .map_err(io)?
+            .map_err(storage_io)?
             .last()
             .map_or(1, |(number, _)| number + 1);
-        let replayed = wal::read_all(&wal_dir).map_err(io)?;
+        let replayed = wal::read_all(&wal_dir).map_err(storage_io)?;
         let applier = Applier::new(db.clone(), tree.clone(), wal_dir.clone());
         applier.recover(PendingSet::from_log(replayed))?;
         applier.start();
-        let segment = wal::Segment::create(&wal_dir, next_segment).map_err(io)?;
+        let segment = wal::Segment::create(&wal_dir, next_segment).map_err(storage_io)?;
         let hub = Arc::new(EventHub::default());
         let flusher = Flusher::start(segment, hub.clone(), applier.clone());
         let push_configs_stored = tree.scan_prefix(keys::push_all_prefix()).count() as u64;
@@ -391,7 +390,10 @@ impl Ledger {
     ) -> Result<u64, LedgerError> {
         frames.clear();
         let json = serde_json::value::to_raw_value(record)?;
-        let events = published.iter().map(|e| (e.seq, &e.event)).collect();
+        let events = published
+            .iter()
+            .map(|e| Ok((e.seq, e.json()?)))
+            .collect::<Result<_, LedgerError>>()?;
         wal::encode(
             frames,
             &wal::EntryRef::Task {

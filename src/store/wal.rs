@@ -19,14 +19,12 @@
 //! process stopped, so its writer was never answered.
 
 use super::TaskRecord;
-use super::hub::LedgerEvent;
 use crate::protocol::StreamResponse;
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// Size after which the flusher starts a new segment and the old one is
 /// checkpointed away.
@@ -44,8 +42,9 @@ pub enum EntryRef<'a> {
         /// The record after the write, already encoded (the applier stores
         /// these same bytes in sled).
         record: &'a serde_json::value::RawValue,
-        /// The appended events with their sequence numbers.
-        events: Vec<(u64, &'a StreamResponse)>,
+        /// The appended events with their sequence numbers, already
+        /// encoded (streams and the applier reuse the same bytes).
+        events: Vec<(u64, &'a serde_json::value::RawValue)>,
     },
     /// A raw key set (push configs, idempotency records, agents).
     Put {
@@ -84,24 +83,6 @@ pub enum Entry {
         /// Key.
         key: Vec<u8>,
     },
-}
-
-impl Entry {
-    /// The events of a task entry as the hub shapes them.
-    pub fn into_task_parts(self) -> Option<(TaskRecord, Vec<Arc<LedgerEvent>>)> {
-        match self {
-            Entry::Task { record, events } => {
-                let events = events
-                    .into_iter()
-                    .map(|(seq, event)| {
-                        Arc::new(LedgerEvent::new(record.task.id.clone(), seq, event))
-                    })
-                    .collect();
-                Some((*record, events))
-            }
-            _ => None,
-        }
-    }
 }
 
 /// Appends `entry` as one frame to `buf`.

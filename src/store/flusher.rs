@@ -1,5 +1,5 @@
 //! Group commit: one thread appends the frames of every pending write to the
-//! write-ahead log with one `fdatasync`, then publishes the events of what it
+//! write-ahead log with one synchronous write, then publishes the events of what it
 //! made durable and releases every writer waiting on it.
 //!
 //! Why a thread: `flush_async` from many tokio tasks stalls under load, and one

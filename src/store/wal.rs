@@ -1,7 +1,7 @@
 //! The ledger's write-ahead log: what makes a write durable.
 //!
 //! Every ledger write is appended here as one frame and the flusher makes a
-//! group of frames durable with one `fdatasync`. sled holds the same data as
+//! group of frames durable with one synchronous write (`O_DSYNC`). sled holds the same data as
 //! the queryable store, applied in the background and flushed only at
 //! checkpoints (see [`super::applier`]); after a crash, the frames still in
 //! the log are applied again at start-up.
@@ -9,7 +9,7 @@
 //! Why not sled's own flush: measured on a 2-core machine, a sled flush costs
 //! ~0.3 ms of CPU across its IO threads, and every new key a transition
 //! inserts costs ~10 µs, which capped durable transitions at ~5 k/s. A frame
-//! append is a `memcpy`, and the log's `fdatasync` is shared by every writer
+//! append is a `memcpy`, and the log's sync is shared by every writer
 //! waiting on it.
 //!
 //! Layout: segment files `wal/<number>.log`, each a run of frames
@@ -23,7 +23,7 @@ use crate::protocol::StreamResponse;
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt as _;
+use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 
 /// Size after which the flusher starts a new segment and the old one is
@@ -156,7 +156,10 @@ pub fn read_all(dir: &Path) -> io::Result<Vec<Entry>> {
 pub struct Segment {
     dir: PathBuf,
     number: u64,
+    /// For zero-filling ahead, synced explicitly.
     file: File,
+    /// The same file opened `O_DSYNC`: each append returns once durable.
+    appends: File,
     /// Bytes of frames written.
     len: u64,
     /// Bytes of the file, zero-filled ahead of `len`.
@@ -164,7 +167,7 @@ pub struct Segment {
 }
 
 /// How far ahead of the frames a segment is zero-filled. Overwriting
-/// allocated blocks lets `fdatasync` skip the file-size metadata write:
+/// allocated blocks lets a data sync skip the file-size metadata write:
 /// measured here, 165–190 µs per sync instead of 260–350 µs.
 const PREALLOCATE: u64 = 1024 * 1024;
 
@@ -172,15 +175,23 @@ impl Segment {
     /// Creates segment `number` in `dir` (and `dir` itself if needed).
     pub fn create(dir: &Path, number: u64) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;
+        let path = segment_path(dir, number);
         let file = OpenOptions::new()
             .create(true)
             .truncate(true)
             .write(true)
-            .open(segment_path(dir, number))?;
+            .open(&path)?;
+        // One `pwrite` on an `O_DSYNC` file instead of `pwrite` + `fdatasync`:
+        // one syscall; p50 159–175 µs against 158–229 µs in three runs here.
+        let appends = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DSYNC)
+            .open(&path)?;
         let mut segment = Self {
             dir: dir.to_path_buf(),
             number,
             file,
+            appends,
             len: 0,
             allocated: 0,
         };
@@ -209,8 +220,7 @@ impl Segment {
         if self.len + needed > self.allocated {
             self.preallocate(needed)?;
         }
-        self.file.write_all_at(frames, self.len)?;
-        self.file.sync_data()?;
+        self.appends.write_all_at(frames, self.len)?;
         self.len += needed;
         Ok(())
     }

@@ -480,6 +480,9 @@ fn decode_reply<T: A2aResult>(
     content_type: &str,
     body: &[u8],
 ) -> Result<T, AgentError> {
+    if let Some(result) = well_formed_result(id, body) {
+        return Ok(result);
+    }
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         AgentError::NotJson(format!(
             "{label}: HTTP {status} ({content_type:?}) is not JSON ({e}); it begins {:?}",
@@ -492,6 +495,11 @@ fn decode_reply<T: A2aResult>(
 
 /// One SSE event: a JSON-RPC response (or, as `event: error`, an error).
 fn decode_event(label: &str, id: u64, event: &SseEvent) -> Result<StreamResponse, AgentError> {
+    if event.event != "error"
+        && let Some(result) = well_formed_result(id, event.data.as_bytes())
+    {
+        return Ok(result);
+    }
     let value: Value = serde_json::from_str(&event.data).map_err(|e| {
         AgentError::NotJson(format!(
             "{label}: a stream event is not JSON ({e}); it begins {:?}",
@@ -511,6 +519,30 @@ fn decode_event(label: &str, id: u64, event: &SseEvent) -> Result<StreamResponse
     }
     let result = rpc_result(label, id, value)?;
     parse_result(label, result)
+}
+
+/// A JSON-RPC response as it arrives: only what the fast path looks at.
+#[derive(serde::Deserialize)]
+struct ReplyFields<'a> {
+    #[serde(borrow)]
+    jsonrpc: Option<&'a str>,
+    id: Option<u64>,
+    #[serde(borrow)]
+    result: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow)]
+    error: Option<&'a serde_json::value::RawValue>,
+}
+
+/// The result of a well-formed, valid answer to request `id`, decoded
+/// straight from the bytes. Anything else is `None`, and the caller's slow
+/// path (through `Value`) says exactly what is wrong.
+fn well_formed_result<T: A2aResult>(id: u64, body: &[u8]) -> Option<T> {
+    let fields: ReplyFields<'_> = serde_json::from_slice(body).ok()?;
+    if fields.jsonrpc != Some("2.0") || fields.id != Some(id) || fields.error.is_some() {
+        return None;
+    }
+    let parsed: T = serde_json::from_str(fields.result?.get()).ok()?;
+    parsed.check().is_ok().then_some(parsed)
 }
 
 /// The `result` of a JSON-RPC 2.0 response to request `id`; its `error` as
@@ -647,6 +679,23 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, AgentError::InvalidResponse(_)), "{err:?}");
+    }
+
+    #[test]
+    fn the_direct_decode_agrees_with_the_checked_one() {
+        let body = br#"{"jsonrpc":"2.0","id":3,"result":{"task":{"id":"t","contextId":"c",
+            "status":{"state":"TASK_STATE_COMPLETED","timestamp":"2026-01-02T03:04:05.678Z"},
+            "artifacts":[{"artifactId":"a","parts":[{"text":"hi"},{"data":{"n":1.5,"k":[true,null]}}]}],
+            "metadata":{"x":{"y":"z"}}},"extra":1}}"#;
+        let direct: SendMessageResponse = well_formed_result(3, body).expect("well formed");
+        let value = serde_json::from_slice(body).unwrap();
+        let checked: SendMessageResponse =
+            parse_result("x", rpc_result("x", 3, value).unwrap()).unwrap();
+        assert_eq!(direct, checked);
+        // Another request's answer, or an invalid result, takes the checked path.
+        assert!(well_formed_result::<SendMessageResponse>(4, body).is_none());
+        let empty = br#"{"jsonrpc":"2.0","id":3,"result":{"message":{"role":"ROLE_AGENT"}}}"#;
+        assert!(well_formed_result::<SendMessageResponse>(3, empty).is_none());
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub(super) enum Start {
     /// Created at acceptance (a handoff), SUBMITTED.
     Accepted,
     /// A message continues this task.
-    Continued(Box<TaskRecord>),
+    Continued(Arc<TaskRecord>),
 }
 
 /// How an agent's turn ended.
@@ -225,7 +225,10 @@ impl Driver {
         match appended {
             Ok(updated) => {
                 self.created = true;
-                send_first(&mut self.first_tx, First::Task(Some(Box::new(updated))));
+                send_first(
+                    &mut self.first_tx,
+                    First::Task(Some(Box::new(Arc::unwrap_or_clone(updated)))),
+                );
                 true
             }
             Err(err) => {
@@ -545,7 +548,7 @@ impl Driver {
         hop: HopRecord,
         upstream: Option<UpstreamRef>,
         events: Vec<StreamResponse>,
-    ) -> Result<TaskRecord, GatewayError> {
+    ) -> Result<Arc<TaskRecord>, GatewayError> {
         let Some(StreamResponse::Task(initial)) = events.first().cloned() else {
             return Err(GatewayError::Internal(
                 "a new task starts with its snapshot".into(),

@@ -165,9 +165,13 @@ impl Gateway {
     }
 
     /// A task the caller may see; others' tasks are reported as not found.
-    fn owned_task(&self, ctx: &CallContext, task_id: &str) -> Result<TaskRecord, GatewayError> {
+    fn owned_task(
+        &self,
+        ctx: &CallContext,
+        task_id: &str,
+    ) -> Result<Arc<TaskRecord>, GatewayError> {
         self.ledger
-            .get(task_id)?
+            .get_shared(task_id)?
             .filter(|record| record.owner == ctx.principal)
             .ok_or_else(|| GatewayError::TaskNotFound(task_id.to_string()))
     }
@@ -365,7 +369,7 @@ impl Gateway {
         }
         Ok(TaskEventStream::from_snapshot(
             self.clone(),
-            record,
+            &record,
             watcher,
             false,
         ))

@@ -118,7 +118,7 @@ impl Gateway {
                 let watcher = self.ledger.hub().watch(&record.task.id);
                 return Ok(SendOutcome::Task(TaskEventStream::from_snapshot(
                     self.clone(),
-                    *record,
+                    &record,
                     watcher,
                     true,
                 )));
@@ -133,7 +133,7 @@ impl Gateway {
                 let record = self.owned_task(ctx, &earlier.task_id)?;
                 return Ok(SendOutcome::Task(TaskEventStream::from_snapshot(
                     self.clone(),
-                    record,
+                    &record,
                     watcher,
                     true,
                 )));
@@ -144,7 +144,7 @@ impl Gateway {
             Ok(First::Error(err)) => Err(err),
             Ok(First::Task(Some(record))) => Ok(SendOutcome::Task(TaskEventStream::from_snapshot(
                 self.clone(),
-                *record,
+                &record,
                 started.watcher,
                 true,
             ))),
@@ -329,7 +329,7 @@ impl Gateway {
             .ledger
             .create(record, vec![StreamResponse::Task(snapshot)])
             .await?;
-        Ok(Begun::Settled(Box::new(record)))
+        Ok(Begun::Settled(Box::new(Arc::unwrap_or_clone(record))))
     }
 
     /// Checks a repeat against the first send with its key.
@@ -546,7 +546,7 @@ impl Gateway {
                     .as_ref()
                     .and_then(|parent| Control::read_from(parent.task.metadata.as_ref()));
                 if let Some(parent) = parent {
-                    parent_history = parent.task.history;
+                    parent_history = Arc::unwrap_or_clone(parent).task.history;
                 }
                 // An agent's own limits only ever shorten the gateway's.
                 let own = agent.as_ref().map(|a| &a.policy);
@@ -632,7 +632,7 @@ impl Gateway {
             last_state: None,
         };
         let start = match continued {
-            Some(record) => Start::Continued(Box::new(record)),
+            Some(record) => Start::Continued(record),
             None if handoff.payload.is_some() => {
                 // A handoff is a task from acceptance: SUBMITTED until the
                 // target acknowledges (DESIGN.md §3.4).

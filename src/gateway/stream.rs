@@ -30,7 +30,7 @@ impl TaskEventStream {
     /// The current task, then every event after it.
     pub fn from_snapshot(
         gateway: Arc<Gateway>,
-        record: TaskRecord,
+        record: &TaskRecord,
         watcher: broadcast::Receiver<Arc<LedgerEvent>>,
         end_on_interrupt: bool,
     ) -> Self {

@@ -15,6 +15,7 @@ use crate::store::{HopRecord, TaskRecord};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
+use std::sync::Arc;
 
 /// Deepest level of children a trace follows (the root is level 0).
 pub const MAX_TRACE_DEPTH: usize = 32;
@@ -82,7 +83,7 @@ impl Gateway {
         let root = self.owned_task(ctx, task_id)?;
         let mut walk = Walk::default();
         walk.seen.insert(root.task.id.clone());
-        let root = self.trace_node(root, 0, &mut walk)?;
+        let root = self.trace_node(Arc::unwrap_or_clone(root), 0, &mut walk)?;
         Ok(TraceReport {
             root,
             truncated: walk.truncated,

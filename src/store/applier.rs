@@ -23,7 +23,7 @@ use std::time::Duration;
 
 /// A task's writes not yet in sled: its latest record and every event since.
 pub struct PendingTask {
-    record: TaskRecord,
+    record: Arc<TaskRecord>,
     /// The record as JSON, when the writer encoded it already.
     json: Option<Box<serde_json::value::RawValue>>,
     events: Vec<Arc<LedgerEvent>>,
@@ -45,7 +45,7 @@ impl PendingSet {
     /// Adds a task write; a later write's record replaces the earlier one.
     pub fn add_task(
         &mut self,
-        record: TaskRecord,
+        record: Arc<TaskRecord>,
         json: Option<Box<serde_json::value::RawValue>>,
         events: &[Arc<LedgerEvent>],
     ) {
@@ -85,7 +85,7 @@ impl PendingSet {
                             Arc::new(LedgerEvent::new(record.task.id.clone(), seq, event))
                         })
                         .collect();
-                    set.add_task(*record, None, &events);
+                    set.add_task(Arc::new(*record), None, &events);
                 }
             }
         }
@@ -202,7 +202,7 @@ impl Applier {
     /// Queues a task write (call under the ledger's write lock).
     pub fn add_task(
         &self,
-        record: TaskRecord,
+        record: Arc<TaskRecord>,
         json: Option<Box<serde_json::value::RawValue>>,
         events: &[Arc<LedgerEvent>],
     ) {
@@ -233,7 +233,7 @@ impl Applier {
     }
 
     /// A task's record if it has writes not yet in sled.
-    pub fn task(&self, task_id: &str) -> Option<TaskRecord> {
+    pub fn task(&self, task_id: &str) -> Option<Arc<TaskRecord>> {
         let overlay = self.overlay.lock().expect("applier lock");
         let in_set = |set: &PendingSet| set.tasks.get(task_id).map(|p| p.record.clone());
         in_set(&overlay.pending).or_else(|| overlay.applying.as_deref().and_then(in_set))
@@ -349,7 +349,7 @@ impl Applier {
             }
             match &pending.json {
                 Some(json) => batch.insert(keys::task(task_id), json.get().as_bytes()),
-                None => batch.insert(keys::task(task_id), serde_json::to_vec(record)?),
+                None => batch.insert(keys::task(task_id), serde_json::to_vec(&**record)?),
             }
         }
         for (key, value) in &set.raw {

@@ -330,11 +330,16 @@ impl Ledger {
 
     /// Reads a task.
     pub fn get(&self, task_id: &str) -> Result<Option<TaskRecord>, LedgerError> {
+        Ok(self.get_shared(task_id)?.map(Arc::unwrap_or_clone))
+    }
+
+    /// Reads a task without copying a record that has writes pending.
+    pub fn get_shared(&self, task_id: &str) -> Result<Option<Arc<TaskRecord>>, LedgerError> {
         if let Some(record) = self.applier.task(task_id) {
             return Ok(Some(record));
         }
         match self.tree.get(keys::task(task_id))? {
-            Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
+            Some(bytes) => Ok(Some(Arc::new(serde_json::from_slice(&bytes)?))),
             None => Ok(None),
         }
     }
@@ -344,15 +349,15 @@ impl Ledger {
         &self,
         mut record: TaskRecord,
         events: Vec<StreamResponse>,
-    ) -> Result<TaskRecord, LedgerError> {
-        let ticket = {
+    ) -> Result<Arc<TaskRecord>, LedgerError> {
+        let (record, ticket) = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
-            if self.get(&record.task.id)?.is_some() {
+            if self.get_shared(&record.task.id)?.is_some() {
                 return Err(LedgerError::Exists(record.task.id));
             }
             let published = Self::append_events(&mut record, events)?;
             record.version = 1;
-            self.log_task(&mut frames, &record, published)?
+            self.log_task(&mut frames, record, published)?
         };
         self.flusher.wait_durable(ticket).await;
         Ok(record)
@@ -361,7 +366,7 @@ impl Ledger {
     /// Changes a task durably. `change` may edit the record (history, upstream
     /// ids) and returns the events to append; each event goes through the
     /// lifecycle rules. Nothing is written if `change` or a rule fails.
-    pub async fn update<F, E>(&self, task_id: &str, change: F) -> Result<TaskRecord, E>
+    pub async fn update<F, E>(&self, task_id: &str, change: F) -> Result<Arc<TaskRecord>, E>
     where
         F: FnOnce(&mut TaskRecord) -> Result<Vec<StreamResponse>, E>,
         E: From<LedgerError>,
@@ -374,22 +379,22 @@ impl Ledger {
             let events = change(&mut record)?;
             let published = Self::append_events(&mut record, events)?;
             record.version += 1;
-            let ticket = self.log_task(&mut frames, &record, published)?;
-            (record, ticket)
+            self.log_task(&mut frames, record, published)?
         };
         self.flusher.wait_durable(ticket).await;
         Ok(record)
     }
 
     /// Logs a task write and queues it for sled; runs under the write lock.
+    /// Returns the record as the overlay shares it, and the write's ticket.
     fn log_task(
         &self,
         frames: &mut Vec<u8>,
-        record: &TaskRecord,
+        record: TaskRecord,
         published: Vec<Arc<LedgerEvent>>,
-    ) -> Result<u64, LedgerError> {
+    ) -> Result<(Arc<TaskRecord>, u64), LedgerError> {
         frames.clear();
-        let json = serde_json::value::to_raw_value(record)?;
+        let json = serde_json::value::to_raw_value(&record)?;
         let events = published
             .iter()
             .map(|e| Ok((e.seq, e.json()?)))
@@ -401,9 +406,10 @@ impl Ledger {
                 events,
             },
         )?;
+        let record = Arc::new(record);
         self.applier
             .add_task(record.clone(), Some(json), &published);
-        Ok(self.flusher.note_write(frames, published))
+        Ok((record, self.flusher.note_write(frames, published)))
     }
 
     /// Logs a raw key write and queues it for sled; runs under the write lock.

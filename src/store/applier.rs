@@ -118,7 +118,9 @@ pub struct Applier {
 
 /// How long the applier lets writes gather before it applies them: longer
 /// coalesces more, and readers do not wait for it (they read the overlay).
-const GATHER: Duration = Duration::from_millis(20);
+/// Measured with 64 writers: 43–49 k transitions/s at 20 ms, 52.5–56.7 k/s
+/// at 50 ms, as the applier's sled work shares the cores with the writers.
+const GATHER: Duration = Duration::from_millis(50);
 
 impl Applier {
     /// An applier for `tree`; call [`Applier::start`] to run it.
@@ -300,7 +302,7 @@ impl Applier {
         let mut batch = sled::Batch::default();
         let mut counts = CounterDeltas::new();
         for (task_id, pending) in &set.tasks {
-            let before: Option<TaskRecord> = match self.tree.get(keys::task(task_id))? {
+            let before: Option<AppliedHead> = match self.tree.get(keys::task(task_id))? {
                 Some(bytes) => Some(serde_json::from_slice(&bytes)?),
                 None => None,
             };
@@ -435,8 +437,41 @@ fn index_insert(
     }
 }
 
+/// What the applier needs of a record already in sled: its version, how
+/// far its events go, and what its index keys were built from. Decoding
+/// only this skips the history and artifacts of every task it re-applies.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AppliedHead {
+    version: u64,
+    last_seq: u64,
+    owner: String,
+    task: AppliedTask,
+}
+
+/// The index fields of an applied task.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AppliedTask {
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    context_id: String,
+    #[serde(default)]
+    status: AppliedStatus,
+}
+
+/// The index fields of an applied task's status.
+#[derive(Default, serde::Deserialize)]
+struct AppliedStatus {
+    #[serde(default)]
+    state: TaskState,
+    #[serde(default, with = "crate::protocol::wire::opt_timestamp")]
+    timestamp: Option<chrono::DateTime<chrono::Utc>>,
+}
+
 /// Removes the index entries of a task's previous state.
-fn index_remove(batch: &mut sled::Batch, counts: &mut CounterDeltas, record: &TaskRecord) {
+fn index_remove(batch: &mut sled::Batch, counts: &mut CounterDeltas, record: &AppliedHead) {
     let (owner, task) = (&record.owner, &record.task);
     let order = keys::order(task.status.timestamp, &task.id);
     let state = task.status.state.number();

@@ -366,7 +366,7 @@ impl Gateway {
         let mut look = true;
         loop {
             if look {
-                if let Ok(Some(record)) = self.ledger.get(task_id) {
+                if let Ok(Some(record)) = self.ledger.get_shared(task_id) {
                     let state = record.task.status.state;
                     if state.is_terminal() || state.is_interrupted() {
                         return;

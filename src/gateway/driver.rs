@@ -225,10 +225,7 @@ impl Driver {
         match appended {
             Ok(updated) => {
                 self.created = true;
-                send_first(
-                    &mut self.first_tx,
-                    First::Task(Some(Box::new(Arc::unwrap_or_clone(updated)))),
-                );
+                send_first(&mut self.first_tx, First::Task(Some(updated)));
                 true
             }
             Err(err) => {

@@ -30,7 +30,7 @@ pub(super) enum First {
     Message(Message),
     /// The task exists in the ledger: created (`None`, its log starts with
     /// its snapshot) or continued (the record right after the continuation).
-    Task(Option<Box<TaskRecord>>),
+    Task(Option<Arc<TaskRecord>>),
     /// The agent failed before any task existed.
     Error(GatewayError),
 }
@@ -50,7 +50,7 @@ enum Begun {
     /// An idempotent repeat: what the first send with the key produced.
     Replay(IdempotencyRecord),
     /// Refused before any agent saw it: the task is already terminal.
-    Settled(Box<TaskRecord>),
+    Settled(Arc<TaskRecord>),
 }
 
 /// A send whose agent is running.
@@ -329,7 +329,7 @@ impl Gateway {
             .ledger
             .create(record, vec![StreamResponse::Task(snapshot)])
             .await?;
-        Ok(Begun::Settled(Box::new(Arc::unwrap_or_clone(record))))
+        Ok(Begun::Settled(record))
     }
 
     /// Checks a repeat against the first send with its key.

@@ -26,10 +26,16 @@ where
 
 /// Formats a timestamp the way the spec prefers: UTC, `Z`, milliseconds.
 pub fn format_timestamp(ts: &DateTime<Utc>) -> String {
+    with_timestamp_text(ts, str::to_string)
+}
+
+/// Calls `use_text` with `ts` in the wire format, allocating only for what
+/// [`write_timestamp`] leaves to chrono.
+fn with_timestamp_text<R>(ts: &DateTime<Utc>, use_text: impl FnOnce(&str) -> R) -> R {
     let mut buf = [0; TIMESTAMP_LEN];
     match write_timestamp(ts, &mut buf) {
-        Some(text) => text.to_string(),
-        None => ts.to_rfc3339_opts(SecondsFormat::Millis, true),
+        Some(text) => use_text(text),
+        None => use_text(&ts.to_rfc3339_opts(SecondsFormat::Millis, true)),
     }
 }
 
@@ -79,13 +85,7 @@ pub mod opt_timestamp {
     /// Writes the timestamp in RFC 3339 UTC with milliseconds.
     pub fn serialize<S: Serializer>(ts: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Error> {
         match ts {
-            Some(ts) => {
-                let mut buf = [0; TIMESTAMP_LEN];
-                match write_timestamp(ts, &mut buf) {
-                    Some(text) => s.serialize_str(text),
-                    None => s.serialize_str(&format_timestamp(ts)),
-                }
-            }
+            Some(ts) => with_timestamp_text(ts, |text| s.serialize_str(text)),
             None => s.serialize_none(),
         }
     }

@@ -431,8 +431,20 @@ impl Ledger {
 
     /// Sets (`Some`) or removes (`None`) a raw key, durably.
     async fn write_raw(&self, key: Vec<u8>, value: Option<Vec<u8>>) -> Result<(), LedgerError> {
+        self.write_raw_with(key, value, |_| Ok(())).await
+    }
+
+    /// [`Ledger::write_raw`], running `under_lock` on the key first, under
+    /// the write lock, so that what it reads still holds when the write lands.
+    async fn write_raw_with(
+        &self,
+        key: Vec<u8>,
+        value: Option<Vec<u8>>,
+        under_lock: impl FnOnce(&[u8]) -> Result<(), LedgerError>,
+    ) -> Result<(), LedgerError> {
         let ticket = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
+            under_lock(&key)?;
             self.log_raw(&mut frames, key, value)?
         };
         self.flusher.wait_durable(ticket).await;
@@ -521,7 +533,7 @@ impl Ledger {
         // The last events of a task that ended are not logged: its final
         // snapshot stands for them (the spec lets a stream end with one).
         let logged = events.last().map_or(seq, |e| e.seq);
-        if let Some(record) = self.get(task_id)?
+        if let Some(record) = self.get_shared(task_id)?
             && record.last_seq > logged
             && record.task.status.state.is_terminal()
         {
@@ -614,16 +626,26 @@ impl Ledger {
         config: &TaskPushNotificationConfig,
     ) -> Result<(), LedgerError> {
         let key = keys::push_config(&config.task_id, &config.id);
-        let value = serde_json::to_vec(config)?;
-        let ticket = {
-            let mut frames = self.write_lock.lock().expect("ledger lock");
-            if self.read_raw(&key)?.is_none() {
-                self.push_configs_stored.fetch_add(1, Ordering::Relaxed);
-            }
-            self.log_raw(&mut frames, key, Some(value))?
-        };
-        self.flusher.wait_durable(ticket).await;
-        Ok(())
+        self.write_push_config(key, Some(serde_json::to_vec(config)?))
+            .await
+    }
+
+    /// Writes a push config key, keeping the count of stored configs.
+    async fn write_push_config(
+        &self,
+        key: Vec<u8>,
+        value: Option<Vec<u8>>,
+    ) -> Result<(), LedgerError> {
+        let stores = value.is_some();
+        self.write_raw_with(key, value, |key| {
+            match (self.read_raw(key)?.is_some(), stores) {
+                (false, true) => self.push_configs_stored.fetch_add(1, Ordering::Relaxed),
+                (true, false) => self.push_configs_stored.fetch_sub(1, Ordering::Relaxed),
+                _ => 0,
+            };
+            Ok(())
+        })
+        .await
     }
 
     /// How many push configs the ledger holds, shared: push delivery skips
@@ -682,16 +704,8 @@ impl Ledger {
         task_id: &str,
         config_id: &str,
     ) -> Result<(), LedgerError> {
-        let key = keys::push_config(task_id, config_id);
-        let ticket = {
-            let mut frames = self.write_lock.lock().expect("ledger lock");
-            if self.read_raw(&key)?.is_some() {
-                self.push_configs_stored.fetch_sub(1, Ordering::Relaxed);
-            }
-            self.log_raw(&mut frames, key, None)?
-        };
-        self.flusher.wait_durable(ticket).await;
-        Ok(())
+        self.write_push_config(keys::push_config(task_id, config_id), None)
+            .await
     }
 
     /// Claims an idempotency key for a send. Returns the earlier record when

@@ -11,9 +11,29 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let cli = Cli::parse();
+fn main() -> ExitCode {
+    disable_transparent_huge_pages();
+    match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(run(Cli::parse())),
+        Err(err) => {
+            eprintln!("cannot start the async runtime: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// mimalloc asks for transparent huge pages on its arenas, and then each
+/// touched 2 MiB counts whole in RSS: 43 of an idle Baton's 57 MB. A heap of
+/// small, short-lived objects gains nothing from them. (This is what
+/// mimalloc's own `MIMALLOC_ALLOW_THP=0` does, applied from the start.)
+fn disable_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    if let Err(err) = rustix::thread::disable_transparent_huge_pages(true) {
+        eprintln!("note: transparent huge pages stay enabled: {err}");
+    }
+}
+
+async fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Keys(args) => cli::keys::run(args),
         Command::Agents(args) => cli::agents::run(args).await,

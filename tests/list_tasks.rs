@@ -581,3 +581,77 @@ async fn list_tasks_follows_status_changes() {
     assert_eq!(done.result()["tasks"][0]["id"], paused);
     baton.stop().await;
 }
+
+/// A context Baton mints for a new task is found by ListTasks from its id
+/// (that first task has no by-context entry), merged with the tasks that
+/// joined the context later; a client's own context of the same shape is
+/// indexed like any other.
+#[tokio::test]
+async fn a_minted_context_lists_its_first_task_with_those_that_joined() {
+    let baton = baton().start().await;
+    let send = |message: Value| {
+        let baton = &baton;
+        async move {
+            let reply = baton
+                .call_at(
+                    "/agents/scenario/a2a",
+                    "SendMessage",
+                    json!({"message": message}),
+                )
+                .await;
+            let task = reply.result()["task"].clone();
+            (
+                task["id"].as_str().unwrap().to_string(),
+                task["contextId"].as_str().unwrap().to_string(),
+            )
+        }
+    };
+    let (first, context) = send(user_message(&message_id("tck-complete-task"), "one")).await;
+    assert_ne!(first, context);
+    let mut joining = user_message(&message_id("tck-complete-task"), "two");
+    joining["contextId"] = json!(context);
+    let (second, second_context) = send(joining).await;
+    assert_eq!(second_context, context);
+
+    let list = |params: Value| {
+        let baton = &baton;
+        async move { baton.call("ListTasks", params).await.result().clone() }
+    };
+    let ids = |page: &Value| -> Vec<String> {
+        page["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let whole = list(json!({"contextId": context})).await;
+    assert_eq!(ids(&whole), [second.as_str(), first.as_str()], "{whole}");
+    assert_eq!(whole["totalSize"], 2);
+    let completed = list(json!({"contextId": context, "status": "TASK_STATE_COMPLETED"})).await;
+    assert_eq!(ids(&completed), [second.as_str(), first.as_str()]);
+    assert_eq!(completed["totalSize"], 2);
+
+    let page = list(json!({"contextId": context, "pageSize": 1})).await;
+    assert_eq!(ids(&page), [second.as_str()]);
+    let token = page["nextPageToken"].as_str().unwrap().to_string();
+    let page = list(json!({"contextId": context, "pageSize": 1, "pageToken": token})).await;
+    assert_eq!(ids(&page), [first.as_str()]);
+    assert_eq!(
+        page.get("nextPageToken")
+            .and_then(Value::as_str)
+            .unwrap_or(""),
+        ""
+    );
+
+    // The same shape, minted from a task id that does not exist.
+    let mut foreign = uuid::Uuid::now_v7().into_bytes();
+    foreign[6] = (foreign[6] & 0x0f) | 0x80;
+    let foreign = uuid::Uuid::from_bytes(foreign).to_string();
+    let mut own = user_message(&message_id("tck-complete-task"), "three");
+    own["contextId"] = json!(foreign);
+    let (third, _) = send(own).await;
+    let listed = list(json!({"contextId": foreign})).await;
+    assert_eq!(ids(&listed), [third]);
+    assert_eq!(listed["totalSize"], 1);
+}

@@ -510,7 +510,9 @@ impl Gateway {
         }
 
         if continued.is_none() && message.context_id.is_empty() {
-            message.context_id = uuid::Uuid::new_v4().to_string();
+            // Minted from the task id: the task needs no by-context index entry.
+            message.context_id = crate::store::keys::minted_context(&task_id)
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         }
         if let Some(record) = &continued {
             message.context_id = record.task.context_id.clone();

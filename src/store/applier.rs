@@ -414,15 +414,16 @@ fn index_insert(
     let (owner, task) = (&record.owner, &record.task);
     let order = keys::order(task.status.timestamp, &task.id);
     let state = task.status.state.number();
-    batch.insert([keys::by_time_prefix(owner), order.clone()].concat(), &[]);
     batch.insert(
         [keys::by_state_prefix(owner, state), order.clone()].concat(),
         &[],
     );
-    batch.insert(
-        [keys::by_context_prefix(owner, &task.context_id), order].concat(),
-        &[],
-    );
+    if !keys::context_is_minted(&task.id, &task.context_id) {
+        batch.insert(
+            [keys::by_context_prefix(owner, &task.context_id), order].concat(),
+            &[],
+        );
+    }
     if is_active(task.status.state) {
         batch.insert(keys::active(&task.id), &[]);
     }
@@ -475,9 +476,10 @@ fn index_remove(batch: &mut sled::Batch, counts: &mut CounterDeltas, record: &Ap
     let (owner, task) = (&record.owner, &record.task);
     let order = keys::order(task.status.timestamp, &task.id);
     let state = task.status.state.number();
-    batch.remove([keys::by_time_prefix(owner), order.clone()].concat());
     batch.remove([keys::by_state_prefix(owner, state), order.clone()].concat());
-    batch.remove([keys::by_context_prefix(owner, &task.context_id), order].concat());
+    if !keys::context_is_minted(&task.id, &task.context_id) {
+        batch.remove([keys::by_context_prefix(owner, &task.context_id), order].concat());
+    }
     batch.remove(keys::active(&task.id));
     if task.status.state.is_interrupted() {
         batch.remove(keys::waiting(&task.id));

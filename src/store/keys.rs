@@ -7,8 +7,7 @@
 //! |---|---|---|
 //! | `t` | task id | `TaskRecord` JSON |
 //! | `e` | task id, 0, first seq (u64 BE) | JSON array of consecutive `StreamResponse`s (one object in ledgers from before 0.1) |
-//! | `it` | owner, 0, order | empty: all tasks, newest status first |
-//! | `is` | owner, 0, state, order | empty: tasks by state |
+//! | `is` | owner, 0, state, order | empty: tasks by state; merged over every state, all tasks |
 //! | `ic` | owner, 0, context id, 0, order | empty: tasks by context |
 //! | `n` | owner, 0, counter name | u64 BE count (`all`, `s{state}`) |
 //! | `p` | task id, 0, config id | `TaskPushNotificationConfig` JSON |
@@ -17,6 +16,10 @@
 //! | `w` | task id | empty: tasks waiting for input (INPUT_REQUIRED, AUTH_REQUIRED) |
 //! | `g` | agent id | `AgentRecord` JSON: registered agents |
 //! | `ch` | parent task id, 0, child task id | empty: the handoff graph |
+//!
+//! A task Baton starts in a context of its own has no `ic` entry: its context
+//! id is minted from its task id (see [`minted_context`]), so a query by
+//! context finds that first task from the id itself.
 //!
 //! `order` is the status time inverted (u64::MAX - millis, big-endian) followed
 //! by the task id, so a forward scan yields the newest status first.
@@ -73,11 +76,10 @@ pub fn parse_order(suffix: &[u8]) -> Option<(u64, &str)> {
     Some((millis, std::str::from_utf8(id).ok()?))
 }
 
-/// Prefix of the all-tasks index of an owner.
-pub fn by_time_prefix(owner: &str) -> Vec<u8> {
-    let mut key = join(&[b"it", owner.as_bytes()]);
-    key.push(SEP);
-    key
+/// Prefix of the all-tasks index that ledgers before 0.2 kept; it is
+/// removed when such a ledger is opened.
+pub fn retired_by_time_prefix() -> &'static [u8] {
+    b"it\0"
 }
 
 /// Prefix of the by-state index of an owner and state.
@@ -86,6 +88,34 @@ pub fn by_state_prefix(owner: &str, state: u8) -> Vec<u8> {
     key.push(SEP);
     key.push(state);
     key
+}
+
+/// The context id Baton mints for a new task `task_id` (a UUIDv7): the same
+/// 128 bits marked version 8. None for a task id that is no UUIDv7.
+pub fn minted_context(task_id: &str) -> Option<String> {
+    with_uuid_version(task_id, 7, 8)
+}
+
+/// The task a context id was minted for, when it is one (see
+/// [`minted_context`]). The caller still checks that the task exists and
+/// holds this context: anyone can send a UUIDv8 of their own.
+pub fn minting_task(context_id: &str) -> Option<String> {
+    with_uuid_version(context_id, 8, 7)
+}
+
+/// Whether a task's context was minted for it, and so is not indexed.
+pub fn context_is_minted(task_id: &str, context_id: &str) -> bool {
+    minting_task(context_id).is_some_and(|minter| minter == task_id)
+}
+
+fn with_uuid_version(id: &str, from: usize, to: u8) -> Option<String> {
+    let uuid = uuid::Uuid::try_parse(id).ok()?;
+    if uuid.get_version_num() != from {
+        return None;
+    }
+    let mut bytes = *uuid.as_bytes();
+    bytes[6] = (bytes[6] & 0x0f) | (to << 4);
+    Some(uuid::Uuid::from_bytes(bytes).hyphenated().to_string())
 }
 
 /// Prefix of the by-context index of an owner and context.
@@ -160,5 +190,23 @@ mod tests {
         let precise = DateTime::from_timestamp(1_000, 123_456_000).unwrap();
         let stored = DateTime::from_timestamp(1_000, 123_000_000).unwrap();
         assert_eq!(order(Some(precise), "a"), order(Some(stored), "a"));
+    }
+
+    #[test]
+    fn a_minted_context_leads_back_to_its_task_only() {
+        let task = uuid::Uuid::now_v7().to_string();
+        let context = minted_context(&task).unwrap();
+        assert_ne!(context, task);
+        assert_eq!(
+            uuid::Uuid::parse_str(&context).unwrap().get_version_num(),
+            8
+        );
+        assert_eq!(minting_task(&context).as_deref(), Some(task.as_str()));
+        assert!(context_is_minted(&task, &context));
+        let other = uuid::Uuid::now_v7().to_string();
+        assert!(!context_is_minted(&other, &context));
+        assert_eq!(minted_context(&uuid::Uuid::new_v4().to_string()), None);
+        assert_eq!(minting_task(&uuid::Uuid::new_v4().to_string()), None);
+        assert_eq!(minting_task("ctx"), None);
     }
 }

@@ -15,6 +15,7 @@ pub mod keys;
 pub mod wal;
 
 use crate::lifecycle::{self, TransitionError};
+use crate::protocol::wire::ProtoEnum as _;
 use crate::protocol::{StreamResponse, Task, TaskPushNotificationConfig, TaskState};
 use applier::{Applier, PendingSet, read_counter, storage_io};
 use base64::Engine as _;
@@ -198,10 +199,16 @@ pub struct ListPage {
     pub total_size: usize,
 }
 
-/// How a ListTasks query is served: the narrowest index, and what must
-/// still be checked for each of its entries.
+/// How a ListTasks query is served: the narrowest index ranges, and what
+/// must still be checked for each of their entries.
 struct IndexPlan {
-    prefix: Vec<u8>,
+    /// Ranges sorted newest first; several are merged. All tasks are the
+    /// by-state ranges of every state, which spares each task a key of an
+    /// all-tasks index (and sled's page table the memory of it).
+    prefixes: Vec<Vec<u8>>,
+    /// The order suffix of the task a queried context was minted for,
+    /// which the by-context index leaves out.
+    minted_first: Option<Vec<u8>>,
     /// A state filter the chosen index does not apply.
     check_state: Option<TaskState>,
     /// `statusTimestampAfter` in index precision, rounded up.
@@ -220,16 +227,57 @@ enum Verdict {
 
 impl IndexPlan {
     fn new(owner: &str, query: &ListQuery) -> Self {
-        let (prefix, check_state) = match (&query.context_id, query.state) {
-            (Some(context), state) => (keys::by_context_prefix(owner, context), state),
-            (None, Some(state)) => (keys::by_state_prefix(owner, state.number()), None),
-            (None, None) => (keys::by_time_prefix(owner), None),
+        let (prefixes, check_state) = match (&query.context_id, query.state) {
+            (Some(context), state) => (vec![keys::by_context_prefix(owner, context)], state),
+            (None, Some(state)) => (vec![keys::by_state_prefix(owner, state.number())], None),
+            (None, None) => (
+                TaskState::VALUES
+                    .iter()
+                    .map(|(state, _, _)| keys::by_state_prefix(owner, state.number()))
+                    .collect(),
+                None,
+            ),
         };
         Self {
-            prefix,
+            prefixes,
+            minted_first: None,
             check_state,
             after_millis: query.status_after.map(after_millis),
         }
+    }
+
+    /// The order suffixes of the plan's entries after `cursor` (all of them
+    /// without one), newest status first.
+    fn entries(&self, tree: &sled::Tree, cursor: Option<&[u8]>) -> MergedEntries {
+        let mut ranges: Vec<IndexRange> = self
+            .prefixes
+            .iter()
+            .map(|prefix| {
+                let start = match cursor {
+                    Some(cursor) => {
+                        let mut key = [prefix.as_slice(), cursor].concat();
+                        key.push(0); // exclusive: the first key after the cursor
+                        key
+                    }
+                    None => prefix.clone(),
+                };
+                IndexRange {
+                    prefix: prefix.clone(),
+                    entries: Some(tree.range(start..)),
+                    head: None,
+                }
+            })
+            .collect();
+        if let Some(first) = &self.minted_first
+            && cursor.is_none_or(|cursor| first.as_slice() > cursor)
+        {
+            ranges.push(IndexRange {
+                prefix: Vec::new(),
+                entries: None,
+                head: Some(first.clone()),
+            });
+        }
+        MergedEntries { ranges }
     }
 
     fn check(&self, ledger: &Ledger, suffix: &[u8]) -> Result<Verdict, LedgerError> {
@@ -251,11 +299,72 @@ impl IndexPlan {
     }
 }
 
+/// One index range being read, with its next entry; a range of one known
+/// entry has no iterator.
+struct IndexRange {
+    prefix: Vec<u8>,
+    entries: Option<sled::Iter>,
+    head: Option<Vec<u8>>,
+}
+
+/// Several index ranges merged by order suffix. Each range is read lazily,
+/// so a first page reads about a page of entries plus one per range.
+struct MergedEntries {
+    ranges: Vec<IndexRange>,
+}
+
+impl Iterator for MergedEntries {
+    type Item = Result<Vec<u8>, LedgerError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        for range in &mut self.ranges {
+            if range.head.is_some() {
+                continue;
+            }
+            match range.entries.as_mut().and_then(Iterator::next) {
+                Some(Ok((key, _))) if key.starts_with(&range.prefix) => {
+                    range.head = Some(key[range.prefix.len()..].to_vec());
+                }
+                Some(Err(err)) => return Some(Err(err.into())),
+                // This range is done.
+                _ => range.entries = None,
+            }
+        }
+        self.ranges
+            .iter_mut()
+            .filter(|range| range.head.is_some())
+            .min_by(|a, b| a.head.cmp(&b.head))
+            .and_then(|range| range.head.take())
+            .map(Ok)
+    }
+}
+
 /// A timestamp in index precision (milliseconds), rounded up so that
 /// "at or after" holds for the stored, millisecond-precise times.
 fn after_millis(time: DateTime<Utc>) -> u64 {
     let micros = time.timestamp_micros().max(0) as u64;
     micros.div_ceil(1000)
+}
+
+/// Removes the all-tasks index that ledgers before 0.2 kept and nothing
+/// reads any more, in bounded batches. Not logged: an interrupted removal
+/// simply goes on at the next open.
+fn remove_retired_index(tree: &sled::Tree) -> Result<(), LedgerError> {
+    loop {
+        let retired = tree
+            .scan_prefix(keys::retired_by_time_prefix())
+            .keys()
+            .take(10_000)
+            .collect::<Result<Vec<_>, _>>()?;
+        if retired.is_empty() {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        for key in retired {
+            batch.remove(key);
+        }
+        tree.apply_batch(batch)?;
+    }
 }
 
 /// Decodes and checks a ListTasks page token.
@@ -295,6 +404,7 @@ impl Ledger {
         let replayed = wal::read_all(&wal_dir).map_err(storage_io)?;
         let applier = Applier::new(db.clone(), tree.clone(), wal_dir.clone());
         applier.recover(PendingSet::from_log(replayed))?;
+        remove_retired_index(&tree)?;
         applier.start();
         let segment = wal::Segment::create(&wal_dir, next_segment).map_err(storage_io)?;
         let hub = Arc::new(EventHub::default());
@@ -550,28 +660,17 @@ impl Ledger {
     /// One page of an owner's tasks, newest status first.
     pub fn list(&self, owner: &str, query: &ListQuery) -> Result<ListPage, LedgerError> {
         self.applier.apply_pending()?;
-        let plan = IndexPlan::new(owner, query);
-        let start = match &query.page_token {
-            Some(cursor) => {
-                let mut key = [plan.prefix.as_slice(), cursor.as_slice()].concat();
-                key.push(0); // exclusive: the first key after the cursor
-                key
-            }
-            None => plan.prefix.clone(),
-        };
+        let plan = self.plan(owner, query)?;
         let mut page = ListPage::default();
         let mut last_order: Option<Vec<u8>> = None;
-        for entry in self.tree.range(start..) {
-            let (key, _) = entry?;
-            let Some(suffix) = key.strip_prefix(plan.prefix.as_slice()) else {
-                break;
-            };
-            let record = match plan.check(self, suffix)? {
+        for suffix in plan.entries(&self.tree, query.page_token.as_deref()) {
+            let suffix = suffix?;
+            let record = match plan.check(self, &suffix)? {
                 Verdict::Stop => break,
                 Verdict::Skip => continue,
                 Verdict::Match(Some(record)) => *record,
                 Verdict::Match(None) => {
-                    match keys::parse_order(suffix).and_then(|(_, id)| self.get(id).transpose()) {
+                    match keys::parse_order(&suffix).and_then(|(_, id)| self.get(id).transpose()) {
                         Some(record) => record?,
                         None => continue,
                     }
@@ -583,11 +682,26 @@ impl Ledger {
                     URL_SAFE_NO_PAD.encode(last_order.take().unwrap_or_default());
                 break;
             }
-            last_order = Some(suffix.to_vec());
+            last_order = Some(suffix);
             page.records.push(record);
         }
         page.total_size = self.count(owner, query, &plan)?;
         Ok(page)
+    }
+
+    /// The index plan of a query, with the task a queried context was
+    /// minted for when that task is the owner's and still in the context.
+    fn plan(&self, owner: &str, query: &ListQuery) -> Result<IndexPlan, LedgerError> {
+        let mut plan = IndexPlan::new(owner, query);
+        if let Some(context) = &query.context_id
+            && let Some(task_id) = keys::minting_task(context)
+            && let Some(record) = self.get_shared(&task_id)?
+            && record.owner == owner
+            && record.task.context_id == *context
+        {
+            plan.minted_first = Some(keys::order(record.task.status.timestamp, &task_id));
+        }
+        Ok(plan)
     }
 
     /// How many of an owner's tasks match the filters (ignoring the cursor):
@@ -609,9 +723,8 @@ impl Ledger {
             return Ok(read_counter(&self.tree, &keys::counter(owner, &name))? as usize);
         }
         let mut total = 0;
-        for entry in self.tree.scan_prefix(&plan.prefix) {
-            let (key, _) = entry?;
-            match plan.check(self, &key[plan.prefix.len()..])? {
+        for suffix in plan.entries(&self.tree, None) {
+            match plan.check(self, &suffix?)? {
                 Verdict::Stop => break,
                 Verdict::Skip => {}
                 Verdict::Match(_) => total += 1,
@@ -950,5 +1063,61 @@ mod tests {
         assert_eq!(record.version, 3);
         assert_eq!(reopened.read_raw(&key).unwrap(), Some(b"{}".to_vec()));
         assert_eq!(reopened.events_after("t1", 0).unwrap().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn listing_all_merges_the_state_indexes_newest_first_across_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        // Alternating states, so every page draws from several indexes.
+        let states = [TaskState::Working, TaskState::Completed, TaskState::Failed];
+        for i in 0..9 {
+            let id = format!("t{i}");
+            let event = status(&id, states[i % 3]);
+            ledger.create(record(&id), vec![event]).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        ledger.applier.apply_pending().unwrap();
+        let mut seen = Vec::new();
+        let mut page_token = None;
+        loop {
+            let query = ListQuery {
+                page_size: 4,
+                page_token: page_token.take(),
+                ..ListQuery::default()
+            };
+            let page = ledger.list("owner", &query).unwrap();
+            assert_eq!(page.total_size, 9);
+            seen.extend(page.records.into_iter().map(|r| r.task.id));
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            page_token = decode_page_token(&page.next_page_token);
+        }
+        let newest_first: Vec<String> = (0..9).rev().map(|i| format!("t{i}")).collect();
+        assert_eq!(seen, newest_first);
+    }
+
+    #[tokio::test]
+    async fn opening_removes_the_retired_all_tasks_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = ledger_with_working_task(dir.path(), "t1").await;
+        let retired = [keys::retired_by_time_prefix(), b"owner\0order"].concat();
+        ledger.tree.insert(&retired, &[]).unwrap();
+        ledger.close();
+        drop(ledger);
+
+        let reopened = Ledger::open(dir.path()).unwrap();
+        assert_eq!(reopened.tree.get(&retired).unwrap(), None);
+        let all = reopened
+            .list(
+                "owner",
+                &ListQuery {
+                    page_size: 10,
+                    ..ListQuery::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(all.records.len(), 1);
     }
 }

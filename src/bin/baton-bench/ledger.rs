@@ -140,13 +140,14 @@ async fn close(ledger: Arc<Ledger>) {
     drop(ledger);
 }
 
-/// A record before its first event, in a context of its own (as a send
-/// without a contextId makes).
+/// A record before its first event, in a context of its own, minted from
+/// the task id as a send without a contextId makes it.
 fn new_record(task_id: &str) -> TaskRecord {
     TaskRecord {
         task: Task {
             id: task_id.to_string(),
-            context_id: uuid::Uuid::new_v4().to_string(),
+            context_id: baton::store::keys::minted_context(task_id)
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
             ..Task::default()
         },
         owner: ANONYMOUS.to_string(),

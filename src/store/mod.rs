@@ -505,10 +505,17 @@ impl Ledger {
     ) -> Result<(Arc<TaskRecord>, u64), LedgerError> {
         frames.clear();
         let json = serde_json::value::to_raw_value(&record)?;
-        let events = published
-            .iter()
-            .map(|e| Ok((e.seq, e.json()?)))
-            .collect::<Result<_, LedgerError>>()?;
+        // A terminal task's events are never applied from the log (the
+        // applier keeps no event log for them), so they are not encoded for
+        // it; subscribers get them from memory.
+        let events = if record.task.status.state.is_terminal() {
+            Vec::new()
+        } else {
+            published
+                .iter()
+                .map(|e| Ok((e.seq, e.json()?)))
+                .collect::<Result<_, LedgerError>>()?
+        };
         wal::encode(
             frames,
             &wal::EntryRef::Task {

@@ -9,8 +9,13 @@
 //! segment away, and at close.
 //!
 //! Order: one application at a time (`apply_lock`), each taking everything
-//! pending as one atomic sled batch, so sled always holds a prefix of the
-//! writes and its indexes and counters agree with its records.
+//! pending. It goes into sled as atomic batches of a few tasks, each with
+//! their index keys and counter changes, so sled's indexes and counters
+//! always agree with its records. Small batches because sled's
+//! `apply_batch` holds a lock that every sled read waits on: one batch of a
+//! whole 50 ms window held request handlers up for milliseconds. A crash
+//! between two batches is repaired by replaying the log: record versions
+//! tell which tasks sled holds already.
 
 use super::hub::LedgerEvent;
 use super::{LedgerError, TaskRecord, keys, wal};
@@ -20,6 +25,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+/// Tasks per sled batch: sled's `apply_batch` holds a lock that every sled
+/// read waits on, so a batch must be short (~0.5 ms here).
+const TASKS_PER_BATCH: usize = 16;
 
 /// A task's writes not yet in sled: its latest record and every event since.
 pub struct PendingTask {
@@ -296,12 +305,33 @@ impl Applier {
         Ok(())
     }
 
-    /// Writes one set into sled as one atomic batch. A task whose sled record
-    /// is as new as the pending one (a log replayed after a crash) is skipped.
+    /// Writes one set into sled, [`TASKS_PER_BATCH`] tasks to an atomic batch,
+    /// then its raw keys. A task whose sled record is as new as the pending
+    /// one (a log replayed after a crash, a retried application) is skipped.
     fn apply(&self, set: &PendingSet) -> Result<(), LedgerError> {
+        let tasks: Vec<(&String, &PendingTask)> = set.tasks.iter().collect();
+        for chunk in tasks.chunks(TASKS_PER_BATCH) {
+            self.apply_tasks(chunk)?;
+        }
+        if !set.raw.is_empty() {
+            let mut batch = sled::Batch::default();
+            for (key, value) in &set.raw {
+                match value {
+                    Some(value) => batch.insert(key.as_slice(), value.as_slice()),
+                    None => batch.remove(key.as_slice()),
+                }
+            }
+            self.tree.apply_batch(batch)?;
+        }
+        Ok(())
+    }
+
+    /// Writes some tasks into sled as one atomic batch, with their index
+    /// keys and counter changes.
+    fn apply_tasks(&self, tasks: &[(&String, &PendingTask)]) -> Result<(), LedgerError> {
         let mut batch = sled::Batch::default();
         let mut counts = CounterDeltas::new();
-        for (task_id, pending) in &set.tasks {
+        for &(task_id, pending) in tasks {
             let before: Option<AppliedHead> = match self.tree.get(keys::task(task_id))? {
                 Some(bytes) => Some(serde_json::from_slice(&bytes)?),
                 None => None,
@@ -352,12 +382,6 @@ impl Applier {
             match &pending.json {
                 Some(json) => batch.insert(keys::task(task_id), json.get().as_bytes()),
                 None => batch.insert(keys::task(task_id), serde_json::to_vec(&**record)?),
-            }
-        }
-        for (key, value) in &set.raw {
-            match value {
-                Some(value) => batch.insert(key.as_slice(), value.as_slice()),
-                None => batch.remove(key.as_slice()),
             }
         }
         for (key, delta) in counts {

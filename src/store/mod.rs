@@ -460,9 +460,16 @@ impl Ledger {
         mut record: TaskRecord,
         events: Vec<StreamResponse>,
     ) -> Result<Arc<TaskRecord>, LedgerError> {
+        // sled is read before the write lock is taken: a sled read waits
+        // while the applier writes a batch, and must not hold up every other
+        // writer meanwhile. A create of the same id since then is pending,
+        // and the overlay, checked under the lock, has it.
+        if self.tree.get(keys::task(&record.task.id))?.is_some() {
+            return Err(LedgerError::Exists(record.task.id));
+        }
         let (record, ticket) = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
-            if self.get_shared(&record.task.id)?.is_some() {
+            if self.applier.task(&record.task.id).is_some() {
                 return Err(LedgerError::Exists(record.task.id));
             }
             let published = Self::append_events(&mut record, events)?;

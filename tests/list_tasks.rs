@@ -73,13 +73,7 @@ async fn create_task(baton: &TestBaton, i: usize) -> String {
             )
             .await
     } else {
-        baton
-            .call_at(
-                "/agents/scenario/a2a",
-                "SendMessage",
-                json!({"message": message}),
-            )
-            .await
+        baton.send_to_scenario(message).await
     };
     let task_id = reply.result()["task"]["id"]
         .as_str()
@@ -95,13 +89,7 @@ async fn create_task(baton: &TestBaton, i: usize) -> String {
         };
         let mut answer = user_message(&message_id(prefix), &format!("answer {i}"));
         answer["taskId"] = json!(task_id);
-        let reply = baton
-            .call_at(
-                "/agents/scenario/a2a",
-                "SendMessage",
-                json!({"message": answer}),
-            )
-            .await;
+        let reply = baton.send_to_scenario(answer).await;
         assert_eq!(reply.result()["task"]["id"], task_id);
     }
     task_id
@@ -493,11 +481,7 @@ async fn list_tasks_follows_status_changes() {
         working.push(id);
     }
     let reply = baton
-        .call_at(
-            "/agents/scenario/a2a",
-            "SendMessage",
-            json!({"message": user_message(&message_id("tck-input-required"), "ask")}),
-        )
+        .send_to_scenario(user_message(&message_id("tck-input-required"), "ask"))
         .await;
     let paused = reply.result()["task"]["id"].as_str().unwrap().to_string();
 
@@ -548,14 +532,7 @@ async fn list_tasks_follows_status_changes() {
     // The paused task completes: it moves to the front and between states.
     let mut answer = user_message(&message_id("tck-complete-task"), "answer");
     answer["taskId"] = json!(paused);
-    baton
-        .call_at(
-            "/agents/scenario/a2a",
-            "SendMessage",
-            json!({"message": answer}),
-        )
-        .await
-        .result();
+    baton.send_to_scenario(answer).await.result();
     let all = baton.call("ListTasks", json!({})).await;
     assert_eq!(all.result()["tasks"][0]["id"], paused);
     assert_eq!(all.result()["totalSize"], 4);
@@ -592,13 +569,7 @@ async fn a_minted_context_lists_its_first_task_with_those_that_joined() {
     let send = |message: Value| {
         let baton = &baton;
         async move {
-            let reply = baton
-                .call_at(
-                    "/agents/scenario/a2a",
-                    "SendMessage",
-                    json!({"message": message}),
-                )
-                .await;
+            let reply = baton.send_to_scenario(message).await;
             let task = reply.result()["task"].clone();
             (
                 task["id"].as_str().unwrap().to_string(),

@@ -237,11 +237,7 @@ async fn working_gated_task(baton: &TestBaton, extra: Value) -> (String, String)
 /// A scenario task left INPUT_REQUIRED; returns its id.
 async fn input_required_task(baton: &TestBaton) -> String {
     let reply = baton
-        .call_at(
-            "/agents/scenario/a2a",
-            "SendMessage",
-            json!({"message": user_message(&message_id("tck-input-required"), "ask me")}),
-        )
+        .send_to_scenario(user_message(&message_id("tck-input-required"), "ask me"))
         .await;
     let task = &reply.result()["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_INPUT_REQUIRED");
@@ -252,13 +248,7 @@ async fn input_required_task(baton: &TestBaton) -> String {
 async fn complete_scenario_task(baton: &TestBaton, task_id: &str) {
     let mut message = user_message(&message_id("tck-complete-task"), "here you go");
     message["taskId"] = json!(task_id);
-    let reply = baton
-        .call_at(
-            "/agents/scenario/a2a",
-            "SendMessage",
-            json!({"message": message}),
-        )
-        .await;
+    let reply = baton.send_to_scenario(message).await;
     assert_eq!(
         reply.result()["task"]["status"]["state"],
         "TASK_STATE_COMPLETED"

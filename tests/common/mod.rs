@@ -292,6 +292,16 @@ impl TestBaton {
         .await
     }
 
+    /// SendMessage of `message` to the scenario agent's own endpoint.
+    pub async fn send_to_scenario(&self, message: Value) -> Reply {
+        self.call_at(
+            "/agents/scenario/a2a",
+            "SendMessage",
+            json!({"message": message}),
+        )
+        .await
+    }
+
     /// Calls a method on `/a2a`.
     pub async fn call(&self, method: &str, params: Value) -> Reply {
         self.call_at("/a2a", method, params).await

@@ -76,7 +76,7 @@ pub fn parse_order(suffix: &[u8]) -> Option<(u64, &str)> {
     Some((millis, std::str::from_utf8(id).ok()?))
 }
 
-/// Prefix of the all-tasks index that ledgers before 0.2 kept; it is
+/// Prefix of the all-tasks index that earlier ledgers kept (`it`); it is
 /// removed when such a ledger is opened.
 pub fn retired_by_time_prefix() -> &'static [u8] {
     b"it\0"

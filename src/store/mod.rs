@@ -346,7 +346,7 @@ fn after_millis(time: DateTime<Utc>) -> u64 {
     micros.div_ceil(1000)
 }
 
-/// Removes the all-tasks index that ledgers before 0.2 kept and nothing
+/// Removes the all-tasks index that earlier ledgers kept and nothing
 /// reads any more, in bounded batches. Not logged: an interrupted removal
 /// simply goes on at the next open.
 fn remove_retired_index(tree: &sled::Tree) -> Result<(), LedgerError> {

@@ -511,8 +511,7 @@ impl Gateway {
 
         if continued.is_none() && message.context_id.is_empty() {
             // Minted from the task id: the task needs no by-context index entry.
-            message.context_id = crate::store::keys::minted_context(&task_id)
-                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+            message.context_id = crate::store::keys::new_context_id(&task_id);
         }
         if let Some(record) = &continued {
             message.context_id = record.task.context_id.clone();

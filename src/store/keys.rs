@@ -93,29 +93,43 @@ pub fn by_state_prefix(owner: &str, state: u8) -> Vec<u8> {
 /// The context id Baton mints for a new task `task_id` (a UUIDv7): the same
 /// 128 bits marked version 8. None for a task id that is no UUIDv7.
 pub fn minted_context(task_id: &str) -> Option<String> {
-    with_uuid_version(task_id, 7, 8)
+    Some(with_uuid_version(task_id, 7, 8)?.hyphenated().to_string())
+}
+
+/// The context of a new task that was sent without one: minted from its id
+/// when that is a UUIDv7 (as Baton's task ids are), else a fresh UUIDv4.
+pub fn new_context_id(task_id: &str) -> String {
+    minted_context(task_id).unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
 }
 
 /// The task a context id was minted for, when it is one (see
 /// [`minted_context`]). The caller still checks that the task exists and
 /// holds this context: anyone can send a UUIDv8 of their own.
 pub fn minting_task(context_id: &str) -> Option<String> {
-    with_uuid_version(context_id, 8, 7)
+    Some(
+        with_uuid_version(context_id, 8, 7)?
+            .hyphenated()
+            .to_string(),
+    )
 }
 
-/// Whether a task's context was minted for it, and so is not indexed.
+/// Whether a task's context is the one minted for it, and so is not
+/// indexed. Called for every applied task: it allocates nothing.
 pub fn context_is_minted(task_id: &str, context_id: &str) -> bool {
-    minting_task(context_id).is_some_and(|minter| minter == task_id)
+    let mut text = uuid::Uuid::encode_buffer();
+    with_uuid_version(task_id, 7, 8)
+        .is_some_and(|minted| minted.hyphenated().encode_lower(&mut text) == context_id)
 }
 
-fn with_uuid_version(id: &str, from: usize, to: u8) -> Option<String> {
+/// `id` as a UUID of version `from`, remarked as version `to`.
+fn with_uuid_version(id: &str, from: usize, to: u8) -> Option<uuid::Uuid> {
     let uuid = uuid::Uuid::try_parse(id).ok()?;
     if uuid.get_version_num() != from {
         return None;
     }
     let mut bytes = *uuid.as_bytes();
     bytes[6] = (bytes[6] & 0x0f) | (to << 4);
-    Some(uuid::Uuid::from_bytes(bytes).hyphenated().to_string())
+    Some(uuid::Uuid::from_bytes(bytes))
 }
 
 /// Prefix of the by-context index of an owner and context.

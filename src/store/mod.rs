@@ -233,7 +233,7 @@ impl IndexPlan {
             (None, None) => (
                 TaskState::VALUES
                     .iter()
-                    .map(|(state, _, _)| keys::by_state_prefix(owner, state.number()))
+                    .map(|&(_, _, number)| keys::by_state_prefix(owner, number as u8))
                     .collect(),
                 None,
             ),
@@ -248,8 +248,8 @@ impl IndexPlan {
 
     /// The order suffixes of the plan's entries after `cursor` (all of them
     /// without one), newest status first.
-    fn entries(&self, tree: &sled::Tree, cursor: Option<&[u8]>) -> MergedEntries {
-        let mut ranges: Vec<IndexRange> = self
+    fn entries<'a>(&'a self, tree: &sled::Tree, cursor: Option<&[u8]>) -> MergedEntries<'a> {
+        let mut ranges: Vec<IndexRange<'a>> = self
             .prefixes
             .iter()
             .map(|prefix| {
@@ -262,7 +262,7 @@ impl IndexPlan {
                     None => prefix.clone(),
                 };
                 IndexRange {
-                    prefix: prefix.clone(),
+                    prefix,
                     entries: Some(tree.range(start..)),
                     head: None,
                 }
@@ -272,7 +272,7 @@ impl IndexPlan {
             && cursor.is_none_or(|cursor| first.as_slice() > cursor)
         {
             ranges.push(IndexRange {
-                prefix: Vec::new(),
+                prefix: &[],
                 entries: None,
                 head: Some(first.clone()),
             });
@@ -301,19 +301,19 @@ impl IndexPlan {
 
 /// One index range being read, with its next entry; a range of one known
 /// entry has no iterator.
-struct IndexRange {
-    prefix: Vec<u8>,
+struct IndexRange<'a> {
+    prefix: &'a [u8],
     entries: Option<sled::Iter>,
     head: Option<Vec<u8>>,
 }
 
 /// Several index ranges merged by order suffix. Each range is read lazily,
 /// so a first page reads about a page of entries plus one per range.
-struct MergedEntries {
-    ranges: Vec<IndexRange>,
+struct MergedEntries<'a> {
+    ranges: Vec<IndexRange<'a>>,
 }
 
-impl Iterator for MergedEntries {
+impl Iterator for MergedEntries<'_> {
     type Item = Result<Vec<u8>, LedgerError>;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -322,7 +322,7 @@ impl Iterator for MergedEntries {
                 continue;
             }
             match range.entries.as_mut().and_then(Iterator::next) {
-                Some(Ok((key, _))) if key.starts_with(&range.prefix) => {
+                Some(Ok((key, _))) if key.starts_with(range.prefix) => {
                     range.head = Some(key[range.prefix.len()..].to_vec());
                 }
                 Some(Err(err)) => return Some(Err(err.into())),

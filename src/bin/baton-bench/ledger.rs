@@ -146,8 +146,7 @@ fn new_record(task_id: &str) -> TaskRecord {
     TaskRecord {
         task: Task {
             id: task_id.to_string(),
-            context_id: baton::store::keys::minted_context(task_id)
-                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+            context_id: baton::store::keys::new_context_id(task_id),
             ..Task::default()
         },
         owner: ANONYMOUS.to_string(),

@@ -389,6 +389,17 @@ impl Ledger {
     /// Opens (or creates) the ledger in `dir`, applying whatever the log
     /// holds from a process that stopped without closing it.
     pub fn open(dir: &Path) -> Result<Self, LedgerError> {
+        Self::open_with_applier(dir, true)
+    }
+
+    /// Opens the ledger with its applier thread stopped, so a test decides
+    /// when pending writes reach sled (`apply_pending`), not a timer.
+    #[cfg(test)]
+    fn open_with_applier_paused(dir: &Path) -> Result<Self, LedgerError> {
+        Self::open_with_applier(dir, false)
+    }
+
+    fn open_with_applier(dir: &Path, start_applier: bool) -> Result<Self, LedgerError> {
         let db = sled::Config::new()
             .path(dir)
             .cache_capacity(64 * 1024 * 1024)
@@ -405,7 +416,9 @@ impl Ledger {
         let applier = Applier::new(db.clone(), tree.clone(), wal_dir.clone());
         applier.recover(PendingSet::from_log(replayed))?;
         remove_retired_index(&tree)?;
-        applier.start();
+        if start_applier {
+            applier.start();
+        }
         let segment = wal::Segment::create(&wal_dir, next_segment).map_err(storage_io)?;
         let hub = Arc::new(EventHub::default());
         let flusher = Flusher::start(segment, hub.clone(), applier.clone());
@@ -963,9 +976,14 @@ mod tests {
         }
     }
 
-    /// A ledger in `dir` holding one WORKING task.
-    async fn ledger_with_working_task(dir: &Path, task_id: &str) -> Ledger {
-        let ledger = Ledger::open(dir).unwrap();
+    /// A ledger whose writes reach sled only when the test applies them, so
+    /// what coalesces does not depend on the applier's timer.
+    fn paused(dir: &Path) -> Ledger {
+        Ledger::open_with_applier_paused(dir).unwrap()
+    }
+
+    /// `ledger` after creating one WORKING task in it.
+    async fn with_working_task(ledger: Ledger, task_id: &str) -> Ledger {
         ledger
             .create(record(task_id), vec![status(task_id, TaskState::Working)])
             .await
@@ -976,7 +994,7 @@ mod tests {
     #[tokio::test]
     async fn events_read_back_in_order_across_applied_chunks() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = ledger_with_working_task(dir.path(), "t1").await;
+        let ledger = with_working_task(paused(dir.path()), "t1").await;
         flip(&ledger, "t1", 3).await;
         ledger.applier.apply_pending().unwrap(); // one chunk of 4
         flip(&ledger, "t1", 3).await; // pending, not yet applied
@@ -1000,7 +1018,7 @@ mod tests {
     #[tokio::test]
     async fn a_stream_behind_an_ended_task_replays_up_to_its_final_snapshot() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = ledger_with_working_task(dir.path(), "t1").await;
+        let ledger = with_working_task(paused(dir.path()), "t1").await;
         ledger.applier.apply_pending().unwrap(); // event 1 logged while WORKING
         flip(&ledger, "t1", 1).await;
         let done = status("t1", TaskState::Completed);
@@ -1027,7 +1045,7 @@ mod tests {
     #[tokio::test]
     async fn indexes_and_counters_follow_coalesced_writes() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(dir.path()).unwrap();
+        let ledger = paused(dir.path());
         for id in ["a", "b", "c"] {
             ledger
                 .create(record(id), vec![status(id, TaskState::Working)])
@@ -1060,7 +1078,7 @@ mod tests {
     #[tokio::test]
     async fn a_clean_close_moves_everything_into_sled_and_deletes_the_log() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = ledger_with_working_task(dir.path(), "t1").await;
+        let ledger = with_working_task(Ledger::open(dir.path()).unwrap(), "t1").await;
         flip(&ledger, "t1", 2).await;
         let key = keys::idempotency("owner", "k");
         ledger
@@ -1115,7 +1133,7 @@ mod tests {
     #[tokio::test]
     async fn opening_removes_the_retired_all_tasks_index() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = ledger_with_working_task(dir.path(), "t1").await;
+        let ledger = with_working_task(Ledger::open(dir.path()).unwrap(), "t1").await;
         let retired = [keys::retired_by_time_prefix(), b"owner\0order"].concat();
         ledger.tree.insert(&retired, &[]).unwrap();
         ledger.close();

@@ -22,7 +22,7 @@ use super::{LedgerError, TaskRecord, keys, wal};
 use crate::protocol::TaskState;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -130,6 +130,9 @@ pub struct Applier {
     /// Whether the last set taken wrote its tasks twice or more on average;
     /// picks the next gather window.
     coalescing: AtomicBool,
+    /// How many sets have been applied and left the overlay: a reader of
+    /// sled then the overlay knows whether a write moved between them.
+    applied_sets: AtomicU64,
 }
 
 /// How long the applier lets writes gather before it applies them, while
@@ -157,6 +160,7 @@ impl Applier {
             apply_lock: Mutex::new(()),
             thread: Mutex::new(None),
             coalescing: AtomicBool::new(false),
+            applied_sets: AtomicU64::new(0),
         })
     }
 
@@ -310,8 +314,15 @@ impl Applier {
             }
         };
         self.apply(&set)?;
-        self.overlay.lock().expect("applier lock").applying = None;
+        let mut overlay = self.overlay.lock().expect("applier lock");
+        overlay.applying = None;
+        self.applied_sets.fetch_add(1, Ordering::Release);
         Ok(())
+    }
+
+    /// How many sets have been applied and have left the overlay.
+    pub fn applied_sets(&self) -> u64 {
+        self.applied_sets.load(Ordering::Acquire)
     }
 
     /// Applies writes read back from the log at start-up, and checkpoints.

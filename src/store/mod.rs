@@ -476,13 +476,18 @@ impl Ledger {
         // sled is read before the write lock is taken: a sled read waits
         // while the applier writes a batch, and must not hold up every other
         // writer meanwhile. A create of the same id since then is pending,
-        // and the overlay, checked under the lock, has it.
-        if self.tree.get(keys::task(&record.task.id))?.is_some() {
+        // and the overlay, checked under the lock, has it; if a set was
+        // applied in between, sled is read again.
+        let applied_sets = self.applier.applied_sets();
+        let key = keys::task(&record.task.id);
+        if self.tree.get(&key)?.is_some() {
             return Err(LedgerError::Exists(record.task.id));
         }
         let (record, ticket) = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
-            if self.applier.task(&record.task.id).is_some() {
+            if self.applier.task(&record.task.id).is_some()
+                || (self.applier.applied_sets() != applied_sets && self.tree.get(&key)?.is_some())
+            {
                 return Err(LedgerError::Exists(record.task.id));
             }
             let published = Self::append_events(&mut record, events)?;
@@ -824,12 +829,15 @@ impl Ledger {
         &self,
         prefix: &[u8],
     ) -> Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>, LedgerError> {
+        // The overlay is read first: a write it no longer holds was applied
+        // before, so the sled scan after it sees that write.
+        let pending = self.applier.raw_under(prefix);
         let mut found = std::collections::BTreeMap::new();
         for entry in self.tree.scan_prefix(prefix) {
             let (key, value) = entry?;
             found.insert(key.to_vec(), value.to_vec());
         }
-        for (key, value) in self.applier.raw_under(prefix) {
+        for (key, value) in pending {
             match value {
                 Some(value) => found.insert(key, value),
                 None => found.remove(&key),

@@ -240,7 +240,7 @@ impl Driver {
         &mut self,
         agent: &Arc<AgentEntry>,
         handoff: bool,
-        (user_message, hop_kind): (Option<Message>, HopKind),
+        (mut user_message, hop_kind): (Option<Message>, HopKind),
         mut receiver: mpsc::Receiver<AgentEvent>,
         (execution, cancel): (Execution, CancellationToken),
     ) -> TurnEnd {
@@ -299,7 +299,7 @@ impl Driver {
                 execution.abort();
                 let bound = last_bound(&batch);
                 if !self.created {
-                    let snapshot = self.snapshot(user_message.as_ref());
+                    let snapshot = self.snapshot(user_message.take());
                     let hop = first_hop(agent, hop_kind);
                     match self.create(agent, hop, bound, vec![snapshot]).await {
                         Ok(_) => {
@@ -340,7 +340,7 @@ impl Driver {
             }
             let mut stream_events = Vec::with_capacity(batch.len() + 1);
             if !self.created {
-                stream_events.push(self.snapshot(user_message.as_ref()));
+                stream_events.push(self.snapshot(user_message.take()));
             }
             stream_events.extend(
                 batch
@@ -498,18 +498,19 @@ impl Driver {
     }
 
     /// The first event of a task created on the agent's first answer.
-    fn snapshot(&self, user_message: Option<&Message>) -> StreamResponse {
+    fn snapshot(&self, user_message: Option<Message>) -> StreamResponse {
+        let metadata = user_message.as_ref().and_then(|m| {
+            let control = Control::read_from(m.metadata.as_ref())?;
+            let mut metadata = None;
+            control.write_into(&mut metadata);
+            metadata
+        });
         StreamResponse::Task(Task {
             id: self.task_id.clone(),
             context_id: self.context_id.clone(),
             status: TaskStatus::now(TaskState::Submitted, None),
-            history: user_message.into_iter().cloned().collect(),
-            metadata: user_message.and_then(|m| {
-                let control = Control::read_from(m.metadata.as_ref())?;
-                let mut metadata = None;
-                control.write_into(&mut metadata);
-                metadata
-            }),
+            history: user_message.into_iter().collect(),
+            metadata,
             ..Task::default()
         })
     }
@@ -546,7 +547,7 @@ impl Driver {
         upstream: Option<UpstreamRef>,
         events: Vec<StreamResponse>,
     ) -> Result<Arc<TaskRecord>, GatewayError> {
-        let Some(StreamResponse::Task(initial)) = events.first().cloned() else {
+        let Some(StreamResponse::Task(initial)) = events.first() else {
             return Err(GatewayError::Internal(
                 "a new task starts with its snapshot".into(),
             ));

@@ -19,6 +19,7 @@ mod handoff;
 mod ledger;
 mod load;
 mod procfs;
+mod reference;
 mod report;
 mod streaming;
 mod upstream;
@@ -48,6 +49,10 @@ struct Args {
     /// Run only these sections (default: all).
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Section>,
+    /// Serve as the reference proxy in front of URL (the harness starts
+    /// this itself).
+    #[arg(long, value_name = "URL", hide = true)]
+    reference_proxy: Option<String>,
 }
 
 /// The parts of a run.
@@ -154,6 +159,13 @@ impl Bench {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    if let Some(upstream_url) = args.reference_proxy {
+        if let Err(err) = reference::serve(upstream_url).await {
+            eprintln!("baton-bench reference proxy: {err:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+        return std::process::ExitCode::SUCCESS;
+    }
     match run(&args).await {
         Ok(report) => {
             println!("{}", report.table());
@@ -351,6 +363,7 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
     let mut figures = Vec::new();
     let mut pairs: Vec<(usize, LoadResult, LoadResult)> = Vec::new();
     let mut cpu_per_request: Option<anyhow::Result<f64>> = None;
+    let mut reference = Vec::new();
     for concurrency in settings.concurrencies {
         let direct_spec = unary_spec(
             settings,
@@ -368,14 +381,9 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
             &through.summary(),
         );
         if concurrency == settings.cpu_concurrency {
-            cpu_per_request = Some(match ticks.as_slice() {
-                [Ok(before), Ok(after)] if through.completed > 0 => {
-                    Ok((after - before) as f64 / ticks_per_second / through.completed as f64 * 1e6)
-                }
-                _ => Err(anyhow::anyhow!(
-                    "no CPU reading or no completed request: {ticks:?}"
-                )),
-            });
+            let baton_cpu = cpu_micros(&ticks, &through, ticks_per_second);
+            reference = reference_figures(bench, concurrency, &direct, &baton_cpu).await;
+            cpu_per_request = Some(baton_cpu);
         }
         pairs.push((concurrency, direct, through));
         bench.note_load();
@@ -428,6 +436,81 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
             )
             .budget(Budget::Max(1.0)),
         );
+    }
+    figures.extend(reference);
+    figures
+}
+
+/// CPU time per completed request between two readings of clock ticks.
+fn cpu_micros(
+    ticks: &[anyhow::Result<u64>],
+    result: &LoadResult,
+    ticks_per_second: f64,
+) -> anyhow::Result<f64> {
+    match ticks {
+        [Ok(before), Ok(after)] if result.completed > 0 => {
+            Ok((after - before) as f64 / ticks_per_second / result.completed as f64 * 1e6)
+        }
+        _ => Err(anyhow::anyhow!(
+            "no CPU reading or no completed request: {ticks:?}"
+        )),
+    }
+}
+
+/// The same unary load through the reference proxy (a stateless axum +
+/// reqwest hop): what this machine charges for any proxy, beside Baton.
+async fn reference_figures(
+    bench: &Bench,
+    concurrency: usize,
+    direct: &LoadResult,
+    baton_cpu: &anyhow::Result<f64>,
+) -> Vec<Figure> {
+    let name = format!("reference proxy CPU time per request, c={concurrency} (/proc)");
+    let upstream_url = format!("{}{}", bench.upstream.base_url(), AgentKind::Fast.path());
+    let proxy = match reference::ReferenceProxy::start(&upstream_url).await {
+        Ok(proxy) => proxy,
+        Err(err) => return vec![Figure::failed(name, "µs", None, &err)],
+    };
+    let spec = unary_spec(&bench.settings, proxy.addr, concurrency, "/a2a");
+    let mut ticks = Vec::new();
+    let through = load::run(&spec, || ticks.push(proxy.cpu_ticks())).await;
+    drop(proxy);
+    progress(
+        &format!("unary c={concurrency} through the reference proxy"),
+        &through.summary(),
+    );
+    let ticks_per_second = procfs::clock_ticks_per_second() as f64;
+    let ratio = through.throughput() / direct.throughput().max(1e-9);
+    let mut figures = vec![
+        Figure::info(
+            format!("unary SendMessage c={concurrency}, through the reference proxy"),
+            through.throughput().round(),
+            "req/s",
+            through.summary(),
+        ),
+        Figure::number(
+            format!("reference proxy throughput / direct, c={concurrency}"),
+            round2(ratio),
+            "",
+        )
+        .note("a stateless axum + reqwest proxy parsing and re-serializing each body"),
+    ];
+    match cpu_micros(&ticks, &through, ticks_per_second) {
+        Ok(proxy_cpu) => {
+            figures.push(
+                Figure::number(name, proxy_cpu.round(), "µs").note(
+                    "issue 5 measured 47 µs for this proxy on its machine: the machine factor",
+                ),
+            );
+            if let Ok(baton_cpu) = baton_cpu {
+                figures.push(Figure::number(
+                    format!("Baton CPU time per request / the reference proxy's, c={concurrency}"),
+                    round2(baton_cpu / proxy_cpu.max(1e-9)),
+                    "",
+                ));
+            }
+        }
+        Err(err) => figures.push(Figure::failed(name, "µs", None, &err)),
     }
     figures
 }

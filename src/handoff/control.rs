@@ -231,7 +231,9 @@ impl Control {
 
     /// Reads the control from a metadata object.
     pub fn read_from(metadata: Option<&wire::Struct>) -> Option<Self> {
-        serde_json::from_value(metadata?.get(HANDOFF_EXTENSION)?.clone()).ok()
+        // Decoded from the borrowed value: read several times per request,
+        // and cloning the value first allocated its whole tree each time.
+        Self::deserialize(metadata?.get(HANDOFF_EXTENSION)?).ok()
     }
 
     /// The headers that carry this control to an agent.

@@ -53,6 +53,45 @@ enum Begun {
     Settled(Arc<TaskRecord>),
 }
 
+/// `SendMessage`'s answer, serialized as a `SendMessageResponse`: the task
+/// is shaped for the reply as it is written, not copied first.
+#[derive(Debug)]
+pub enum SendReply {
+    /// The task the message created or continued, and the history it shows.
+    Task {
+        /// The task as the ledger holds it.
+        record: Arc<TaskRecord>,
+        /// The request's `historyLength`.
+        history_length: Option<i32>,
+    },
+    /// A direct reply; no task exists.
+    Message(Message),
+}
+
+impl SendReply {
+    fn task(record: Arc<TaskRecord>, config: &SendMessageConfiguration) -> Self {
+        Self::Task {
+            record,
+            history_length: config.history_length,
+        }
+    }
+}
+
+impl serde::Serialize for SendReply {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(1))?;
+        match self {
+            Self::Task {
+                record,
+                history_length,
+            } => map.serialize_entry("task", &record.task.borrowed_view(*history_length, true))?,
+            Self::Message(message) => map.serialize_entry("message", message)?,
+        }
+        map.end()
+    }
+}
+
 /// A send whose agent is running.
 struct Started {
     task_id: String,
@@ -75,19 +114,15 @@ impl Gateway {
         self: &Arc<Self>,
         ctx: &CallContext,
         req: SendMessageRequest,
-    ) -> Result<SendMessageResponse, GatewayError> {
+    ) -> Result<SendReply, GatewayError> {
         let config = req.configuration.clone().unwrap_or_default();
         let mut started = match self.start(ctx, req, false).await? {
             Begun::Started(started) => started,
             Begun::Replay(earlier) => return self.replay_send(ctx, earlier, &config).await,
-            Begun::Settled(record) => {
-                return Ok(SendMessageResponse::Task(
-                    record.task.view(config.history_length, true),
-                ));
-            }
+            Begun::Settled(record) => return Ok(SendReply::task(record, &config)),
         };
         match (&mut started.first).await {
-            Ok(First::Message(message)) => return Ok(SendMessageResponse::Message(message)),
+            Ok(First::Message(message)) => return Ok(SendReply::Message(message)),
             Ok(First::Error(err)) => return Err(err),
             Ok(First::Task(_)) => {}
             Err(_) => return Err(GatewayError::Internal("agent driver ended early".into())),
@@ -101,9 +136,7 @@ impl Gateway {
             .await;
         }
         let record = self.owned_task(ctx, &started.task_id)?;
-        Ok(SendMessageResponse::Task(
-            record.task.view(config.history_length, true),
-        ))
+        Ok(SendReply::task(record, &config))
     }
 
     /// `SendStreamingMessage`.
@@ -164,9 +197,9 @@ impl Gateway {
         ctx: &CallContext,
         earlier: IdempotencyRecord,
         config: &SendMessageConfiguration,
-    ) -> Result<SendMessageResponse, GatewayError> {
+    ) -> Result<SendReply, GatewayError> {
         if let Some(message) = earlier.message {
-            return Ok(SendMessageResponse::Message(message));
+            return Ok(SendReply::Message(message));
         }
         if !config.return_immediately {
             let mut watcher = self.ledger.hub().watch(&earlier.task_id);
@@ -174,9 +207,7 @@ impl Gateway {
                 .await;
         }
         let record = self.owned_task(ctx, &earlier.task_id)?;
-        Ok(SendMessageResponse::Task(
-            record.task.view(config.history_length, true),
-        ))
+        Ok(SendReply::task(record, config))
     }
 
     /// Resolves a direct handoff (DESIGN.md §3.3): a message with a payload

@@ -431,26 +431,57 @@ impl Task {
     /// A copy shaped for a reply: at most `history_length` recent messages
     /// (unset keeps all, 0 keeps none) and artifacts only when asked for.
     pub fn view(&self, history_length: Option<i32>, include_artifacts: bool) -> Task {
-        let history = match history_length {
-            None => self.history.clone(),
-            Some(n) => {
-                let keep = usize::try_from(n).unwrap_or(0).min(self.history.len());
-                self.history[self.history.len() - keep..].to_vec()
-            }
-        };
+        let view = self.borrowed_view(history_length, include_artifacts);
         Task {
             id: self.id.clone(),
             context_id: self.context_id.clone(),
             status: self.status.clone(),
-            artifacts: if include_artifacts {
-                self.artifacts.clone()
-            } else {
-                Vec::new()
-            },
-            history,
+            artifacts: view.artifacts.to_vec(),
+            history: view.history.to_vec(),
             metadata: self.metadata.clone(),
         }
     }
+
+    /// [`Task::view`] without the copy, for a reply serialized at once.
+    pub fn borrowed_view(
+        &self,
+        history_length: Option<i32>,
+        include_artifacts: bool,
+    ) -> TaskView<'_> {
+        let keep = history_length.map_or(self.history.len(), |n| {
+            usize::try_from(n).unwrap_or(0).min(self.history.len())
+        });
+        TaskView {
+            id: &self.id,
+            context_id: &self.context_id,
+            status: &self.status,
+            artifacts: if include_artifacts {
+                &self.artifacts
+            } else {
+                &[]
+            },
+            history: &self.history[self.history.len() - keep..],
+            metadata: self.metadata.as_ref(),
+        }
+    }
+}
+
+/// A task shaped for a reply, borrowed; serializes exactly as the [`Task`]
+/// that [`Task::view`] returns.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskView<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
+    id: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    context_id: &'a str,
+    status: &'a TaskStatus,
+    #[serde(skip_serializing_if = "<[Artifact]>::is_empty")]
+    artifacts: &'a [Artifact],
+    #[serde(skip_serializing_if = "<[Message]>::is_empty")]
+    history: &'a [Message],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<&'a Struct>,
 }
 
 /// `TaskStatusUpdateEvent`.
@@ -595,5 +626,48 @@ impl StreamResponse {
             Self::StatusUpdate(update) => Some(update.status.state),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_borrowed_view_serializes_as_the_copied_view() {
+        let message = |id: &str| Message {
+            message_id: id.into(),
+            role: Role::User,
+            parts: vec![Part::text("hi")],
+            ..Message::default()
+        };
+        let task: Task = serde_json::from_value(json!({
+            "id": "t1",
+            "contextId": "c1",
+            "status": {"state": "TASK_STATE_COMPLETED"},
+            "artifacts": [{"artifactId": "a1", "parts": [{"text": "ok"}]}],
+            "metadata": {"k": "v"}
+        }))
+        .unwrap();
+        let task = Task {
+            history: vec![message("m1"), message("m2"), message("m3")],
+            ..task
+        };
+        for history_length in [None, Some(0), Some(2), Some(9), Some(-1)] {
+            for include_artifacts in [true, false] {
+                assert_eq!(
+                    serde_json::to_value(task.borrowed_view(history_length, include_artifacts))
+                        .unwrap(),
+                    serde_json::to_value(task.view(history_length, include_artifacts)).unwrap(),
+                    "{history_length:?} {include_artifacts}"
+                );
+            }
+        }
+        let empty = Task::default();
+        assert_eq!(
+            serde_json::to_value(empty.borrowed_view(None, true)).unwrap(),
+            serde_json::to_value(&empty).unwrap()
+        );
     }
 }

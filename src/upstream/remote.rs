@@ -63,7 +63,7 @@ impl RemoteAgent {
     }
 
     /// Forwards the message and follows the task it creates or continues.
-    async fn run(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+    async fn run(&self, mut request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
         let mut follower = Follower::new(events);
         if let Some(task) = &request.task {
             follower.knows(task);
@@ -72,7 +72,7 @@ impl RemoteAgent {
         }
         let streaming = self.streams();
         let send = SendMessageRequest {
-            message: Some(outgoing(&request)),
+            message: Some(outgoing(std::mem::take(&mut request.message), &request)),
             configuration: Some(SendMessageConfiguration {
                 accepted_output_modes: request.accepted_output_modes.clone(),
                 // Learn at once that the agent took the work (DESIGN.md §3).
@@ -184,9 +184,8 @@ fn backoff(delay: Duration, max: Duration) -> Duration {
     (delay * 2).clamp(Duration::from_millis(1), max.max(Duration::from_millis(1)))
 }
 
-/// The message as the agent should see it.
-fn outgoing(request: &AgentRequest) -> Message {
-    let mut message = request.message.clone();
+/// `message`, the request's, as the agent should see it.
+fn outgoing(mut message: Message, request: &AgentRequest) -> Message {
     match &request.upstream {
         Some(upstream) => {
             message.task_id = upstream.task_id.clone();
@@ -647,7 +646,7 @@ mod tests {
             accepted_output_modes: Vec::new(),
             cancel: Default::default(),
         };
-        let message = outgoing(&request);
+        let message = outgoing(request.message.clone(), &request);
         assert_eq!(
             (
                 message.task_id.as_str(),
@@ -657,10 +656,13 @@ mod tests {
             ("up-task", "up-ctx", "m1")
         );
         assert!(message.reference_task_ids.is_empty());
-        let fresh = outgoing(&AgentRequest {
-            upstream: None,
-            ..request
-        });
+        let fresh = outgoing(
+            request.message.clone(),
+            &AgentRequest {
+                upstream: None,
+                ..request
+            },
+        );
         assert_eq!(
             (fresh.task_id.as_str(), fresh.context_id.as_str()),
             ("", "gw-ctx")

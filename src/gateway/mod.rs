@@ -8,7 +8,7 @@ mod stream;
 mod trace;
 pub mod validate;
 
-pub use send::SendOutcome;
+pub use send::{SendOutcome, SendReply};
 pub use stream::TaskEventStream;
 pub use trace::{MAX_TRACE_DEPTH, MAX_TRACE_NODES, TraceNode, TraceReport};
 

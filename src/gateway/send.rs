@@ -908,3 +908,47 @@ pub(super) fn enforce_return_schema(
     status.context_id = completion.context_id.clone();
     completion.status = TaskStatus::now(TaskState::Failed, Some(status));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_send_reply_serializes_as_a_send_message_response() {
+        let task = Task {
+            id: "t1".into(),
+            context_id: "c1".into(),
+            history: vec![
+                Message {
+                    message_id: "m1".into(),
+                    ..Message::default()
+                },
+                Message {
+                    message_id: "m2".into(),
+                    ..Message::default()
+                },
+            ],
+            ..Task::default()
+        };
+        let record = Arc::new(TaskRecord {
+            task: task.clone(),
+            ..TaskRecord::default()
+        });
+        for history_length in [None, Some(1)] {
+            let reply = SendReply::Task {
+                record: record.clone(),
+                history_length,
+            };
+            let response = SendMessageResponse::Task(task.view(history_length, true));
+            assert_eq!(
+                serde_json::to_value(&reply).unwrap(),
+                serde_json::to_value(&response).unwrap()
+            );
+        }
+        let message = task.history[0].clone();
+        assert_eq!(
+            serde_json::to_value(SendReply::Message(message.clone())).unwrap(),
+            serde_json::to_value(SendMessageResponse::Message(message)).unwrap()
+        );
+    }
+}

@@ -664,6 +664,16 @@ mod tests {
                 );
             }
         }
+        let kept = |history_length| {
+            let view = task.borrowed_view(history_length, true);
+            view.history
+                .iter()
+                .map(|m| m.message_id.as_str())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(kept(Some(2)), ["m2", "m3"]);
+        assert_eq!(kept(None), ["m1", "m2", "m3"]);
+        assert!(kept(Some(0)).is_empty() && kept(Some(-1)).is_empty());
         let empty = Task::default();
         assert_eq!(
             serde_json::to_value(empty.borrowed_view(None, true)).unwrap(),

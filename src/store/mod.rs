@@ -476,8 +476,8 @@ impl Ledger {
         // sled is read before the write lock is taken: a sled read waits
         // while the applier writes a batch, and must not hold up every other
         // writer meanwhile. A create of the same id since then is pending,
-        // and the overlay, checked under the lock, has it; if a set was
-        // applied in between, sled is read again.
+        // and the overlay, checked under the lock, has it; only if a set was
+        // applied in between (rare) is sled read again, under the lock.
         let applied_sets = self.applier.applied_sets();
         let key = keys::task(&record.task.id);
         if self.tree.get(&key)?.is_some() {
@@ -830,7 +830,8 @@ impl Ledger {
         prefix: &[u8],
     ) -> Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>, LedgerError> {
         // The overlay is read first: a write it no longer holds was applied
-        // before, so the sled scan after it sees that write.
+        // before, so the sled scan after it sees that write. (A write racing
+        // the scan may show its old or its new value, as for any read.)
         let pending = self.applier.raw_under(prefix);
         let mut found = std::collections::BTreeMap::new();
         for entry in self.tree.scan_prefix(prefix) {

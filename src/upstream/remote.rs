@@ -72,7 +72,11 @@ impl RemoteAgent {
         }
         let streaming = self.streams();
         let send = SendMessageRequest {
-            message: Some(outgoing(std::mem::take(&mut request.message), &request)),
+            message: Some(outgoing(
+                std::mem::take(&mut request.message),
+                request.upstream.as_ref(),
+                &request.context_id,
+            )),
             configuration: Some(SendMessageConfiguration {
                 accepted_output_modes: request.accepted_output_modes.clone(),
                 // Learn at once that the agent took the work (DESIGN.md §3).
@@ -184,16 +188,17 @@ fn backoff(delay: Duration, max: Duration) -> Duration {
     (delay * 2).clamp(Duration::from_millis(1), max.max(Duration::from_millis(1)))
 }
 
-/// `message`, the request's, as the agent should see it.
-fn outgoing(mut message: Message, request: &AgentRequest) -> Message {
-    match &request.upstream {
+/// A request's message as the agent should see it: with the agent's own
+/// task ids (`upstream`), or the gateway's `context_id` for a new task.
+fn outgoing(mut message: Message, upstream: Option<&UpstreamRef>, context_id: &str) -> Message {
+    match upstream {
         Some(upstream) => {
             message.task_id = upstream.task_id.clone();
             message.context_id = upstream.context_id.clone();
         }
         None => {
             message.task_id.clear();
-            message.context_id = request.context_id.clone();
+            message.context_id = context_id.to_string();
         }
     }
     // They name gateway tasks, which the agent does not know.
@@ -646,7 +651,11 @@ mod tests {
             accepted_output_modes: Vec::new(),
             cancel: Default::default(),
         };
-        let message = outgoing(request.message.clone(), &request);
+        let message = outgoing(
+            request.message.clone(),
+            request.upstream.as_ref(),
+            &request.context_id,
+        );
         assert_eq!(
             (
                 message.task_id.as_str(),
@@ -656,13 +665,7 @@ mod tests {
             ("up-task", "up-ctx", "m1")
         );
         assert!(message.reference_task_ids.is_empty());
-        let fresh = outgoing(
-            request.message.clone(),
-            &AgentRequest {
-                upstream: None,
-                ..request
-            },
-        );
+        let fresh = outgoing(request.message.clone(), None, &request.context_id);
         assert_eq!(
             (fresh.task_id.as_str(), fresh.context_id.as_str()),
             ("", "gw-ctx")

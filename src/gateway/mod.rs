@@ -33,6 +33,33 @@ impl From<LedgerError> for GatewayError {
     }
 }
 
+/// A stored task as a reply (`GetTask`, `SendMessage`): written through
+/// [`Task::borrowed_view`], so the record is not copied to be serialized.
+#[derive(Debug)]
+pub struct TaskReply {
+    record: Arc<TaskRecord>,
+    history_length: Option<i32>,
+}
+
+impl TaskReply {
+    /// `record`'s task with at most `history_length` recent messages.
+    pub fn new(record: Arc<TaskRecord>, history_length: Option<i32>) -> Self {
+        Self {
+            record,
+            history_length,
+        }
+    }
+}
+
+impl serde::Serialize for TaskReply {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.record
+            .task
+            .borrowed_view(self.history_length, true)
+            .serialize(serializer)
+    }
+}
+
 /// Who is calling and where the call was addressed.
 #[derive(Clone, Debug)]
 pub struct CallContext {
@@ -177,13 +204,17 @@ impl Gateway {
     }
 
     /// `GetTask`.
-    pub fn get_task(&self, ctx: &CallContext, req: GetTaskRequest) -> Result<Task, GatewayError> {
+    pub fn get_task(
+        &self,
+        ctx: &CallContext,
+        req: GetTaskRequest,
+    ) -> Result<TaskReply, GatewayError> {
         let mut violations = Vec::new();
         check_required(&req.id, "id", &mut violations);
         check_history_length(req.history_length, "historyLength", &mut violations);
         finish(violations)?;
         let record = self.owned_task(ctx, &req.id)?;
-        Ok(record.task.view(req.history_length, true))
+        Ok(TaskReply::new(record, req.history_length))
     }
 
     /// `ListTasks`.

@@ -6,7 +6,7 @@ use super::driver::{Driver, Start, Turn, send_first};
 use super::relay::{agent_views, policy_refusal, skill_output_schema};
 use super::stream::TaskEventStream;
 use super::validate::{self, check_history_length, check_message, finish};
-use super::{CallContext, Gateway};
+use super::{CallContext, Gateway, TaskReply};
 use crate::agents::AgentRequest;
 use crate::error::GatewayError;
 use crate::handoff::context::{direct_history, message_bytes};
@@ -53,42 +53,19 @@ enum Begun {
     Settled(Arc<TaskRecord>),
 }
 
-/// `SendMessage`'s answer, serialized as a `SendMessageResponse`: the task
-/// is shaped for the reply as it is written, not copied first.
-#[derive(Debug)]
+/// `SendMessage`'s answer; serializes as a `SendMessageResponse`.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub enum SendReply {
-    /// The task the message created or continued, and the history it shows.
-    Task {
-        /// The task as the ledger holds it.
-        record: Arc<TaskRecord>,
-        /// The request's `historyLength`.
-        history_length: Option<i32>,
-    },
+    /// The task the message created or continued.
+    Task(TaskReply),
     /// A direct reply; no task exists.
     Message(Message),
 }
 
 impl SendReply {
     fn task(record: Arc<TaskRecord>, config: &SendMessageConfiguration) -> Self {
-        Self::Task {
-            record,
-            history_length: config.history_length,
-        }
-    }
-}
-
-impl serde::Serialize for SendReply {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = serializer.serialize_map(Some(1))?;
-        match self {
-            Self::Task {
-                record,
-                history_length,
-            } => map.serialize_entry("task", &record.task.borrowed_view(*history_length, true))?,
-            Self::Message(message) => map.serialize_entry("message", message)?,
-        }
-        map.end()
+        Self::Task(TaskReply::new(record, config.history_length))
     }
 }
 
@@ -935,10 +912,7 @@ mod tests {
             ..TaskRecord::default()
         });
         for history_length in [None, Some(1)] {
-            let reply = SendReply::Task {
-                record: record.clone(),
-                history_length,
-            };
+            let reply = SendReply::Task(TaskReply::new(record.clone(), history_length));
             let response = SendMessageResponse::Task(task.view(history_length, true));
             assert_eq!(
                 serde_json::to_value(&reply).unwrap(),

@@ -93,7 +93,7 @@ pub fn by_state_prefix(owner: &str, state: u8) -> Vec<u8> {
 /// The context id Baton mints for a new task `task_id` (a UUIDv7): the same
 /// 128 bits marked version 8. None for a task id that is no UUIDv7.
 pub fn minted_context(task_id: &str) -> Option<String> {
-    Some(with_uuid_version(task_id, 7, 8)?.hyphenated().to_string())
+    with_uuid_version(task_id, 7, 8).map(|uuid| uuid.hyphenated().to_string())
 }
 
 /// The context of a new task that was sent without one: minted from its id
@@ -106,11 +106,7 @@ pub fn new_context_id(task_id: &str) -> String {
 /// [`minted_context`]). The caller still checks that the task exists and
 /// holds this context: anyone can send a UUIDv8 of their own.
 pub fn minting_task(context_id: &str) -> Option<String> {
-    Some(
-        with_uuid_version(context_id, 8, 7)?
-            .hyphenated()
-            .to_string(),
-    )
+    with_uuid_version(context_id, 8, 7).map(|uuid| uuid.hyphenated().to_string())
 }
 
 /// Whether a task's context is the one minted for it, and so is not

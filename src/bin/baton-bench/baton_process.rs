@@ -8,7 +8,7 @@ use anyhow::{Context as _, bail};
 use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Longest Baton may take to open its ledger and answer `/readyz`: a
@@ -47,6 +47,44 @@ pub fn locate_baton(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
         );
     }
     Ok(baton)
+}
+
+/// Reads a child's stdout on a thread (draining it to the end) and passes
+/// on the address of every line `prefix` + address.
+pub fn announced_addresses(
+    stdout: ChildStdout,
+    prefix: &'static str,
+) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(addr) = line.strip_prefix(prefix) {
+                let _ = tx.send(addr.trim().to_string());
+            }
+        }
+    });
+    rx
+}
+
+/// The first address `announced` passes on within `limit`, calling `alive`
+/// (an error when the child exited) between polls; `None` on time-out.
+pub async fn first_address(
+    announced: &std::sync::mpsc::Receiver<String>,
+    limit: Duration,
+    mut alive: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Option<SocketAddr>> {
+    let started = Instant::now();
+    while started.elapsed() <= limit {
+        if let Ok(addr) = announced.try_recv() {
+            let addr = addr
+                .parse()
+                .with_context(|| format!("bad listen address {addr}"))?;
+            return Ok(Some(addr));
+        }
+        alive()?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(None)
 }
 
 /// What a Baton process is started with.
@@ -108,15 +146,7 @@ impl BatonProcess {
             .with_context(|| format!("starting {}", options.binary.display()))?;
         let pid = child.id();
         let stdout = child.stdout.take().context("no stdout")?;
-        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
-        // Baton prints `baton listening on ADDR` once bound; keep draining after.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(addr) = line.strip_prefix("baton listening on ") {
-                    let _ = bound_tx.send(addr.trim().to_string());
-                }
-            }
-        });
+        let announced = announced_addresses(stdout, "baton listening on ");
         let mut process = Self {
             child: Some(child),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -124,20 +154,12 @@ impl BatonProcess {
             log,
         };
         let started = Instant::now();
-        let addr = loop {
-            if let Ok(addr) = bound_rx.try_recv() {
-                break addr
-                    .parse()
-                    .with_context(|| format!("bad listen address {addr}"))?;
-            }
-            process.check_alive()?;
-            if started.elapsed() > START_LIMIT {
-                bail!(
-                    "Baton did not bind within {START_LIMIT:?}{}",
-                    process.log_tail()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let Some(addr) = first_address(&announced, START_LIMIT, || process.check_alive()).await?
+        else {
+            bail!(
+                "Baton did not bind within {START_LIMIT:?}{}",
+                process.log_tail()
+            );
         };
         process.addr = addr;
         while !process.ready().await {

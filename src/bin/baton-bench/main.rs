@@ -382,7 +382,8 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
         );
         if concurrency == settings.cpu_concurrency {
             let baton_cpu = cpu_micros(&ticks, &through, ticks_per_second);
-            reference = reference_figures(bench, concurrency, &direct, &baton_cpu).await;
+            reference =
+                reference_figures(bench, concurrency, &direct, &baton_cpu, ticks_per_second).await;
             cpu_per_request = Some(baton_cpu);
         }
         pairs.push((concurrency, direct, through));
@@ -464,6 +465,7 @@ async fn reference_figures(
     concurrency: usize,
     direct: &LoadResult,
     baton_cpu: &anyhow::Result<f64>,
+    ticks_per_second: f64,
 ) -> Vec<Figure> {
     let name = format!("reference proxy CPU time per request, c={concurrency} (/proc)");
     let upstream_url = format!("{}{}", bench.upstream.base_url(), AgentKind::Fast.path());
@@ -479,7 +481,6 @@ async fn reference_figures(
         &format!("unary c={concurrency} through the reference proxy"),
         &through.summary(),
     );
-    let ticks_per_second = procfs::clock_ticks_per_second() as f64;
     let ratio = through.throughput() / direct.throughput().max(1e-9);
     let mut figures = vec![
         Figure::info(

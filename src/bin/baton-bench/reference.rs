@@ -5,15 +5,15 @@
 //! figures are printed beside it. It runs as this binary in a separate
 //! process (`--reference-proxy URL`), so /proc gives its CPU time alone.
 
+use crate::baton_process::{announced_addresses, first_address};
 use crate::procfs;
 use anyhow::{Context as _, bail};
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What the proxy prints once bound.
 const LISTENING: &str = "reference proxy listening on ";
@@ -83,31 +83,19 @@ impl ReferenceProxy {
             .spawn()
             .context("starting the reference proxy")?;
         let stdout = child.stdout.take().context("no stdout")?;
-        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(addr) = line.strip_prefix(LISTENING) {
-                    let _ = bound_tx.send(addr.trim().to_string());
-                }
-            }
-        });
+        let announced = announced_addresses(stdout, LISTENING);
         let mut proxy = Self {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         };
-        let started = Instant::now();
-        proxy.addr = loop {
-            if let Ok(addr) = bound_rx.try_recv() {
-                break addr.parse().context("the proxy's listen address")?;
-            }
-            if let Some(status) = proxy.child.try_wait()? {
-                bail!("the reference proxy exited early ({status})");
-            }
-            if started.elapsed() > START_LIMIT {
-                bail!("the reference proxy did not bind within {START_LIMIT:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let alive = || match proxy.child.try_wait()? {
+            Some(status) => bail!("the reference proxy exited early ({status})"),
+            None => Ok(()),
         };
+        let Some(addr) = first_address(&announced, START_LIMIT, alive).await? else {
+            bail!("the reference proxy did not bind within {START_LIMIT:?}");
+        };
+        proxy.addr = addr;
         Ok(proxy)
     }
 

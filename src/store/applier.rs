@@ -112,6 +112,11 @@ struct Overlay {
     pending: PendingSet,
     /// The writes being applied now (or whose application failed).
     applying: Option<Arc<PendingSet>>,
+    /// The set applied last, kept until the next one is applied: a task
+    /// read just after it reached sled (a blocking send's reply, a client
+    /// polling GetTask) is found here instead of decoded from sled again.
+    /// Only this applier writes task records, so these match sled.
+    recent: Option<Arc<PendingSet>>,
     /// Log segments whose writes must reach sled before they are deleted.
     retired: Vec<PathBuf>,
     stop: bool,
@@ -266,11 +271,14 @@ impl Applier {
         self.wake.notify_one();
     }
 
-    /// A task's record if it has writes not yet in sled.
+    /// A task's record if it has writes not yet in sled, or reached sled
+    /// with the set applied last.
     pub fn task(&self, task_id: &str) -> Option<Arc<TaskRecord>> {
         let overlay = self.overlay.lock().expect("applier lock");
         let in_set = |set: &PendingSet| set.tasks.get(task_id).map(|p| p.record.clone());
-        in_set(&overlay.pending).or_else(|| overlay.applying.as_deref().and_then(in_set))
+        in_set(&overlay.pending)
+            .or_else(|| overlay.applying.as_deref().and_then(in_set))
+            .or_else(|| overlay.recent.as_deref().and_then(in_set))
     }
 
     /// A raw key's pending value: `Some(None)` if it is pending removal,
@@ -315,8 +323,12 @@ impl Applier {
         };
         self.apply(&set)?;
         let mut overlay = self.overlay.lock().expect("applier lock");
-        overlay.applying = None;
+        let applied = overlay.applying.take();
+        let previous = std::mem::replace(&mut overlay.recent, applied);
         self.applied_sets.fetch_add(1, Ordering::Release);
+        drop(overlay);
+        // Freed outside the lock: a large set takes a while to drop.
+        drop(previous);
         Ok(())
     }
 

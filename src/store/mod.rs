@@ -1107,6 +1107,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_task_just_applied_is_read_without_decoding_until_the_next_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = with_working_task(paused(dir.path()), "t1").await;
+        let written = ledger.get_shared("t1").unwrap().unwrap();
+        ledger.applier.apply_pending().unwrap();
+        // The set applied last is still shared: the same record, not a copy.
+        let read = ledger.get_shared("t1").unwrap().unwrap();
+        assert!(Arc::ptr_eq(&written, &read));
+
+        ledger.create(record("t2"), vec![]).await.unwrap();
+        ledger.applier.apply_pending().unwrap();
+        // Once another set is applied, t1 comes from sled, and is the same task.
+        let decoded = ledger.get_shared("t1").unwrap().unwrap();
+        assert!(!Arc::ptr_eq(&written, &decoded));
+        assert_eq!(*decoded, *written);
+        assert!(ledger.applier.task("t2").is_some());
+    }
+
+    #[tokio::test]
     async fn listing_all_merges_the_state_indexes_newest_first_across_pages() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::open(dir.path()).unwrap();

@@ -42,16 +42,33 @@ fn with_timestamp_text<R>(ts: &DateTime<Utc>, use_text: impl FnOnce(&str) -> R) 
 /// Length of `YYYY-MM-DDTHH:MM:SS.mmmZ`.
 const TIMESTAMP_LEN: usize = 24;
 
+/// Length of `YYYY-MM-DDTHH:MM:SS.uuuuuuZ`.
+const MICROS_TIMESTAMP_LEN: usize = 27;
+
 /// Writes `ts` as `YYYY-MM-DDTHH:MM:SS.mmmZ` into `buf` without allocating:
 /// every task status carries one, and chrono's general formatter was 4 % of
 /// the ledger's CPU. `None` for what chrono must format (years outside
 /// 0..=9999, leap seconds).
 fn write_timestamp<'a>(ts: &DateTime<Utc>, buf: &'a mut [u8; TIMESTAMP_LEN]) -> Option<&'a str> {
+    write_timestamp_digits(ts, buf, 3)
+}
+
+/// Writes `ts` in RFC 3339 UTC with `fraction_digits` (3 or 6) digits of
+/// seconds into `buf`, which is exactly long enough for them.
+fn write_timestamp_digits<'a>(
+    ts: &DateTime<Utc>,
+    buf: &'a mut [u8],
+    fraction_digits: u32,
+) -> Option<&'a str> {
     use chrono::{Datelike, Timelike};
     let (year, nanos) = (ts.year(), ts.nanosecond());
     if !(0..=9999).contains(&year) || nanos >= 1_000_000_000 {
         return None;
     }
+    let fraction = (
+        nanos / 10u32.pow(9 - fraction_digits),
+        fraction_digits as usize,
+    );
     let fields = [
         (0, 4, year as u32),
         (5, 2, ts.month()),
@@ -59,9 +76,10 @@ fn write_timestamp<'a>(ts: &DateTime<Utc>, buf: &'a mut [u8; TIMESTAMP_LEN]) -> 
         (11, 2, ts.hour()),
         (14, 2, ts.minute()),
         (17, 2, ts.second()),
-        (20, 3, nanos / 1_000_000),
+        (20, fraction.1, fraction.0),
     ];
-    buf.copy_from_slice(b"0000-00-00T00:00:00.000Z");
+    buf[..20].copy_from_slice(b"0000-00-00T00:00:00.");
+    *buf.last_mut()? = b'Z';
     for (start, width, mut value) in fields {
         for at in (start..start + width).rev() {
             buf[at] = b'0' + (value % 10) as u8;
@@ -95,6 +113,50 @@ pub mod opt_timestamp {
         match Option::<String>::deserialize(d)? {
             Some(text) => parse_timestamp(&text).map(Some).map_err(de::Error::custom),
             None => Ok(None),
+        }
+    }
+}
+
+/// Serde adapter for the ledger's own `DateTime<Utc>` fields (not on the
+/// wire): RFC 3339 UTC with microseconds, written without chrono's general
+/// formatter. Reads any RFC 3339 text, as chrono's own format did.
+pub mod record_timestamp {
+    use super::*;
+
+    /// Writes the timestamp with microseconds.
+    pub fn serialize<S: Serializer>(ts: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+        let mut buf = [0; MICROS_TIMESTAMP_LEN];
+        match write_timestamp_digits(ts, &mut buf, 6) {
+            Some(text) => s.serialize_str(text),
+            None => s.serialize_str(&ts.to_rfc3339_opts(SecondsFormat::Micros, true)),
+        }
+    }
+
+    /// Reads an RFC 3339 timestamp.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
+        DateTime::<Utc>::deserialize(d)
+    }
+
+    /// The same for optional fields.
+    pub mod option {
+        use super::*;
+
+        /// Writes the timestamp with microseconds, or `null`.
+        pub fn serialize<S: Serializer>(
+            ts: &Option<DateTime<Utc>>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            match ts {
+                Some(ts) => super::serialize(ts, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        /// Reads an RFC 3339 timestamp, or `null`.
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<DateTime<Utc>>, D::Error> {
+            Option::<DateTime<Utc>>::deserialize(d)
         }
     }
 }
@@ -342,6 +404,39 @@ mod tests {
                 "{text}"
             );
             assert_eq!(format_timestamp(&ts), fast);
+            let mut buf = [0; MICROS_TIMESTAMP_LEN];
+            let micros = write_timestamp_digits(&ts, &mut buf, 6).unwrap();
+            assert_eq!(
+                micros,
+                ts.to_rfc3339_opts(SecondsFormat::Micros, true),
+                "{text}"
+            );
         }
+    }
+
+    #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+    struct Stamped {
+        #[serde(with = "record_timestamp")]
+        at: DateTime<Utc>,
+        #[serde(default, with = "record_timestamp::option")]
+        maybe: Option<DateTime<Utc>>,
+    }
+
+    #[test]
+    fn record_timestamps_keep_microseconds_and_read_chronos_own_format() {
+        let at = parse_timestamp("2026-11-30T23:59:59.123456789Z").unwrap();
+        let stamped = Stamped {
+            at,
+            maybe: Some(at),
+        };
+        let json = serde_json::to_string(&stamped).unwrap();
+        assert_eq!(
+            json,
+            r#"{"at":"2026-11-30T23:59:59.123456Z","maybe":"2026-11-30T23:59:59.123456Z"}"#
+        );
+        // Records written before this adapter carry chrono's nanoseconds.
+        let older = r#"{"at":"2026-11-30T23:59:59.123456789Z","maybe":null}"#;
+        let read: Stamped = serde_json::from_str(older).unwrap();
+        assert_eq!(read, Stamped { at, maybe: None });
     }
 }

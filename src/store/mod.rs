@@ -66,6 +66,7 @@ pub struct TaskRecord {
     /// Sequence number of the last event in the task's log.
     pub last_seq: u64,
     /// When the gateway created the task.
+    #[serde(with = "crate::protocol::wire::record_timestamp")]
     pub created_at: DateTime<Utc>,
     /// The gateway task this one is a child of (a handoff's `parentTaskId`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -110,12 +111,21 @@ pub struct HopRecord {
     /// How it got the task.
     pub kind: HopKind,
     /// When the gateway began delivering to it.
+    #[serde(with = "crate::protocol::wire::record_timestamp")]
     pub started_at: DateTime<Utc>,
     /// When it acknowledged (its first answer).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::protocol::wire::record_timestamp::option"
+    )]
     pub acked_at: Option<DateTime<Utc>>,
     /// When its turn ended.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::protocol::wire::record_timestamp::option"
+    )]
     pub ended_at: Option<DateTime<Utc>>,
     /// The state its turn ended in (the agent's state, which the caller may not see).
     #[serde(default, skip_serializing_if = "Option::is_none")]

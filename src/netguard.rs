@@ -102,23 +102,61 @@ impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let policy = self.policy.clone();
         Box::pin(async move {
-            let host = name.as_str().to_string();
-            let resolved: Vec<SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let allowed: Vec<SocketAddr> = resolved
-                .iter()
-                .copied()
-                .filter(|addr| policy.permits(addr.ip()))
-                .collect();
-            if allowed.is_empty() {
-                let refused = std::io::Error::new(
-                    std::io::ErrorKind::PermissionDenied,
-                    format!("{host} resolves only to internal addresses not in --allow-upstream"),
-                );
-                return Err(Box::new(refused) as Box<dyn std::error::Error + Send + Sync>);
-            }
+            let allowed = policy.resolve_allowed(name.as_str()).await?;
             Ok(Box::new(allowed.into_iter()) as Addrs)
         })
+    }
+}
+
+impl OutboundPolicy {
+    /// Resolves `host` and keeps the addresses this policy permits; none
+    /// permitted is an error that names the reason.
+    async fn resolve_allowed(&self, host: &str) -> std::io::Result<Vec<SocketAddr>> {
+        let resolved = tokio::net::lookup_host((host, 0)).await?;
+        let allowed: Vec<SocketAddr> = resolved.filter(|addr| self.permits(addr.ip())).collect();
+        if allowed.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("{host} resolves only to internal addresses not in --allow-upstream"),
+            ));
+        }
+        Ok(allowed)
+    }
+}
+
+/// The guard as a resolver for hyper's connector, which the agent client
+/// uses directly (see `upstream::transport`).
+#[derive(Clone, Debug)]
+pub struct GuardedNames {
+    policy: OutboundPolicy,
+}
+
+impl GuardedNames {
+    /// A resolver obeying `policy`.
+    pub fn new(policy: &OutboundPolicy) -> Self {
+        Self {
+            policy: policy.clone(),
+        }
+    }
+}
+
+impl tower_service::Service<hyper_util::client::legacy::connect::dns::Name> for GuardedNames {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::io::Result<Self::Response>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: hyper_util::client::legacy::connect::dns::Name) -> Self::Future {
+        let policy = self.policy.clone();
+        Box::pin(async move { Ok(policy.resolve_allowed(name.as_str()).await?.into_iter()) })
     }
 }
 

@@ -541,6 +541,37 @@ async fn a_non_json_answer_is_an_invalid_agent_response() {
 }
 
 #[tokio::test]
+async fn an_answer_over_the_size_limit_is_an_invalid_agent_response() {
+    let (url, _, server) = fake_agent(|request| {
+        let id = &request["id"];
+        let text = "x".repeat(4096);
+        let body = json!({"jsonrpc": "2.0", "id": id, "result": {"message": {
+            "messageId": "big", "role": "ROLE_AGENT", "parts": [{"text": text}]}}});
+        ("application/json", body.to_string())
+    })
+    .await;
+    let settings = UpstreamSettings {
+        max_body_bytes: 1024,
+        ..fast()
+    };
+    for streaming in [true, false] {
+        let gateway = gateway_for(card_at(&url, streaming), settings.clone()).await;
+        let reply = send_to_gateway(&gateway).await;
+        assert_invalid_agent_response(&reply);
+        assert!(
+            reply.body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("larger than 1024 bytes"),
+            "{}",
+            reply.body
+        );
+        gateway.stop().await;
+    }
+    server.abort();
+}
+
+#[tokio::test]
 async fn an_answer_that_is_not_a2a_is_an_invalid_agent_response() {
     let (url, seen, server) = fake_agent(|request| {
         let id = &request["id"];

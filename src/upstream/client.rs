@@ -9,6 +9,7 @@
 //! as the A2A object the method returns, with its required fields.
 
 use super::sse::{SseDecoder, SseEvent};
+use super::transport::{self, Transport, failure, next_chunk, read_body};
 use super::{UpstreamConfigError, UpstreamSettings};
 use crate::agents::AgentError;
 use crate::handoff::control::Control;
@@ -17,7 +18,11 @@ use crate::protocol::{
     AgentCard, CancelTaskRequest, GetTaskRequest, Message, PROTOCOL_VERSION, SendMessageRequest,
     SendMessageResponse, StreamResponse, SubscribeToTaskRequest, Task, TaskState, methods,
 };
-use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::StatusCode;
+use hyper::body::Incoming;
+use hyper::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -45,9 +50,11 @@ struct Envelope<'a, P> {
 /// A JSON-RPC client for one A2A agent endpoint.
 #[derive(Debug)]
 pub struct UpstreamClient {
-    http: reqwest::Client,
+    http: Transport,
     policy: OutboundPolicy,
     url: reqwest::Url,
+    /// `url` as hyper takes it.
+    uri: hyper::Uri,
     tenant: String,
     settings: UpstreamSettings,
     next_id: AtomicU64,
@@ -69,17 +76,15 @@ impl UpstreamClient {
                 "{url:?} must be an absolute http or https URL"
             )));
         }
-        // No total timeout (`OutboundPolicy::client` sets one): streams must
-        // outlive it. Unary calls set theirs per request.
-        let http = policy
-            .client_builder()
-            .connect_timeout(settings.connect_timeout)
-            .build()
-            .map_err(|e| UpstreamConfigError::Client(e.to_string()))?;
+        let uri = parsed
+            .as_str()
+            .parse()
+            .map_err(|e| UpstreamConfigError::BadUrl(format!("{url:?} is not a URI: {e}")))?;
         Ok(Self {
-            http,
+            http: transport::transport(policy, settings.connect_timeout),
             policy: policy.clone(),
             url: parsed,
+            uri,
             tenant: tenant.into(),
             settings,
             next_id: AtomicU64::new(1),
@@ -170,7 +175,7 @@ impl UpstreamClient {
         params: &P,
         accept: &str,
         extra: &[(&'static str, String)],
-    ) -> Result<(u64, reqwest::RequestBuilder), AgentError> {
+    ) -> Result<(u64, hyper::Request<Full<Bytes>>), AgentError> {
         // Resolvers never see IP literals, so those are checked here.
         self.policy.check_url(&self.url).map_err(|reason| {
             AgentError::Unreachable(format!("{}: {reason}", self.label(method)))
@@ -183,16 +188,19 @@ impl UpstreamClient {
             params,
         })
         .map_err(|e| AgentError::Failed(format!("cannot encode {method} params: {e}")))?;
-        let mut request = self
-            .http
-            .post(self.url.clone())
+        let mut request = hyper::Request::post(self.uri.clone())
             .header(VERSION_HEADER, PROTOCOL_VERSION)
             .header(CONTENT_TYPE, APPLICATION_JSON)
-            .header(ACCEPT, accept)
-            .body(body);
+            .header(ACCEPT, accept);
         for (name, value) in extra {
             request = request.header(*name, value);
         }
+        let request = request.body(Full::new(Bytes::from(body))).map_err(|e| {
+            AgentError::Failed(format!(
+                "{}: cannot build the request: {e}",
+                self.label(method)
+            ))
+        })?;
         Ok((id, request))
     }
 
@@ -206,16 +214,22 @@ impl UpstreamClient {
         let label = self.label(method);
         let (id, request) = self.request(method, params, APPLICATION_JSON, extra)?;
         tracing::debug!(upstream = %self.url, method, id, "calling agent");
-        // reqwest's per-request timeout covers connecting, sending and
-        // reading the whole body.
-        let response = request
-            .timeout(self.settings.request_timeout)
-            .send()
+        // The timeout covers connecting, sending and reading the whole body.
+        let exchange = async {
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(|e| failure(&label, &e))?;
+            let (parts, body) = response.into_parts();
+            let declared = content_length(&parts.headers);
+            let body = read_body(&label, body, declared, self.settings.max_body_bytes).await?;
+            Ok::<_, AgentError>((parts.status, content_type(&parts.headers), body))
+        };
+        let timeout = self.settings.request_timeout;
+        let (status, content_type, body) = tokio::time::timeout(timeout, exchange)
             .await
-            .map_err(|e| transport(&label, e))?;
-        let status = response.status();
-        let content_type = content_type(&response);
-        let body = read_body(&label, response, self.settings.max_body_bytes).await?;
+            .map_err(|_| AgentError::Timeout(format!("{label}: no answer within {timeout:?}")))??;
         decode_reply(&label, id, status, &content_type, &body)
     }
 
@@ -231,16 +245,16 @@ impl UpstreamClient {
         tracing::debug!(upstream = %self.url, method, id, "opening agent stream");
         let timeout = self.settings.request_timeout;
         let timed_out = || AgentError::Timeout(format!("{label}: no answer within {timeout:?}"));
-        let response = tokio::time::timeout(timeout, request.send())
+        let response = tokio::time::timeout(timeout, self.http.request(request))
             .await
             .map_err(|_| timed_out())?
-            .map_err(|e| transport(&label, e))?;
-        let status = response.status();
-        let content_type = content_type(&response);
+            .map_err(|e| failure(&label, &e))?;
+        let (parts, body) = response.into_parts();
+        let (status, content_type) = (parts.status, content_type(&parts.headers));
         let mut stream = UpstreamStream {
             label: label.clone(),
             id,
-            response: None,
+            body: None,
             decoder: SseDecoder::default(),
             ready: VecDeque::new(),
             idle_timeout: self.settings.stream_idle_timeout,
@@ -248,14 +262,15 @@ impl UpstreamClient {
             done: false,
         };
         if status.is_success() && content_type.to_ascii_lowercase().starts_with(EVENT_STREAM) {
-            stream.response = Some(response);
+            stream.body = Some(body);
             return Ok(stream);
         }
         // Errors before the stream come as one plain JSON-RPC response (and
         // an agent may answer a stream request with a single result).
+        let declared = content_length(&parts.headers);
         let body = tokio::time::timeout(
             timeout,
-            read_body(&label, response, self.settings.max_body_bytes),
+            read_body(&label, body, declared, self.settings.max_body_bytes),
         )
         .await
         .map_err(|_| timed_out())??;
@@ -270,7 +285,7 @@ impl UpstreamClient {
 pub struct UpstreamStream {
     label: String,
     id: u64,
-    response: Option<reqwest::Response>,
+    body: Option<Incoming>,
     decoder: SseDecoder,
     ready: VecDeque<Result<StreamResponse, AgentError>>,
     idle_timeout: std::time::Duration,
@@ -290,21 +305,21 @@ impl UpstreamStream {
                 self.done = result.is_err();
                 return Some(result);
             }
-            let Some(response) = self.response.as_mut() else {
+            let Some(body) = self.body.as_mut() else {
                 self.done = true;
                 return None;
             };
-            let chunk = match tokio::time::timeout(self.idle_timeout, response.chunk()).await {
+            let next = tokio::time::timeout(self.idle_timeout, next_chunk(&self.label, body));
+            let chunk = match next.await {
                 Err(_) => Err(AgentError::Timeout(format!(
                     "{}: the stream was silent for {:?}",
                     self.label, self.idle_timeout
                 ))),
-                Ok(Err(err)) => Err(transport(&self.label, err)),
-                Ok(Ok(None)) => {
+                Ok(None) => {
                     self.done = true;
                     return None;
                 }
-                Ok(Ok(Some(chunk))) => Ok(chunk),
+                Ok(Some(chunk)) => chunk,
             };
             let chunk = match chunk {
                 Ok(chunk) => chunk,
@@ -406,63 +421,19 @@ fn check_message(message: &Message) -> Result<(), String> {
 }
 
 /// A transport failure: no answer in time, or no connection at all.
-fn transport(label: &str, err: reqwest::Error) -> AgentError {
-    let timeout = err.is_timeout();
-    let detail = format!("{label}: {}", error_chain(&err.without_url()));
-    if timeout {
-        AgentError::Timeout(detail)
-    } else {
-        AgentError::Unreachable(detail)
-    }
-}
-
-/// An error and its causes, which say what actually failed (refused,
-/// reset, the guard's reason).
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
-
-fn content_type(response: &reqwest::Response) -> String {
-    response
-        .headers()
+fn content_type(headers: &HeaderMap) -> String {
+    headers
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string()
 }
 
-/// Reads a whole body, refusing more than `limit` bytes.
-async fn read_body(
-    label: &str,
-    mut response: reqwest::Response,
-    limit: usize,
-) -> Result<Vec<u8>, AgentError> {
-    let too_large =
-        || AgentError::InvalidResponse(format!("{label}: the answer is larger than {limit} bytes"));
-    if response
-        .content_length()
-        .is_some_and(|len| len > limit as u64)
-    {
-        return Err(too_large());
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| transport(label, e))? {
-        if body.len() + chunk.len() > limit {
-            return Err(too_large());
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
 }
 
 fn snippet(bytes: &[u8]) -> String {
@@ -476,7 +447,7 @@ fn snippet(bytes: &[u8]) -> String {
 fn decode_reply<T: A2aResult>(
     label: &str,
     id: u64,
-    status: reqwest::StatusCode,
+    status: StatusCode,
     content_type: &str,
     body: &[u8],
 ) -> Result<T, AgentError> {
@@ -630,7 +601,7 @@ mod tests {
     #[test]
     fn replies_are_classified() {
         let ok_task = br#"{"jsonrpc":"2.0","id":7,"result":{"id":"t","status":{"state":"TASK_STATE_WORKING"}}}"#;
-        let status = reqwest::StatusCode::OK;
+        let status = StatusCode::OK;
         let task: Task = decode_reply("x", 7, status, "", ok_task).unwrap();
         assert_eq!(task.id, "t");
 

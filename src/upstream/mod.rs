@@ -20,6 +20,7 @@
 pub mod client;
 pub mod remote;
 mod sse;
+mod transport;
 
 pub use client::{UpstreamClient, UpstreamStream};
 pub use remote::RemoteAgent;
@@ -80,7 +81,4 @@ pub enum UpstreamConfigError {
     /// The endpoint is not an absolute http(s) URL.
     #[error("{0}")]
     BadUrl(String),
-    /// The HTTP client could not be built.
-    #[error("cannot build the HTTP client: {0}")]
-    Client(String),
 }

@@ -24,8 +24,59 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-/// An agent execution in progress.
-pub(super) type Execution = tokio::task::JoinHandle<Result<(), AgentError>>;
+/// An agent execution in progress, polled by the driver's own task rather
+/// than spawned: the agent's events then reach the driver without a wake-up
+/// of another task, and a relayed send costs one task fewer. While the
+/// driver writes to the ledger the agent waits; what it reports meanwhile
+/// is queued in the events channel (or in its socket) and joins the next
+/// durable write.
+pub(super) struct Execution {
+    future: Option<futures::future::BoxFuture<'static, Result<(), AgentError>>>,
+    outcome: Option<Result<(), AgentError>>,
+}
+
+impl Execution {
+    /// Runs `future` as the turn's agent execution; a panic in it is the
+    /// agent's failure, not the driver's.
+    fn new(future: impl Future<Output = Result<(), AgentError>> + Send + 'static) -> Self {
+        use futures::FutureExt;
+        let caught = std::panic::AssertUnwindSafe(future)
+            .catch_unwind()
+            .map(|result| {
+                result.unwrap_or_else(|_| {
+                    Err(AgentError::Failed("the agent execution panicked".into()))
+                })
+            });
+        Self {
+            future: Some(caught.boxed()),
+            outcome: None,
+        }
+    }
+
+    /// Whether the execution still runs.
+    fn running(&self) -> bool {
+        self.future.is_some()
+    }
+
+    /// Drives the execution until it ends; keeps its outcome.
+    async fn progress(&mut self) {
+        if let Some(future) = self.future.as_mut() {
+            self.outcome = Some(future.await);
+            self.future = None;
+        }
+    }
+
+    /// Stops the execution where it is (dropping it ends its calls).
+    fn abort(&mut self) {
+        self.future = None;
+    }
+
+    /// Its outcome, running it to the end first; `None` if it was aborted.
+    async fn finish(mut self) -> Option<Result<(), AgentError>> {
+        self.progress().await;
+        self.outcome
+    }
+}
 
 /// One agent's turn holding a task.
 #[derive(Clone)]
@@ -121,7 +172,7 @@ impl Driver {
             let (events, receiver) = AgentEvents::channel(64);
             let agent = turn.agent.agent.clone();
             let request = turn.request.clone();
-            let execution = tokio::spawn(async move { agent.execute(request, events).await });
+            let execution = Execution::new(async move { agent.execute(request, events).await });
             let cancel = turn.request.cancel.clone();
             let turn_started = std::time::Instant::now();
             let end = self
@@ -175,7 +226,7 @@ impl Driver {
         let upstream = record.upstream.clone();
         let cancel = self.task_cancel.child_token();
         let agent_cancel = cancel.clone();
-        let execution = tokio::spawn(async move {
+        let execution = Execution::new(async move {
             implementation
                 .recover(&task, upstream.as_ref(), events, agent_cancel)
                 .await
@@ -242,7 +293,7 @@ impl Driver {
         handoff: bool,
         (mut user_message, hop_kind): (Option<Message>, HopKind),
         mut receiver: mpsc::Receiver<AgentEvent>,
-        (execution, cancel): (Execution, CancellationToken),
+        (mut execution, cancel): (Execution, CancellationToken),
     ) -> TurnEnd {
         let expiry = until(self.deadline);
         tokio::pin!(expiry);
@@ -257,6 +308,9 @@ impl Driver {
                 // An answer already queued counts before any timer.
                 biased;
                 event = receiver.recv() => event,
+                // The agent runs here; its end closes the channel, which
+                // ends this loop once its last events are in.
+                () = execution.progress(), if execution.running() => continue,
                 _ = &mut expiry => {
                     cancel.cancel();
                     if self.created {
@@ -425,14 +479,7 @@ impl Driver {
         }
         drop(receiver);
 
-        let failure = match execution.await {
-            Ok(Ok(())) => None,
-            Ok(Err(err)) => Some(err),
-            Err(join) if join.is_cancelled() => None,
-            Err(join) => Some(AgentError::Failed(format!(
-                "agent execution panicked or was aborted: {join}"
-            ))),
-        };
+        let failure = execution.finish().await.and_then(Result::err);
         match (failure, self.created) {
             (Some(err @ (AgentError::Unreachable(_) | AgentError::Timeout(_))), _)
                 if handoff && !acked =>
@@ -925,4 +972,34 @@ fn to_stream_event(event: AgentEvent, task_id: &str, context_id: &str) -> Option
         ),
     };
     Some(event)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_execution_ends_with_its_outcome_a_panic_or_nothing_when_aborted() {
+        let done = Execution::new(async { Err(AgentError::Timeout("slow".into())) });
+        assert!(matches!(
+            done.finish().await,
+            Some(Err(AgentError::Timeout(_)))
+        ));
+
+        let panicking = Execution::new(async {
+            panic!("agent bug");
+            #[allow(unreachable_code)]
+            Ok(())
+        });
+        assert!(matches!(
+            panicking.finish().await,
+            Some(Err(AgentError::Failed(why))) if why.contains("panicked")
+        ));
+
+        let mut endless = Execution::new(std::future::pending());
+        assert!(endless.running());
+        endless.abort();
+        assert!(!endless.running());
+        assert!(endless.finish().await.is_none());
+    }
 }

@@ -523,21 +523,21 @@ async fn fake_agent(
 #[tokio::test]
 async fn a_non_json_answer_is_an_invalid_agent_response() {
     let (url, _, server) = fake_agent(|_| ("text/html", "<html>Bad gateway</html>".into())).await;
+    expect_invalid_answer(&url, fast(), "not JSON").await;
+    server.abort();
+}
+
+/// Sends through a gateway for the agent at `url`, streaming and not: the
+/// answer is an invalid agent response whose message `says` what is wrong.
+async fn expect_invalid_answer(url: &str, settings: UpstreamSettings, says: &str) {
     for streaming in [true, false] {
-        let gateway = gateway_for(card_at(&url, streaming), fast()).await;
+        let gateway = gateway_for(card_at(url, streaming), settings.clone()).await;
         let reply = send_to_gateway(&gateway).await;
         assert_invalid_agent_response(&reply);
-        assert!(
-            reply.body["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("not JSON"),
-            "{}",
-            reply.body
-        );
+        let message = reply.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{}", reply.body);
         gateway.stop().await;
     }
-    server.abort();
 }
 
 #[tokio::test]
@@ -554,20 +554,7 @@ async fn an_answer_over_the_size_limit_is_an_invalid_agent_response() {
         max_body_bytes: 1024,
         ..fast()
     };
-    for streaming in [true, false] {
-        let gateway = gateway_for(card_at(&url, streaming), settings.clone()).await;
-        let reply = send_to_gateway(&gateway).await;
-        assert_invalid_agent_response(&reply);
-        assert!(
-            reply.body["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("larger than 1024 bytes"),
-            "{}",
-            reply.body
-        );
-        gateway.stop().await;
-    }
+    expect_invalid_answer(&url, settings, "larger than 1024 bytes").await;
     server.abort();
 }
 

@@ -129,13 +129,16 @@ impl OutboundPolicy {
 #[derive(Clone, Debug)]
 pub struct GuardedNames {
     policy: OutboundPolicy,
+    /// Longest lookup: hyper's connect timeout covers the TCP connect only.
+    timeout: std::time::Duration,
 }
 
 impl GuardedNames {
-    /// A resolver obeying `policy`.
-    pub fn new(policy: &OutboundPolicy) -> Self {
+    /// A resolver obeying `policy`, giving up on a lookup after `timeout`.
+    pub fn new(policy: &OutboundPolicy, timeout: std::time::Duration) -> Self {
         Self {
             policy: policy.clone(),
+            timeout,
         }
     }
 }
@@ -155,8 +158,17 @@ impl tower_service::Service<hyper_util::client::legacy::connect::dns::Name> for 
     }
 
     fn call(&mut self, name: hyper_util::client::legacy::connect::dns::Name) -> Self::Future {
-        let policy = self.policy.clone();
-        Box::pin(async move { Ok(policy.resolve_allowed(name.as_str()).await?.into_iter()) })
+        let (policy, timeout) = (self.policy.clone(), self.timeout);
+        Box::pin(async move {
+            let host = name.as_str();
+            match tokio::time::timeout(timeout, policy.resolve_allowed(host)).await {
+                Ok(allowed) => Ok(allowed?.into_iter()),
+                Err(_) => Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("looking up {host} took longer than {timeout:?}"),
+                )),
+            }
+        })
     }
 }
 

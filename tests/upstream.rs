@@ -542,19 +542,83 @@ async fn expect_invalid_answer(url: &str, settings: UpstreamSettings, says: &str
 
 #[tokio::test]
 async fn an_answer_over_the_size_limit_is_an_invalid_agent_response() {
+    let (url, _, server) =
+        fake_agent(|request| ("application/json", big_answer(request).to_string())).await;
+    let settings = UpstreamSettings {
+        max_body_bytes: 1024,
+        ..fast()
+    };
+    expect_invalid_answer(&url, settings, "larger than 1024 bytes").await;
+    server.abort();
+}
+
+/// A JSON-RPC answer to `request` whose message text is 4 KB.
+fn big_answer(request: &Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": request["id"], "result": {"message": {
+        "messageId": "big", "role": "ROLE_AGENT", "parts": [{"text": "x".repeat(4096)}]}}})
+}
+
+#[tokio::test]
+async fn a_stream_event_over_the_size_limit_is_an_invalid_agent_response() {
+    // The whole event arrives in one piece, with nothing left pending.
     let (url, _, server) = fake_agent(|request| {
-        let id = &request["id"];
-        let text = "x".repeat(4096);
-        let body = json!({"jsonrpc": "2.0", "id": id, "result": {"message": {
-            "messageId": "big", "role": "ROLE_AGENT", "parts": [{"text": text}]}}});
-        ("application/json", body.to_string())
+        (
+            "text/event-stream",
+            format!("data: {}\n\n", big_answer(request)),
+        )
     })
     .await;
     let settings = UpstreamSettings {
         max_body_bytes: 1024,
         ..fast()
     };
-    expect_invalid_answer(&url, settings, "larger than 1024 bytes").await;
+    let gateway = gateway_for(card_at(&url, true), settings).await;
+    let reply = send_to_gateway(&gateway).await;
+    assert_invalid_agent_response(&reply);
+    let message = reply.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("a stream event is larger than 1024 bytes"),
+        "{}",
+        reply.body
+    );
+    gateway.stop().await;
+    server.abort();
+}
+
+#[tokio::test]
+async fn a_chunked_answer_over_the_size_limit_is_an_invalid_agent_response() {
+    // No Content-Length: the limit holds while the chunks are read.
+    let app = axum::Router::new().fallback(|body: axum::body::Bytes| async move {
+        let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let text = big_answer(&request).to_string().into_bytes();
+        let chunks: Vec<Result<axum::body::Bytes, std::io::Error>> = text
+            .chunks(512)
+            .map(|chunk| Ok(axum::body::Bytes::copy_from_slice(chunk)))
+            .collect();
+        (
+            [(header::CONTENT_TYPE, "application/json")],
+            axum::body::Body::from_stream(futures::stream::iter(chunks)),
+        )
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/a2a", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let settings = UpstreamSettings {
+        max_body_bytes: 1024,
+        ..fast()
+    };
+    let gateway = gateway_for(card_at(&url, false), settings).await;
+    let reply = send_to_gateway(&gateway).await;
+    assert_invalid_agent_response(&reply);
+    let message = reply.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("the answer is larger than 1024 bytes"),
+        "{}",
+        reply.body
+    );
+    gateway.stop().await;
     server.abort();
 }
 

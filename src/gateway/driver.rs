@@ -19,6 +19,7 @@ use crate::protocol::*;
 use crate::registry::AgentEntry;
 use crate::store::{HopKind, HopRecord, IdempotencyRecord, TaskRecord};
 use chrono::{DateTime, Utc};
+use futures::FutureExt;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
@@ -27,9 +28,9 @@ use tokio_util::sync::CancellationToken;
 /// An agent execution in progress, polled by the driver's own task rather
 /// than spawned: the agent's events then reach the driver without a wake-up
 /// of another task, and a relayed send costs one task fewer. While the
-/// driver writes to the ledger the agent waits; what it reports meanwhile
-/// is queued in the events channel (or in its socket) and joins the next
-/// durable write.
+/// driver writes to the ledger the agent is not polled; what its upstream
+/// sends meanwhile waits in hyper's buffers and the socket, and joins the
+/// next durable write.
 pub(super) struct Execution {
     future: Option<futures::future::BoxFuture<'static, Result<(), AgentError>>>,
     outcome: Option<Result<(), AgentError>>,
@@ -39,7 +40,6 @@ impl Execution {
     /// Runs `future` as the turn's agent execution; a panic in it is the
     /// agent's failure, not the driver's.
     fn new(future: impl Future<Output = Result<(), AgentError>> + Send + 'static) -> Self {
-        use futures::FutureExt;
         let caught = std::panic::AssertUnwindSafe(future)
             .catch_unwind()
             .map(|result| {
@@ -313,6 +313,7 @@ impl Driver {
                 () = execution.progress(), if execution.running() => continue,
                 _ = &mut expiry => {
                     cancel.cancel();
+                    execution.abort();
                     if self.created {
                         self.expire(agent).await;
                     } else {
@@ -335,8 +336,7 @@ impl Driver {
             };
             let mut batch = vec![event];
             // An agent reports several events at once (its ids, artifacts, a
-            // status); one yield lets them arrive, so they share one durable write.
-            tokio::task::yield_now().await;
+            // status); those already queued share one durable write.
             while let Ok(more) = receiver.try_recv() {
                 batch.push(more);
             }
@@ -462,6 +462,8 @@ impl Driver {
                     // Typically a cancel that made the task terminal first;
                     // anything else must not leave the task open with no driver.
                     tracing::debug!(task_id = %self.task_id, %err, "agent event not applied");
+                    cancel.cancel();
+                    execution.abort();
                     if self.created {
                         let reason = format!("the agent's report could not be recorded: {err}");
                         self.fail(vec![Part::text(reason)]).await;

@@ -311,6 +311,12 @@ impl Gateway {
             .ledger
             .update(&req.id, |record| {
                 let state = record.task.status.state;
+                // The agent confirmed the cancel, and its own CANCELED can reach
+                // the ledger first (the driver follows the agent): that is
+                // this cancel's outcome, not a task that could not be canceled.
+                if state == TaskState::Canceled {
+                    return Ok(Vec::new());
+                }
                 if state.is_terminal() {
                     return Err(not_cancelable(state));
                 }

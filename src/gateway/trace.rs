@@ -38,7 +38,9 @@ pub struct TraceNode {
     pub state: TaskState,
     /// The agent currently responsible.
     pub agent: String,
-    /// When the gateway created it.
+    /// When the gateway created it, in microseconds as the ledger keeps it
+    /// (a record still in memory has nanoseconds).
+    #[serde(with = "crate::protocol::wire::record_timestamp")]
     pub created_at: DateTime<Utc>,
     /// When it entered its current state.
     #[serde(default, skip_serializing_if = "Option::is_none")]

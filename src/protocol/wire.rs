@@ -61,6 +61,7 @@ fn write_timestamp_digits<'a>(
     fraction_digits: u32,
 ) -> Option<&'a str> {
     use chrono::{Datelike, Timelike};
+    debug_assert!(fraction_digits <= 9 && buf.len() == 21 + fraction_digits as usize);
     let (year, nanos) = (ts.year(), ts.nanosecond());
     if !(0..=9999).contains(&year) || nanos >= 1_000_000_000 {
         return None;
@@ -117,8 +118,8 @@ pub mod opt_timestamp {
     }
 }
 
-/// Serde adapter for the ledger's own `DateTime<Utc>` fields (not on the
-/// wire): RFC 3339 UTC with microseconds, written without chrono's general
+/// Serde adapter for the ledger's own `DateTime<Utc>` fields (not A2A
+/// types; traces show them): RFC 3339 UTC with microseconds, written without chrono's general
 /// formatter. Reads any RFC 3339 text, as chrono's own format did.
 pub mod record_timestamp {
     use super::*;
@@ -420,6 +421,26 @@ mod tests {
         at: DateTime<Utc>,
         #[serde(default, with = "record_timestamp::option")]
         maybe: Option<DateTime<Utc>>,
+    }
+
+    #[test]
+    fn record_timestamps_leave_leap_seconds_and_far_years_to_chrono() {
+        let leap = chrono::NaiveDate::from_ymd_opt(2016, 12, 31)
+            .unwrap()
+            .and_hms_nano_opt(23, 59, 59, 1_250_000_000)
+            .unwrap()
+            .and_utc();
+        // 10000-01-01T00:00:00.5Z
+        let far = DateTime::from_timestamp(253_402_300_800, 500_000_000).unwrap();
+        assert_eq!(chrono::Datelike::year(&far), 10_000);
+        for ts in [leap, far] {
+            let json = serde_json::to_value(Stamped {
+                at: ts,
+                maybe: None,
+            })
+            .unwrap();
+            assert_eq!(json["at"], ts.to_rfc3339_opts(SecondsFormat::Micros, true));
+        }
     }
 
     #[test]

@@ -112,11 +112,12 @@ struct Overlay {
     pending: PendingSet,
     /// The writes being applied now (or whose application failed).
     applying: Option<Arc<PendingSet>>,
-    /// The set applied last, kept until the next one is applied: a task
-    /// read just after it reached sled (a blocking send's reply, a client
-    /// polling GetTask) is found here instead of decoded from sled again.
-    /// Only this applier writes task records, so these match sled.
-    recent: Option<Arc<PendingSet>>,
+    /// The records of the set applied last, kept until the next one is
+    /// applied: a task read just after it reached sled (a blocking send's
+    /// reply, a client polling GetTask) is found here instead of decoded
+    /// from sled again. Only this applier writes task records, so these
+    /// match sled. Only the records: not their JSON, events or raw writes.
+    recent: HashMap<String, Arc<TaskRecord>>,
     /// Log segments whose writes must reach sled before they are deleted.
     retired: Vec<PathBuf>,
     stop: bool,
@@ -278,7 +279,7 @@ impl Applier {
         let in_set = |set: &PendingSet| set.tasks.get(task_id).map(|p| p.record.clone());
         in_set(&overlay.pending)
             .or_else(|| overlay.applying.as_deref().and_then(in_set))
-            .or_else(|| overlay.recent.as_deref().and_then(in_set))
+            .or_else(|| overlay.recent.get(task_id).cloned())
     }
 
     /// A raw key's pending value: `Some(None)` if it is pending removal,
@@ -322,13 +323,18 @@ impl Applier {
             }
         };
         self.apply(&set)?;
+        let applied: HashMap<String, Arc<TaskRecord>> = set
+            .tasks
+            .iter()
+            .map(|(id, pending)| (id.clone(), pending.record.clone()))
+            .collect();
         let mut overlay = self.overlay.lock().expect("applier lock");
-        let applied = overlay.applying.take();
+        overlay.applying = None;
         let previous = std::mem::replace(&mut overlay.recent, applied);
         self.applied_sets.fetch_add(1, Ordering::Release);
         drop(overlay);
         // Freed outside the lock: a large set takes a while to drop.
-        drop(previous);
+        drop((previous, set));
         Ok(())
     }
 

@@ -1125,6 +1125,13 @@ mod tests {
         // The set applied last is still shared: the same record, not a copy.
         let read = ledger.get_shared("t1").unwrap().unwrap();
         assert!(Arc::ptr_eq(&written, &read));
+        // A newer write, pending, comes before the applied set.
+        flip(&ledger, "t1", 1).await;
+        let newer = ledger.get_shared("t1").unwrap().unwrap();
+        assert_eq!(newer.version, written.version + 1);
+        ledger.applier.apply_pending().unwrap();
+        let written = ledger.get_shared("t1").unwrap().unwrap();
+        assert!(Arc::ptr_eq(&newer, &written));
 
         ledger.create(record("t2"), vec![]).await.unwrap();
         ledger.applier.apply_pending().unwrap();

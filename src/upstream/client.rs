@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::StatusCode;
 use hyper::body::Incoming;
-use hyper::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap};
+use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -55,6 +55,8 @@ pub struct UpstreamClient {
     url: reqwest::Url,
     /// `url` as hyper takes it.
     uri: hyper::Uri,
+    /// Basic credentials the URL carried, if any.
+    authorization: Option<HeaderValue>,
     tenant: String,
     settings: UpstreamSettings,
     next_id: AtomicU64,
@@ -76,15 +78,22 @@ impl UpstreamClient {
                 "{url:?} must be an absolute http or https URL"
             )));
         }
-        let uri = parsed
+        // Credentials in the URL go in an Authorization header, as reqwest
+        // sent them, and never into messages or logs.
+        let authorization = basic_authorization(&parsed);
+        let mut bare = parsed;
+        let _ = bare.set_username("");
+        let _ = bare.set_password(None);
+        let uri = bare
             .as_str()
             .parse()
             .map_err(|e| UpstreamConfigError::BadUrl(format!("{url:?} is not a URI: {e}")))?;
         Ok(Self {
             http: transport::transport(policy, settings.connect_timeout),
             policy: policy.clone(),
-            url: parsed,
+            url: bare,
             uri,
+            authorization,
             tenant: tenant.into(),
             settings,
             next_id: AtomicU64::new(1),
@@ -194,6 +203,9 @@ impl UpstreamClient {
             .header(ACCEPT, accept);
         for (name, value) in extra {
             request = request.header(*name, value);
+        }
+        if let Some(authorization) = &self.authorization {
+            request = request.header(AUTHORIZATION, authorization);
         }
         let request = request.body(Full::new(Bytes::from(body))).map_err(|e| {
             AgentError::Failed(format!(
@@ -328,16 +340,23 @@ impl UpstreamStream {
                     return Some(Err(err));
                 }
             };
+            let too_large = || {
+                Err(AgentError::InvalidResponse(format!(
+                    "{}: a stream event is larger than {} bytes",
+                    self.label, self.max_bytes
+                )))
+            };
             for event in self.decoder.push(&chunk) {
-                let decoded = decode_event(&self.label, self.id, &event);
+                // An event that arrived whole is held to the limit too.
+                let decoded = if event.data.len() > self.max_bytes {
+                    too_large()
+                } else {
+                    decode_event(&self.label, self.id, &event)
+                };
                 self.ready.push_back(decoded);
             }
             if self.decoder.pending_bytes() > self.max_bytes {
-                self.ready
-                    .push_back(Err(AgentError::InvalidResponse(format!(
-                        "{}: a stream event is larger than {} bytes",
-                        self.label, self.max_bytes
-                    ))));
+                self.ready.push_back(too_large());
             }
         }
     }
@@ -421,6 +440,27 @@ fn check_message(message: &Message) -> Result<(), String> {
 }
 
 /// A transport failure: no answer in time, or no connection at all.
+/// `Basic` credentials for a URL's user and password, percent-decoded.
+fn basic_authorization(url: &reqwest::Url) -> Option<HeaderValue> {
+    if url.username().is_empty() && url.password().is_none() {
+        return None;
+    }
+    let decode = |text: &str| {
+        percent_encoding::percent_decode_str(text)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let credentials = format!(
+        "{}:{}",
+        decode(url.username()),
+        decode(url.password().unwrap_or_default())
+    );
+    let encoded = crate::protocol::wire::encode_base64(credentials.as_bytes());
+    let mut value = HeaderValue::from_str(&format!("Basic {encoded}")).ok()?;
+    value.set_sensitive(true);
+    Some(value)
+}
+
 fn content_type(headers: &HeaderMap) -> String {
     headers
         .get(CONTENT_TYPE)
@@ -738,6 +778,23 @@ mod tests {
             matches!(&err, AgentError::Unreachable(why) if why.contains("--allow-upstream")),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn credentials_in_the_url_become_a_basic_header_and_leave_the_url() {
+        let client = UpstreamClient::new(
+            "http://agent:p%40ss@127.0.0.1:9/a2a",
+            "",
+            &OutboundPolicy::default(),
+            UpstreamSettings::default(),
+        )
+        .unwrap();
+        let header = client.authorization.as_ref().unwrap();
+        // base64 of "agent:p@ss"
+        assert_eq!(header.to_str().unwrap(), "Basic YWdlbnQ6cEBzcw==");
+        assert!(header.is_sensitive());
+        assert_eq!(client.url().as_str(), "http://127.0.0.1:9/a2a");
+        assert_eq!(client.uri.to_string(), "http://127.0.0.1:9/a2a");
     }
 
     #[test]

@@ -16,18 +16,35 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::time::Duration;
 
 /// A pooled HTTP/1.1 client whose connections obey the outbound guard.
 pub type Transport = Client<HttpConnector<GuardedNames>, Full<Bytes>>;
 
-/// A transport for one agent endpoint.
+/// TCP keepalive on agent connections, as reqwest sets it: a pooled
+/// connection whose peer vanished fails fast instead of at the request
+/// timeout.
+const KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// How long an idle pooled connection is kept.
+const POOL_IDLE: Duration = Duration::from_secs(90);
+
+/// A transport for one agent endpoint. `connect_timeout` bounds the name
+/// lookup and the TCP connect each.
 pub fn transport(policy: &OutboundPolicy, connect_timeout: Duration) -> Transport {
-    let mut connector = HttpConnector::new_with_resolver(GuardedNames::new(policy));
+    let resolver = GuardedNames::new(policy, connect_timeout);
+    let mut connector = HttpConnector::new_with_resolver(resolver);
     connector.set_connect_timeout(Some(connect_timeout));
     connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new()).build(connector)
+    connector.set_keepalive(Some(KEEPALIVE));
+    connector.set_keepalive_interval(Some(KEEPALIVE));
+    connector.set_keepalive_retries(Some(3));
+    Client::builder(TokioExecutor::new())
+        // The timer lets the pool close idle connections in the background.
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(POOL_IDLE)
+        .build(connector)
 }
 
 /// A failed exchange as the agent error it is: a timeout anywhere in its

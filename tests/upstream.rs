@@ -523,14 +523,20 @@ async fn fake_agent(
 #[tokio::test]
 async fn a_non_json_answer_is_an_invalid_agent_response() {
     let (url, _, server) = fake_agent(|_| ("text/html", "<html>Bad gateway</html>".into())).await;
-    expect_invalid_answer(&url, fast(), "not JSON").await;
+    expect_invalid_answer(&url, &[true, false], fast(), "not JSON").await;
     server.abort();
 }
 
-/// Sends through a gateway for the agent at `url`, streaming and not: the
-/// answer is an invalid agent response whose message `says` what is wrong.
-async fn expect_invalid_answer(url: &str, settings: UpstreamSettings, says: &str) {
-    for streaming in [true, false] {
+/// Sends through a gateway for the agent at `url`, with a card declaring
+/// each of `streaming`: the answer is an invalid agent response whose
+/// message `says` what is wrong.
+async fn expect_invalid_answer(
+    url: &str,
+    streaming: &[bool],
+    settings: UpstreamSettings,
+    says: &str,
+) {
+    for &streaming in streaming {
         let gateway = gateway_for(card_at(url, streaming), settings.clone()).await;
         let reply = send_to_gateway(&gateway).await;
         assert_invalid_agent_response(&reply);
@@ -544,12 +550,16 @@ async fn expect_invalid_answer(url: &str, settings: UpstreamSettings, says: &str
 async fn an_answer_over_the_size_limit_is_an_invalid_agent_response() {
     let (url, _, server) =
         fake_agent(|request| ("application/json", big_answer(request).to_string())).await;
-    let settings = UpstreamSettings {
+    expect_invalid_answer(&url, &[true, false], limited(), "larger than 1024 bytes").await;
+    server.abort();
+}
+
+/// Answers larger than 1 KB are refused.
+fn limited() -> UpstreamSettings {
+    UpstreamSettings {
         max_body_bytes: 1024,
         ..fast()
-    };
-    expect_invalid_answer(&url, settings, "larger than 1024 bytes").await;
-    server.abort();
+    }
 }
 
 /// A JSON-RPC answer to `request` whose message text is 4 KB.
@@ -568,20 +578,8 @@ async fn a_stream_event_over_the_size_limit_is_an_invalid_agent_response() {
         )
     })
     .await;
-    let settings = UpstreamSettings {
-        max_body_bytes: 1024,
-        ..fast()
-    };
-    let gateway = gateway_for(card_at(&url, true), settings).await;
-    let reply = send_to_gateway(&gateway).await;
-    assert_invalid_agent_response(&reply);
-    let message = reply.body["error"]["message"].as_str().unwrap();
-    assert!(
-        message.contains("a stream event is larger than 1024 bytes"),
-        "{}",
-        reply.body
-    );
-    gateway.stop().await;
+    let says = "a stream event is larger than 1024 bytes";
+    expect_invalid_answer(&url, &[true], limited(), says).await;
     server.abort();
 }
 
@@ -605,20 +603,8 @@ async fn a_chunked_answer_over_the_size_limit_is_an_invalid_agent_response() {
     let server = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    let settings = UpstreamSettings {
-        max_body_bytes: 1024,
-        ..fast()
-    };
-    let gateway = gateway_for(card_at(&url, false), settings).await;
-    let reply = send_to_gateway(&gateway).await;
-    assert_invalid_agent_response(&reply);
-    let message = reply.body["error"]["message"].as_str().unwrap();
-    assert!(
-        message.contains("the answer is larger than 1024 bytes"),
-        "{}",
-        reply.body
-    );
-    gateway.stop().await;
+    let says = "the answer is larger than 1024 bytes";
+    expect_invalid_answer(&url, &[false], limited(), says).await;
     server.abort();
 }
 

@@ -749,15 +749,15 @@ mod tests {
         assert!(matches!(garbage, Err(AgentError::NotJson(_))));
     }
 
+    /// A client for `url` with the default (no internal addresses) policy.
+    fn guarded_client(url: &str) -> UpstreamClient {
+        let policy = OutboundPolicy::default();
+        UpstreamClient::new(url, "", &policy, UpstreamSettings::default()).unwrap()
+    }
+
     #[tokio::test]
     async fn the_guard_refuses_before_connecting() {
-        let client = UpstreamClient::new(
-            "http://127.0.0.1:9/a2a",
-            "",
-            &OutboundPolicy::default(),
-            UpstreamSettings::default(),
-        )
-        .unwrap();
+        let client = guarded_client("http://127.0.0.1:9/a2a");
         let err = client
             .get_task(GetTaskRequest::default())
             .await
@@ -766,13 +766,7 @@ mod tests {
             matches!(&err, AgentError::Unreachable(why) if why.contains("--allow-upstream")),
             "{err:?}"
         );
-        let named = UpstreamClient::new(
-            "http://localhost:9/a2a",
-            "",
-            &OutboundPolicy::default(),
-            UpstreamSettings::default(),
-        )
-        .unwrap();
+        let named = guarded_client("http://localhost:9/a2a");
         let err = named.get_task(GetTaskRequest::default()).await.unwrap_err();
         assert!(
             matches!(&err, AgentError::Unreachable(why) if why.contains("--allow-upstream")),
@@ -782,13 +776,7 @@ mod tests {
 
     #[test]
     fn credentials_in_the_url_become_a_basic_header_and_leave_the_url() {
-        let client = UpstreamClient::new(
-            "http://agent:p%40ss@127.0.0.1:9/a2a",
-            "",
-            &OutboundPolicy::default(),
-            UpstreamSettings::default(),
-        )
-        .unwrap();
+        let client = guarded_client("http://agent:p%40ss@127.0.0.1:9/a2a");
         let header = client.authorization.as_ref().unwrap();
         // base64 of "agent:p@ss"
         assert_eq!(header.to_str().unwrap(), "Basic YWdlbnQ6cEBzcw==");

@@ -34,12 +34,17 @@ use tokio_util::sync::CancellationToken;
 pub(super) struct Execution {
     future: Option<futures::future::BoxFuture<'static, Result<(), AgentError>>>,
     outcome: Option<Result<(), AgentError>>,
+    /// The turn's token, which the agent watches.
+    cancel: CancellationToken,
 }
 
 impl Execution {
-    /// Runs `future` as the turn's agent execution; a panic in it is the
-    /// agent's failure, not the driver's.
-    fn new(future: impl Future<Output = Result<(), AgentError>> + Send + 'static) -> Self {
+    /// Runs `future` as the turn's agent execution, stopped with `cancel`;
+    /// a panic in it is the agent's failure, not the driver's.
+    fn new(
+        future: impl Future<Output = Result<(), AgentError>> + Send + 'static,
+        cancel: CancellationToken,
+    ) -> Self {
         let caught = std::panic::AssertUnwindSafe(future)
             .catch_unwind()
             .map(|result| {
@@ -50,6 +55,7 @@ impl Execution {
         Self {
             future: Some(caught.boxed()),
             outcome: None,
+            cancel,
         }
     }
 
@@ -66,8 +72,10 @@ impl Execution {
         }
     }
 
-    /// Stops the execution where it is (dropping it ends its calls).
+    /// Stops the execution where it is: cancels the turn and drops the
+    /// agent's future, which ends its calls.
     fn abort(&mut self) {
+        self.cancel.cancel();
         self.future = None;
     }
 
@@ -172,8 +180,9 @@ impl Driver {
             let (events, receiver) = AgentEvents::channel(64);
             let agent = turn.agent.agent.clone();
             let request = turn.request.clone();
-            let execution = Execution::new(async move { agent.execute(request, events).await });
             let cancel = turn.request.cancel.clone();
+            let execution =
+                Execution::new(async move { agent.execute(request, events).await }, cancel);
             let turn_started = std::time::Instant::now();
             let end = self
                 .pump(
@@ -181,7 +190,7 @@ impl Driver {
                     turn.handoff,
                     (user_message, hop_kind),
                     receiver,
-                    (execution, cancel),
+                    execution,
                 )
                 .await;
             if turn.handoff {
@@ -226,22 +235,19 @@ impl Driver {
         let upstream = record.upstream.clone();
         let cancel = self.task_cancel.child_token();
         let agent_cancel = cancel.clone();
-        let execution = Execution::new(async move {
-            implementation
-                .recover(&task, upstream.as_ref(), events, agent_cancel)
-                .await
-        });
+        let execution = Execution::new(
+            async move {
+                implementation
+                    .recover(&task, upstream.as_ref(), events, agent_cancel)
+                    .await
+            },
+            cancel,
+        );
         self.created = true;
         // A recovered turn has no request to hand on: a transfer or return
         // found now cannot be resumed, and the task says so.
         let end = self
-            .pump(
-                &agent,
-                false,
-                (None, HopKind::Call),
-                receiver,
-                (execution, cancel),
-            )
+            .pump(&agent, false, (None, HopKind::Call), receiver, execution)
             .await;
         if !matches!(end, TurnEnd::Settled) {
             let reason = "the agent handed the task on while the gateway restarted; \
@@ -293,7 +299,7 @@ impl Driver {
         handoff: bool,
         (mut user_message, hop_kind): (Option<Message>, HopKind),
         mut receiver: mpsc::Receiver<AgentEvent>,
-        (mut execution, cancel): (Execution, CancellationToken),
+        mut execution: Execution,
     ) -> TurnEnd {
         let expiry = until(self.deadline);
         tokio::pin!(expiry);
@@ -312,7 +318,6 @@ impl Driver {
                 // ends this loop once its last events are in.
                 () = execution.progress(), if execution.running() => continue,
                 _ = &mut expiry => {
-                    cancel.cancel();
                     execution.abort();
                     if self.created {
                         self.expire(agent).await;
@@ -325,7 +330,6 @@ impl Driver {
                     return TurnEnd::Settled;
                 }
                 _ = &mut ack_timer, if ack_timeout.is_some() && !acked => {
-                    cancel.cancel();
                     execution.abort();
                     let waited = ack_timeout.unwrap_or_default().as_millis();
                     return TurnEnd::NoAck(format!("no answer within the ackTimeout of {waited} ms"));
@@ -349,7 +353,6 @@ impl Driver {
                 }
             }
             if let Some(offer) = find_transfer(&batch, &agent.id) {
-                cancel.cancel();
                 execution.abort();
                 let bound = last_bound(&batch);
                 if !self.created {
@@ -462,7 +465,6 @@ impl Driver {
                     // Typically a cancel that made the task terminal first;
                     // anything else must not leave the task open with no driver.
                     tracing::debug!(task_id = %self.task_id, %err, "agent event not applied");
-                    cancel.cancel();
                     execution.abort();
                     if self.created {
                         let reason = format!("the agent's report could not be recorded: {err}");
@@ -474,7 +476,6 @@ impl Driver {
                 }
             }
             if returning {
-                cancel.cancel();
                 execution.abort();
                 return self.result_of_turn().await;
             }
@@ -982,23 +983,29 @@ mod tests {
 
     #[tokio::test]
     async fn an_execution_ends_with_its_outcome_a_panic_or_nothing_when_aborted() {
-        let done = Execution::new(async { Err(AgentError::Timeout("slow".into())) });
+        let done = Execution::new(
+            async { Err(AgentError::Timeout("slow".into())) },
+            CancellationToken::new(),
+        );
         assert!(matches!(
             done.finish().await,
             Some(Err(AgentError::Timeout(_)))
         ));
 
-        let panicking = Execution::new(async {
-            panic!("agent bug");
-            #[allow(unreachable_code)]
-            Ok(())
-        });
+        let panicking = Execution::new(
+            async {
+                panic!("agent bug");
+                #[allow(unreachable_code)]
+                Ok(())
+            },
+            CancellationToken::new(),
+        );
         assert!(matches!(
             panicking.finish().await,
             Some(Err(AgentError::Failed(why))) if why.contains("panicked")
         ));
 
-        let mut endless = Execution::new(std::future::pending());
+        let mut endless = Execution::new(std::future::pending(), CancellationToken::new());
         assert!(endless.running());
         endless.abort();
         assert!(!endless.running());

@@ -26,35 +26,41 @@ where
 
 /// Formats a timestamp the way the spec prefers: UTC, `Z`, milliseconds.
 pub fn format_timestamp(ts: &DateTime<Utc>) -> String {
-    with_timestamp_text(ts, str::to_string)
+    with_timestamp_text(ts, SecondsFormat::Millis, str::to_string)
 }
 
-/// Calls `use_text` with `ts` in the wire format, allocating only for what
-/// [`write_timestamp`] leaves to chrono.
-fn with_timestamp_text<R>(ts: &DateTime<Utc>, use_text: impl FnOnce(&str) -> R) -> R {
-    let mut buf = [0; TIMESTAMP_LEN];
-    match write_timestamp(ts, &mut buf) {
+/// Calls `use_text` with `ts` in RFC 3339 UTC with milliseconds or
+/// microseconds (`format`), allocating only for what
+/// [`write_timestamp_digits`] leaves to chrono.
+fn with_timestamp_text<R>(
+    ts: &DateTime<Utc>,
+    format: SecondsFormat,
+    use_text: impl FnOnce(&str) -> R,
+) -> R {
+    let digits = if format == SecondsFormat::Micros {
+        6
+    } else {
+        3
+    };
+    let mut buf = [0; MICROS_TIMESTAMP_LEN];
+    match write_timestamp_digits(ts, &mut buf[..21 + digits as usize], digits) {
         Some(text) => use_text(text),
-        None => use_text(&ts.to_rfc3339_opts(SecondsFormat::Millis, true)),
+        None => use_text(&ts.to_rfc3339_opts(format, true)),
     }
 }
 
 /// Length of `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+#[cfg(test)]
 const TIMESTAMP_LEN: usize = 24;
 
 /// Length of `YYYY-MM-DDTHH:MM:SS.uuuuuuZ`.
 const MICROS_TIMESTAMP_LEN: usize = 27;
 
-/// Writes `ts` as `YYYY-MM-DDTHH:MM:SS.mmmZ` into `buf` without allocating:
-/// every task status carries one, and chrono's general formatter was 4 % of
-/// the ledger's CPU. `None` for what chrono must format (years outside
-/// 0..=9999, leap seconds).
-fn write_timestamp<'a>(ts: &DateTime<Utc>, buf: &'a mut [u8; TIMESTAMP_LEN]) -> Option<&'a str> {
-    write_timestamp_digits(ts, buf, 3)
-}
-
 /// Writes `ts` in RFC 3339 UTC with `fraction_digits` (3 or 6) digits of
-/// seconds into `buf`, which is exactly long enough for them.
+/// seconds into `buf`, which is exactly long enough for them, without
+/// allocating: every task status carries one, and chrono's general
+/// formatter was 4 % of the ledger's CPU. `None` for what chrono must
+/// format (years outside 0..=9999, leap seconds).
 fn write_timestamp_digits<'a>(
     ts: &DateTime<Utc>,
     buf: &'a mut [u8],
@@ -66,10 +72,6 @@ fn write_timestamp_digits<'a>(
     if !(0..=9999).contains(&year) || nanos >= 1_000_000_000 {
         return None;
     }
-    let fraction = (
-        nanos / 10u32.pow(9 - fraction_digits),
-        fraction_digits as usize,
-    );
     let fields = [
         (0, 4, year as u32),
         (5, 2, ts.month()),
@@ -77,7 +79,11 @@ fn write_timestamp_digits<'a>(
         (11, 2, ts.hour()),
         (14, 2, ts.minute()),
         (17, 2, ts.second()),
-        (20, fraction.1, fraction.0),
+        (
+            20,
+            fraction_digits as usize,
+            nanos / 10u32.pow(9 - fraction_digits),
+        ),
     ];
     buf[..20].copy_from_slice(b"0000-00-00T00:00:00.");
     *buf.last_mut()? = b'Z';
@@ -104,7 +110,9 @@ pub mod opt_timestamp {
     /// Writes the timestamp in RFC 3339 UTC with milliseconds.
     pub fn serialize<S: Serializer>(ts: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Error> {
         match ts {
-            Some(ts) => with_timestamp_text(ts, |text| s.serialize_str(text)),
+            Some(ts) => {
+                with_timestamp_text(ts, SecondsFormat::Millis, |text| s.serialize_str(text))
+            }
             None => s.serialize_none(),
         }
     }
@@ -126,11 +134,7 @@ pub mod record_timestamp {
 
     /// Writes the timestamp with microseconds.
     pub fn serialize<S: Serializer>(ts: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
-        let mut buf = [0; MICROS_TIMESTAMP_LEN];
-        match write_timestamp_digits(ts, &mut buf, 6) {
-            Some(text) => s.serialize_str(text),
-            None => s.serialize_str(&ts.to_rfc3339_opts(SecondsFormat::Micros, true)),
-        }
+        with_timestamp_text(ts, SecondsFormat::Micros, |text| s.serialize_str(text))
     }
 
     /// Reads an RFC 3339 timestamp.
@@ -398,7 +402,9 @@ mod tests {
         for text in cases {
             let ts = parse_timestamp(text).unwrap();
             let mut buf = [0; TIMESTAMP_LEN];
-            let fast = write_timestamp(&ts, &mut buf).unwrap().to_string();
+            let fast = write_timestamp_digits(&ts, &mut buf, 3)
+                .unwrap()
+                .to_string();
             assert_eq!(
                 fast,
                 ts.to_rfc3339_opts(SecondsFormat::Millis, true),

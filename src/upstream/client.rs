@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::StatusCode;
 use hyper::body::Incoming;
-use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue};
+use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -234,8 +234,7 @@ impl UpstreamClient {
                 .await
                 .map_err(|e| failure(&label, &e))?;
             let (parts, body) = response.into_parts();
-            let declared = content_length(&parts.headers);
-            let body = read_body(&label, body, declared, self.settings.max_body_bytes).await?;
+            let body = read_body(&label, body, self.settings.max_body_bytes).await?;
             Ok::<_, AgentError>((parts.status, content_type(&parts.headers), body))
         };
         let timeout = self.settings.request_timeout;
@@ -279,10 +278,9 @@ impl UpstreamClient {
         }
         // Errors before the stream come as one plain JSON-RPC response (and
         // an agent may answer a stream request with a single result).
-        let declared = content_length(&parts.headers);
         let body = tokio::time::timeout(
             timeout,
-            read_body(&label, body, declared, self.settings.max_body_bytes),
+            read_body(&label, body, self.settings.max_body_bytes),
         )
         .await
         .map_err(|_| timed_out())??;
@@ -323,21 +321,21 @@ impl UpstreamStream {
             };
             let next = tokio::time::timeout(self.idle_timeout, next_chunk(&self.label, body));
             let chunk = match next.await {
-                Err(_) => Err(AgentError::Timeout(format!(
-                    "{}: the stream was silent for {:?}",
-                    self.label, self.idle_timeout
-                ))),
+                Ok(Some(Ok(chunk))) => chunk,
+                Ok(Some(Err(err))) => {
+                    self.done = true;
+                    return Some(Err(err));
+                }
                 Ok(None) => {
                     self.done = true;
                     return None;
                 }
-                Ok(Some(chunk)) => chunk,
-            };
-            let chunk = match chunk {
-                Ok(chunk) => chunk,
-                Err(err) => {
+                Err(_) => {
                     self.done = true;
-                    return Some(Err(err));
+                    return Some(Err(AgentError::Timeout(format!(
+                        "{}: the stream was silent for {:?}",
+                        self.label, self.idle_timeout
+                    ))));
                 }
             };
             let too_large = || {
@@ -439,7 +437,6 @@ fn check_message(message: &Message) -> Result<(), String> {
     Ok(())
 }
 
-/// A transport failure: no answer in time, or no connection at all.
 /// `Basic` credentials for a URL's user and password, percent-decoded.
 fn basic_authorization(url: &reqwest::Url) -> Option<HeaderValue> {
     if url.username().is_empty() && url.password().is_none() {
@@ -467,13 +464,6 @@ fn content_type(headers: &HeaderMap) -> String {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string()
-}
-
-fn content_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
 }
 
 fn snippet(bytes: &[u8]) -> String {

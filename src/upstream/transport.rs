@@ -80,16 +80,16 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
     text
 }
 
-/// Reads a whole body, refusing more than `limit` bytes (`declared` is its
-/// Content-Length, when given).
+/// Reads a whole body, refusing more than `limit` bytes: at once when its
+/// Content-Length says so (hyper's exact size hint), else as it arrives.
 pub async fn read_body(
     label: &str,
     mut body: Incoming,
-    declared: Option<u64>,
     limit: usize,
 ) -> Result<Vec<u8>, AgentError> {
     let too_large =
         || AgentError::InvalidResponse(format!("{label}: the answer is larger than {limit} bytes"));
+    let declared = hyper::body::Body::size_hint(&body).exact();
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large());
     }

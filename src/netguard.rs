@@ -94,6 +94,9 @@ pub fn is_internal(ip: IpAddr) -> bool {
     }
 }
 
+/// Longest lookup for the reqwest clients (their connect timeout also covers it).
+const LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 struct GuardedResolver {
     policy: OutboundPolicy,
 }
@@ -102,17 +105,32 @@ impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let policy = self.policy.clone();
         Box::pin(async move {
-            let allowed = policy.resolve_allowed(name.as_str()).await?;
+            let allowed = policy
+                .resolve_allowed(name.as_str(), LOOKUP_TIMEOUT)
+                .await?;
             Ok(Box::new(allowed.into_iter()) as Addrs)
         })
     }
 }
 
 impl OutboundPolicy {
-    /// Resolves `host` and keeps the addresses this policy permits; none
-    /// permitted is an error that names the reason.
-    async fn resolve_allowed(&self, host: &str) -> std::io::Result<Vec<SocketAddr>> {
-        let resolved = tokio::net::lookup_host((host, 0)).await?;
+    /// Resolves `host` within `timeout` and keeps the addresses this policy
+    /// permits; none permitted is an error that names the reason.
+    async fn resolve_allowed(
+        &self,
+        host: &str,
+        timeout: std::time::Duration,
+    ) -> std::io::Result<Vec<SocketAddr>> {
+        let resolved = match tokio::time::timeout(timeout, tokio::net::lookup_host((host, 0))).await
+        {
+            Ok(resolved) => resolved?,
+            Err(_) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("looking up {host} took longer than {timeout:?}"),
+                ));
+            }
+        };
         let allowed: Vec<SocketAddr> = resolved.filter(|addr| self.permits(addr.ip())).collect();
         if allowed.is_empty() {
             return Err(std::io::Error::new(
@@ -160,14 +178,8 @@ impl tower_service::Service<hyper_util::client::legacy::connect::dns::Name> for 
     fn call(&mut self, name: hyper_util::client::legacy::connect::dns::Name) -> Self::Future {
         let (policy, timeout) = (self.policy.clone(), self.timeout);
         Box::pin(async move {
-            let host = name.as_str();
-            match tokio::time::timeout(timeout, policy.resolve_allowed(host)).await {
-                Ok(allowed) => Ok(allowed?.into_iter()),
-                Err(_) => Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("looking up {host} took longer than {timeout:?}"),
-                )),
-            }
+            let allowed = policy.resolve_allowed(name.as_str(), timeout).await?;
+            Ok(allowed.into_iter())
         })
     }
 }

@@ -16,7 +16,7 @@ use crate::error::GatewayError;
 use crate::protocol::*;
 use crate::push::PushDispatcher;
 use crate::registry::{AgentEntry, Directory};
-use crate::store::{self, Ledger, LedgerError, ListQuery, TaskRecord};
+use crate::store::{self, Change, Ledger, LedgerError, ListQuery, TaskRecord};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -315,17 +315,19 @@ impl Gateway {
                 // the ledger first (the driver follows the agent): that is
                 // this cancel's outcome, not a task that could not be canceled.
                 if state == TaskState::Canceled {
-                    return Ok(Vec::new());
+                    return Ok(Change::Unchanged);
                 }
                 if state.is_terminal() {
                     return Err(not_cancelable(state));
                 }
-                Ok(vec![StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
-                    task_id: record.task.id.clone(),
-                    context_id: record.task.context_id.clone(),
-                    status: TaskStatus::now(TaskState::Canceled, None),
-                    metadata: req.metadata.clone(),
-                })])
+                Ok(Change::Made(vec![StreamResponse::StatusUpdate(
+                    TaskStatusUpdateEvent {
+                        task_id: record.task.id.clone(),
+                        context_id: record.task.context_id.clone(),
+                        status: TaskStatus::now(TaskState::Canceled, None),
+                        metadata: req.metadata.clone(),
+                    },
+                )]))
             })
             .await?;
         self.cancel_children(&req.id).await;

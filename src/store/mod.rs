@@ -83,6 +83,21 @@ pub struct TaskRecord {
     pub transfer: Option<TransferSource>,
 }
 
+/// What a [`Ledger::update`] did to a task record.
+#[derive(Debug)]
+pub enum Change {
+    /// Nothing: the record is left exactly as read, and nothing is logged.
+    Unchanged,
+    /// The record changed; these events (possibly none) describe it.
+    Made(Vec<StreamResponse>),
+}
+
+impl From<Vec<StreamResponse>> for Change {
+    fn from(events: Vec<StreamResponse>) -> Self {
+        Self::Made(events)
+    }
+}
+
 /// How an agent came to hold a task.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -509,11 +524,15 @@ impl Ledger {
     }
 
     /// Changes a task durably. `change` may edit the record (history, upstream
-    /// ids) and returns the events to append; each event goes through the
-    /// lifecycle rules. Nothing is written if `change` or a rule fails.
-    pub async fn update<F, E>(&self, task_id: &str, change: F) -> Result<Arc<TaskRecord>, E>
+    /// ids) and returns the events to append (a `Vec` of events converts into
+    /// [`Change::Made`]); each event goes through the lifecycle rules. Nothing
+    /// is written if `change` or a rule fails, or if it reports
+    /// [`Change::Unchanged`]; then the record as read is returned once it is
+    /// durable.
+    pub async fn update<F, C, E>(&self, task_id: &str, change: F) -> Result<Arc<TaskRecord>, E>
     where
-        F: FnOnce(&mut TaskRecord) -> Result<Vec<StreamResponse>, E>,
+        F: FnOnce(&mut TaskRecord) -> Result<C, E>,
+        C: Into<Change>,
         E: From<LedgerError>,
     {
         let (record, ticket) = {
@@ -521,10 +540,15 @@ impl Ledger {
             let mut record = self
                 .get(task_id)?
                 .ok_or_else(|| LedgerError::NotFound(task_id.to_string()))?;
-            let events = change(&mut record)?;
-            let published = Self::append_events(&mut record, events)?;
-            record.version += 1;
-            self.log_task(&mut frames, record, published)?
+            match change(&mut record)?.into() {
+                // What was read may be a pending write: wait for it too.
+                Change::Unchanged => (Arc::new(record), self.flusher.latest_ticket()),
+                Change::Made(events) => {
+                    let published = Self::append_events(&mut record, events)?;
+                    record.version += 1;
+                    self.log_task(&mut frames, record, published)?
+                }
+            }
         };
         self.flusher.wait_durable(ticket).await;
         Ok(record)
@@ -1008,6 +1032,31 @@ mod tests {
             .await
             .unwrap();
         ledger
+    }
+
+    #[tokio::test]
+    async fn an_unchanged_update_logs_nothing_and_returns_the_record_as_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = with_working_task(paused(dir.path()), "t1").await;
+        let written = ledger.flusher.latest_ticket();
+
+        let read = ledger
+            .update("t1", |_| Ok::<_, LedgerError>(Change::Unchanged))
+            .await
+            .unwrap();
+        assert_eq!((read.version, read.last_seq), (1, 1));
+        assert_eq!(ledger.flusher.latest_ticket(), written);
+
+        // An update without events that did change the record is logged.
+        let made = ledger
+            .update("t1", |record| {
+                record.agent = "other".into();
+                Ok::<_, LedgerError>(Vec::new())
+            })
+            .await
+            .unwrap();
+        assert_eq!((made.version, made.agent.as_str()), (2, "other"));
+        assert_eq!(ledger.flusher.latest_ticket(), written + 1);
     }
 
     #[tokio::test]

@@ -549,11 +549,13 @@ impl Driver {
 
     /// The first event of a task created on the agent's first answer.
     fn snapshot(&self, user_message: Option<Message>) -> StreamResponse {
+        // The task keeps the control Baton wrote into the message, as is.
         let metadata = user_message.as_ref().and_then(|m| {
-            let control = Control::read_from(m.metadata.as_ref())?;
-            let mut metadata = None;
-            control.write_into(&mut metadata);
-            metadata
+            let control = Control::entry(m.metadata.as_ref())?;
+            Some(wire::Struct::from_iter([(
+                HANDOFF_EXTENSION.to_string(),
+                control.clone(),
+            )]))
         });
         StreamResponse::Task(Task {
             id: self.task_id.clone(),
@@ -604,7 +606,7 @@ impl Driver {
         };
         // The handoff graph: a child names its parent in its control.
         let parent_task_id =
-            Control::read_from(initial.metadata.as_ref()).and_then(|c| c.parent_task_id);
+            Control::parent_task_id_in(initial.metadata.as_ref()).map(str::to_string);
         let mut hop = hop;
         hop.acked_at = Some(Utc::now());
         hop.upstream_task_id = upstream.as_ref().map(|u| u.task_id.clone());

@@ -624,8 +624,7 @@ impl Gateway {
             accepted_output_modes: config.accepted_output_modes,
             cancel: task_cancel.child_token(),
         };
-        let deadline =
-            Control::read_from(request.message.metadata.as_ref()).and_then(|c| c.deadline);
+        let deadline = control.deadline;
         let mut driver = Driver {
             gateway: self.clone(),
             owner: ctx.principal.clone(),
@@ -661,8 +660,9 @@ impl Gateway {
             handoff: handoff.payload.is_some(),
             skill: handoff.skill.clone(),
         };
+        // Boxed: the driver's future is large, and spawning moves it whole.
         tokio::spawn(async move {
-            driver.run(turn, start).await;
+            Box::pin(driver.run(turn, start)).await;
             let _ = done_tx.send(true);
         });
         Ok(Begun::Started(Started {

@@ -229,11 +229,22 @@ impl Control {
             .insert(HANDOFF_EXTENSION.to_string(), self.to_value());
     }
 
+    /// The control entry of a metadata object as it is, undecoded: what
+    /// copies a control Baton wrote, or reads one field of it, uses.
+    pub fn entry(metadata: Option<&wire::Struct>) -> Option<&serde_json::Value> {
+        metadata?.get(HANDOFF_EXTENSION)
+    }
+
+    /// The parent task a metadata object's control names.
+    pub fn parent_task_id_in(metadata: Option<&wire::Struct>) -> Option<&str> {
+        Self::entry(metadata)?.get("parentTaskId")?.as_str()
+    }
+
     /// Reads the control from a metadata object.
     pub fn read_from(metadata: Option<&wire::Struct>) -> Option<Self> {
         // Decoded from the borrowed value: read several times per request,
         // and cloning the value first allocated its whole tree each time.
-        Self::deserialize(metadata?.get(HANDOFF_EXTENSION)?).ok()
+        Self::deserialize(Self::entry(metadata)?).ok()
     }
 
     /// The headers that carry this control to an agent.
@@ -341,7 +352,17 @@ mod tests {
             ..Control::default()
         };
         control.write_into(&mut metadata);
-        assert_eq!(Control::read_from(metadata.as_ref()), Some(control));
+        assert_eq!(Control::read_from(metadata.as_ref()), Some(control.clone()));
+        assert_eq!(Control::parent_task_id_in(metadata.as_ref()), None);
+        let child = Control {
+            parent_task_id: Some("parent".into()),
+            ..control
+        };
+        child.write_into(&mut metadata);
+        assert_eq!(
+            Control::parent_task_id_in(metadata.as_ref()),
+            Some("parent")
+        );
         let doubles = serde_json::json!({"urn:baton:handoff:v1": {"hops": 2.0, "maxHops": 4.0}});
         let read = Control::read_from(doubles.as_object()).unwrap();
         assert_eq!((read.hops, read.max_hops), (2, 4));

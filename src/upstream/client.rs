@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::StatusCode;
 use hyper::body::Incoming;
-use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
+use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -31,6 +31,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The header naming the A2A version of a request.
 pub const VERSION_HEADER: &str = "A2A-Version";
+/// [`VERSION_HEADER`] in lower case, as static header names must be.
+const VERSION_HEADER_NAME: &str = "a2a-version";
 /// The protocol binding a card must declare for this client.
 pub const JSONRPC_BINDING: &str = "JSONRPC";
 const APPLICATION_JSON: &str = "application/json";
@@ -182,7 +184,7 @@ impl UpstreamClient {
         &self,
         method: &str,
         params: &P,
-        accept: &str,
+        accept: &'static str,
         extra: &[(&'static str, String)],
     ) -> Result<(u64, hyper::Request<Full<Bytes>>), AgentError> {
         // Resolvers never see IP literals, so those are checked here.
@@ -197,12 +199,17 @@ impl UpstreamClient {
             params,
         })
         .map_err(|e| AgentError::Failed(format!("cannot encode {method} params: {e}")))?;
+        // Static names and values: a name given as text is copied, and a
+        // custom one (A2A's, Baton's) allocated, on every call.
         let mut request = hyper::Request::post(self.uri.clone())
-            .header(VERSION_HEADER, PROTOCOL_VERSION)
-            .header(CONTENT_TYPE, APPLICATION_JSON)
-            .header(ACCEPT, accept);
+            .header(
+                HeaderName::from_static(VERSION_HEADER_NAME),
+                HeaderValue::from_static(PROTOCOL_VERSION),
+            )
+            .header(CONTENT_TYPE, HeaderValue::from_static(APPLICATION_JSON))
+            .header(ACCEPT, HeaderValue::from_static(accept));
         for (name, value) in extra {
-            request = request.header(*name, value);
+            request = request.header(HeaderName::from_static(name), value);
         }
         if let Some(authorization) = &self.authorization {
             request = request.header(AUTHORIZATION, authorization);

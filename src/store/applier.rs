@@ -22,7 +22,7 @@ use super::{LedgerError, TaskRecord, keys, wal};
 use crate::protocol::TaskState;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -136,9 +136,6 @@ pub struct Applier {
     /// Whether the last set taken wrote its tasks twice or more on average;
     /// picks the next gather window.
     coalescing: AtomicBool,
-    /// How many sets have been applied and left the overlay: a reader of
-    /// sled then the overlay knows whether a write moved between them.
-    applied_sets: AtomicU64,
 }
 
 /// How long the applier lets writes gather before it applies them, while
@@ -166,7 +163,6 @@ impl Applier {
             apply_lock: Mutex::new(()),
             thread: Mutex::new(None),
             coalescing: AtomicBool::new(false),
-            applied_sets: AtomicU64::new(0),
         })
     }
 
@@ -331,16 +327,10 @@ impl Applier {
         let mut overlay = self.overlay.lock().expect("applier lock");
         overlay.applying = None;
         let previous = std::mem::replace(&mut overlay.recent, applied);
-        self.applied_sets.fetch_add(1, Ordering::Release);
         drop(overlay);
         // Freed outside the lock: a large set takes a while to drop.
         drop((previous, set));
         Ok(())
-    }
-
-    /// How many sets have been applied and have left the overlay.
-    pub fn applied_sets(&self) -> u64 {
-        self.applied_sets.load(Ordering::Acquire)
     }
 
     /// Applies writes read back from the log at start-up, and checkpoints.

@@ -17,7 +17,7 @@ use crate::handoff::payload::{HANDOFF_MEDIA_TYPE, find_data};
 use crate::handoff::reasons::{self, status_part};
 use crate::protocol::*;
 use crate::registry::AgentEntry;
-use crate::store::{HopKind, HopRecord, IdempotencyRecord, TaskRecord};
+use crate::store::{Change, HopKind, HopRecord, IdempotencyRecord, TaskRecord};
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use std::sync::Arc;
@@ -758,7 +758,7 @@ pub(super) async fn settle_task(
         .ledger
         .update(task_id, |record| {
             if record.task.status.state.is_terminal() {
-                return Ok::<_, GatewayError>(Vec::new());
+                return Ok::<_, GatewayError>(Change::Unchanged);
             }
             let mut message = Message::agent(parts);
             message.task_id = task_id.to_string();
@@ -770,7 +770,7 @@ pub(super) async fn settle_task(
                 Some(message),
             )];
             note_hop(record, &events, false, now);
-            Ok(events)
+            Ok(Change::Made(events))
         })
         .await;
     if let Err(err) = result {

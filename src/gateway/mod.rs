@@ -368,14 +368,16 @@ impl Gateway {
                     .ledger
                     .update(&child, |record| {
                         if record.task.status.state.is_terminal() {
-                            return Ok::<_, GatewayError>(Vec::new());
+                            return Ok::<_, GatewayError>(Change::Unchanged);
                         }
-                        Ok(vec![StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
-                            task_id: record.task.id.clone(),
-                            context_id: record.task.context_id.clone(),
-                            status: TaskStatus::now(TaskState::Canceled, None),
-                            metadata: None,
-                        })])
+                        Ok(Change::Made(vec![StreamResponse::StatusUpdate(
+                            TaskStatusUpdateEvent {
+                                task_id: record.task.id.clone(),
+                                context_id: record.task.context_id.clone(),
+                                status: TaskStatus::now(TaskState::Canceled, None),
+                                metadata: None,
+                            },
+                        )]))
                     })
                     .await;
                 if let Err(err) = canceled {

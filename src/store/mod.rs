@@ -490,8 +490,8 @@ impl Ledger {
     }
 
     /// Creates a task and appends its first events, durably. The id must be
-    /// new: Baton makes every task id itself (UUIDv7), so nothing is read to
-    /// check. A sled read on this path would stop a runtime thread whenever
+    /// new (a second create of one id would restart its event log): Baton
+    /// makes every task id itself (UUIDv7), so nothing is read to check. A sled read on this path would stop a runtime thread whenever
     /// the applier writes a batch, since sled holds its readers meanwhile.
     pub async fn create(
         &self,
@@ -531,8 +531,14 @@ impl Ledger {
                 .get(task_id)?
                 .ok_or_else(|| LedgerError::NotFound(task_id.to_string()))?;
             match change(&mut record)?.into() {
-                // What was read may be a pending write: wait for it too.
-                Change::Unchanged => (Arc::new(record), self.flusher.latest_ticket()),
+                // The record as read, not the closure's copy; it may be a
+                // pending write, so that is waited for too.
+                Change::Unchanged => {
+                    let read = self
+                        .get_shared(task_id)?
+                        .ok_or_else(|| LedgerError::NotFound(task_id.to_string()))?;
+                    (read, self.flusher.latest_ticket())
+                }
                 Change::Made(events) => {
                     let published = Self::append_events(&mut record, events)?;
                     record.version += 1;
@@ -1030,11 +1036,16 @@ mod tests {
         let ledger = with_working_task(paused(dir.path()), "t1").await;
         let written = ledger.flusher.latest_ticket();
 
+        // Even a closure that edits its copy leaves the record as it was.
         let read = ledger
-            .update("t1", |_| Ok::<_, LedgerError>(Change::Unchanged))
+            .update("t1", |record| {
+                record.agent = "edited".into();
+                Ok::<_, LedgerError>(Change::Unchanged)
+            })
             .await
             .unwrap();
         assert_eq!((read.version, read.last_seq), (1, 1));
+        assert_eq!(read.agent, "agent");
         assert_eq!(ledger.flusher.latest_ticket(), written);
 
         // An update without events that did change the record is logged.

@@ -636,6 +636,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_static_version_header_name_is_the_version_header() {
+        assert!(VERSION_HEADER.eq_ignore_ascii_case(VERSION_HEADER_NAME));
+        assert_eq!(HeaderName::from_static(VERSION_HEADER_NAME), VERSION_HEADER);
+    }
+
+    #[test]
     fn replies_are_classified() {
         let ok_task = br#"{"jsonrpc":"2.0","id":7,"result":{"id":"t","status":{"state":"TASK_STATE_WORKING"}}}"#;
         let status = StatusCode::OK;

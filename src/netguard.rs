@@ -60,7 +60,7 @@ impl OutboundPolicy {
     pub fn client(&self, timeout: std::time::Duration) -> reqwest::Client {
         self.client_builder()
             .timeout(timeout)
-            .connect_timeout(timeout.min(std::time::Duration::from_secs(5)))
+            .connect_timeout(timeout.min(LOOKUP_TIMEOUT))
             .build()
             .expect("HTTP client configuration is valid")
     }
@@ -94,7 +94,8 @@ pub fn is_internal(ip: IpAddr) -> bool {
     }
 }
 
-/// Longest lookup for the reqwest clients (their connect timeout also covers it).
+/// Longest lookup for the reqwest clients, and their longest connect (which
+/// covers the lookup too).
 const LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 struct GuardedResolver {

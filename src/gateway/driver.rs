@@ -549,14 +549,9 @@ impl Driver {
 
     /// The first event of a task created on the agent's first answer.
     fn snapshot(&self, user_message: Option<Message>) -> StreamResponse {
-        // The task keeps the control Baton wrote into the message, as is.
-        let metadata = user_message.as_ref().and_then(|m| {
-            let control = Control::entry(m.metadata.as_ref())?;
-            Some(wire::Struct::from_iter([(
-                HANDOFF_EXTENSION.to_string(),
-                control.clone(),
-            )]))
-        });
+        let metadata = user_message
+            .as_ref()
+            .and_then(|m| Control::entry_alone(m.metadata.as_ref()));
         StreamResponse::Task(Task {
             id: self.task_id.clone(),
             context_id: self.context_id.clone(),

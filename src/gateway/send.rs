@@ -694,10 +694,6 @@ impl Gateway {
     ) -> Result<(), GatewayError> {
         let message = &request.message;
         let control = Control::read_from(message.metadata.as_ref());
-        let mut metadata = None;
-        if let Some(control) = &control {
-            control.write_into(&mut metadata);
-        }
         let return_schema = handoff
             .payload
             .as_ref()
@@ -712,7 +708,7 @@ impl Gateway {
             },
             owner: ctx.principal.clone(),
             agent: agent.id.clone(),
-            parent_task_id: control.and_then(|c| c.parent_task_id),
+            parent_task_id: control.as_ref().and_then(|c| c.parent_task_id.clone()),
             return_schema,
             created_at: chrono::Utc::now(),
             hops: vec![HopRecord {
@@ -730,14 +726,14 @@ impl Gateway {
             context_id: request.context_id.clone(),
             status: TaskStatus::now(TaskState::Submitted, None),
             history: vec![message.clone()],
-            metadata,
+            metadata: Control::entry_alone(message.metadata.as_ref()),
             ..Task::default()
         };
         self.ledger
             .create(record, vec![StreamResponse::Task(snapshot)])
             .await?;
         let source = handoff.payload.as_ref().map_or("", |p| p.from.as_str());
-        let hops = Control::read_from(message.metadata.as_ref()).map_or(1, |c| c.hops);
+        let hops = control.map_or(1, |c| c.hops);
         self.metrics_handoff(
             (source, &agent.id),
             HopKind::Direct,

@@ -235,6 +235,16 @@ impl Control {
         metadata?.get(HANDOFF_EXTENSION)
     }
 
+    /// A metadata object holding only `metadata`'s control entry, copied as
+    /// is: what a new task keeps of the message that started it.
+    pub fn entry_alone(metadata: Option<&wire::Struct>) -> Option<wire::Struct> {
+        let entry = Self::entry(metadata)?;
+        Some(wire::Struct::from_iter([(
+            HANDOFF_EXTENSION.to_string(),
+            entry.clone(),
+        )]))
+    }
+
     /// The parent task a metadata object's control names.
     pub fn parent_task_id_in(metadata: Option<&wire::Struct>) -> Option<&str> {
         Self::entry(metadata)?.get("parentTaskId")?.as_str()

@@ -43,18 +43,21 @@ fn with_timestamp_text<R>(
         3
     };
     let mut buf = [0; MICROS_TIMESTAMP_LEN];
-    match write_timestamp_digits(ts, &mut buf[..21 + digits as usize], digits) {
+    match write_timestamp_digits(ts, &mut buf[..UNFRACTIONED_LEN + digits as usize], digits) {
         Some(text) => use_text(text),
         None => use_text(&ts.to_rfc3339_opts(format, true)),
     }
 }
 
+/// Length of `YYYY-MM-DDTHH:MM:SS.Z`: a timestamp without its fraction digits.
+const UNFRACTIONED_LEN: usize = 21;
+
 /// Length of `YYYY-MM-DDTHH:MM:SS.mmmZ`.
 #[cfg(test)]
-const TIMESTAMP_LEN: usize = 24;
+const TIMESTAMP_LEN: usize = UNFRACTIONED_LEN + 3;
 
 /// Length of `YYYY-MM-DDTHH:MM:SS.uuuuuuZ`.
-const MICROS_TIMESTAMP_LEN: usize = 27;
+const MICROS_TIMESTAMP_LEN: usize = UNFRACTIONED_LEN + 6;
 
 /// Writes `ts` in RFC 3339 UTC with `fraction_digits` (3 or 6) digits of
 /// seconds into `buf`, which is exactly long enough for them, without
@@ -67,7 +70,7 @@ fn write_timestamp_digits<'a>(
     fraction_digits: u32,
 ) -> Option<&'a str> {
     use chrono::{Datelike, Timelike};
-    debug_assert!(fraction_digits <= 9 && buf.len() == 21 + fraction_digits as usize);
+    debug_assert!(fraction_digits <= 9 && buf.len() == UNFRACTIONED_LEN + fraction_digits as usize);
     let (year, nanos) = (ts.year(), ts.nanosecond());
     if !(0..=9999).contains(&year) || nanos >= 1_000_000_000 {
         return None;

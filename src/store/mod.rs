@@ -491,8 +491,9 @@ impl Ledger {
 
     /// Creates a task and appends its first events, durably. The id must be
     /// new (a second create of one id would restart its event log): Baton
-    /// makes every task id itself (UUIDv7), so nothing is read to check. A sled read on this path would stop a runtime thread whenever
-    /// the applier writes a batch, since sled holds its readers meanwhile.
+    /// makes every task id itself (UUIDv7), so nothing is read to check. A
+    /// sled read here would stop a runtime thread whenever the applier writes
+    /// a batch, since sled holds its readers meanwhile.
     pub async fn create(
         &self,
         mut record: TaskRecord,
@@ -527,18 +528,14 @@ impl Ledger {
     {
         let (record, ticket) = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
-            let mut record = self
-                .get(task_id)?
+            let read = self
+                .get_shared(task_id)?
                 .ok_or_else(|| LedgerError::NotFound(task_id.to_string()))?;
+            let mut record = TaskRecord::clone(&read);
             match change(&mut record)?.into() {
                 // The record as read, not the closure's copy; it may be a
                 // pending write, so that is waited for too.
-                Change::Unchanged => {
-                    let read = self
-                        .get_shared(task_id)?
-                        .ok_or_else(|| LedgerError::NotFound(task_id.to_string()))?;
-                    (read, self.flusher.latest_ticket())
-                }
+                Change::Unchanged => (read, self.flusher.latest_ticket()),
                 Change::Made(events) => {
                     let published = Self::append_events(&mut record, events)?;
                     record.version += 1;

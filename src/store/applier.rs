@@ -9,13 +9,18 @@
 //! segment away, and at close.
 //!
 //! Order: one application at a time (`apply_lock`), each taking everything
-//! pending. It goes into sled as atomic batches of a few tasks, each with
-//! their index keys and counter changes, so sled's indexes and counters
-//! always agree with its records. Small batches because sled's
-//! `apply_batch` holds a lock that every sled read waits on: one batch of a
-//! whole 50 ms window held request handlers up for milliseconds. A crash
-//! between two batches is repaired by replaying the log: record versions
-//! tell which tasks sled holds already.
+//! pending. Keys go into sled one by one, not as atomic batches: each
+//! `apply_batch` rolls sled's IO buffer twice, waking all of sled's IO
+//! threads every time, and holds a lock that every sled read waits on.
+//! Each task's event chunk and index changes go in before its record, so a
+//! record in sled means its keys are there too (sled recovers a prefix of
+//! its writes). Counter changes follow all the records; after a crash, or
+//! an application that failed part way, the counters are rebuilt from the
+//! by-state index instead, since counting twice or not at all cannot be
+//! told apart. Scans over several keys hold `apply_lock` shared
+//! ([`Applier::applied`]), so they never meet half an application. A crash
+//! is repaired by replaying the log: record versions tell which tasks sled
+//! holds already.
 
 use super::hub::LedgerEvent;
 use super::{LedgerError, TaskRecord, keys, wal};
@@ -23,13 +28,9 @@ use crate::protocol::TaskState;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
-
-/// Tasks per sled batch: sled's `apply_batch` holds a lock that every sled
-/// read waits on, so a batch must be short (~0.5 ms here).
-const TASKS_PER_BATCH: usize = 16;
 
 /// A task's writes not yet in sled: its latest record and every event since.
 pub struct PendingTask {
@@ -131,11 +132,17 @@ pub struct Applier {
     // std Mutexes: in-memory work only; never held across .await.
     overlay: Mutex<Overlay>,
     wake: Condvar,
-    apply_lock: Mutex<()>,
+    /// Held to write into sled (exclusive) and to scan it (shared): an
+    /// application is not atomic, so a scan beside one could meet a task
+    /// in two states, or in none.
+    apply_lock: RwLock<()>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Whether the last set taken wrote its tasks twice or more on average;
     /// picks the next gather window.
     coalescing: AtomicBool,
+    /// Whether an application failed part way: sled's counters may then
+    /// miss the changes of tasks it wrote, and are rebuilt.
+    counters_stale: AtomicBool,
 }
 
 /// How long the applier lets writes gather before it applies them, while
@@ -160,9 +167,10 @@ impl Applier {
             wal_dir,
             overlay: Mutex::new(Overlay::default()),
             wake: Condvar::new(),
-            apply_lock: Mutex::new(()),
+            apply_lock: RwLock::new(()),
             thread: Mutex::new(None),
             coalescing: AtomicBool::new(false),
+            counters_stale: AtomicBool::new(false),
         })
     }
 
@@ -303,7 +311,7 @@ impl Applier {
 
     /// Applies every pending write to sled now, so that scans see them.
     pub fn apply_pending(&self) -> Result<(), LedgerError> {
-        let _applying = self.apply_lock.lock().expect("applier lock");
+        let _applying = self.apply_lock.write().expect("applier lock");
         let set = {
             let mut overlay = self.overlay.lock().expect("applier lock");
             match &overlay.applying {
@@ -333,9 +341,20 @@ impl Applier {
         Ok(())
     }
 
+    /// Applies every pending write to sled, and keeps any other application
+    /// out while the guard lives: sled then holds every write logged before
+    /// the call, whole, for a scan over several keys.
+    pub fn applied(&self) -> Result<RwLockReadGuard<'_, ()>, LedgerError> {
+        self.apply_pending()?;
+        Ok(self.apply_lock.read().expect("applier lock"))
+    }
+
     /// Applies writes read back from the log at start-up, and checkpoints.
     pub fn recover(&self, set: PendingSet) -> Result<(), LedgerError> {
         if !set.is_empty() {
+            // The process stopped part way through an application, maybe:
+            // what sled holds of it has no counter changes yet.
+            self.counters_stale.store(true, Ordering::Relaxed);
             self.apply(&set)?;
         }
         self.db.flush()?;
@@ -345,92 +364,102 @@ impl Applier {
         Ok(())
     }
 
-    /// Writes one set into sled, [`TASKS_PER_BATCH`] tasks to an atomic batch,
-    /// then its raw keys. A task whose sled record is as new as the pending
-    /// one (a log replayed after a crash, a retried application) is skipped.
+    /// Writes one set into sled: each task's event chunk and index changes
+    /// before its record, then the counters, then the raw keys. A task whose
+    /// sled record is as new as the pending one (a log replayed after a
+    /// crash, a retried application) is skipped.
     fn apply(&self, set: &PendingSet) -> Result<(), LedgerError> {
-        let tasks: Vec<(&String, &PendingTask)> = set.tasks.iter().collect();
-        for chunk in tasks.chunks(TASKS_PER_BATCH) {
-            self.apply_tasks(chunk)?;
+        let mut counts = CounterDeltas::new();
+        let applied = set
+            .tasks
+            .iter()
+            .try_for_each(|(task_id, pending)| self.apply_task(task_id, pending, &mut counts));
+        if let Err(err) = applied {
+            // Some tasks may be in sled and their counter changes are not:
+            // the counters are rebuilt once an application succeeds.
+            self.counters_stale.store(true, Ordering::Relaxed);
+            return Err(err);
         }
-        if !set.raw.is_empty() {
-            let mut batch = sled::Batch::default();
-            for (key, value) in &set.raw {
-                match value {
-                    Some(value) => batch.insert(key.as_slice(), value.as_slice()),
-                    None => batch.remove(key.as_slice()),
+        if self.counters_stale.load(Ordering::Relaxed) {
+            recount(&self.tree)?;
+            self.counters_stale.store(false, Ordering::Relaxed);
+        } else {
+            for (key, delta) in counts {
+                if delta != 0 {
+                    let next = (read_counter(&self.tree, &key)? as i64 + delta).max(0) as u64;
+                    self.tree.insert(key, &next.to_be_bytes())?;
                 }
             }
-            self.tree.apply_batch(batch)?;
+        }
+        for (key, value) in &set.raw {
+            match value {
+                Some(value) => self.tree.insert(key.as_slice(), value.as_slice())?,
+                None => self.tree.remove(key.as_slice())?,
+            };
         }
         Ok(())
     }
 
-    /// Writes some tasks into sled as one atomic batch, with their index
-    /// keys and counter changes.
-    fn apply_tasks(&self, tasks: &[(&String, &PendingTask)]) -> Result<(), LedgerError> {
-        let mut batch = sled::Batch::default();
-        let mut counts = CounterDeltas::new();
-        for &(task_id, pending) in tasks {
-            let before: Option<AppliedHead> = match self.tree.get(keys::task(task_id))? {
-                Some(bytes) => Some(serde_json::from_slice(&bytes)?),
-                None => None,
-            };
-            let record = &pending.record;
-            if before.as_ref().is_some_and(|b| b.version >= record.version) {
-                continue;
-            }
-            // One key per task per application: a chunk of consecutive events,
-            // from the JSON the writer encoded. A terminal task's events are
-            // not kept: nobody can subscribe to it any more, and a stream that
-            // fell behind gets its final snapshot instead (see
-            // `Ledger::events_after`).
-            let applied_seq = before.as_ref().map_or(0, |b| b.last_seq);
-            let fresh: Vec<&LedgerEvent> = pending
-                .events
+    /// Writes one task into sled, its record last, and notes its counter
+    /// changes.
+    fn apply_task(
+        &self,
+        task_id: &str,
+        pending: &PendingTask,
+        counts: &mut CounterDeltas,
+    ) -> Result<(), LedgerError> {
+        let tree = &self.tree;
+        let before: Option<AppliedHead> = match tree.get(keys::task(task_id))? {
+            Some(bytes) => Some(serde_json::from_slice(&bytes)?),
+            None => None,
+        };
+        let record = &pending.record;
+        if before.as_ref().is_some_and(|b| b.version >= record.version) {
+            return Ok(());
+        }
+        // One key per task per application: a chunk of consecutive events,
+        // from the JSON the writer encoded. A terminal task's events are
+        // not kept: nobody can subscribe to it any more, and a stream that
+        // fell behind gets its final snapshot instead (see
+        // `Ledger::events_after`).
+        let applied_seq = before.as_ref().map_or(0, |b| b.last_seq);
+        let fresh: Vec<&LedgerEvent> = pending
+            .events
+            .iter()
+            .filter(|e| e.seq > applied_seq)
+            .map(|e| &**e)
+            .collect();
+        if let Some(first) = fresh.first()
+            && !record.task.status.state.is_terminal()
+        {
+            let encoded = fresh
                 .iter()
-                .filter(|e| e.seq > applied_seq)
-                .map(|e| &**e)
-                .collect();
-            if let Some(first) = fresh.first()
-                && !record.task.status.state.is_terminal()
-            {
-                let encoded = fresh
-                    .iter()
-                    .map(|e| e.json())
-                    .collect::<Result<Vec<_>, _>>()?;
-                batch.insert(
-                    keys::event(task_id, first.seq),
-                    serde_json::to_vec(&encoded)?,
-                );
-            }
-            match &before {
-                None => {
-                    index_insert(&mut batch, &mut counts, record, true);
-                    if let Some(parent) = &record.parent_task_id {
-                        batch.insert(keys::child(parent, task_id), &[]);
-                    }
-                }
-                Some(before) => {
-                    let (old, new) = (&before.task.status, &record.task.status);
-                    if old.state != new.state || old.timestamp != new.timestamp {
-                        index_remove(&mut batch, &mut counts, before);
-                        index_insert(&mut batch, &mut counts, record, false);
-                    }
+                .map(|e| e.json())
+                .collect::<Result<Vec<_>, _>>()?;
+            tree.insert(
+                keys::event(task_id, first.seq),
+                serde_json::to_vec(&encoded)?,
+            )?;
+        }
+        match &before {
+            None => {
+                index_insert(tree, counts, record, true)?;
+                if let Some(parent) = &record.parent_task_id {
+                    tree.insert(keys::child(parent, task_id), &[])?;
                 }
             }
-            match &pending.json {
-                Some(json) => batch.insert(keys::task(task_id), json.get().as_bytes()),
-                None => batch.insert(keys::task(task_id), serde_json::to_vec(&**record)?),
+            Some(before) => {
+                let (old, new) = (&before.task.status, &record.task.status);
+                if old.state != new.state || old.timestamp != new.timestamp {
+                    index_remove(tree, counts, before)?;
+                    index_insert(tree, counts, record, false)?;
+                }
             }
         }
-        for (key, delta) in counts {
-            if delta != 0 {
-                let next = (read_counter(&self.tree, &key)? as i64 + delta).max(0) as u64;
-                batch.insert(key, &next.to_be_bytes());
-            }
-        }
-        self.tree.apply_batch(batch)?;
+        match &pending.json {
+            Some(json) => tree.insert(keys::task(task_id), json.get().as_bytes())?,
+            None => tree.insert(keys::task(task_id), serde_json::to_vec(&**record)?)?,
+        };
         Ok(())
     }
 
@@ -457,6 +486,32 @@ pub fn read_counter(tree: &sled::Tree, key: &[u8]) -> Result<u64, LedgerError> {
         .unwrap_or(0))
 }
 
+/// Rebuilds every owner's counters from the by-state index, which a
+/// replayed application leaves exact (its keys are set, not counted).
+fn recount(tree: &sled::Tree) -> Result<(), LedgerError> {
+    let mut counted: HashMap<Vec<u8>, u64> = HashMap::new();
+    for key in tree.scan_prefix(keys::by_state_all_prefix()).keys() {
+        let key = key?;
+        let Some((owner, state)) = keys::parse_by_state(&key) else {
+            continue;
+        };
+        *counted
+            .entry(keys::counter(owner, &format!("s{state}")))
+            .or_default() += 1;
+        *counted.entry(keys::counter(owner, "all")).or_default() += 1;
+    }
+    for key in tree.scan_prefix(keys::counter_all_prefix()).keys() {
+        let key = key?;
+        if keys::is_task_counter(&key) && !counted.contains_key(key.as_ref()) {
+            tree.remove(key)?;
+        }
+    }
+    for (key, count) in counted {
+        tree.insert(key, &count.to_be_bytes())?;
+    }
+    Ok(())
+}
+
 /// Pending counter changes of one application, summed per counter.
 type CounterDeltas = HashMap<Vec<u8>, i64>;
 
@@ -470,29 +525,29 @@ fn is_active(state: TaskState) -> bool {
 
 /// Index entries of a task's current state, and the counter changes.
 fn index_insert(
-    batch: &mut sled::Batch,
+    tree: &sled::Tree,
     counts: &mut CounterDeltas,
     record: &TaskRecord,
     new_task: bool,
-) {
+) -> Result<(), LedgerError> {
     let (owner, task) = (&record.owner, &record.task);
     let order = keys::order(task.status.timestamp, &task.id);
     let state = task.status.state.number();
-    batch.insert(
+    tree.insert(
         [keys::by_state_prefix(owner, state), order.clone()].concat(),
         &[],
-    );
+    )?;
     if !keys::context_is_minted(&task.id, &task.context_id) {
-        batch.insert(
+        tree.insert(
             [keys::by_context_prefix(owner, &task.context_id), order].concat(),
             &[],
-        );
+        )?;
     }
     if is_active(task.status.state) {
-        batch.insert(keys::active(&task.id), &[]);
+        tree.insert(keys::active(&task.id), &[])?;
     }
     if task.status.state.is_interrupted() {
-        batch.insert(keys::waiting(&task.id), &[]);
+        tree.insert(keys::waiting(&task.id), &[])?;
     }
     *counts
         .entry(keys::counter(owner, &format!("s{state}")))
@@ -500,6 +555,7 @@ fn index_insert(
     if new_task {
         *counts.entry(keys::counter(owner, "all")).or_default() += 1;
     }
+    Ok(())
 }
 
 /// What the applier needs of a record already in sled: its version, how
@@ -536,19 +592,69 @@ struct AppliedStatus {
 }
 
 /// Removes the index entries of a task's previous state.
-fn index_remove(batch: &mut sled::Batch, counts: &mut CounterDeltas, record: &AppliedHead) {
+fn index_remove(
+    tree: &sled::Tree,
+    counts: &mut CounterDeltas,
+    record: &AppliedHead,
+) -> Result<(), LedgerError> {
     let (owner, task) = (&record.owner, &record.task);
     let order = keys::order(task.status.timestamp, &task.id);
     let state = task.status.state.number();
-    batch.remove([keys::by_state_prefix(owner, state), order.clone()].concat());
+    tree.remove([keys::by_state_prefix(owner, state), order.clone()].concat())?;
     if !keys::context_is_minted(&task.id, &task.context_id) {
-        batch.remove([keys::by_context_prefix(owner, &task.context_id), order].concat());
+        tree.remove([keys::by_context_prefix(owner, &task.context_id), order].concat())?;
     }
-    batch.remove(keys::active(&task.id));
+    tree.remove(keys::active(&task.id))?;
     if task.status.state.is_interrupted() {
-        batch.remove(keys::waiting(&task.id));
+        tree.remove(keys::waiting(&task.id))?;
     }
     *counts
         .entry(keys::counter(owner, &format!("s{state}")))
         .or_default() -= 1;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(tree: &sled::Tree, owner: &str, name: &str) -> u64 {
+        read_counter(tree, &keys::counter(owner, name)).unwrap()
+    }
+
+    #[test]
+    fn counters_are_rebuilt_from_the_by_state_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let tree = db.open_tree("ledger").unwrap();
+        let working = TaskState::Working.number();
+        let completed = TaskState::Completed.number();
+        for (owner, state, id) in [
+            ("alice", working, "t1"),
+            ("alice", completed, "t2"),
+            ("alice", completed, "t3"),
+            ("bob", working, "t4"),
+        ] {
+            let order = keys::order(None, id);
+            tree.insert([keys::by_state_prefix(owner, state), order].concat(), &[])
+                .unwrap();
+        }
+        // Counters a half-applied set left wrong, one for an owner with no
+        // tasks left, and an unused context counter of an older ledger.
+        let wrong = 7u64.to_be_bytes();
+        tree.insert(keys::counter("alice", "all"), &wrong).unwrap();
+        tree.insert(keys::counter("alice", &format!("s{completed}")), &wrong)
+            .unwrap();
+        tree.insert(keys::counter("carol", "all"), &wrong).unwrap();
+        let legacy = keys::counter("alice", "cctx");
+        tree.insert(legacy.clone(), &wrong).unwrap();
+
+        recount(&tree).unwrap();
+        assert_eq!(count(&tree, "alice", "all"), 3);
+        assert_eq!(count(&tree, "alice", &format!("s{completed}")), 2);
+        assert_eq!(count(&tree, "alice", &format!("s{working}")), 1);
+        assert_eq!(count(&tree, "bob", "all"), 1);
+        assert_eq!(tree.get(keys::counter("carol", "all")).unwrap(), None);
+        assert_eq!(tree.get(&legacy).unwrap().as_deref(), Some(&wrong[..]));
+    }
 }

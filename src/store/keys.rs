@@ -1,7 +1,7 @@
 //! Key layout of the ledger's single sled tree.
 //!
-//! One tree with prefixed keyspaces, so a task write, its events, its index
-//! entries and its counters go into one atomic `Batch`:
+//! One tree with prefixed keyspaces, so that one scan reads one index and
+//! one flush makes everything durable:
 //!
 //! | prefix | key | value |
 //! |---|---|---|
@@ -90,6 +90,20 @@ pub fn by_state_prefix(owner: &str, state: u8) -> Vec<u8> {
     key
 }
 
+/// Prefix of the by-state index of every owner.
+pub fn by_state_all_prefix() -> &'static [u8] {
+    b"is\0"
+}
+
+/// The owner and state of a by-state index key. An owner holding a 0 byte
+/// is not told apart from its continuation; principals hold none.
+pub fn parse_by_state(key: &[u8]) -> Option<(&str, u8)> {
+    let rest = key.strip_prefix(by_state_all_prefix())?;
+    let end = rest.iter().position(|&b| b == SEP)?;
+    let owner = std::str::from_utf8(&rest[..end]).ok()?;
+    Some((owner, *rest.get(end + 1)?))
+}
+
 /// The context id Baton mints for a new task `task_id` (a UUIDv7): the same
 /// 128 bits marked version 8. None for a task id that is no UUIDv7.
 pub fn minted_context(task_id: &str) -> Option<String> {
@@ -139,6 +153,26 @@ pub fn by_context_prefix(owner: &str, context_id: &str) -> Vec<u8> {
 /// 0.1 also hold unused `c{context}` counters).
 pub fn counter(owner: &str, name: &str) -> Vec<u8> {
     join(&[b"n", owner.as_bytes(), name.as_bytes()])
+}
+
+/// Prefix of every counter.
+pub fn counter_all_prefix() -> &'static [u8] {
+    b"n\0"
+}
+
+/// Whether a counter key is a task count (`all` or `s{state}`), not one of
+/// the unused `c{context}` counters of older ledgers.
+pub fn is_task_counter(key: &[u8]) -> bool {
+    let Some(rest) = key.strip_prefix(counter_all_prefix()) else {
+        return false;
+    };
+    match rest.iter().rposition(|&b| b == SEP) {
+        Some(end) => {
+            let name = &rest[end + 1..];
+            name == b"all" || (name.first() == Some(&b's') && name.len() > 1)
+        }
+        None => false,
+    }
 }
 
 /// Prefix of a task's push configs.

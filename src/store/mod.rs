@@ -491,9 +491,8 @@ impl Ledger {
 
     /// Creates a task and appends its first events, durably. The id must be
     /// new (a second create of one id would restart its event log): Baton
-    /// makes every task id itself (UUIDv7), so nothing is read to check. A
-    /// sled read here would stop a runtime thread whenever the applier writes
-    /// a batch, since sled holds its readers meanwhile.
+    /// makes every task id itself (UUIDv7), so nothing is read to check:
+    /// a sled read would cost every send a lookup.
     pub async fn create(
         &self,
         mut record: TaskRecord,
@@ -658,7 +657,7 @@ impl Ledger {
 
     /// The task ids of a set keyed `prefix` + task id.
     fn task_ids_under(&self, prefix: &[u8]) -> Result<Vec<String>, LedgerError> {
-        self.applier.apply_pending()?;
+        let _applied = self.applier.applied()?;
         self.tree
             .scan_prefix(prefix)
             .keys()
@@ -669,7 +668,7 @@ impl Ledger {
     /// The events of a task after `seq`, in order; for a task that ended,
     /// its final snapshot in place of the events after its last logged one.
     pub fn events_after(&self, task_id: &str, seq: u64) -> Result<Vec<LedgerEvent>, LedgerError> {
-        self.applier.apply_pending()?;
+        let _applied = self.applier.applied()?;
         let prefix = keys::events_prefix(task_id);
         let wanted = keys::event(task_id, seq + 1);
         // Events are stored in chunks keyed by their first sequence number:
@@ -718,7 +717,7 @@ impl Ledger {
 
     /// One page of an owner's tasks, newest status first.
     pub fn list(&self, owner: &str, query: &ListQuery) -> Result<ListPage, LedgerError> {
-        self.applier.apply_pending()?;
+        let _applied = self.applier.applied()?;
         let plan = self.plan(owner, query)?;
         let mut page = ListPage::default();
         let mut last_order: Option<Vec<u8>> = None;
@@ -921,7 +920,7 @@ impl Ledger {
 
     /// The ids of a task's child tasks (handoffs it started).
     pub fn children(&self, parent_task_id: &str) -> Result<Vec<String>, LedgerError> {
-        self.applier.apply_pending()?;
+        let _applied = self.applier.applied()?;
         let prefix = keys::child(parent_task_id, "");
         self.tree
             .scan_prefix(&prefix)

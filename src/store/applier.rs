@@ -38,6 +38,9 @@ pub struct PendingTask {
     /// The record as JSON, when the writer encoded it already.
     json: Option<Box<serde_json::value::RawValue>>,
     events: Vec<Arc<LedgerEvent>>,
+    /// Whether the set holds the task's creation: sled cannot hold the task
+    /// yet, unless an application of this set was cut short.
+    created: bool,
 }
 
 /// Writes not yet in sled.
@@ -56,11 +59,13 @@ impl PendingSet {
     }
 
     /// Adds a task write; a later write's record replaces the earlier one.
+    /// `created`: the write is the task's creation.
     pub fn add_task(
         &mut self,
         record: Arc<TaskRecord>,
         json: Option<Box<serde_json::value::RawValue>>,
         events: &[Arc<LedgerEvent>],
+        created: bool,
     ) {
         self.task_writes += 1;
         match self.tasks.entry(record.task.id.clone()) {
@@ -75,6 +80,7 @@ impl PendingSet {
                     record,
                     json,
                     events: events.to_vec(),
+                    created,
                 });
             }
         }
@@ -99,7 +105,8 @@ impl PendingSet {
                             Arc::new(LedgerEvent::new(record.task.id.clone(), seq, event))
                         })
                         .collect();
-                    set.add_task(Arc::new(*record), None, &events);
+                    // sled may hold what the log does: nothing counts as new.
+                    set.add_task(Arc::new(*record), None, &events, false);
                 }
             }
         }
@@ -140,9 +147,10 @@ pub struct Applier {
     /// Whether the last set taken wrote its tasks twice or more on average;
     /// picks the next gather window.
     coalescing: AtomicBool,
-    /// Whether an application failed part way: sled's counters may then
-    /// miss the changes of tasks it wrote, and are rebuilt.
-    counters_stale: AtomicBool,
+    /// Whether an application failed part way, or the process stopped in
+    /// one: sled may then hold some of its tasks, new ones included, and
+    /// its counters miss their changes until they are rebuilt.
+    partly_applied: AtomicBool,
 }
 
 /// How long the applier lets writes gather before it applies them, while
@@ -170,7 +178,7 @@ impl Applier {
             apply_lock: RwLock::new(()),
             thread: Mutex::new(None),
             coalescing: AtomicBool::new(false),
-            counters_stale: AtomicBool::new(false),
+            partly_applied: AtomicBool::new(false),
         })
     }
 
@@ -254,7 +262,9 @@ impl Applier {
         if overlay.pending.is_empty() {
             self.wake.notify_one();
         }
-        overlay.pending.add_task(record, json, events);
+        // Only a creation writes version 1 (`Ledger::create`).
+        let created = record.version == 1;
+        overlay.pending.add_task(record, json, events, created);
     }
 
     /// Queues a raw key write (call under the ledger's write lock).
@@ -354,7 +364,7 @@ impl Applier {
         if !set.is_empty() {
             // The process stopped part way through an application, maybe:
             // what sled holds of it has no counter changes yet.
-            self.counters_stale.store(true, Ordering::Relaxed);
+            self.partly_applied.store(true, Ordering::Relaxed);
             self.apply(&set)?;
         }
         self.db.flush()?;
@@ -369,20 +379,20 @@ impl Applier {
     /// sled record is as new as the pending one (a log replayed after a
     /// crash, a retried application) is skipped.
     fn apply(&self, set: &PendingSet) -> Result<(), LedgerError> {
+        let partly_applied = self.partly_applied.load(Ordering::Relaxed);
         let mut counts = CounterDeltas::new();
-        let applied = set
-            .tasks
-            .iter()
-            .try_for_each(|(task_id, pending)| self.apply_task(task_id, pending, &mut counts));
+        let applied = set.tasks.iter().try_for_each(|(task_id, pending)| {
+            self.apply_task(task_id, pending, !partly_applied, &mut counts)
+        });
         if let Err(err) = applied {
             // Some tasks may be in sled and their counter changes are not:
             // the counters are rebuilt once an application succeeds.
-            self.counters_stale.store(true, Ordering::Relaxed);
+            self.partly_applied.store(true, Ordering::Relaxed);
             return Err(err);
         }
-        if self.counters_stale.load(Ordering::Relaxed) {
+        if partly_applied {
             recount(&self.tree)?;
-            self.counters_stale.store(false, Ordering::Relaxed);
+            self.partly_applied.store(false, Ordering::Relaxed);
         } else {
             for (key, delta) in counts {
                 if delta != 0 {
@@ -401,17 +411,23 @@ impl Applier {
     }
 
     /// Writes one task into sled, its record last, and notes its counter
-    /// changes.
+    /// changes. `trust_created`: a task the set created is not in sled, so
+    /// there is nothing to read first.
     fn apply_task(
         &self,
         task_id: &str,
         pending: &PendingTask,
+        trust_created: bool,
         counts: &mut CounterDeltas,
     ) -> Result<(), LedgerError> {
         let tree = &self.tree;
-        let before: Option<AppliedHead> = match tree.get(keys::task(task_id))? {
-            Some(bytes) => Some(serde_json::from_slice(&bytes)?),
-            None => None,
+        let before: Option<AppliedHead> = if pending.created && trust_created {
+            None
+        } else {
+            match tree.get(keys::task(task_id))? {
+                Some(bytes) => Some(serde_json::from_slice(&bytes)?),
+                None => None,
+            }
         };
         let record = &pending.record;
         if before.as_ref().is_some_and(|b| b.version >= record.version) {

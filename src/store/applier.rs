@@ -9,25 +9,27 @@
 //! segment away, and at close.
 //!
 //! Order: one application at a time (`apply_lock`), each taking everything
-//! pending. Keys go into sled one by one, not as atomic batches: each
-//! `apply_batch` rolls sled's IO buffer twice, waking all of sled's IO
-//! threads every time, and holds a lock that every sled read waits on.
-//! Each task's event chunk and index changes go in before its record, so a
-//! record in sled means its keys are there too (sled recovers a prefix of
-//! its writes). Counter changes follow all the records; after a crash, or
-//! an application that failed part way, the counters are rebuilt from the
-//! by-state index instead, since counting twice or not at all cannot be
-//! told apart. Scans over several keys hold `apply_lock` shared
-//! ([`Applier::applied`]), so they never meet half an application. A crash
-//! is repaired by replaying the log: record versions tell which tasks sled
-//! holds already.
+//! pending, and only once the log holds it durably, so sled never holds a
+//! write the log could lose. Keys go into sled one by one, not as atomic
+//! batches: each `apply_batch` rolls sled's IO buffer twice, waking all of
+//! sled's IO threads every time, and holds a lock that every sled read
+//! waits on. Instead an application first stores its intent (the index
+//! keys it will add), then writes each task's event chunk and index
+//! changes before its record, then the counters, and last removes the
+//! intent; sled recovers a prefix of its writes. A crash part way is
+//! repaired at start-up: the intent's keys that do not match their task's
+//! record in sled are removed, the log is replayed (record versions tell
+//! which tasks sled holds already), and the counters, which a replay
+//! cannot repeat safely, are rebuilt from the by-state index. Scans over
+//! several keys hold `apply_lock` shared ([`Applier::applied`]), so they
+//! never meet half an application.
 
 use super::hub::LedgerEvent;
 use super::{LedgerError, TaskRecord, keys, wal};
 use crate::protocol::TaskState;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -51,6 +53,9 @@ pub struct PendingSet {
     task_writes: usize,
     /// Raw keys: `Some` to set, `None` to remove.
     raw: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    /// The log ticket of the set's latest write: it is applied only once
+    /// that is durable, so sled never holds what the log may lose.
+    last_ticket: u64,
 }
 
 impl PendingSet {
@@ -151,7 +156,16 @@ pub struct Applier {
     /// one: sled may then hold some of its tasks, new ones included, and
     /// its counters miss their changes until they are rebuilt.
     partly_applied: AtomicBool,
+    /// The latest log ticket the flusher has made durable.
+    durable: AtomicU64,
 }
+
+/// How long an application waits for the log to sync its writes.
+const DURABLE_WAIT: Duration = Duration::from_secs(1);
+
+/// Tasks per intent: an intent is one sled value, rewritten per chunk, so
+/// a large set (a 50 ms window of many writers) is applied in chunks.
+const TASKS_PER_INTENT: usize = 256;
 
 /// How long the applier lets writes gather before it applies them, while
 /// writes coalesce (several to one task): longer coalesces more, and readers
@@ -179,6 +193,7 @@ impl Applier {
             thread: Mutex::new(None),
             coalescing: AtomicBool::new(false),
             partly_applied: AtomicBool::new(false),
+            durable: AtomicU64::new(0),
         })
     }
 
@@ -251,12 +266,14 @@ impl Applier {
         }
     }
 
-    /// Queues a task write (call under the ledger's write lock).
+    /// Queues a task write with the log ticket it will get (call under the
+    /// ledger's write lock).
     pub fn add_task(
         &self,
         record: Arc<TaskRecord>,
         json: Option<Box<serde_json::value::RawValue>>,
         events: &[Arc<LedgerEvent>],
+        ticket: u64,
     ) {
         let mut overlay = self.overlay.lock().expect("applier lock");
         if overlay.pending.is_empty() {
@@ -265,15 +282,42 @@ impl Applier {
         // Only a creation writes version 1 (`Ledger::create`).
         let created = record.version == 1;
         overlay.pending.add_task(record, json, events, created);
+        overlay.pending.last_ticket = ticket;
     }
 
-    /// Queues a raw key write (call under the ledger's write lock).
-    pub fn set_raw(&self, key: Vec<u8>, value: Option<Vec<u8>>) {
+    /// Queues a raw key write with the log ticket it will get (call under
+    /// the ledger's write lock).
+    pub fn set_raw(&self, key: Vec<u8>, value: Option<Vec<u8>>, ticket: u64) {
         let mut overlay = self.overlay.lock().expect("applier lock");
         if overlay.pending.is_empty() {
             self.wake.notify_one();
         }
         overlay.pending.set_raw(key, value);
+        overlay.pending.last_ticket = ticket;
+    }
+
+    /// Notes that the log is durable up to `ticket` (the flusher calls it).
+    pub fn note_durable(&self, ticket: u64) {
+        self.durable.store(ticket, Ordering::Release);
+    }
+
+    /// Waits until the log is durable up to `ticket`. The flusher syncs
+    /// within a millisecond or so of a write, and a set has gathered for
+    /// longer than that, so this rarely waits at all; a log that does not
+    /// sync for a second fails the application, which is retried.
+    fn wait_durable(&self, ticket: u64) -> Result<(), LedgerError> {
+        let started = std::time::Instant::now();
+        while self.durable.load(Ordering::Acquire) < ticket {
+            if started.elapsed() > DURABLE_WAIT {
+                let stalled = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the log did not make the writes durable",
+                );
+                return Err(storage_io(stalled));
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        Ok(())
     }
 
     /// Hands over a log segment to delete once its writes are in sled.
@@ -322,49 +366,76 @@ impl Applier {
     /// Applies every pending write to sled now, so that scans see them.
     pub fn apply_pending(&self) -> Result<(), LedgerError> {
         let _applying = self.apply_lock.write().expect("applier lock");
-        let set = {
+        // A set that failed is retried first; then what is pending goes too.
+        while let Some((set, retried)) = self.take_set() {
+            self.wait_durable(set.last_ticket)?;
+            self.apply(&set)?;
+            let applied: HashMap<String, Arc<TaskRecord>> = set
+                .tasks
+                .iter()
+                .map(|(id, pending)| (id.clone(), pending.record.clone()))
+                .collect();
             let mut overlay = self.overlay.lock().expect("applier lock");
-            match &overlay.applying {
-                Some(failed) => failed.clone(), // a failed application is retried first
-                None if overlay.pending.is_empty() => return Ok(()),
-                None => {
-                    let set = Arc::new(std::mem::take(&mut overlay.pending));
-                    self.coalescing
-                        .store(set.task_writes >= 2 * set.tasks.len(), Ordering::Relaxed);
-                    overlay.applying = Some(set.clone());
-                    set
-                }
+            overlay.applying = None;
+            let previous = std::mem::replace(&mut overlay.recent, applied);
+            drop(overlay);
+            // Freed outside the lock: a large set takes a while to drop.
+            drop((previous, set));
+            if !retried {
+                break;
             }
-        };
-        self.apply(&set)?;
-        let applied: HashMap<String, Arc<TaskRecord>> = set
-            .tasks
-            .iter()
-            .map(|(id, pending)| (id.clone(), pending.record.clone()))
-            .collect();
-        let mut overlay = self.overlay.lock().expect("applier lock");
-        overlay.applying = None;
-        let previous = std::mem::replace(&mut overlay.recent, applied);
-        drop(overlay);
-        // Freed outside the lock: a large set takes a while to drop.
-        drop((previous, set));
+        }
         Ok(())
+    }
+
+    /// The set to apply next: one that failed (then `true`), else what is
+    /// pending.
+    fn take_set(&self) -> Option<(Arc<PendingSet>, bool)> {
+        let mut overlay = self.overlay.lock().expect("applier lock");
+        if let Some(failed) = &overlay.applying {
+            return Some((failed.clone(), true));
+        }
+        if overlay.pending.is_empty() {
+            return None;
+        }
+        let set = Arc::new(std::mem::take(&mut overlay.pending));
+        self.coalescing
+            .store(set.task_writes >= 2 * set.tasks.len(), Ordering::Relaxed);
+        overlay.applying = Some(set.clone());
+        Some((set, false))
+    }
+
+    /// Whether writes wait to go into sled.
+    fn has_pending(&self) -> bool {
+        let overlay = self.overlay.lock().expect("applier lock");
+        overlay.applying.is_some() || !overlay.pending.is_empty()
     }
 
     /// Applies every pending write to sled, and keeps any other application
     /// out while the guard lives: sled then holds every write logged before
-    /// the call, whole, for a scan over several keys.
+    /// the call, whole, for a scan over several keys. Scans share the lock,
+    /// so with nothing pending they run side by side.
     pub fn applied(&self) -> Result<RwLockReadGuard<'_, ()>, LedgerError> {
+        let guard = self.apply_lock.read().expect("applier lock");
+        if !self.has_pending() {
+            return Ok(guard);
+        }
+        drop(guard);
         self.apply_pending()?;
         Ok(self.apply_lock.read().expect("applier lock"))
     }
 
     /// Applies writes read back from the log at start-up, and checkpoints.
     pub fn recover(&self, set: PendingSet) -> Result<(), LedgerError> {
-        if !set.is_empty() {
-            // The process stopped part way through an application, maybe:
-            // what sled holds of it has no counter changes yet.
+        // An application the process stopped in: sled may hold index keys
+        // of versions the log replay does not end at, and its counters miss
+        // changes. Without one, sled holds whole sets only.
+        let interrupted = self.tree.get(keys::applying())?;
+        if let Some(intent) = &interrupted {
+            remove_stale_index_keys(&self.tree, intent)?;
             self.partly_applied.store(true, Ordering::Relaxed);
+        }
+        if interrupted.is_some() || !set.is_empty() {
             self.apply(&set)?;
         }
         self.db.flush()?;
@@ -374,25 +445,27 @@ impl Applier {
         Ok(())
     }
 
-    /// Writes one set into sled: each task's event chunk and index changes
-    /// before its record, then the counters, then the raw keys. A task whose
-    /// sled record is as new as the pending one (a log replayed after a
-    /// crash, a retried application) is skipped.
+    /// Writes one set into sled: first the index keys it adds (its intent),
+    /// then each task's event chunk and index changes before its record,
+    /// then the counters and the raw keys, and last it removes the intent.
+    /// A task whose sled record is as new as the pending one (a log replayed
+    /// after a crash, a retried application) is skipped.
     fn apply(&self, set: &PendingSet) -> Result<(), LedgerError> {
-        let partly_applied = self.partly_applied.load(Ordering::Relaxed);
+        // Set until the whole set is in: a failure part way leaves sled
+        // holding some of it, and the retry must not trust `created`.
+        let partly_applied = self.partly_applied.swap(true, Ordering::Relaxed);
+        let tasks: Vec<(&String, &PendingTask)> = set.tasks.iter().collect();
         let mut counts = CounterDeltas::new();
-        let applied = set.tasks.iter().try_for_each(|(task_id, pending)| {
-            self.apply_task(task_id, pending, !partly_applied, &mut counts)
-        });
-        if let Err(err) = applied {
-            // Some tasks may be in sled and their counter changes are not:
-            // the counters are rebuilt once an application succeeds.
-            self.partly_applied.store(true, Ordering::Relaxed);
-            return Err(err);
+        for chunk in tasks.chunks(TASKS_PER_INTENT) {
+            // The index keys this chunk adds, for repairing a crash part
+            // way; it replaces the last chunk's, whose records are all in.
+            self.tree.insert(keys::applying(), encode_intent(chunk))?;
+            for &(task_id, pending) in chunk {
+                self.apply_task(task_id, pending, !partly_applied, &mut counts)?;
+            }
         }
         if partly_applied {
             recount(&self.tree)?;
-            self.partly_applied.store(false, Ordering::Relaxed);
         } else {
             for (key, delta) in counts {
                 if delta != 0 {
@@ -407,6 +480,8 @@ impl Applier {
                 None => self.tree.remove(key.as_slice())?,
             };
         }
+        self.tree.remove(keys::applying())?;
+        self.partly_applied.store(false, Ordering::Relaxed);
         Ok(())
     }
 
@@ -539,6 +614,41 @@ fn is_active(state: TaskState) -> bool {
     )
 }
 
+/// The index keys of a task in `state`: by state, by context (unless its
+/// context was minted from its id), and the active and waiting sets.
+fn index_keys(
+    owner: &str,
+    task_id: &str,
+    context_id: &str,
+    state: TaskState,
+    timestamp: Option<chrono::DateTime<chrono::Utc>>,
+) -> Vec<Vec<u8>> {
+    let order = keys::order(timestamp, task_id);
+    let mut found = vec![[keys::by_state_prefix(owner, state.number()), order.clone()].concat()];
+    if !keys::context_is_minted(task_id, context_id) {
+        found.push([keys::by_context_prefix(owner, context_id), order].concat());
+    }
+    if is_active(state) {
+        found.push(keys::active(task_id));
+    }
+    if state.is_interrupted() {
+        found.push(keys::waiting(task_id));
+    }
+    found
+}
+
+/// The index keys of a record.
+fn record_index_keys(record: &TaskRecord) -> Vec<Vec<u8>> {
+    let task = &record.task;
+    index_keys(
+        &record.owner,
+        &task.id,
+        &task.context_id,
+        task.status.state,
+        task.status.timestamp,
+    )
+}
+
 /// Index entries of a task's current state, and the counter changes.
 fn index_insert(
     tree: &sled::Tree,
@@ -546,30 +656,73 @@ fn index_insert(
     record: &TaskRecord,
     new_task: bool,
 ) -> Result<(), LedgerError> {
-    let (owner, task) = (&record.owner, &record.task);
-    let order = keys::order(task.status.timestamp, &task.id);
-    let state = task.status.state.number();
-    tree.insert(
-        [keys::by_state_prefix(owner, state), order.clone()].concat(),
-        &[],
-    )?;
-    if !keys::context_is_minted(&task.id, &task.context_id) {
-        tree.insert(
-            [keys::by_context_prefix(owner, &task.context_id), order].concat(),
-            &[],
-        )?;
+    for key in record_index_keys(record) {
+        tree.insert(key, &[])?;
     }
-    if is_active(task.status.state) {
-        tree.insert(keys::active(&task.id), &[])?;
-    }
-    if task.status.state.is_interrupted() {
-        tree.insert(keys::waiting(&task.id), &[])?;
-    }
+    let owner = &record.owner;
+    let state = record.task.status.state.number();
     *counts
         .entry(keys::counter(owner, &format!("s{state}")))
         .or_default() += 1;
     if new_task {
         *counts.entry(keys::counter(owner, "all")).or_default() += 1;
+    }
+    Ok(())
+}
+
+/// The intent of applying `tasks`: every index key they add, with its
+/// task, as length-prefixed byte strings.
+fn encode_intent(tasks: &[(&String, &PendingTask)]) -> Vec<u8> {
+    let mut intent = Vec::new();
+    for &(task_id, pending) in tasks {
+        for key in record_index_keys(&pending.record) {
+            for part in [task_id.as_bytes(), &key] {
+                intent.extend_from_slice(&(part.len() as u32).to_be_bytes());
+                intent.extend_from_slice(part);
+            }
+        }
+    }
+    intent
+}
+
+/// The (task id, index key) pairs of an intent; a cut-short one ends early.
+fn decode_intent(mut intent: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut take = || -> Option<Vec<u8>> {
+        let (len, rest) = intent.split_first_chunk::<4>()?;
+        let len = u32::from_be_bytes(*len) as usize;
+        let (part, rest) = rest.split_at_checked(len)?;
+        intent = rest;
+        Some(part.to_vec())
+    };
+    let mut pairs = Vec::new();
+    while let (Some(id), Some(key)) = (take(), take()) {
+        pairs.push((String::from_utf8_lossy(&id).into_owned(), key));
+    }
+    pairs
+}
+
+/// Removes the keys an interrupted application added that do not belong
+/// to their task's record as sled holds it: they were written for a
+/// version whose record never made it in.
+fn remove_stale_index_keys(tree: &sled::Tree, intent: &[u8]) -> Result<(), LedgerError> {
+    for (task_id, key) in decode_intent(intent) {
+        let current = match tree.get(keys::task(&task_id))? {
+            Some(bytes) => {
+                let head: AppliedHead = serde_json::from_slice(&bytes)?;
+                let task = &head.task;
+                index_keys(
+                    &head.owner,
+                    &task.id,
+                    &task.context_id,
+                    task.status.state,
+                    task.status.timestamp,
+                )
+            }
+            None => Vec::new(),
+        };
+        if !current.contains(&key) {
+            tree.remove(key)?;
+        }
     }
     Ok(())
 }
@@ -614,16 +767,17 @@ fn index_remove(
     record: &AppliedHead,
 ) -> Result<(), LedgerError> {
     let (owner, task) = (&record.owner, &record.task);
-    let order = keys::order(task.status.timestamp, &task.id);
+    let old = index_keys(
+        owner,
+        &task.id,
+        &task.context_id,
+        task.status.state,
+        task.status.timestamp,
+    );
+    for key in old {
+        tree.remove(key)?;
+    }
     let state = task.status.state.number();
-    tree.remove([keys::by_state_prefix(owner, state), order.clone()].concat())?;
-    if !keys::context_is_minted(&task.id, &task.context_id) {
-        tree.remove([keys::by_context_prefix(owner, &task.context_id), order].concat())?;
-    }
-    tree.remove(keys::active(&task.id))?;
-    if task.status.state.is_interrupted() {
-        tree.remove(keys::waiting(&task.id))?;
-    }
     *counts
         .entry(keys::counter(owner, &format!("s{state}")))
         .or_default() -= 1;
@@ -636,6 +790,59 @@ mod tests {
 
     fn count(tree: &sled::Tree, owner: &str, name: &str) -> u64 {
         read_counter(tree, &keys::counter(owner, name)).unwrap()
+    }
+
+    fn stored(task_id: &str, state: TaskState, version: u64) -> TaskRecord {
+        let mut record = TaskRecord {
+            owner: "alice".into(),
+            version,
+            ..TaskRecord::default()
+        };
+        record.task.id = task_id.into();
+        record.task.context_id = "ctx".into();
+        record.task.status = crate::protocol::TaskStatus::now(state, None);
+        record
+    }
+
+    #[test]
+    fn an_application_cut_short_is_repaired_at_start_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal_dir = dir.path().join("wal");
+        std::fs::create_dir_all(&wal_dir).unwrap();
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let tree = db.open_tree("ledger").unwrap();
+        // The process stopped while applying version 1 (WORKING): its intent
+        // and index keys are in sled, its record is not.
+        let working = stored("t1", TaskState::Working, 1);
+        let mut cut_short = PendingSet::default();
+        cut_short.add_task(Arc::new(working.clone()), None, &[], true);
+        let tasks: Vec<_> = cut_short.tasks.iter().collect();
+        tree.insert(keys::applying(), encode_intent(&tasks))
+            .unwrap();
+        for key in record_index_keys(&working) {
+            tree.insert(key, &[]).unwrap();
+        }
+        // The log ends at version 2 (COMPLETED).
+        let completed = stored("t1", TaskState::Completed, 2);
+        let log = vec![wal::Entry::Task {
+            record: Box::new(completed.clone()),
+            events: Vec::new(),
+        }];
+
+        let applier = Applier::new(db.clone(), tree.clone(), wal_dir);
+        applier.recover(PendingSet::from_log(log)).unwrap();
+        let index: Vec<Vec<u8>> = [&b"is\0"[..], b"ic\0", b"a\0", b"w\0"]
+            .iter()
+            .flat_map(|prefix| tree.scan_prefix(prefix).keys())
+            .map(|key| key.unwrap().to_vec())
+            .collect();
+        assert_eq!(index, record_index_keys(&completed));
+        let completed_state = TaskState::Completed.number();
+        assert_eq!(count(&tree, "alice", "all"), 1);
+        assert_eq!(count(&tree, "alice", &format!("s{completed_state}")), 1);
+        let working_state = TaskState::Working.number();
+        assert_eq!(count(&tree, "alice", &format!("s{working_state}")), 0);
+        assert_eq!(tree.get(keys::applying()).unwrap(), None);
     }
 
     #[test]

@@ -99,6 +99,7 @@ impl Flusher {
             for event in events {
                 hub.publish(event);
             }
+            applier.note_durable(target);
             self.durable.send_replace(target);
             if segment.is_full() {
                 match segment.rotate() {

@@ -575,9 +575,14 @@ impl Ledger {
             },
         )?;
         let record = Arc::new(record);
+        // The overlay has the write before the flusher can publish it; the
+        // ticket is known ahead, as every write takes one under this lock.
+        let ticket = self.flusher.latest_ticket() + 1;
         self.applier
-            .add_task(record.clone(), Some(json), &published);
-        Ok((record, self.flusher.note_write(frames, published)))
+            .add_task(record.clone(), Some(json), &published, ticket);
+        let noted = self.flusher.note_write(frames, published);
+        debug_assert_eq!(noted, ticket);
+        Ok((record, noted))
     }
 
     /// Logs a raw key write and queues it for sled; runs under the write lock.
@@ -593,8 +598,11 @@ impl Ledger {
             None => wal::EntryRef::Remove { key: &key },
         };
         wal::encode(frames, &entry)?;
-        self.applier.set_raw(key, value);
-        Ok(self.flusher.note_write(frames, Vec::new()))
+        let ticket = self.flusher.latest_ticket() + 1;
+        self.applier.set_raw(key, value, ticket);
+        let noted = self.flusher.note_write(frames, Vec::new());
+        debug_assert_eq!(noted, ticket);
+        Ok(noted)
     }
 
     /// Sets (`Some`) or removes (`None`) a raw key, durably.

@@ -6,17 +6,19 @@
 //! record write and one index re-key, which is what lets the ledger take tens
 //! of thousands of transitions per second although every new sled key costs
 //! ~10 µs. sled is flushed only at checkpoints: when the log rotates a
-//! segment away, and at close.
+//! segment away, at close, and after start-up has applied the log.
 //!
 //! Order: one application at a time (`apply_lock`), each taking everything
 //! pending, and only once the log holds it durably, so sled never holds a
 //! write the log could lose. Keys go into sled one by one, not as atomic
 //! batches: each `apply_batch` rolls sled's IO buffer twice, waking all of
 //! sled's IO threads every time, and holds a lock that every sled read
-//! waits on. Instead an application first stores its intent (the index
-//! keys it will add), then writes each task's event chunk and index
-//! changes before its record, then the counters, and last removes the
-//! intent; sled recovers a prefix of its writes. A crash part way is
+//! waits on. Instead an application goes in chunks of tasks, and before
+//! each chunk stores its intent (each task with the index keys it adds),
+//! replacing the chunk before's, whose records are all in; it writes each
+//! task's event chunk and index changes before its record; after the last
+//! chunk come the counters and the raw keys, and then the intent is
+//! emptied. sled recovers a prefix of its writes. A crash part way is
 //! repaired at start-up: the intent's keys that do not match their task's
 //! record in sled are removed, the log is replayed (record versions tell
 //! which tasks sled holds already), and the counters, which a replay
@@ -152,9 +154,10 @@ pub struct Applier {
     /// Whether the last set taken wrote its tasks twice or more on average;
     /// picks the next gather window.
     coalescing: AtomicBool,
-    /// Whether an application failed part way, or the process stopped in
-    /// one: sled may then hold some of its tasks, new ones included, and
-    /// its counters miss their changes until they are rebuilt.
+    /// Set while an application runs, and left set when it fails part way
+    /// (or start-up finds one the process stopped in): sled may then hold
+    /// some of its tasks, new ones included, and its counters miss their
+    /// changes until the next application rebuilds them.
     partly_applied: AtomicBool,
     /// The latest log ticket the flusher has made durable.
     durable: AtomicU64,
@@ -165,7 +168,7 @@ const DURABLE_WAIT: Duration = Duration::from_secs(1);
 
 /// Tasks per intent: an intent is one sled value, rewritten per chunk, so
 /// a large set (a 50 ms window of many writers) is applied in chunks.
-const TASKS_PER_INTENT: usize = 256;
+const TASKS_PER_INTENT: usize = 128;
 
 /// How long the applier lets writes gather before it applies them, while
 /// writes coalesce (several to one task): longer coalesces more, and readers
@@ -301,9 +304,10 @@ impl Applier {
         self.durable.store(ticket, Ordering::Release);
     }
 
-    /// Waits until the log is durable up to `ticket`. The flusher syncs
-    /// within a millisecond or so of a write, and a set has gathered for
-    /// longer than that, so this rarely waits at all; a log that does not
+    /// Waits until the log is durable up to `ticket`. A set's newest write
+    /// is usually still in the flusher's current sync, so an application
+    /// typically waits for that one sync (well under a millisecond here);
+    /// a scan that finds writes pending waits with it. A log that does not
     /// sync for a second fails the application, which is retried.
     fn wait_durable(&self, ticket: u64) -> Result<(), LedgerError> {
         let started = std::time::Instant::now();
@@ -430,7 +434,10 @@ impl Applier {
         // An application the process stopped in: sled may hold index keys
         // of versions the log replay does not end at, and its counters miss
         // changes. Without one, sled holds whole sets only.
-        let interrupted = self.tree.get(keys::applying())?;
+        let interrupted = self
+            .tree
+            .get(keys::applying())?
+            .filter(|intent| !intent.is_empty());
         if let Some(intent) = &interrupted {
             remove_stale_index_keys(&self.tree, intent)?;
             self.partly_applied.store(true, Ordering::Relaxed);
@@ -480,7 +487,9 @@ impl Applier {
                 None => self.tree.remove(key.as_slice())?,
             };
         }
-        self.tree.remove(keys::applying())?;
+        // Emptied rather than removed: rewriting a key costs sled less than
+        // adding one, and every application writes it.
+        self.tree.insert(keys::applying(), &[])?;
         self.partly_applied.store(false, Ordering::Relaxed);
         Ok(())
     }
@@ -670,23 +679,28 @@ fn index_insert(
     Ok(())
 }
 
-/// The intent of applying `tasks`: every index key they add, with its
-/// task, as length-prefixed byte strings.
+/// The intent of applying `tasks`: each task id with the index keys it
+/// adds, as byte strings each after its u32 length, and a u32 key count
+/// after each id.
 fn encode_intent(tasks: &[(&String, &PendingTask)]) -> Vec<u8> {
     let mut intent = Vec::new();
+    let mut put = |part: &[u8]| {
+        intent.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        intent.extend_from_slice(part);
+    };
     for &(task_id, pending) in tasks {
-        for key in record_index_keys(&pending.record) {
-            for part in [task_id.as_bytes(), &key] {
-                intent.extend_from_slice(&(part.len() as u32).to_be_bytes());
-                intent.extend_from_slice(part);
-            }
+        let keys = record_index_keys(&pending.record);
+        put(task_id.as_bytes());
+        put(&(keys.len() as u32).to_be_bytes());
+        for key in &keys {
+            put(key);
         }
     }
     intent
 }
 
-/// The (task id, index key) pairs of an intent; a cut-short one ends early.
-fn decode_intent(mut intent: &[u8]) -> Vec<(String, Vec<u8>)> {
+/// The tasks and index keys of an intent; a cut-short one ends early.
+fn decode_intent(mut intent: &[u8]) -> Vec<(String, Vec<Vec<u8>>)> {
     let mut take = || -> Option<Vec<u8>> {
         let (len, rest) = intent.split_first_chunk::<4>()?;
         let len = u32::from_be_bytes(*len) as usize;
@@ -694,18 +708,25 @@ fn decode_intent(mut intent: &[u8]) -> Vec<(String, Vec<u8>)> {
         intent = rest;
         Some(part.to_vec())
     };
-    let mut pairs = Vec::new();
-    while let (Some(id), Some(key)) = (take(), take()) {
-        pairs.push((String::from_utf8_lossy(&id).into_owned(), key));
+    let mut tasks = Vec::new();
+    while let Some(id) = take() {
+        let Some(count) = take().and_then(|c| <[u8; 4]>::try_from(c).ok()) else {
+            break;
+        };
+        let keys: Option<Vec<_>> = (0..u32::from_be_bytes(count)).map(|_| take()).collect();
+        let Some(keys) = keys else {
+            break;
+        };
+        tasks.push((String::from_utf8_lossy(&id).into_owned(), keys));
     }
-    pairs
+    tasks
 }
 
 /// Removes the keys an interrupted application added that do not belong
 /// to their task's record as sled holds it: they were written for a
 /// version whose record never made it in.
 fn remove_stale_index_keys(tree: &sled::Tree, intent: &[u8]) -> Result<(), LedgerError> {
-    for (task_id, key) in decode_intent(intent) {
+    for (task_id, added) in decode_intent(intent) {
         let current = match tree.get(keys::task(&task_id))? {
             Some(bytes) => {
                 let head: AppliedHead = serde_json::from_slice(&bytes)?;
@@ -720,7 +741,7 @@ fn remove_stale_index_keys(tree: &sled::Tree, intent: &[u8]) -> Result<(), Ledge
             }
             None => Vec::new(),
         };
-        if !current.contains(&key) {
+        for key in added.into_iter().filter(|key| !current.contains(key)) {
             tree.remove(key)?;
         }
     }
@@ -811,38 +832,62 @@ mod tests {
         std::fs::create_dir_all(&wal_dir).unwrap();
         let db = sled::Config::new().path(dir.path()).open().unwrap();
         let tree = db.open_tree("ledger").unwrap();
-        // The process stopped while applying version 1 (WORKING): its intent
-        // and index keys are in sled, its record is not.
-        let working = stored("t1", TaskState::Working, 1);
+        // t2 reached sled earlier, WORKING.
+        let applied = stored("t2", TaskState::Working, 1);
+        tree.insert(keys::task("t2"), serde_json::to_vec(&applied).unwrap())
+            .unwrap();
+        // The process stopped while applying t1's creation (WORKING) and t2
+        // moving to INPUT_REQUIRED: their intent and new index keys are in
+        // sled, t2's old keys are gone, and neither record is in.
+        let created = stored("t1", TaskState::Working, 1);
+        let moved = stored("t2", TaskState::InputRequired, 2);
         let mut cut_short = PendingSet::default();
-        cut_short.add_task(Arc::new(working.clone()), None, &[], true);
+        cut_short.add_task(Arc::new(created.clone()), None, &[], true);
+        cut_short.add_task(Arc::new(moved.clone()), None, &[], false);
         let tasks: Vec<_> = cut_short.tasks.iter().collect();
         tree.insert(keys::applying(), encode_intent(&tasks))
             .unwrap();
-        for key in record_index_keys(&working) {
+        for key in record_index_keys(&created)
+            .into_iter()
+            .chain(record_index_keys(&moved))
+        {
             tree.insert(key, &[]).unwrap();
         }
-        // The log ends at version 2 (COMPLETED).
-        let completed = stored("t1", TaskState::Completed, 2);
-        let log = vec![wal::Entry::Task {
-            record: Box::new(completed.clone()),
-            events: Vec::new(),
-        }];
+        // The log ends with both COMPLETED.
+        let log = [
+            stored("t1", TaskState::Completed, 2),
+            stored("t2", TaskState::Completed, 3),
+        ];
+        let mut expected: Vec<Vec<u8>> = log.iter().flat_map(record_index_keys).collect();
+        let log = log
+            .into_iter()
+            .map(|record| wal::Entry::Task {
+                record: Box::new(record),
+                events: Vec::new(),
+            })
+            .collect();
 
         let applier = Applier::new(db.clone(), tree.clone(), wal_dir);
         applier.recover(PendingSet::from_log(log)).unwrap();
-        let index: Vec<Vec<u8>> = [&b"is\0"[..], b"ic\0", b"a\0", b"w\0"]
+        let mut index: Vec<Vec<u8>> = [&b"is\0"[..], b"ic\0", b"a\0", b"w\0"]
             .iter()
             .flat_map(|prefix| tree.scan_prefix(prefix).keys())
             .map(|key| key.unwrap().to_vec())
             .collect();
-        assert_eq!(index, record_index_keys(&completed));
-        let completed_state = TaskState::Completed.number();
-        assert_eq!(count(&tree, "alice", "all"), 1);
-        assert_eq!(count(&tree, "alice", &format!("s{completed_state}")), 1);
-        let working_state = TaskState::Working.number();
-        assert_eq!(count(&tree, "alice", &format!("s{working_state}")), 0);
-        assert_eq!(tree.get(keys::applying()).unwrap(), None);
+        index.sort();
+        expected.sort();
+        assert_eq!(index, expected);
+        let completed = TaskState::Completed.number();
+        assert_eq!(count(&tree, "alice", "all"), 2);
+        assert_eq!(count(&tree, "alice", &format!("s{completed}")), 2);
+        let working = TaskState::Working.number();
+        assert_eq!(count(&tree, "alice", &format!("s{working}")), 0);
+        let intent = tree.get(keys::applying()).unwrap();
+        assert_eq!(
+            intent.as_deref(),
+            Some(&[][..]),
+            "no application in progress"
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! | `w` | task id | empty: tasks waiting for input (INPUT_REQUIRED, AUTH_REQUIRED) |
 //! | `g` | agent id | `AgentRecord` JSON: registered agents |
 //! | `ch` | parent task id, 0, child task id | empty: the handoff graph |
-//! | `x` | | the index keys the application in progress adds (see `applier`) |
+//! | `x` | | the tasks and index keys the chunk being applied adds; empty between applications (see `applier`) |
 //!
 //! A task Baton starts in a context of its own has no `ic` entry: its context
 //! id is minted from its task id (see [`minted_context`]), so a query by
@@ -156,7 +156,8 @@ pub fn counter(owner: &str, name: &str) -> Vec<u8> {
     join(&[b"n", owner.as_bytes(), name.as_bytes()])
 }
 
-/// The intent of the application in progress: the index keys it adds.
+/// The intent of the application in progress: the tasks and index keys
+/// its current chunk adds.
 pub fn applying() -> &'static [u8] {
     b"x"
 }

@@ -1116,6 +1116,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_set_larger_than_one_intent_is_applied_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = paused(dir.path());
+        let ids: Vec<String> = (0..300).map(|i| format!("t{i:03}")).collect();
+        for id in &ids {
+            ledger
+                .create(record(id), vec![status(id, TaskState::Working)])
+                .await
+                .unwrap();
+        }
+        ledger.applier.apply_pending().unwrap();
+        // Applied in chunks, each under its own intent; none is left behind.
+        let intent = ledger.tree.get(keys::applying()).unwrap();
+        assert_eq!(intent.as_deref(), Some(&[][..]));
+        let query = ListQuery {
+            page_size: 100,
+            ..ListQuery::default()
+        };
+        let all = ledger.list("owner", &query).unwrap();
+        assert_eq!(all.total_size, 300);
+        assert_eq!(all.records.len(), 100);
+        assert_eq!(ledger.active_task_ids().unwrap().len(), 300);
+    }
+
+    #[tokio::test]
     async fn indexes_and_counters_follow_coalesced_writes() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = paused(dir.path());

@@ -464,11 +464,22 @@ impl Applier {
         let tasks: Vec<(&String, &PendingTask)> = set.tasks.iter().collect();
         let mut counts = CounterDeltas::new();
         for chunk in tasks.chunks(TASKS_PER_INTENT) {
+            let indexed: Vec<(&str, &PendingTask, Vec<Vec<u8>>)> = chunk
+                .iter()
+                .map(|&(task_id, pending)| {
+                    (
+                        task_id.as_str(),
+                        pending,
+                        record_index_keys(&pending.record),
+                    )
+                })
+                .collect();
             // The index keys this chunk adds, for repairing a crash part
             // way; it replaces the last chunk's, whose records are all in.
-            self.tree.insert(keys::applying(), encode_intent(chunk))?;
-            for &(task_id, pending) in chunk {
-                self.apply_task(task_id, pending, !partly_applied, &mut counts)?;
+            let intent = encode_intent(indexed.iter().map(|(id, _, index)| (*id, index)));
+            self.tree.insert(keys::applying(), intent)?;
+            for (task_id, pending, index) in indexed {
+                self.apply_task(task_id, pending, index, !partly_applied, &mut counts)?;
             }
         }
         if partly_applied {
@@ -495,12 +506,13 @@ impl Applier {
     }
 
     /// Writes one task into sled, its record last, and notes its counter
-    /// changes. `trust_created`: a task the set created is not in sled, so
-    /// there is nothing to read first.
+    /// changes. `index`: the record's index keys. `trust_created`: a task
+    /// the set created is not in sled, so there is nothing to read first.
     fn apply_task(
         &self,
         task_id: &str,
         pending: &PendingTask,
+        index: Vec<Vec<u8>>,
         trust_created: bool,
         counts: &mut CounterDeltas,
     ) -> Result<(), LedgerError> {
@@ -543,7 +555,7 @@ impl Applier {
         }
         match &before {
             None => {
-                index_insert(tree, counts, record, true)?;
+                index_insert(tree, counts, record, index, true)?;
                 if let Some(parent) = &record.parent_task_id {
                     tree.insert(keys::child(parent, task_id), &[])?;
                 }
@@ -552,7 +564,7 @@ impl Applier {
                 let (old, new) = (&before.task.status, &record.task.status);
                 if old.state != new.state || old.timestamp != new.timestamp {
                     index_remove(tree, counts, before)?;
-                    index_insert(tree, counts, record, false)?;
+                    index_insert(tree, counts, record, index, false)?;
                 }
             }
         }
@@ -596,7 +608,7 @@ fn recount(tree: &sled::Tree) -> Result<(), LedgerError> {
             continue;
         };
         *counted
-            .entry(keys::counter(owner, &format!("s{state}")))
+            .entry(keys::state_counter(owner, state))
             .or_default() += 1;
         *counted.entry(keys::counter(owner, "all")).or_default() += 1;
     }
@@ -658,20 +670,24 @@ fn record_index_keys(record: &TaskRecord) -> Vec<Vec<u8>> {
     )
 }
 
-/// Index entries of a task's current state, and the counter changes.
+/// Index entries of a task's current state (`index`, its index keys), and
+/// the counter changes.
 fn index_insert(
     tree: &sled::Tree,
     counts: &mut CounterDeltas,
     record: &TaskRecord,
+    index: Vec<Vec<u8>>,
     new_task: bool,
 ) -> Result<(), LedgerError> {
-    for key in record_index_keys(record) {
+    for key in index {
         tree.insert(key, &[])?;
     }
     let owner = &record.owner;
-    let state = record.task.status.state.number();
     *counts
-        .entry(keys::counter(owner, &format!("s{state}")))
+        .entry(keys::state_counter(
+            owner,
+            record.task.status.state.number(),
+        ))
         .or_default() += 1;
     if new_task {
         *counts.entry(keys::counter(owner, "all")).or_default() += 1;
@@ -679,20 +695,19 @@ fn index_insert(
     Ok(())
 }
 
-/// The intent of applying `tasks`: each task id with the index keys it
+/// The intent of applying some tasks: each task id with the index keys it
 /// adds, as byte strings each after its u32 length, and a u32 key count
 /// after each id.
-fn encode_intent(tasks: &[(&String, &PendingTask)]) -> Vec<u8> {
+fn encode_intent<'a>(tasks: impl Iterator<Item = (&'a str, &'a Vec<Vec<u8>>)>) -> Vec<u8> {
     let mut intent = Vec::new();
     let mut put = |part: &[u8]| {
         intent.extend_from_slice(&(part.len() as u32).to_be_bytes());
         intent.extend_from_slice(part);
     };
-    for &(task_id, pending) in tasks {
-        let keys = record_index_keys(&pending.record);
+    for (task_id, index) in tasks {
         put(task_id.as_bytes());
-        put(&(keys.len() as u32).to_be_bytes());
-        for key in &keys {
+        put(&(index.len() as u32).to_be_bytes());
+        for key in index {
             put(key);
         }
     }
@@ -728,17 +743,7 @@ fn decode_intent(mut intent: &[u8]) -> Vec<(String, Vec<Vec<u8>>)> {
 fn remove_stale_index_keys(tree: &sled::Tree, intent: &[u8]) -> Result<(), LedgerError> {
     for (task_id, added) in decode_intent(intent) {
         let current = match tree.get(keys::task(&task_id))? {
-            Some(bytes) => {
-                let head: AppliedHead = serde_json::from_slice(&bytes)?;
-                let task = &head.task;
-                index_keys(
-                    &head.owner,
-                    &task.id,
-                    &task.context_id,
-                    task.status.state,
-                    task.status.timestamp,
-                )
-            }
+            Some(bytes) => serde_json::from_slice::<AppliedHead>(&bytes)?.index_keys(),
             None => Vec::new(),
         };
         for key in added.into_iter().filter(|key| !current.contains(key)) {
@@ -781,26 +786,32 @@ struct AppliedStatus {
     timestamp: Option<chrono::DateTime<chrono::Utc>>,
 }
 
+impl AppliedHead {
+    /// The index keys the record was applied with.
+    fn index_keys(&self) -> Vec<Vec<u8>> {
+        let task = &self.task;
+        index_keys(
+            &self.owner,
+            &task.id,
+            &task.context_id,
+            task.status.state,
+            task.status.timestamp,
+        )
+    }
+}
+
 /// Removes the index entries of a task's previous state.
 fn index_remove(
     tree: &sled::Tree,
     counts: &mut CounterDeltas,
     record: &AppliedHead,
 ) -> Result<(), LedgerError> {
-    let (owner, task) = (&record.owner, &record.task);
-    let old = index_keys(
-        owner,
-        &task.id,
-        &task.context_id,
-        task.status.state,
-        task.status.timestamp,
-    );
-    for key in old {
+    for key in record.index_keys() {
         tree.remove(key)?;
     }
-    let state = task.status.state.number();
+    let state = record.task.status.state.number();
     *counts
-        .entry(keys::counter(owner, &format!("s{state}")))
+        .entry(keys::state_counter(&record.owner, state))
         .or_default() -= 1;
     Ok(())
 }
@@ -844,9 +855,13 @@ mod tests {
         let mut cut_short = PendingSet::default();
         cut_short.add_task(Arc::new(created.clone()), None, &[], true);
         cut_short.add_task(Arc::new(moved.clone()), None, &[], false);
-        let tasks: Vec<_> = cut_short.tasks.iter().collect();
-        tree.insert(keys::applying(), encode_intent(&tasks))
-            .unwrap();
+        let indexed: Vec<_> = cut_short
+            .tasks
+            .iter()
+            .map(|(id, pending)| (id.as_str(), record_index_keys(&pending.record)))
+            .collect();
+        let intent = encode_intent(indexed.iter().map(|(id, index)| (*id, index)));
+        tree.insert(keys::applying(), intent).unwrap();
         for key in record_index_keys(&created)
             .into_iter()
             .chain(record_index_keys(&moved))

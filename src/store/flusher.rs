@@ -111,11 +111,19 @@ impl Flusher {
     }
 
     /// Queues one write's frames with the events it produced; returns the
-    /// write's ticket for [`Flusher::wait_durable`]. Call it under the
-    /// ledger's write lock so frames, tickets and events keep write order.
-    pub fn note_write(&self, frames: &[u8], events: Vec<Arc<LedgerEvent>>) -> u64 {
+    /// write's ticket for [`Flusher::wait_durable`]. `queue` gets the ticket
+    /// and the events first, before the write can become durable and its
+    /// events published (the applier queues the write with them). Call it under the ledger's
+    /// write lock so frames, tickets and events keep write order.
+    pub fn note_write(
+        &self,
+        frames: &[u8],
+        events: Vec<Arc<LedgerEvent>>,
+        queue: impl FnOnce(u64, &[Arc<LedgerEvent>]),
+    ) -> u64 {
         let mut pending = self.pending.lock().expect("flusher lock");
         pending.written += 1;
+        queue(pending.written, &events);
         pending.frames.extend_from_slice(frames);
         pending.events.extend(events);
         if pending.idle {

@@ -156,6 +156,11 @@ pub fn counter(owner: &str, name: &str) -> Vec<u8> {
     join(&[b"n", owner.as_bytes(), name.as_bytes()])
 }
 
+/// The counter of an owner's tasks in one state (`s{state}`).
+pub fn state_counter(owner: &str, state: u8) -> Vec<u8> {
+    counter(owner, &format!("s{state}"))
+}
+
 /// The intent of the application in progress: the tasks and index keys
 /// its current chunk adds.
 pub fn applying() -> &'static [u8] {

@@ -575,14 +575,14 @@ impl Ledger {
             },
         )?;
         let record = Arc::new(record);
-        // The overlay has the write before the flusher can publish it; the
-        // ticket is known ahead, as every write takes one under this lock.
-        let ticket = self.flusher.latest_ticket() + 1;
-        self.applier
-            .add_task(record.clone(), Some(json), &published, ticket);
-        let noted = self.flusher.note_write(frames, published);
-        debug_assert_eq!(noted, ticket);
-        Ok((record, noted))
+        // The overlay has the write before the flusher can publish it.
+        let ticket = self
+            .flusher
+            .note_write(frames, published, |ticket, published| {
+                self.applier
+                    .add_task(record.clone(), Some(json), published, ticket)
+            });
+        Ok((record, ticket))
     }
 
     /// Logs a raw key write and queues it for sled; runs under the write lock.
@@ -598,11 +598,9 @@ impl Ledger {
             None => wal::EntryRef::Remove { key: &key },
         };
         wal::encode(frames, &entry)?;
-        let ticket = self.flusher.latest_ticket() + 1;
-        self.applier.set_raw(key, value, ticket);
-        let noted = self.flusher.note_write(frames, Vec::new());
-        debug_assert_eq!(noted, ticket);
-        Ok(noted)
+        Ok(self.flusher.note_write(frames, Vec::new(), |ticket, _| {
+            self.applier.set_raw(key, value, ticket)
+        }))
     }
 
     /// Sets (`Some`) or removes (`None`) a raw key, durably.
@@ -779,14 +777,14 @@ impl Ledger {
         plan: &IndexPlan,
     ) -> Result<usize, LedgerError> {
         let counter = match (&query.context_id, query.state, query.status_after) {
-            (None, None, None) => Some("all".to_string()),
-            (None, Some(state), None) => Some(format!("s{}", state.number())),
+            (None, None, None) => Some(keys::counter(owner, "all")),
+            (None, Some(state), None) => Some(keys::state_counter(owner, state.number())),
             // A context holds few tasks: its index is counted, which spares
             // every new context a counter key.
             _ => None,
         };
-        if let Some(name) = counter {
-            return Ok(read_counter(&self.tree, &keys::counter(owner, &name))? as usize);
+        if let Some(key) = counter {
+            return Ok(read_counter(&self.tree, &key)? as usize);
         }
         let mut total = 0;
         for suffix in plan.entries(&self.tree, None) {

@@ -31,7 +31,7 @@ use super::{LedgerError, TaskRecord, keys, wal};
 use crate::protocol::TaskState;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -159,8 +159,20 @@ pub struct Applier {
     /// some of its tasks, new ones included, and its counters miss their
     /// changes until the next application rebuilds them.
     partly_applied: AtomicBool,
+    /// The log's durable ticket, as the flusher reports it.
+    durable: Mutex<DurableMark>,
+    /// Signalled when the durable ticket moves while someone waits for it.
+    durable_moved: Condvar,
+}
+
+/// How far the log is durable, and whether anyone waits for it to move.
+#[derive(Default)]
+struct DurableMark {
     /// The latest log ticket the flusher has made durable.
-    durable: AtomicU64,
+    ticket: u64,
+    /// Threads waiting in [`Applier::wait_durable`]: only then does the
+    /// flusher notify (a notify is a syscall even with no one waiting).
+    waiters: usize,
 }
 
 /// How long an application waits for the log to sync its writes.
@@ -196,7 +208,8 @@ impl Applier {
             thread: Mutex::new(None),
             coalescing: AtomicBool::new(false),
             partly_applied: AtomicBool::new(false),
-            durable: AtomicU64::new(0),
+            durable: Mutex::new(DurableMark::default()),
+            durable_moved: Condvar::new(),
         })
     }
 
@@ -301,7 +314,11 @@ impl Applier {
 
     /// Notes that the log is durable up to `ticket` (the flusher calls it).
     pub fn note_durable(&self, ticket: u64) {
-        self.durable.store(ticket, Ordering::Release);
+        let mut mark = self.durable.lock().expect("applier lock");
+        mark.ticket = ticket;
+        if mark.waiters > 0 {
+            self.durable_moved.notify_all();
+        }
     }
 
     /// Waits until the log is durable up to `ticket`. A set's newest write
@@ -310,16 +327,22 @@ impl Applier {
     /// a scan that finds writes pending waits with it. A log that does not
     /// sync for a second fails the application, which is retried.
     fn wait_durable(&self, ticket: u64) -> Result<(), LedgerError> {
-        let started = std::time::Instant::now();
-        while self.durable.load(Ordering::Acquire) < ticket {
-            if started.elapsed() > DURABLE_WAIT {
-                let stalled = std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "the log did not make the writes durable",
-                );
-                return Err(storage_io(stalled));
-            }
-            std::thread::sleep(Duration::from_micros(100));
+        let mut mark = self.durable.lock().expect("applier lock");
+        if mark.ticket >= ticket {
+            return Ok(());
+        }
+        mark.waiters += 1;
+        let (mut mark, waited) = self
+            .durable_moved
+            .wait_timeout_while(mark, DURABLE_WAIT, |mark| mark.ticket < ticket)
+            .expect("applier lock");
+        mark.waiters -= 1;
+        if waited.timed_out() && mark.ticket < ticket {
+            let stalled = std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the log did not make the writes durable",
+            );
+            return Err(storage_io(stalled));
         }
         Ok(())
     }

@@ -503,11 +503,14 @@ impl Ledger {
             "task {} exists already",
             record.task.id
         );
+        // A new task is nobody else's yet, so it is encoded before the
+        // write lock, which concurrent writers queue on.
+        let published = Self::append_events(&mut record, events)?;
+        record.version = 1;
+        let encoded = EncodedTask::new(record, published)?;
         let (record, ticket) = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
-            let published = Self::append_events(&mut record, events)?;
-            record.version = 1;
-            self.log_task(&mut frames, record, published)?
+            self.log_task(&mut frames, encoded)?
         };
         self.flusher.wait_durable(ticket).await;
         Ok(record)
@@ -538,7 +541,7 @@ impl Ledger {
                 Change::Made(events) => {
                     let published = Self::append_events(&mut record, events)?;
                     record.version += 1;
-                    self.log_task(&mut frames, record, published)?
+                    self.log_task(&mut frames, EncodedTask::new(record, published)?)?
                 }
             }
         };
@@ -551,11 +554,14 @@ impl Ledger {
     fn log_task(
         &self,
         frames: &mut Vec<u8>,
-        record: TaskRecord,
-        published: Vec<Arc<LedgerEvent>>,
+        encoded: EncodedTask,
     ) -> Result<(Arc<TaskRecord>, u64), LedgerError> {
+        let EncodedTask {
+            record,
+            json,
+            published,
+        } = encoded;
         frames.clear();
-        let json = serde_json::value::to_raw_value(&record)?;
         // A terminal task's events are never applied from the log (the
         // applier keeps no event log for them), so they are not encoded for
         // it; subscribers get them from memory.
@@ -976,6 +982,31 @@ impl Ledger {
 impl Drop for Ledger {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// A task write with its JSON, encoded once for the log and for sled.
+struct EncodedTask {
+    record: TaskRecord,
+    json: Box<serde_json::value::RawValue>,
+    published: Vec<Arc<LedgerEvent>>,
+}
+
+impl EncodedTask {
+    /// Encodes `record` and, unless it is terminal, its new events (each
+    /// event keeps its JSON for the streams that carry it).
+    fn new(record: TaskRecord, published: Vec<Arc<LedgerEvent>>) -> Result<Self, LedgerError> {
+        let json = serde_json::value::to_raw_value(&record)?;
+        if !record.task.status.state.is_terminal() {
+            for event in &published {
+                event.json()?;
+            }
+        }
+        Ok(Self {
+            record,
+            json,
+            published,
+        })
     }
 }
 

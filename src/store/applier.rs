@@ -283,20 +283,18 @@ impl Applier {
     }
 
     /// Queues a task write with the log ticket it will get (call under the
-    /// ledger's write lock).
+    /// ledger's write lock). `created`: the write creates the task.
     pub fn add_task(
         &self,
         record: Arc<TaskRecord>,
         json: Option<Box<serde_json::value::RawValue>>,
         events: &[Arc<LedgerEvent>],
-        ticket: u64,
+        (ticket, created): (u64, bool),
     ) {
         let mut overlay = self.overlay.lock().expect("applier lock");
         if overlay.pending.is_empty() {
             self.wake.notify_one();
         }
-        // Only a creation writes version 1 (`Ledger::create`).
-        let created = record.version == 1;
         overlay.pending.add_task(record, json, events, created);
         overlay.pending.last_ticket = ticket;
     }
@@ -847,6 +845,10 @@ mod tests {
         read_counter(tree, &keys::counter(owner, name)).unwrap()
     }
 
+    fn count_in_state(tree: &sled::Tree, owner: &str, state: u8) -> u64 {
+        read_counter(tree, &keys::state_counter(owner, state)).unwrap()
+    }
+
     fn stored(task_id: &str, state: TaskState, version: u64) -> TaskRecord {
         let mut record = TaskRecord {
             owner: "alice".into(),
@@ -917,9 +919,9 @@ mod tests {
         assert_eq!(index, expected);
         let completed = TaskState::Completed.number();
         assert_eq!(count(&tree, "alice", "all"), 2);
-        assert_eq!(count(&tree, "alice", &format!("s{completed}")), 2);
+        assert_eq!(count_in_state(&tree, "alice", completed), 2);
         let working = TaskState::Working.number();
-        assert_eq!(count(&tree, "alice", &format!("s{working}")), 0);
+        assert_eq!(count_in_state(&tree, "alice", working), 0);
         let intent = tree.get(keys::applying()).unwrap();
         assert_eq!(
             intent.as_deref(),
@@ -949,7 +951,7 @@ mod tests {
         // tasks left, and an unused context counter of an older ledger.
         let wrong = 7u64.to_be_bytes();
         tree.insert(keys::counter("alice", "all"), &wrong).unwrap();
-        tree.insert(keys::counter("alice", &format!("s{completed}")), &wrong)
+        tree.insert(keys::state_counter("alice", completed), &wrong)
             .unwrap();
         tree.insert(keys::counter("carol", "all"), &wrong).unwrap();
         let legacy = keys::counter("alice", "cctx");
@@ -957,8 +959,8 @@ mod tests {
 
         recount(&tree).unwrap();
         assert_eq!(count(&tree, "alice", "all"), 3);
-        assert_eq!(count(&tree, "alice", &format!("s{completed}")), 2);
-        assert_eq!(count(&tree, "alice", &format!("s{working}")), 1);
+        assert_eq!(count_in_state(&tree, "alice", completed), 2);
+        assert_eq!(count_in_state(&tree, "alice", working), 1);
         assert_eq!(count(&tree, "bob", "all"), 1);
         assert_eq!(tree.get(keys::counter("carol", "all")).unwrap(), None);
         assert_eq!(tree.get(&legacy).unwrap().as_deref(), Some(&wrong[..]));

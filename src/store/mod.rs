@@ -507,7 +507,7 @@ impl Ledger {
         // write lock, which concurrent writers queue on.
         let published = Self::append_events(&mut record, events)?;
         record.version = 1;
-        let encoded = EncodedTask::new(record, published)?;
+        let encoded = EncodedTask::new(record, published, true)?;
         let (record, ticket) = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
             self.log_task(&mut frames, encoded)?
@@ -541,7 +541,7 @@ impl Ledger {
                 Change::Made(events) => {
                     let published = Self::append_events(&mut record, events)?;
                     record.version += 1;
-                    self.log_task(&mut frames, EncodedTask::new(record, published)?)?
+                    self.log_task(&mut frames, EncodedTask::new(record, published, false)?)?
                 }
             }
         };
@@ -560,6 +560,7 @@ impl Ledger {
             record,
             json,
             published,
+            created,
         } = encoded;
         frames.clear();
         // A terminal task's events are never applied from the log (the
@@ -586,7 +587,7 @@ impl Ledger {
             .flusher
             .note_write(frames, published, |ticket, published| {
                 self.applier
-                    .add_task(record.clone(), Some(json), published, ticket)
+                    .add_task(record.clone(), Some(json), published, (ticket, created))
             });
         Ok((record, ticket))
     }
@@ -990,12 +991,18 @@ struct EncodedTask {
     record: TaskRecord,
     json: Box<serde_json::value::RawValue>,
     published: Vec<Arc<LedgerEvent>>,
+    /// The write creates the task (the applier then has nothing to read first).
+    created: bool,
 }
 
 impl EncodedTask {
     /// Encodes `record` and, unless it is terminal, its new events (each
     /// event keeps its JSON for the streams that carry it).
-    fn new(record: TaskRecord, published: Vec<Arc<LedgerEvent>>) -> Result<Self, LedgerError> {
+    fn new(
+        record: TaskRecord,
+        published: Vec<Arc<LedgerEvent>>,
+        created: bool,
+    ) -> Result<Self, LedgerError> {
         let json = serde_json::value::to_raw_value(&record)?;
         if !record.task.status.state.is_terminal() {
             for event in &published {
@@ -1006,6 +1013,7 @@ impl EncodedTask {
             record,
             json,
             published,
+            created,
         })
     }
 }

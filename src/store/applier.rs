@@ -441,13 +441,17 @@ impl Applier {
     /// the call, whole, for a scan over several keys. Scans share the lock,
     /// so with nothing pending they run side by side.
     pub fn applied(&self) -> Result<RwLockReadGuard<'_, ()>, LedgerError> {
-        let guard = self.apply_lock.read().expect("applier lock");
-        if !self.has_pending() {
+        if let Ok(guard) = self.apply_lock.try_read()
+            && !self.has_pending()
+        {
             return Ok(guard);
         }
-        drop(guard);
-        self.apply_pending()?;
-        Ok(self.apply_lock.read().expect("applier lock"))
+        // Waiting for an application (a log sync, then a set's sled writes)
+        // would hold up every task queued on this runtime worker.
+        off_the_runtime(|| {
+            self.apply_pending()?;
+            Ok(self.apply_lock.read().expect("applier lock"))
+        })
     }
 
     /// Applies writes read back from the log at start-up, and checkpoints.
@@ -603,6 +607,19 @@ impl Applier {
         if let Some(handle) = self.thread.lock().expect("applier lock").take() {
             let _ = handle.join();
         }
+    }
+}
+
+/// Runs `work`, which may block for milliseconds: on a worker of a
+/// multi-threaded tokio runtime, the worker's other tasks move to another
+/// thread meanwhile (elsewhere it just runs).
+fn off_the_runtime<R>(work: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
     }
 }
 
@@ -859,6 +876,53 @@ mod tests {
         record.task.context_id = "ctx".into();
         record.task.status = crate::protocol::TaskStatus::now(state, None);
         record
+    }
+
+    #[test]
+    fn a_scan_waiting_for_an_application_leaves_the_runtime_worker_to_other_tasks() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let tree = db.open_tree("ledger").unwrap();
+        let applier = Applier::new(db, tree, dir.path().join("wal"));
+        // An application in progress on the applier thread, for 300 ms.
+        let (held, hold) = std::sync::mpsc::channel();
+        let applying = applier.clone();
+        let application = std::thread::spawn(move || {
+            let _guard = applying.apply_lock.write().unwrap();
+            held.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+        });
+        hold.recv().unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (scan_done, other_done) = runtime.block_on(async {
+            let scanning = applier.clone();
+            let scan = tokio::spawn(async move {
+                drop(scanning.applied().unwrap());
+                std::time::Instant::now()
+            });
+            // Let the scan reach the lock first on the only worker.
+            tokio::task::yield_now().await;
+            let other = tokio::spawn(async {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                std::time::Instant::now()
+            });
+            (scan.await.unwrap(), other.await.unwrap())
+        });
+        application.join().unwrap();
+        assert!(other_done < scan_done, "the other task waited for the scan");
+    }
+
+    #[test]
+    fn blocking_work_runs_in_any_context() {
+        assert_eq!(off_the_runtime(|| 1), 1);
+        let current = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert_eq!(current.block_on(async { off_the_runtime(|| 2) }), 2);
     }
 
     #[test]

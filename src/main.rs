@@ -13,12 +13,40 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     disable_transparent_huge_pages();
-    match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime.block_on(run(Cli::parse())),
+    let cli = Cli::parse();
+    // `serve` sizes its runtime from the configuration, so that is read first.
+    let serving = match &cli.command {
+        Command::Serve(args) => {
+            let config = match Config::load(args, &baton::launch::builtin_agent_ids()) {
+                Ok(config) => config,
+                Err(err) => {
+                    eprintln!("{err}");
+                    return ExitCode::from(EXIT_BAD_CONFIG);
+                }
+            };
+            if args.validate_config {
+                println!("configuration is valid:\n{config:#?}");
+                return ExitCode::SUCCESS;
+            }
+            Some(config)
+        }
+        _ => None,
+    };
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Some(config) = &serving {
+        runtime.worker_threads(config.workers);
+    }
+    let runtime = match runtime.build() {
+        Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("cannot start the async runtime: {err}");
-            ExitCode::FAILURE
+            return ExitCode::FAILURE;
         }
+    };
+    match serving {
+        Some(config) => runtime.block_on(serve(config)),
+        None => runtime.block_on(run(cli)),
     }
 }
 
@@ -39,27 +67,19 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Agents(args) => cli::agents::run(args).await,
         Command::Trace(args) => cli::trace::run(args).await,
         Command::Demo => baton::demo::run().await,
-        Command::Serve(args) => {
-            let config = match Config::load(&args, &baton::launch::builtin_agent_ids()) {
-                Ok(config) => config,
-                Err(err) => {
-                    eprintln!("{err}");
-                    return ExitCode::from(EXIT_BAD_CONFIG);
-                }
-            };
-            if args.validate_config {
-                println!("configuration is valid:\n{config:#?}");
-                return ExitCode::SUCCESS;
-            }
-            baton::telemetry::init(config.log_format);
-            match baton::launch::serve(config).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(err) => {
-                    tracing::error!("{err:#}");
-                    eprintln!("baton: {err:#}");
-                    ExitCode::FAILURE
-                }
-            }
+        // Handled in `main`, which sizes the runtime from its configuration.
+        Command::Serve(_) => unreachable!("serve runs from main"),
+    }
+}
+
+async fn serve(config: Config) -> ExitCode {
+    baton::telemetry::init(config.log_format);
+    match baton::launch::serve(config).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err:#}");
+            eprintln!("baton: {err:#}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -364,7 +364,7 @@ impl Config {
 /// applier are busy threads of their own under load, and on two cores one
 /// worker spent ~16 % less CPU per request than two at the same throughput
 /// (README, round 9).
-fn default_workers() -> usize {
+pub fn default_workers() -> usize {
     std::thread::available_parallelism()
         .map_or(1, |cores| cores.get().saturating_sub(1))
         .max(1)

@@ -494,7 +494,11 @@ async fn reference_figures(
             round2(ratio),
             "",
         )
-        .note("a stateless axum + reqwest proxy parsing and re-serializing each body"),
+        .note(format!(
+            "a stateless axum + reqwest proxy parsing and re-serializing each body, on {} \
+             runtime worker(s) like Baton's default",
+            baton::config::default_workers()
+        )),
     ];
     match cpu_micros(&ticks, &through, ticks_per_second) {
         Ok(proxy_cpu) => {

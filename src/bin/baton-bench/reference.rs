@@ -77,6 +77,12 @@ impl ReferenceProxy {
         let exe = std::env::current_exe().context("locating this executable")?;
         let mut child = Command::new(exe)
             .args(["--reference-proxy", upstream_url])
+            // As many runtime workers as Baton's default, so that the two are
+            // compared on the same runtime sizing.
+            .env(
+                "TOKIO_WORKER_THREADS",
+                baton::config::default_workers().to_string(),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

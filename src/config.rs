@@ -299,8 +299,8 @@ impl Config {
             .workers
             .or(file.workers)
             .unwrap_or_else(default_workers);
-        if workers == 0 {
-            errors.push("workers: must be positive".into());
+        if !(1..=MAX_WORKERS).contains(&workers) {
+            errors.push(format!("workers: must be between 1 and {MAX_WORKERS}"));
         }
 
         let api_keys = args.api_keys.clone().map(Secret);
@@ -360,6 +360,10 @@ impl Config {
     }
 }
 
+/// The most request-serving threads accepted: far more than cores only adds
+/// thread overhead, and a mistyped value must not start thousands.
+const MAX_WORKERS: usize = 1024;
+
 /// One request-serving thread per core, less one: the log flusher and the
 /// applier are busy threads of their own under load, and on two cores one
 /// worker spent ~16 % less CPU per request than two at the same throughput
@@ -414,7 +418,7 @@ mod tests {
     }
 
     #[test]
-    fn workers_default_to_the_cores_less_one_and_must_be_positive() {
+    fn workers_default_to_the_cores_less_one_and_are_bounded() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let config = Config::load(&ServeArgs::default(), &["echo"]).unwrap();
         assert_eq!(config.workers, (cores - 1).max(1));
@@ -439,9 +443,14 @@ mod tests {
         };
         let err = Config::load(&none, &["echo"]).unwrap_err();
         assert!(
-            err.to_string().contains("workers: must be positive"),
+            err.to_string().contains("workers: must be between 1 and"),
             "{err}"
         );
+        let too_many = ServeArgs {
+            workers: Some(MAX_WORKERS + 1),
+            ..ServeArgs::default()
+        };
+        assert!(Config::load(&too_many, &["echo"]).is_err());
     }
 
     #[test]

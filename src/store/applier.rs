@@ -884,13 +884,15 @@ mod tests {
         let db = sled::Config::new().path(dir.path()).open().unwrap();
         let tree = db.open_tree("ledger").unwrap();
         let applier = Applier::new(db, tree, dir.path().join("wal"));
-        // An application in progress on the applier thread, for 300 ms.
+        // An application in progress on the applier thread, until the other
+        // task is done (or 2 s, when a blocked worker never lets it finish).
         let (held, hold) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
         let applying = applier.clone();
         let application = std::thread::spawn(move || {
             let _guard = applying.apply_lock.write().unwrap();
             held.send(()).unwrap();
-            std::thread::sleep(Duration::from_millis(300));
+            let _ = released.recv_timeout(Duration::from_secs(2));
         });
         hold.recv().unwrap();
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -904,13 +906,13 @@ mod tests {
                 drop(scanning.applied().unwrap());
                 std::time::Instant::now()
             });
-            // Let the scan reach the lock first on the only worker.
-            tokio::task::yield_now().await;
             let other = tokio::spawn(async {
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 std::time::Instant::now()
             });
-            (scan.await.unwrap(), other.await.unwrap())
+            let other_done = other.await.unwrap();
+            let _ = release.send(());
+            (scan.await.unwrap(), other_done)
         });
         application.join().unwrap();
         assert!(other_done < scan_done, "the other task waited for the scan");

@@ -1210,6 +1210,23 @@ mod tests {
         assert_eq!(ledger.active_task_ids().unwrap().len(), 2);
     }
 
+    /// Opens a ledger just closed in this process. sled's IO threads may
+    /// hold the directory's lock for a moment after its last handle is
+    /// dropped, so a prompt reopen is retried briefly.
+    fn reopen(dir: &Path) -> Ledger {
+        let started = std::time::Instant::now();
+        loop {
+            match Ledger::open(dir) {
+                Ok(ledger) => return ledger,
+                Err(err) if started.elapsed() < std::time::Duration::from_secs(5) => {
+                    tracing::debug!(%err, "ledger still locked; retrying");
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(err) => panic!("reopening the ledger: {err}"),
+            }
+        }
+    }
+
     #[tokio::test]
     async fn a_clean_close_moves_everything_into_sled_and_deletes_the_log() {
         let dir = tempfile::tempdir().unwrap();
@@ -1225,7 +1242,7 @@ mod tests {
         drop(ledger);
         assert!(wal::segments(&dir.path().join("wal")).unwrap().is_empty());
 
-        let reopened = Ledger::open(dir.path()).unwrap();
+        let reopened = reopen(dir.path());
         let record = reopened.get("t1").unwrap().unwrap();
         assert_eq!(record.version, 3);
         assert_eq!(reopened.read_raw(&key).unwrap(), Some(b"{}".to_vec()));
@@ -1300,7 +1317,7 @@ mod tests {
         ledger.close();
         drop(ledger);
 
-        let reopened = Ledger::open(dir.path()).unwrap();
+        let reopened = reopen(dir.path());
         assert_eq!(reopened.tree.get(&retired).unwrap(), None);
         let all = reopened
             .list(

@@ -179,7 +179,13 @@ impl Driver {
             let user_message = (!self.created).then(|| turn.request.message.clone());
             let (events, receiver) = AgentEvents::channel(64);
             let agent = turn.agent.agent.clone();
-            let request = turn.request.clone();
+            // Only a handoff's turn may be sent again (a retry or a reroute,
+            // `next_attempt`); any other gives its message to the agent.
+            let request = if turn.handoff {
+                turn.request.clone()
+            } else {
+                turn.request.hand_over()
+            };
             let cancel = turn.request.cancel.clone();
             let execution =
                 Execution::new(async move { agent.execute(request, events).await }, cancel);

@@ -411,17 +411,17 @@ impl Ledger {
     /// Opens (or creates) the ledger in `dir`, applying whatever the log
     /// holds from a process that stopped without closing it.
     pub fn open(dir: &Path) -> Result<Self, LedgerError> {
-        Self::open_with_applier(dir, true)
+        Self::open_with_applier(dir, ApplierStart::Running)
     }
 
     /// Opens the ledger with its applier thread stopped, so a test decides
     /// when pending writes reach sled (`apply_pending`), not a timer.
     #[cfg(test)]
     fn open_with_applier_paused(dir: &Path) -> Result<Self, LedgerError> {
-        Self::open_with_applier(dir, false)
+        Self::open_with_applier(dir, ApplierStart::Paused)
     }
 
-    fn open_with_applier(dir: &Path, start_applier: bool) -> Result<Self, LedgerError> {
+    fn open_with_applier(dir: &Path, start: ApplierStart) -> Result<Self, LedgerError> {
         let db = sled::Config::new()
             .path(dir)
             .cache_capacity(64 * 1024 * 1024)
@@ -438,7 +438,7 @@ impl Ledger {
         let applier = Applier::new(db.clone(), tree.clone(), wal_dir.clone());
         applier.recover(PendingSet::from_log(replayed))?;
         remove_retired_index(&tree)?;
-        if start_applier {
+        if start == ApplierStart::Running {
             applier.start();
         }
         let segment = wal::Segment::create(&wal_dir, next_segment).map_err(storage_io)?;
@@ -984,6 +984,15 @@ impl Drop for Ledger {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// Whether a ledger opens with its applier thread running.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ApplierStart {
+    Running,
+    /// Tests move pending writes into sled themselves (`apply_pending`).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Paused,
 }
 
 /// A task write with its JSON, encoded once for the log and for sled.

@@ -289,7 +289,8 @@ impl Applier {
         record: Arc<TaskRecord>,
         json: Option<Box<serde_json::value::RawValue>>,
         events: &[Arc<LedgerEvent>],
-        (ticket, created): (u64, bool),
+        ticket: u64,
+        created: bool,
     ) {
         let mut overlay = self.overlay.lock().expect("applier lock");
         if overlay.pending.is_empty() {
@@ -335,7 +336,8 @@ impl Applier {
             .wait_timeout_while(mark, DURABLE_WAIT, |mark| mark.ticket < ticket)
             .expect("applier lock");
         mark.waiters -= 1;
-        if waited.timed_out() && mark.ticket < ticket {
+        // Only a wait that ended with the ticket still short times out.
+        if waited.timed_out() {
             let stalled = std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "the log did not make the writes durable",

@@ -563,16 +563,13 @@ impl Ledger {
             created,
         } = encoded;
         frames.clear();
-        // A terminal task's events are never applied from the log (the
-        // applier keeps no event log for them), so they are not encoded for
-        // it; subscribers get them from memory.
-        let events = if record.task.status.state.is_terminal() {
-            Vec::new()
-        } else {
+        let events = if logs_events(&record) {
             published
                 .iter()
                 .map(|e| Ok((e.seq, e.json()?)))
                 .collect::<Result<_, LedgerError>>()?
+        } else {
+            Vec::new()
         };
         wal::encode(
             frames,
@@ -587,7 +584,7 @@ impl Ledger {
             .flusher
             .note_write(frames, published, |ticket, published| {
                 self.applier
-                    .add_task(record.clone(), Some(json), published, (ticket, created))
+                    .add_task(record.clone(), Some(json), published, ticket, created)
             });
         Ok((record, ticket))
     }
@@ -991,8 +988,15 @@ impl Drop for Ledger {
 enum ApplierStart {
     Running,
     /// Tests move pending writes into sled themselves (`apply_pending`).
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     Paused,
+}
+
+/// Whether a write of `record` logs its events. A terminal task's events
+/// are never applied from the log (the applier keeps no event log for
+/// them), so they are not encoded for it; subscribers get them from memory.
+fn logs_events(record: &TaskRecord) -> bool {
+    !record.task.status.state.is_terminal()
 }
 
 /// A task write with its JSON, encoded once for the log and for sled.
@@ -1005,7 +1009,7 @@ struct EncodedTask {
 }
 
 impl EncodedTask {
-    /// Encodes `record` and, unless it is terminal, its new events (each
+    /// Encodes `record` and, if the log takes them, its new events (each
     /// event keeps its JSON for the streams that carry it).
     fn new(
         record: TaskRecord,
@@ -1013,7 +1017,7 @@ impl EncodedTask {
         created: bool,
     ) -> Result<Self, LedgerError> {
         let json = serde_json::value::to_raw_value(&record)?;
-        if !record.task.status.state.is_terminal() {
+        if logs_events(&record) {
             for event in &published {
                 event.json()?;
             }
@@ -1227,7 +1231,9 @@ mod tests {
         loop {
             match Ledger::open(dir) {
                 Ok(ledger) => return ledger,
-                Err(err) if started.elapsed() < std::time::Duration::from_secs(5) => {
+                Err(err @ LedgerError::Storage(sled::Error::Io(_)))
+                    if started.elapsed() < std::time::Duration::from_secs(5) =>
+                {
                     tracing::debug!(%err, "ledger still locked; retrying");
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }

@@ -2,7 +2,7 @@
 //! call a running Baton (its registry, a task's trace), or run the demo.
 
 use baton::cli::{self, Cli, Command, EXIT_BAD_CONFIG};
-use baton::config::Config;
+use baton::config::{Config, ServeArgs};
 use clap::Parser;
 use std::process::ExitCode;
 
@@ -13,40 +13,57 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     disable_transparent_huge_pages();
-    let cli = Cli::parse();
-    // `serve` sizes its runtime from the configuration, so that is read first.
-    let serving = match &cli.command {
-        Command::Serve(args) => {
-            let config = match Config::load(args, &baton::launch::builtin_agent_ids()) {
-                Ok(config) => config,
-                Err(err) => {
-                    eprintln!("{err}");
-                    return ExitCode::from(EXIT_BAD_CONFIG);
-                }
-            };
-            if args.validate_config {
-                println!("configuration is valid:\n{config:#?}");
-                return ExitCode::SUCCESS;
-            }
-            Some(config)
+    match Cli::parse().command {
+        Command::Serve(args) => serve(&args),
+        Command::Keys(args) => cli::keys::run(args),
+        Command::Agents(args) => block_on(None, cli::agents::run(args)),
+        Command::Trace(args) => block_on(None, cli::trace::run(args)),
+        Command::Demo => block_on(None, baton::demo::run()),
+    }
+}
+
+/// `baton serve`: the configuration is read first, because it sizes the
+/// runtime (`workers`).
+fn serve(args: &ServeArgs) -> ExitCode {
+    let config = match Config::load(args, &baton::launch::builtin_agent_ids()) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("{err}");
+            return ExitCode::from(EXIT_BAD_CONFIG);
         }
-        _ => None,
     };
+    if args.validate_config {
+        println!("configuration is valid:\n{config:#?}");
+        return ExitCode::SUCCESS;
+    }
+    let workers = config.workers;
+    block_on(Some(workers), async move {
+        baton::telemetry::init(config.log_format);
+        match baton::launch::serve(config).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                tracing::error!("{err:#}");
+                eprintln!("baton: {err:#}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+/// Runs `command` on a multi-thread runtime of `workers` threads (tokio's
+/// default, one per core, when `None`).
+fn block_on(workers: Option<usize>, command: impl Future<Output = ExitCode>) -> ExitCode {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
-    if let Some(config) = &serving {
-        runtime.worker_threads(config.workers);
+    if let Some(workers) = workers {
+        runtime.worker_threads(workers);
     }
-    let runtime = match runtime.build() {
-        Ok(runtime) => runtime,
+    match runtime.build() {
+        Ok(runtime) => runtime.block_on(command),
         Err(err) => {
             eprintln!("cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
+            ExitCode::FAILURE
         }
-    };
-    match serving {
-        Some(config) => runtime.block_on(serve(config)),
-        None => runtime.block_on(run(cli)),
     }
 }
 
@@ -58,28 +75,5 @@ fn disable_transparent_huge_pages() {
     #[cfg(target_os = "linux")]
     if let Err(err) = rustix::thread::disable_transparent_huge_pages(true) {
         eprintln!("note: transparent huge pages stay enabled: {err}");
-    }
-}
-
-async fn run(cli: Cli) -> ExitCode {
-    match cli.command {
-        Command::Keys(args) => cli::keys::run(args),
-        Command::Agents(args) => cli::agents::run(args).await,
-        Command::Trace(args) => cli::trace::run(args).await,
-        Command::Demo => baton::demo::run().await,
-        // Handled in `main`, which sizes the runtime from its configuration.
-        Command::Serve(_) => unreachable!("serve runs from main"),
-    }
-}
-
-async fn serve(config: Config) -> ExitCode {
-    baton::telemetry::init(config.log_format);
-    match baton::launch::serve(config).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            tracing::error!("{err:#}");
-            eprintln!("baton: {err:#}");
-            ExitCode::FAILURE
-        }
     }
 }

@@ -53,15 +53,13 @@ impl AgentRequest {
     /// The request for the agent, leaving `self` without its message and
     /// task (the parts a turn that is never sent again does not keep).
     pub fn hand_over(&mut self) -> AgentRequest {
+        let message = std::mem::take(&mut self.message);
+        let task = self.task.take();
+        // What is left is cheap to clone, and a new field is copied too.
         AgentRequest {
-            task_id: self.task_id.clone(),
-            context_id: self.context_id.clone(),
-            message: std::mem::take(&mut self.message),
-            task: self.task.take(),
-            upstream: self.upstream.clone(),
-            streaming: self.streaming,
-            accepted_output_modes: self.accepted_output_modes.clone(),
-            cancel: self.cancel.clone(),
+            message,
+            task,
+            ..self.clone()
         }
     }
 }

@@ -26,6 +26,7 @@
 //! several keys hold `apply_lock` shared ([`Applier::applied`]), so they
 //! never meet half an application.
 
+use super::durable::DurableMark;
 use super::hub::LedgerEvent;
 use super::{LedgerError, TaskRecord, keys, wal};
 use crate::protocol::TaskState;
@@ -159,20 +160,8 @@ pub struct Applier {
     /// some of its tasks, new ones included, and its counters miss their
     /// changes until the next application rebuilds them.
     partly_applied: AtomicBool,
-    /// The log's durable ticket, as the flusher reports it.
-    durable: Mutex<DurableMark>,
-    /// Signalled when the durable ticket moves while someone waits for it.
-    durable_moved: Condvar,
-}
-
-/// How far the log is durable, and whether anyone waits for it to move.
-#[derive(Default)]
-struct DurableMark {
-    /// The latest log ticket the flusher has made durable.
-    ticket: u64,
-    /// Threads waiting in [`Applier::wait_durable`]: only then does the
-    /// flusher notify (a notify is a syscall even with no one waiting).
-    waiters: usize,
+    /// How far the log is durable; the flusher moves it.
+    durable: Arc<DurableMark>,
 }
 
 /// How long an application waits for the log to sync its writes.
@@ -196,8 +185,14 @@ const GATHER_COALESCING: Duration = Duration::from_millis(50);
 const GATHER_SINGLE: Duration = Duration::from_millis(5);
 
 impl Applier {
-    /// An applier for `tree`; call [`Applier::start`] to run it.
-    pub fn new(db: sled::Db, tree: sled::Tree, wal_dir: PathBuf) -> Arc<Self> {
+    /// An applier for `tree`, applying writes once `durable` says the log
+    /// holds them; call [`Applier::start`] to run it.
+    pub fn new(
+        db: sled::Db,
+        tree: sled::Tree,
+        wal_dir: PathBuf,
+        durable: Arc<DurableMark>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             db,
             tree,
@@ -208,8 +203,7 @@ impl Applier {
             thread: Mutex::new(None),
             coalescing: AtomicBool::new(false),
             partly_applied: AtomicBool::new(false),
-            durable: Mutex::new(DurableMark::default()),
-            durable_moved: Condvar::new(),
+            durable,
         })
     }
 
@@ -311,40 +305,20 @@ impl Applier {
         overlay.pending.last_ticket = ticket;
     }
 
-    /// Notes that the log is durable up to `ticket` (the flusher calls it).
-    pub fn note_durable(&self, ticket: u64) {
-        let mut mark = self.durable.lock().expect("applier lock");
-        mark.ticket = ticket;
-        if mark.waiters > 0 {
-            self.durable_moved.notify_all();
-        }
-    }
-
     /// Waits until the log is durable up to `ticket`. A set's newest write
     /// is usually still in the flusher's current sync, so an application
     /// typically waits for that one sync (well under a millisecond here);
     /// a scan that finds writes pending waits with it. A log that does not
     /// sync for a second fails the application, which is retried.
     fn wait_durable(&self, ticket: u64) -> Result<(), LedgerError> {
-        let mut mark = self.durable.lock().expect("applier lock");
-        if mark.ticket >= ticket {
+        if self.durable.wait_blocking(ticket, DURABLE_WAIT) {
             return Ok(());
         }
-        mark.waiters += 1;
-        let (mut mark, waited) = self
-            .durable_moved
-            .wait_timeout_while(mark, DURABLE_WAIT, |mark| mark.ticket < ticket)
-            .expect("applier lock");
-        mark.waiters -= 1;
-        // Only a wait that ended with the ticket still short times out.
-        if waited.timed_out() {
-            let stalled = std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the log did not make the writes durable",
-            );
-            return Err(storage_io(stalled));
-        }
-        Ok(())
+        let stalled = std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the log did not make the writes durable",
+        );
+        Err(storage_io(stalled))
     }
 
     /// Hands over a log segment to delete once its writes are in sled.
@@ -885,7 +859,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = sled::Config::new().path(dir.path()).open().unwrap();
         let tree = db.open_tree("ledger").unwrap();
-        let applier = Applier::new(db, tree, dir.path().join("wal"));
+        let applier = Applier::new(db, tree, dir.path().join("wal"), Arc::default());
         // An application in progress on the applier thread, until the other
         // task is done (or 2 s, when a blocked worker never lets it finish).
         let (held, hold) = std::sync::mpsc::channel();
@@ -975,7 +949,7 @@ mod tests {
             })
             .collect();
 
-        let applier = Applier::new(db.clone(), tree.clone(), wal_dir);
+        let applier = Applier::new(db.clone(), tree.clone(), wal_dir, Arc::default());
         applier.recover(PendingSet::from_log(log)).unwrap();
         let mut index: Vec<Vec<u8>> = [&b"is\0"[..], b"ic\0", b"a\0", b"w\0"]
             .iter()

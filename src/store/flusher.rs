@@ -7,11 +7,11 @@
 //! STYLE.md). One flusher turns N concurrent writers into one sync.
 
 use super::applier::Applier;
+use super::durable::DurableMark;
 use super::hub::{EventHub, LedgerEvent};
 use super::wal::Segment;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use tokio::sync::watch;
 
 /// How long a sync waits for stragglers when the last one served several
 /// writers (one writer alone never waits). A sync costs ~0.3 ms of kernel
@@ -36,15 +36,20 @@ struct Pending {
 pub struct Flusher {
     pending: Mutex<Pending>,
     wake: Condvar,
-    durable: watch::Sender<u64>,
+    durable: Arc<DurableMark>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Flusher {
-    /// Starts the flusher thread appending to `segment`, publishing to `hub`
-    /// and handing full segments to `applier` for checkpointing.
-    pub fn start(segment: Segment, hub: Arc<EventHub>, applier: Arc<Applier>) -> Arc<Self> {
-        let (durable, _) = watch::channel(0);
+    /// Starts the flusher thread appending to `segment`, moving `durable`,
+    /// publishing to `hub` and handing full segments to `applier` for
+    /// checkpointing.
+    pub fn start(
+        segment: Segment,
+        durable: Arc<DurableMark>,
+        hub: Arc<EventHub>,
+        applier: Arc<Applier>,
+    ) -> Arc<Self> {
         let flusher = Arc::new(Self {
             pending: Mutex::new(Pending::default()),
             wake: Condvar::new(),
@@ -68,12 +73,12 @@ impl Flusher {
             let (target, events) = {
                 // std Mutex: held only to swap buffers, never across I/O.
                 let mut pending = self.pending.lock().expect("flusher lock");
-                while pending.written == *self.durable.borrow() && !pending.stop {
+                while pending.written == self.durable.get() && !pending.stop {
                     pending.idle = true;
                     pending = self.wake.wait(pending).expect("flusher lock");
                 }
                 pending.idle = false;
-                if pending.stop && pending.written == *self.durable.borrow() {
+                if pending.stop && pending.written == self.durable.get() {
                     return;
                 }
                 if last_group > 1 && !pending.stop {
@@ -83,7 +88,7 @@ impl Flusher {
                     std::thread::sleep(LINGER);
                     pending = self.pending.lock().expect("flusher lock");
                 }
-                last_group = pending.written - *self.durable.borrow();
+                last_group = pending.written - self.durable.get();
                 frames.clear();
                 std::mem::swap(&mut frames, &mut pending.frames);
                 (pending.written, std::mem::take(&mut pending.events))
@@ -99,8 +104,7 @@ impl Flusher {
             for event in events {
                 hub.publish(event);
             }
-            applier.note_durable(target);
-            self.durable.send_replace(target);
+            self.durable.advance(target);
             if segment.is_full() {
                 match segment.rotate() {
                     Ok(old) => applier.retire(old),
@@ -140,12 +144,7 @@ impl Flusher {
 
     /// Waits until the write with `ticket` is on disk.
     pub async fn wait_durable(&self, ticket: u64) {
-        if *self.durable.borrow() >= ticket {
-            return;
-        }
-        let mut durable = self.durable.subscribe();
-        // The sender lives as long as `self`, so this cannot fail.
-        let _ = durable.wait_for(|flushed| *flushed >= ticket).await;
+        self.durable.wait(ticket).await;
     }
 
     /// Makes what is pending durable and stops the thread.

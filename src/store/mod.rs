@@ -9,6 +9,7 @@
 //! background; reads see them in its overlay until then.
 
 pub mod applier;
+pub mod durable;
 pub mod flusher;
 pub mod hub;
 pub mod keys;
@@ -435,7 +436,8 @@ impl Ledger {
             .last()
             .map_or(1, |(number, _)| number + 1);
         let replayed = wal::read_all(&wal_dir).map_err(storage_io)?;
-        let applier = Applier::new(db.clone(), tree.clone(), wal_dir.clone());
+        let durable = Arc::new(durable::DurableMark::default());
+        let applier = Applier::new(db.clone(), tree.clone(), wal_dir.clone(), durable.clone());
         applier.recover(PendingSet::from_log(replayed))?;
         remove_retired_index(&tree)?;
         if start == ApplierStart::Running {
@@ -443,7 +445,7 @@ impl Ledger {
         }
         let segment = wal::Segment::create(&wal_dir, next_segment).map_err(storage_io)?;
         let hub = Arc::new(EventHub::default());
-        let flusher = Flusher::start(segment, hub.clone(), applier.clone());
+        let flusher = Flusher::start(segment, durable, hub.clone(), applier.clone());
         let push_configs_stored = tree.scan_prefix(keys::push_all_prefix()).count() as u64;
         Ok(Self {
             tree,

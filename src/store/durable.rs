@@ -1,0 +1,121 @@
+//! How far the write-ahead log is durable: one mark, which the flusher moves
+//! and two kinds of waiter read. Writers on the runtime wait for their
+//! write's ticket asynchronously; the applier's thread waits for a set's
+//! newest ticket, blocking, before it moves the set into sled.
+
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// The latest log ticket made durable.
+pub struct DurableMark {
+    /// The ticket; async waiters subscribe to it.
+    ticket: watch::Sender<u64>,
+    /// Threads blocked in [`DurableMark::wait_blocking`]: only then does
+    /// [`DurableMark::advance`] notify (a notify is a syscall even with no
+    /// one waiting).
+    blocked: Mutex<usize>,
+    /// Signalled when the ticket moves while a thread is blocked.
+    moved: Condvar,
+}
+
+impl Default for DurableMark {
+    fn default() -> Self {
+        Self {
+            ticket: watch::channel(0).0,
+            blocked: Mutex::new(0),
+            moved: Condvar::new(),
+        }
+    }
+}
+
+impl DurableMark {
+    /// The latest durable ticket.
+    pub fn get(&self) -> u64 {
+        *self.ticket.borrow()
+    }
+
+    /// The log is durable up to `ticket` (the flusher calls it).
+    pub fn advance(&self, ticket: u64) {
+        self.ticket.send_replace(ticket);
+        // Taken after the store: a thread that read the old ticket under
+        // this lock is waiting on the condvar by now, so it is woken.
+        if *self.blocked.lock().expect("durable mark lock") > 0 {
+            self.moved.notify_all();
+        }
+    }
+
+    /// Waits until the log is durable up to `ticket`.
+    pub async fn wait(&self, ticket: u64) {
+        if self.get() >= ticket {
+            return;
+        }
+        let mut durable = self.ticket.subscribe();
+        // The sender lives as long as `self`, so this cannot fail.
+        let _ = durable.wait_for(|durable| *durable >= ticket).await;
+    }
+
+    /// Blocks the calling thread until the log is durable up to `ticket`,
+    /// for at most `limit`; false if it was not by then.
+    pub fn wait_blocking(&self, ticket: u64, limit: Duration) -> bool {
+        let mut blocked = self.blocked.lock().expect("durable mark lock");
+        if self.get() >= ticket {
+            return true;
+        }
+        *blocked += 1;
+        let (mut blocked, waited) = self
+            .moved
+            .wait_timeout_while(blocked, limit, |_| self.get() < ticket)
+            .expect("durable mark lock");
+        *blocked -= 1;
+        // Only a wait that ended with the ticket still short times out.
+        !waited.timed_out()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_blocked_thread_wakes_when_the_mark_reaches_its_ticket() {
+        let mark = Arc::new(DurableMark::default());
+        let waiter = {
+            let mark = mark.clone();
+            std::thread::spawn(move || mark.wait_blocking(2, Duration::from_secs(10)))
+        };
+        mark.advance(1);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            !waiter.is_finished(),
+            "ticket 1 must not release a wait for 2"
+        );
+        mark.advance(2);
+        assert!(waiter.join().unwrap());
+    }
+
+    #[test]
+    fn a_blocking_wait_gives_up_after_its_limit() {
+        let mark = DurableMark::default();
+        assert!(mark.wait_blocking(0, Duration::ZERO));
+        assert!(!mark.wait_blocking(1, Duration::from_millis(10)));
+    }
+
+    #[tokio::test]
+    async fn an_async_wait_ends_once_the_mark_reaches_its_ticket() {
+        let mark = Arc::new(DurableMark::default());
+        let waiter = tokio::spawn({
+            let mark = mark.clone();
+            async move { mark.wait(3).await }
+        });
+        mark.advance(2);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        mark.advance(3);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("released")
+            .unwrap();
+    }
+}

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::agents::GatedAgent;
+use common::agents::{BurstAgent, GatedAgent, card};
 use common::*;
 use serde_json::{Value, json};
 
@@ -120,6 +120,44 @@ async fn streaming_send_frames_each_event_as_a_jsonrpc_response() {
     assert_eq!(
         reply.events[0]["result"]["message"]["parts"][0]["text"],
         "Direct message response"
+    );
+    baton.stop().await;
+}
+
+#[tokio::test]
+async fn a_stream_behind_a_burst_longer_than_its_channel_gets_every_event_in_order() {
+    // 200 events in a few writes of up to 64: far more than a watcher's
+    // channel holds, so the stream falls behind and replays from the ledger.
+    let chunks = 200;
+    let baton = baton()
+        .agent("burst", BurstAgent(chunks, card("burst")))
+        .start()
+        .await;
+    let params = json!({"message": user_message(&message_id("m"), "burst")});
+    let reply = baton
+        .stream_at("/agents/burst/a2a", "SendStreamingMessage", params, 1000)
+        .await;
+    assert!(reply.closed, "the stream ends after the terminal event");
+    let results: Vec<&Value> = reply.events.iter().map(|e| &e["result"]).collect();
+    assert_eq!(
+        results.len(),
+        chunks + 2,
+        "snapshot, every chunk, completion"
+    );
+    assert!(results[0]["task"]["id"].is_string());
+    let ids: Vec<&str> = results[1..=chunks]
+        .iter()
+        .map(|r| {
+            r["artifactUpdate"]["artifact"]["artifactId"]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    let expected: Vec<String> = (0..chunks).map(|chunk| format!("chunk-{chunk}")).collect();
+    assert_eq!(ids, expected);
+    assert_eq!(
+        results[chunks + 1]["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
     );
     baton.stop().await;
 }

@@ -14,7 +14,11 @@ use tokio::sync::broadcast;
 const SWEEP_EVERY: u64 = 1024;
 
 /// How many events a slow watcher may fall behind before it must replay.
-const CHANNEL_CAPACITY: usize = 256;
+/// Every blocking send makes a channel, and tokio builds all its slots at
+/// once: 32 instead of 256 took ~3 µs off each send's worker time in six
+/// alternating bench rounds (64 took ~1.5 µs off). A burst longer than this
+/// in one write still reaches a watcher, by replay from the ledger.
+const CHANNEL_CAPACITY: usize = 32;
 
 /// One durable event of one task.
 #[derive(Debug)]

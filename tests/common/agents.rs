@@ -1,5 +1,5 @@
-//! Agents for tests: one that waits to be released, ones that fail, and
-//! cards with chosen capabilities.
+//! Agents for tests: one that waits to be released, ones that fail, one
+//! that reports a burst of artifacts, and cards with chosen capabilities.
 
 use async_trait::async_trait;
 use baton::agents::{Agent, AgentError, AgentEvents, AgentRequest};
@@ -121,6 +121,31 @@ impl Agent for PlainAgent {
     }
 
     async fn execute(&self, _: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+        events.status(TaskState::Completed, None).await;
+        Ok(())
+    }
+}
+
+/// Reports `0` artifacts (`chunk-0`, `chunk-1`, …) as fast as it can, then
+/// pauses, so that the burst is logged before the task completes.
+pub struct BurstAgent(pub usize, pub AgentCard);
+
+#[async_trait]
+impl Agent for BurstAgent {
+    fn card(&self) -> &AgentCard {
+        &self.1
+    }
+
+    async fn execute(&self, _: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+        for chunk in 0..self.0 {
+            let artifact = Artifact {
+                artifact_id: format!("chunk-{chunk}"),
+                parts: vec![Part::text(chunk.to_string())],
+                ..Artifact::default()
+            };
+            events.artifact(artifact).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         events.status(TaskState::Completed, None).await;
         Ok(())
     }

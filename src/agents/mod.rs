@@ -55,7 +55,8 @@ impl AgentRequest {
     pub fn hand_over(&mut self) -> AgentRequest {
         let message = std::mem::take(&mut self.message);
         let task = self.task.take();
-        // What is left is cheap to clone, and a new field is copied too.
+        // What is left is cheap to clone, and a new field is copied too
+        // (take it above instead if it is large).
         AgentRequest {
             message,
             task,

@@ -179,7 +179,7 @@ impl Gateway {
             return Ok(SendReply::Message(message));
         }
         if !config.return_immediately {
-            let mut watcher = self.ledger.hub().watch(&earlier.task_id);
+            let mut watcher = self.ledger.hub().watch_outcome(&earlier.task_id);
             self.wait_settled(&earlier.task_id, &mut watcher, None)
                 .await;
         }
@@ -402,7 +402,7 @@ impl Gateway {
                     },
                     Err(broadcast::error::RecvError::Lagged(_)) => look = true,
                     Err(broadcast::error::RecvError::Closed) => {
-                        *watcher = self.ledger.hub().watch(task_id);
+                        *watcher = self.ledger.hub().watch_outcome(task_id);
                         look = true;
                     }
                 },
@@ -610,7 +610,12 @@ impl Gateway {
             message.parts.push(history);
         }
 
-        let watcher = self.ledger.hub().watch(&task_id);
+        let hub = self.ledger.hub();
+        let watcher = if streaming {
+            hub.watch(&task_id)
+        } else {
+            hub.watch_outcome(&task_id)
+        };
         let (first_tx, first) = oneshot::channel();
         let (done_tx, driver_done) = watch::channel(false);
         let task_cancel = self.enter_running(&task_id);

@@ -1,13 +1,15 @@
 //! How far the write-ahead log is durable: one mark, which the flusher moves
 //! and two kinds of waiter read. Writers on the runtime wait for their
-//! write's ticket asynchronously; the applier's thread waits for a set's
-//! newest ticket, blocking, before it moves the set into sled.
+//! write's ticket asynchronously; a thread applying a set to sled (the
+//! applier's, or a scan's that needs it applied) waits for the set's newest
+//! ticket, blocking.
 
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
 /// The latest log ticket made durable.
+#[derive(Default)]
 pub struct DurableMark {
     /// The ticket; async waiters subscribe to it.
     ticket: watch::Sender<u64>,
@@ -17,16 +19,6 @@ pub struct DurableMark {
     blocked: Mutex<usize>,
     /// Signalled when the ticket moves while a thread is blocked.
     moved: Condvar,
-}
-
-impl Default for DurableMark {
-    fn default() -> Self {
-        Self {
-            ticket: watch::channel(0).0,
-            blocked: Mutex::new(0),
-            moved: Condvar::new(),
-        }
-    }
 }
 
 impl DurableMark {
@@ -91,8 +83,11 @@ mod tests {
             !waiter.is_finished(),
             "ticket 1 must not release a wait for 2"
         );
+        let advanced = std::time::Instant::now();
         mark.advance(2);
         assert!(waiter.join().unwrap());
+        // A lost wakeup would end the wait only at its 10 s limit.
+        assert!(advanced.elapsed() < Duration::from_secs(5));
     }
 
     #[test]

@@ -126,18 +126,24 @@ impl Agent for PlainAgent {
     }
 }
 
-/// Reports `0` artifacts (`chunk-0`, `chunk-1`, …) as fast as it can, then
-/// pauses, so that the burst is logged before the task completes.
-pub struct BurstAgent(pub usize, pub AgentCard);
+/// Reports `artifacts` artifacts (`chunk-0`, `chunk-1`, …) as fast as it
+/// can, then pauses before it completes, so that the burst's writes are not
+/// the terminal one (a terminal write's events are not kept for replay).
+pub struct BurstAgent {
+    /// How many artifacts.
+    pub artifacts: usize,
+    /// Its card.
+    pub card: AgentCard,
+}
 
 #[async_trait]
 impl Agent for BurstAgent {
     fn card(&self) -> &AgentCard {
-        &self.1
+        &self.card
     }
 
     async fn execute(&self, _: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
-        for chunk in 0..self.0 {
+        for chunk in 0..self.artifacts {
             let artifact = Artifact {
                 artifact_id: format!("chunk-{chunk}"),
                 parts: vec![Part::text(chunk.to_string())],

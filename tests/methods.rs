@@ -165,6 +165,94 @@ async fn a_stream_gets_a_burst_of_several_writes_whole_and_in_order() {
 }
 
 #[tokio::test]
+async fn a_stream_that_falls_behind_replays_the_gap_from_the_ledger_in_order() {
+    use baton::gateway::TaskEventStream;
+    use baton::protocol::{
+        Artifact, Part, StreamResponse, Task, TaskArtifactUpdateEvent, TaskState, TaskStatus,
+        TaskStatusUpdateEvent,
+    };
+    use baton::store::hub::LedgerEvent;
+    use baton::store::{LedgerError, TaskRecord};
+    use futures::StreamExt as _;
+
+    let baton = baton().start().await;
+    let (task_id, context_id) = ("lagging", "lagging-context");
+    let task = Task {
+        id: task_id.into(),
+        context_id: context_id.into(),
+        status: TaskStatus::now(TaskState::Working, None),
+        ..Task::default()
+    };
+    let record = TaskRecord {
+        task: task.clone(),
+        owner: "anonymous".into(),
+        agent: "echo".into(),
+        ..TaskRecord::default()
+    };
+    let record = baton
+        .ledger
+        .create(record, vec![StreamResponse::Task(task)])
+        .await
+        .unwrap();
+    // A blocking send's channel (32 events), and more events than that
+    // published before the stream reads any: it must lag, then replay.
+    let watcher = baton.ledger.hub().watch_outcome(task_id);
+    let mut stream = TaskEventStream::from_snapshot(baton.gateway.clone(), &record, watcher, false)
+        .into_stream();
+    let chunks = 100;
+    for chunk in 0..chunks {
+        let event = StreamResponse::ArtifactUpdate(TaskArtifactUpdateEvent {
+            task_id: task_id.into(),
+            context_id: context_id.into(),
+            artifact: Artifact {
+                artifact_id: format!("chunk-{chunk}"),
+                parts: vec![Part::text(chunk.to_string())],
+                ..Artifact::default()
+            },
+            ..TaskArtifactUpdateEvent::default()
+        });
+        baton
+            .ledger
+            .update(task_id, |_| Ok::<_, LedgerError>(vec![event]))
+            .await
+            .unwrap();
+    }
+    async fn next(
+        stream: &mut futures::stream::BoxStream<'static, std::sync::Arc<LedgerEvent>>,
+    ) -> Option<std::sync::Arc<LedgerEvent>> {
+        tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
+            .await
+            .expect("the stream answers in time")
+    }
+    let first = next(&mut stream).await.unwrap();
+    assert!(matches!(first.event, StreamResponse::Task(_)));
+    for chunk in 0..chunks {
+        let event = next(&mut stream).await.unwrap();
+        let StreamResponse::ArtifactUpdate(update) = &event.event else {
+            panic!("expected chunk {chunk}, got {:?}", event.event);
+        };
+        assert_eq!(update.artifact.artifact_id, format!("chunk-{chunk}"));
+        assert_eq!(event.seq, record.last_seq + 1 + chunk as u64);
+    }
+    // Caught up: the next event arrives live, and the stream ends with it.
+    let completed = StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+        task_id: task_id.into(),
+        context_id: context_id.into(),
+        status: TaskStatus::now(TaskState::Completed, None),
+        ..TaskStatusUpdateEvent::default()
+    });
+    baton
+        .ledger
+        .update(task_id, |_| Ok::<_, LedgerError>(vec![completed]))
+        .await
+        .unwrap();
+    let last = next(&mut stream).await.unwrap();
+    assert_eq!(last.event.state(), Some(TaskState::Completed));
+    assert!(next(&mut stream).await.is_none());
+    baton.stop().await;
+}
+
+#[tokio::test]
 async fn three_subscribers_see_identical_ordered_events() {
     let gated = GatedAgent::new();
     let baton = baton().agent("gated", gated.clone()).start().await;

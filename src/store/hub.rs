@@ -6,7 +6,6 @@
 
 use crate::protocol::StreamResponse;
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::broadcast;
@@ -69,6 +68,15 @@ struct Channel {
     capacity: usize,
 }
 
+impl Channel {
+    fn new(capacity: usize) -> Self {
+        Self {
+            sender: broadcast::channel(capacity).0,
+            capacity,
+        }
+    }
+}
+
 /// Fan-out of durable events to per-task watchers.
 #[derive(Default)]
 pub struct EventHub {
@@ -103,21 +111,13 @@ impl EventHub {
         if self.watches.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == 0 {
             channels.retain(|_, channel| channel.sender.receiver_count() > 0);
         }
-        match channels.entry(task_id.to_string()) {
-            Entry::Occupied(channel) if channel.get().capacity >= capacity => {
-                channel.get().sender.subscribe()
-            }
-            Entry::Occupied(mut channel) => {
-                let (sender, receiver) = broadcast::channel(capacity);
-                channel.insert(Channel { sender, capacity });
-                receiver
-            }
-            Entry::Vacant(slot) => {
-                let (sender, receiver) = broadcast::channel(capacity);
-                slot.insert(Channel { sender, capacity });
-                receiver
-            }
+        let channel = channels
+            .entry(task_id.to_string())
+            .or_insert_with(|| Channel::new(capacity));
+        if channel.capacity < capacity {
+            *channel = Channel::new(capacity);
         }
+        channel.sender.subscribe()
     }
 
     /// Adds a callback that sees every durable event.

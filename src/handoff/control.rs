@@ -239,6 +239,10 @@ impl Control {
     /// is: what a new task keeps of the message that started it.
     pub fn entry_alone(metadata: Option<&wire::Struct>) -> Option<wire::Struct> {
         let entry = Self::entry(metadata)?;
+        if metadata.is_some_and(|m| m.len() == 1) {
+            // Nothing else in it: shared, not copied.
+            return metadata.cloned();
+        }
         Some(wire::Struct::from_iter([(
             HANDOFF_EXTENSION.to_string(),
             entry.clone(),
@@ -351,8 +355,25 @@ mod tests {
     }
 
     #[test]
+    fn a_new_task_shares_a_control_that_is_alone_and_copies_it_from_among_others() {
+        let mut alone = None;
+        Control::default().write_into(&mut alone);
+        let kept = Control::entry_alone(alone.as_ref()).unwrap();
+        assert!(std::ptr::eq(&*kept, &**alone.as_ref().unwrap()));
+
+        let mut mixed = Some(wire::Struct::from_iter([(
+            "x-vendor".to_string(),
+            serde_json::json!(1),
+        )]));
+        Control::default().write_into(&mut mixed);
+        let kept = Control::entry_alone(mixed.as_ref()).unwrap();
+        assert_eq!(kept.keys().collect::<Vec<_>>(), [HANDOFF_EXTENSION]);
+        assert_eq!(kept.get(HANDOFF_EXTENSION), Control::entry(mixed.as_ref()));
+    }
+
+    #[test]
     fn metadata_round_trips_with_lenient_numbers() {
-        let mut metadata = Some(serde_json::Map::new());
+        let mut metadata = Some(wire::Struct::default());
         let control = Control {
             trace_id: new_trace_id(),
             hops: 2,
@@ -374,7 +395,8 @@ mod tests {
             Some("parent")
         );
         let doubles = serde_json::json!({"urn:baton:handoff:v1": {"hops": 2.0, "maxHops": 4.0}});
-        let read = Control::read_from(doubles.as_object()).unwrap();
+        let doubles = doubles.as_object().cloned().map(wire::Struct::from);
+        let read = Control::read_from(doubles.as_ref()).unwrap();
         assert_eq!((read.hops, read.max_hops), (2, 4));
     }
 }

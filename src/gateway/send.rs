@@ -18,6 +18,7 @@ use crate::handoff::reasons::{self, status_part};
 use crate::handoff::routing::RouteInput;
 use crate::protocol::*;
 use crate::registry::AgentEntry;
+use crate::store::hub::EventHub;
 use crate::store::{HopKind, HopRecord, IdempotencyRecord, TaskRecord};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -44,9 +45,10 @@ pub enum SendOutcome {
 }
 
 /// How a send began: its agent is running, or it repeats an earlier send.
-enum Begun {
+/// `W`: what watches the task's events (a stream's receiver, or nothing).
+enum Begun<W> {
     /// A new execution.
-    Started(Started),
+    Started(Started<W>),
     /// An idempotent repeat: what the first send with the key produced.
     Replay(IdempotencyRecord),
     /// Refused before any agent saw it: the task is already terminal.
@@ -70,10 +72,10 @@ impl SendReply {
 }
 
 /// A send whose agent is running.
-struct Started {
+struct Started<W> {
     task_id: String,
     first: oneshot::Receiver<First>,
-    watcher: broadcast::Receiver<Arc<crate::store::hub::LedgerEvent>>,
+    watcher: W,
     driver_done: watch::Receiver<bool>,
 }
 
@@ -93,7 +95,9 @@ impl Gateway {
         req: SendMessageRequest,
     ) -> Result<SendReply, GatewayError> {
         let config = req.configuration.clone().unwrap_or_default();
-        let mut started = match self.start(ctx, req, false).await? {
+        // A blocking send watches its task only if its first write did not
+        // settle it (`wait_settled`).
+        let mut started = match self.start(ctx, req, false, |_, _| ()).await? {
             Begun::Started(started) => started,
             Begun::Replay(earlier) => return self.replay_send(ctx, earlier, &config).await,
             Begun::Settled(record) => return Ok(SendReply::task(record, &config)),
@@ -105,12 +109,8 @@ impl Gateway {
             Err(_) => return Err(GatewayError::Internal("agent driver ended early".into())),
         }
         if !config.return_immediately {
-            self.wait_settled(
-                &started.task_id,
-                &mut started.watcher,
-                Some(&mut started.driver_done),
-            )
-            .await;
+            self.wait_settled(&started.task_id, Some(&mut started.driver_done))
+                .await;
         }
         let record = self.owned_task(ctx, &started.task_id)?;
         Ok(SendReply::task(record, &config))
@@ -122,7 +122,7 @@ impl Gateway {
         ctx: &CallContext,
         req: SendMessageRequest,
     ) -> Result<SendOutcome, GatewayError> {
-        let mut started = match self.start(ctx, req, true).await? {
+        let mut started = match self.start(ctx, req, true, EventHub::watch).await? {
             Begun::Started(started) => started,
             Begun::Settled(record) => {
                 let watcher = self.ledger.hub().watch(&record.task.id);
@@ -179,9 +179,7 @@ impl Gateway {
             return Ok(SendReply::Message(message));
         }
         if !config.return_immediately {
-            let mut watcher = self.ledger.hub().watch_outcome(&earlier.task_id);
-            self.wait_settled(&earlier.task_id, &mut watcher, None)
-                .await;
+            self.wait_settled(&earlier.task_id, None).await;
         }
         let record = self.owned_task(ctx, &earlier.task_id)?;
         Ok(SendReply::task(record, config))
@@ -297,7 +295,7 @@ impl Gateway {
 
     /// Records a task refused by policy: REJECTED at once, with the reason
     /// code in a status part, and never delivered.
-    async fn reject(
+    async fn reject<W>(
         &self,
         ctx: &CallContext,
         agent_id: &str,
@@ -305,7 +303,7 @@ impl Gateway {
         control: &Control,
         reason: &str,
         detail: serde_json::Value,
-    ) -> Result<Begun, GatewayError> {
+    ) -> Result<Begun<W>, GatewayError> {
         let mut status = Message::agent(vec![status_part(reason, detail)]);
         status.task_id = message.task_id.clone();
         status.context_id = message.context_id.clone();
@@ -341,13 +339,13 @@ impl Gateway {
     }
 
     /// Checks a repeat against the first send with its key.
-    async fn replay(
+    async fn replay<W>(
         &self,
         ctx: &CallContext,
         key: &str,
         claim: &IdempotencyRecord,
         earlier: IdempotencyRecord,
-    ) -> Result<Begun, GatewayError> {
+    ) -> Result<Begun<W>, GatewayError> {
         if earlier.fingerprint != claim.fingerprint {
             return Err(GatewayError::invalid_field(
                 "message",
@@ -363,22 +361,25 @@ impl Gateway {
     async fn wait_settled(
         &self,
         task_id: &str,
-        watcher: &mut broadcast::Receiver<Arc<crate::store::hub::LedgerEvent>>,
         mut driver_done: Option<&mut watch::Receiver<bool>>,
     ) {
+        // Most sends settle in the write that creates their task: those
+        // need no channel of events.
+        if self.settled(task_id) {
+            return;
+        }
+        let mut watcher = self.ledger.hub().watch_outcome(task_id);
         let deadline = tokio::time::sleep(self.settings.task_timeout);
         tokio::pin!(deadline);
-        // The ledger is read when an event alone cannot tell: at the start,
-        // after a missed event, and for an interruption, which may be a late
-        // event of an earlier turn. A terminal state is final whatever its turn.
+        // The ledger is read when an event alone cannot tell: right after
+        // watching (an event may have come before), after a missed event,
+        // and for an interruption, which may be a late event of an earlier
+        // turn. A terminal state is final whatever its turn.
         let mut look = true;
         loop {
             if look {
-                if let Ok(Some(record)) = self.ledger.get_shared(task_id) {
-                    let state = record.task.status.state;
-                    if state.is_terminal() || state.is_interrupted() {
-                        return;
-                    }
+                if self.settled(task_id) {
+                    return;
                 }
                 look = false;
             }
@@ -402,7 +403,7 @@ impl Gateway {
                     },
                     Err(broadcast::error::RecvError::Lagged(_)) => look = true,
                     Err(broadcast::error::RecvError::Closed) => {
-                        *watcher = self.ledger.hub().watch_outcome(task_id);
+                        watcher = self.ledger.hub().watch_outcome(task_id);
                         look = true;
                     }
                 },
@@ -413,14 +414,26 @@ impl Gateway {
         }
     }
 
+    /// Whether a task is terminal or interrupted, as the ledger has it now.
+    fn settled(&self, task_id: &str) -> bool {
+        self.ledger.get_shared(task_id).is_ok_and(|record| {
+            record.is_some_and(|r| {
+                let state = r.task.status.state;
+                state.is_terminal() || state.is_interrupted()
+            })
+        })
+    }
+
     /// Validates a send, resolves a continuation, claims the idempotency key
-    /// and starts the agent.
-    async fn start(
+    /// and starts the agent. `watch` makes the send's watcher of the task's
+    /// events, before any can be published.
+    async fn start<W>(
         self: &Arc<Self>,
         ctx: &CallContext,
         req: SendMessageRequest,
         streaming: bool,
-    ) -> Result<Begun, GatewayError> {
+        watch: impl FnOnce(&EventHub, &str) -> W,
+    ) -> Result<Begun<W>, GatewayError> {
         let mut violations = Vec::new();
         let Some(mut message) = req.message else {
             return Err(GatewayError::invalid_field("message", "is required"));
@@ -610,12 +623,7 @@ impl Gateway {
             message.parts.push(history);
         }
 
-        let hub = self.ledger.hub();
-        let watcher = if streaming {
-            hub.watch(&task_id)
-        } else {
-            hub.watch_outcome(&task_id)
-        };
+        let watcher = watch(self.ledger.hub(), &task_id);
         let (first_tx, first) = oneshot::channel();
         let (done_tx, driver_done) = watch::channel(false);
         let task_cancel = self.enter_running(&task_id);

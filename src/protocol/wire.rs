@@ -10,7 +10,9 @@ use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_S
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serializer};
+use serde_json::value::RawValue;
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 /// A JSON object, as used for `google.protobuf.Struct` fields.
 ///
@@ -19,13 +21,45 @@ use std::fmt;
 /// every key and value (a message's handoff control alone was ~12
 /// allocations). A change through `&mut` copies the object only while it is
 /// shared.
+///
+/// Its JSON is encoded once and kept: the same handoff control goes out in
+/// the upstream request, twice in the task's record and twice in the reply.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Struct(std::sync::Arc<serde_json::Map<String, serde_json::Value>>);
+pub struct Struct(Arc<SharedObject>);
+
+/// The object behind a [`Struct`], with its JSON once encoded.
+#[derive(Default)]
+struct SharedObject {
+    map: serde_json::Map<String, serde_json::Value>,
+    json: OnceLock<Box<RawValue>>,
+}
+
+impl Clone for SharedObject {
+    /// A copy is made to be changed: its JSON is encoded anew.
+    fn clone(&self) -> Self {
+        Self {
+            map: self.map.clone(),
+            json: OnceLock::new(),
+        }
+    }
+}
+
+impl PartialEq for SharedObject {
+    fn eq(&self, other: &Self) -> bool {
+        self.map == other.map
+    }
+}
+
+impl fmt::Debug for SharedObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.map.fmt(f)
+    }
+}
 
 impl Struct {
     /// The object, copied only if it is shared.
     pub fn into_map(self) -> serde_json::Map<String, serde_json::Value> {
-        std::sync::Arc::unwrap_or_clone(self.0)
+        Arc::unwrap_or_clone(self.0).map
     }
 }
 
@@ -33,19 +67,25 @@ impl std::ops::Deref for Struct {
     type Target = serde_json::Map<String, serde_json::Value>;
 
     fn deref(&self) -> &Self::Target {
-        &self.0
+        &self.0.map
     }
 }
 
 impl std::ops::DerefMut for Struct {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        std::sync::Arc::make_mut(&mut self.0)
+        let shared = Arc::make_mut(&mut self.0);
+        // About to change: the JSON kept so far no longer holds.
+        shared.json = OnceLock::new();
+        &mut shared.map
     }
 }
 
 impl From<serde_json::Map<String, serde_json::Value>> for Struct {
     fn from(map: serde_json::Map<String, serde_json::Value>) -> Self {
-        Self(std::sync::Arc::new(map))
+        Self(Arc::new(SharedObject {
+            map,
+            json: OnceLock::new(),
+        }))
     }
 }
 
@@ -57,7 +97,14 @@ impl FromIterator<(String, serde_json::Value)> for Struct {
 
 impl serde::Serialize for Struct {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
+        let shared = &*self.0;
+        if let Some(json) = shared.json.get() {
+            return json.serialize(serializer);
+        }
+        match serde_json::value::to_raw_value(&shared.map) {
+            Ok(json) => shared.json.get_or_init(|| json).serialize(serializer),
+            Err(_) => shared.map.serialize(serializer),
+        }
     }
 }
 
@@ -434,7 +481,7 @@ mod tests {
         let original: Struct = serde_json::from_str(text).unwrap();
         assert_eq!(serde_json::to_string(&original).unwrap(), text);
         let mut copy = original.clone();
-        assert!(std::sync::Arc::ptr_eq(&original.0, &copy.0));
+        assert!(Arc::ptr_eq(&original.0, &copy.0));
         copy.insert("d".into(), serde_json::json!(true));
         assert!(
             !original.contains_key("d"),
@@ -443,6 +490,22 @@ mod tests {
         assert_eq!(copy.len(), 3);
         assert_eq!(copy.clone().into_map().len(), 3);
         assert!(serde_json::from_str::<Struct>("[1]").is_err());
+
+        // The JSON kept from an earlier write follows every change.
+        assert_eq!(serde_json::to_string(&original).unwrap(), text);
+        assert_eq!(
+            serde_json::to_string(&copy).unwrap(),
+            r#"{"a":{"b":[1,"two"]},"c":null,"d":true}"#
+        );
+        copy.remove("a");
+        assert_eq!(
+            serde_json::to_string(&copy).unwrap(),
+            r#"{"c":null,"d":true}"#
+        );
+        assert_eq!(
+            serde_json::to_value(&copy).unwrap(),
+            serde_json::json!({"c": null, "d": true})
+        );
     }
 
     #[test]

@@ -17,7 +17,6 @@ use crate::protocol::*;
 use crate::push::PushDispatcher;
 use crate::registry::{AgentEntry, Directory};
 use crate::store::{self, Change, Ledger, LedgerError, ListQuery, TaskRecord};
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -121,7 +120,8 @@ pub struct Gateway {
     // std Mutex: map operations only, never held across .await.
     /// The cancel token of every task a driver works on, and how many
     /// drivers do (a continuation may start while the previous one ends).
-    running: Mutex<HashMap<String, (CancellationToken, usize)>>,
+    /// Keyed by task ids, which Baton mints (foldhash, as in the applier).
+    running: Mutex<foldhash::HashMap<String, (CancellationToken, usize)>>,
     /// Canceled at shutdown: ends streams and agent work.
     pub(crate) shutdown: CancellationToken,
     /// Turns of the round-robin among agents sharing a skill.
@@ -144,7 +144,7 @@ impl Gateway {
             directory,
             push,
             settings,
-            running: Mutex::new(HashMap::new()),
+            running: Mutex::default(),
             shutdown,
             balance: std::sync::atomic::AtomicU64::new(0),
             metrics: Arc::default(),

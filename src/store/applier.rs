@@ -37,6 +37,11 @@ use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// Maps keyed by task ids, which Baton mints: looked up several times per
+/// send, where SipHash showed in profiles. (foldhash resists only simple
+/// collision attacks, so keys a caller chooses stay on SipHash.)
+type TaskMap<V> = foldhash::HashMap<String, V>;
+
 /// A task's writes not yet in sled: its latest record and every event since.
 pub struct PendingTask {
     record: Arc<TaskRecord>,
@@ -51,7 +56,7 @@ pub struct PendingTask {
 /// Writes not yet in sled.
 #[derive(Default)]
 pub struct PendingSet {
-    tasks: HashMap<String, PendingTask>,
+    tasks: TaskMap<PendingTask>,
     /// Task writes gathered, counting each write to the same task.
     task_writes: usize,
     /// Raw keys: `Some` to set, `None` to remove.
@@ -133,7 +138,7 @@ struct Overlay {
     /// reply, a client polling GetTask) is found here instead of decoded
     /// from sled again. Only this applier writes task records, so these
     /// match sled. Only the records: not their JSON, events or raw writes.
-    recent: HashMap<String, Arc<TaskRecord>>,
+    recent: TaskMap<Arc<TaskRecord>>,
     /// Log segments whose writes must reach sled before they are deleted.
     retired: Vec<PathBuf>,
     stop: bool,
@@ -371,7 +376,7 @@ impl Applier {
         while let Some((set, retried)) = self.take_set() {
             self.wait_durable(set.last_ticket)?;
             self.apply(&set)?;
-            let applied: HashMap<String, Arc<TaskRecord>> = set
+            let applied: TaskMap<Arc<TaskRecord>> = set
                 .tasks
                 .iter()
                 .map(|(id, pending)| (id.clone(), pending.record.clone()))

@@ -95,8 +95,8 @@ impl Gateway {
         req: SendMessageRequest,
     ) -> Result<SendReply, GatewayError> {
         let config = req.configuration.clone().unwrap_or_default();
-        // A blocking send watches its task only if its first write did not
-        // settle it (`wait_settled`).
+        // A blocking send watches its task only if the ledger does not show it
+        // settled once the agent's first answer is in (`wait_settled`).
         let mut started = match self.start(ctx, req, false, |_, _| ()).await? {
             Begun::Started(started) => started,
             Begun::Replay(earlier) => return self.replay_send(ctx, earlier, &config).await,

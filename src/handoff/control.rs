@@ -236,7 +236,8 @@ impl Control {
     }
 
     /// A metadata object holding only `metadata`'s control entry, copied as
-    /// is: what a new task keeps of the message that started it.
+    /// is (shared, not copied, when it is the only key): what a new task
+    /// keeps of the message that started it.
     pub fn entry_alone(metadata: Option<&wire::Struct>) -> Option<wire::Struct> {
         let entry = Self::entry(metadata)?;
         if metadata.is_some_and(|m| m.len() == 1) {

@@ -21,8 +21,9 @@ const STREAM_CAPACITY: usize = 128;
 
 /// Events the channel made for a blocking send holds. The send looks only
 /// for a settled state, and reads the record after a lag. tokio builds every
-/// slot when a channel is made, and each blocking send makes one: 32 slots
-/// instead of 256 took ~3 µs off a send's worker time (README, round 10).
+/// slot when a channel is made, and each blocking send that must wait makes
+/// one: 32 slots instead of 256 took ~3 µs off a send's worker time (README,
+/// round 10).
 const OUTCOME_CAPACITY: usize = 32;
 
 /// One durable event of one task.

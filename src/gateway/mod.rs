@@ -120,8 +120,7 @@ pub struct Gateway {
     // std Mutex: map operations only, never held across .await.
     /// The cancel token of every task a driver works on, and how many
     /// drivers do (a continuation may start while the previous one ends).
-    /// Keyed by task ids, which Baton mints (foldhash, as in the applier).
-    running: Mutex<foldhash::HashMap<String, (CancellationToken, usize)>>,
+    running: Mutex<store::TaskMap<(CancellationToken, usize)>>,
     /// Canceled at shutdown: ends streams and agent work.
     pub(crate) shutdown: CancellationToken,
     /// Turns of the round-robin among agents sharing a skill.

@@ -87,7 +87,7 @@ use crate::protocol::wire::Struct;
 use crate::protocol::{AgentCard, AgentSkill, Message, Part};
 use regex::Regex;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// The metadata key (in `params.metadata`, else `message.metadata`) whose
 /// string value is the skill id a request asks for.
@@ -120,7 +120,7 @@ pub struct Match {
     pub tenant: Option<String>,
     /// Dotted path to the wanted value (or a list of values, any of which may
     /// match), in `message.metadata` or `params.metadata`.
-    pub metadata: Option<serde_json::Map<String, Value>>,
+    pub metadata: Option<Map<String, Value>>,
     /// A regular expression searched in each text part of the message.
     pub text: Option<String>,
 }
@@ -390,7 +390,7 @@ fn declared_skill<'c>(agent: &AgentView<'c>, skill: &str) -> Option<&'c AgentSki
 
 /// Whether the value at dotted `path` in `map` equals one of `wanted`. Each
 /// step tries the longest key first, so keys that contain dots are found.
-fn path_matches(map: &serde_json::Map<String, Value>, path: &str, wanted: &[Value]) -> bool {
+fn path_matches(map: &Map<String, Value>, path: &str, wanted: &[Value]) -> bool {
     if let Some(found) = map.get(path)
         && value_matches(found, wanted)
     {
@@ -506,7 +506,7 @@ fn non_blank(field: &str, value: Option<&str>, errors: &mut Vec<String>) -> Opti
 /// Flattens nested tables into `(dotted path, acceptable values)`.
 fn flatten_metadata(
     prefix: &str,
-    map: &serde_json::Map<String, Value>,
+    map: &Map<String, Value>,
     out: &mut Vec<(String, Vec<Value>)>,
     errors: &mut Vec<String>,
 ) {

@@ -95,14 +95,15 @@ impl FromIterator<(String, serde_json::Value)> for Struct {
 impl serde::Serialize for Struct {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let shared = &*self.0;
-        if let Some(json) = shared.json.get() {
-            return json.serialize(serializer);
-        }
-        match serde_json::value::to_raw_value(&shared.map) {
-            Ok(json) => shared.json.get_or_init(|| json).serialize(serializer),
-            // Not expected of a JSON object; then nothing is kept.
-            Err(_) => shared.map.serialize(serializer),
-        }
+        let json = match shared.json.get() {
+            Some(json) => json,
+            None => {
+                let encoded = serde_json::value::to_raw_value(&shared.map)
+                    .map_err(serde::ser::Error::custom)?;
+                shared.json.get_or_init(|| encoded)
+            }
+        };
+        json.serialize(serializer)
     }
 }
 

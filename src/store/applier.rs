@@ -28,7 +28,7 @@
 
 use super::durable::DurableMark;
 use super::hub::LedgerEvent;
-use super::{LedgerError, TaskRecord, keys, wal};
+use super::{LedgerError, TaskMap, TaskRecord, keys, wal};
 use crate::protocol::TaskState;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -36,11 +36,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
-
-/// Maps keyed by task ids, which Baton mints: looked up several times per
-/// send, where SipHash showed in profiles. (foldhash resists only simple
-/// collision attacks, so keys a caller chooses stay on SipHash.)
-type TaskMap<V> = foldhash::HashMap<String, V>;
 
 /// A task's writes not yet in sled: its latest record and every event since.
 pub struct PendingTask {

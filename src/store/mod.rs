@@ -985,6 +985,11 @@ impl Drop for Ledger {
     }
 }
 
+/// Maps keyed by task ids, which Baton mints: looked up several times per
+/// send, where SipHash showed in profiles. (foldhash resists only simple
+/// collision attacks, so keys a caller chooses stay on SipHash.)
+pub(crate) type TaskMap<V> = foldhash::HashMap<String, V>;
+
 /// Whether a ledger opens with its applier thread running.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum ApplierStart {

@@ -31,16 +31,17 @@ pub fn check_message(message: &Message, path: &str, violations: &mut Vec<FieldVi
         ));
     }
     for (i, part) in message.parts.iter().enumerate() {
-        check_part(part, &format!("{path}.parts[{i}]"), violations);
+        check_part(part, path, i, violations);
     }
 }
 
-fn check_part(part: &Part, path: &str, violations: &mut Vec<FieldViolation>) {
+/// Checks `path.parts[index]`; the path is written only for a violation.
+fn check_part(part: &Part, path: &str, index: usize, violations: &mut Vec<FieldViolation>) {
     if let PartContent::Url(url) = &part.content
         && url.trim().is_empty()
     {
         violations.push(FieldViolation::new(
-            format!("{path}.url"),
+            format!("{path}.parts[{index}].url"),
             "must not be empty",
         ));
     }

@@ -27,6 +27,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use std::collections::VecDeque;
+use std::fmt::Display;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The header naming the A2A version of a request.
@@ -175,8 +176,11 @@ impl UpstreamClient {
             .await
     }
 
-    fn label(&self, method: &str) -> String {
-        format!("{method} to {}", self.url)
+    fn label<'a>(&'a self, method: &'a str) -> CallLabel<'a> {
+        CallLabel {
+            method,
+            url: &self.url,
+        }
     }
 
     /// The request for one call: guard checked, envelope and headers set.
@@ -242,13 +246,19 @@ impl UpstreamClient {
                 .map_err(|e| failure(&label, &e))?;
             let (parts, body) = response.into_parts();
             let body = read_body(&label, body, self.settings.max_body_bytes).await?;
-            Ok::<_, AgentError>((parts.status, content_type(&parts.headers), body))
+            Ok::<_, AgentError>((parts, body))
         };
         let timeout = self.settings.request_timeout;
-        let (status, content_type, body) = tokio::time::timeout(timeout, exchange)
+        let (parts, body) = tokio::time::timeout(timeout, exchange)
             .await
             .map_err(|_| AgentError::Timeout(format!("{label}: no answer within {timeout:?}")))??;
-        decode_reply(&label, id, status, &content_type, &body)
+        decode_reply(
+            &label,
+            id,
+            parts.status,
+            content_type(&parts.headers),
+            &body,
+        )
     }
 
     /// Opens a streaming call.
@@ -270,7 +280,7 @@ impl UpstreamClient {
         let (parts, body) = response.into_parts();
         let (status, content_type) = (parts.status, content_type(&parts.headers));
         let mut stream = UpstreamStream {
-            label: label.clone(),
+            label: label.to_string(),
             id,
             body: None,
             decoder: SseDecoder::default(),
@@ -291,9 +301,23 @@ impl UpstreamClient {
         )
         .await
         .map_err(|_| timed_out())??;
-        let event: StreamResponse = decode_reply(&label, id, status, &content_type, &body)?;
+        let event: StreamResponse = decode_reply(&label, id, status, content_type, &body)?;
         stream.ready.push_back(Ok(event));
         Ok(stream)
+    }
+}
+
+/// Names a call in error messages (`SendMessage to http://…`); written
+/// only when an error needs it.
+#[derive(Clone, Copy)]
+struct CallLabel<'a> {
+    method: &'a str,
+    url: &'a reqwest::Url,
+}
+
+impl Display for CallLabel<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} to {}", self.method, self.url)
     }
 }
 
@@ -465,12 +489,11 @@ fn basic_authorization(url: &reqwest::Url) -> Option<HeaderValue> {
     Some(value)
 }
 
-fn content_type(headers: &HeaderMap) -> String {
+fn content_type(headers: &HeaderMap) -> &str {
     headers
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
-        .to_string()
 }
 
 fn snippet(bytes: &[u8]) -> String {
@@ -482,7 +505,7 @@ fn snippet(bytes: &[u8]) -> String {
 
 /// A unary answer: JSON, then a JSON-RPC response to request `id`, then `T`.
 fn decode_reply<T: A2aResult>(
-    label: &str,
+    label: &dyn Display,
     id: u64,
     status: StatusCode,
     content_type: &str,
@@ -502,7 +525,11 @@ fn decode_reply<T: A2aResult>(
 }
 
 /// One SSE event: a JSON-RPC response (or, as `event: error`, an error).
-fn decode_event(label: &str, id: u64, event: &SseEvent) -> Result<StreamResponse, AgentError> {
+fn decode_event(
+    label: &dyn Display,
+    id: u64,
+    event: &SseEvent,
+) -> Result<StreamResponse, AgentError> {
     if event.event != "error"
         && let Some(result) = well_formed_result(id, event.data.as_bytes())
     {
@@ -555,7 +582,7 @@ fn well_formed_result<T: A2aResult>(id: u64, body: &[u8]) -> Option<T> {
 
 /// The `result` of a JSON-RPC 2.0 response to request `id`; its `error` as
 /// `Refused`; anything else is not a valid response.
-fn rpc_result(label: &str, id: u64, value: Value) -> Result<Value, AgentError> {
+fn rpc_result(label: &dyn Display, id: u64, value: Value) -> Result<Value, AgentError> {
     let invalid = |why: String| {
         AgentError::InvalidResponse(format!("{label}: not a JSON-RPC response: {why}"))
     };
@@ -589,7 +616,7 @@ fn rpc_result(label: &str, id: u64, value: Value) -> Result<Value, AgentError> {
 }
 
 /// A JSON-RPC error object, passed on as it is.
-fn refused(label: &str, error: Value) -> AgentError {
+fn refused(label: &dyn Display, error: Value) -> AgentError {
     match error.get("code").and_then(Value::as_i64) {
         Some(code) => AgentError::Refused {
             code,
@@ -607,7 +634,7 @@ fn refused(label: &str, error: Value) -> AgentError {
     }
 }
 
-fn parse_result<T: A2aResult>(label: &str, result: Value) -> Result<T, AgentError> {
+fn parse_result<T: A2aResult>(label: &dyn Display, result: Value) -> Result<T, AgentError> {
     let invalid = |why: String| {
         AgentError::InvalidResponse(format!(
             "{label}: the result is not a valid {}: {why}",
@@ -645,7 +672,7 @@ mod tests {
     fn replies_are_classified() {
         let ok_task = br#"{"jsonrpc":"2.0","id":7,"result":{"id":"t","status":{"state":"TASK_STATE_WORKING"}}}"#;
         let status = StatusCode::OK;
-        let task: Task = decode_reply("x", 7, status, "", ok_task).unwrap();
+        let task: Task = decode_reply(&"x", 7, status, "", ok_task).unwrap();
         assert_eq!(task.id, "t");
 
         let cases: &[(&[u8], &str)] = &[
@@ -659,7 +686,7 @@ mod tests {
             (br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32001,"message":"gone","data":[1]}}"#, "Refused"),
         ];
         for (body, kind) in cases {
-            let err = decode_reply::<Task>("x", 7, status, "", body).unwrap_err();
+            let err = decode_reply::<Task>(&"x", 7, status, "", body).unwrap_err();
             let got = format!("{err:?}");
             assert!(
                 got.starts_with(kind),
@@ -668,7 +695,7 @@ mod tests {
             );
         }
         let err = decode_reply::<Task>(
-            "x",
+            &"x",
             7,
             status,
             "",
@@ -685,7 +712,7 @@ mod tests {
         );
         // A direct reply must have an id and content.
         let err = decode_reply::<SendMessageResponse>(
-            "x",
+            &"x",
             7,
             status,
             "",
@@ -704,7 +731,7 @@ mod tests {
         let direct: SendMessageResponse = well_formed_result(3, body).expect("well formed");
         let value = serde_json::from_slice(body).unwrap();
         let checked: SendMessageResponse =
-            parse_result("x", rpc_result("x", 3, value).unwrap()).unwrap();
+            parse_result(&"x", rpc_result(&"x", 3, value).unwrap()).unwrap();
         assert_eq!(direct, checked);
         // Another request's answer, or an invalid result, takes the checked path.
         assert!(well_formed_result::<SendMessageResponse>(4, body).is_none());
@@ -719,7 +746,7 @@ mod tests {
             data: data.into(),
         };
         let bare = decode_event(
-            "x",
+            &"x",
             1,
             &event("error", r#"{"code":-32603,"message":"boom"}"#),
         );
@@ -728,7 +755,7 @@ mod tests {
             Err(AgentError::Refused { code: -32603, .. })
         ));
         let wrapped = decode_event(
-            "x",
+            &"x",
             1,
             &event(
                 "error",
@@ -740,7 +767,7 @@ mod tests {
             Err(AgentError::Refused { code: -32004, .. })
         ));
         let update = decode_event(
-            "x",
+            &"x",
             1,
             &event(
                 "",
@@ -748,7 +775,7 @@ mod tests {
             ),
         );
         assert!(matches!(update, Ok(StreamResponse::StatusUpdate(_))));
-        let garbage = decode_event("x", 1, &event("", "not json"));
+        let garbage = decode_event(&"x", 1, &event("", "not json"));
         assert!(matches!(garbage, Err(AgentError::NotJson(_))));
     }
 

@@ -17,6 +17,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::fmt::Display;
 use std::time::Duration;
 
 /// A pooled HTTP/1.1 client whose connections obey the outbound guard.
@@ -49,7 +50,10 @@ pub fn transport(policy: &OutboundPolicy, connect_timeout: Duration) -> Transpor
 
 /// A failed exchange as the agent error it is: a timeout anywhere in its
 /// causes is `Timeout`, anything else `Unreachable`, with every cause named.
-pub fn failure(label: &str, err: &(dyn std::error::Error + 'static)) -> AgentError {
+pub fn failure(
+    label: &(dyn Display + Sync),
+    err: &(dyn std::error::Error + 'static),
+) -> AgentError {
     let detail = format!("{label}: {}", error_chain(err));
     let mut cause = Some(err);
     while let Some(current) = cause {
@@ -83,7 +87,7 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
 /// Reads a whole body, refusing more than `limit` bytes: at once when its
 /// Content-Length says so (hyper's exact size hint), else as it arrives.
 pub async fn read_body(
-    label: &str,
+    label: &(dyn Display + Sync),
     mut body: Incoming,
     limit: usize,
 ) -> Result<Vec<u8>, AgentError> {
@@ -107,7 +111,10 @@ pub async fn read_body(
 }
 
 /// The next data of a streamed body: `None` at its end.
-pub async fn next_chunk(label: &str, body: &mut Incoming) -> Option<Result<Bytes, AgentError>> {
+pub async fn next_chunk(
+    label: &(dyn Display + Sync),
+    body: &mut Incoming,
+) -> Option<Result<Bytes, AgentError>> {
     loop {
         match body.frame().await? {
             Err(err) => return Some(Err(failure(label, &err))),
@@ -147,13 +154,13 @@ mod tests {
             std::io::ErrorKind::TimedOut,
             "HTTP connect timeout",
         ));
-        let err = failure("SendMessage to x", &timed_out);
+        let err = failure(&"SendMessage to x", &timed_out);
         assert!(
             matches!(&err, AgentError::Timeout(why) if why.ends_with("(Connect): HTTP connect timeout")),
             "{err:?}"
         );
         let refused = Wrapped(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-        let err = failure("SendMessage to x", &refused);
+        let err = failure(&"SendMessage to x", &refused);
         assert!(
             matches!(&err, AgentError::Unreachable(why) if why.contains("refused")),
             "{err:?}"

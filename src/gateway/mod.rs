@@ -16,7 +16,8 @@ use crate::error::GatewayError;
 use crate::protocol::*;
 use crate::push::PushDispatcher;
 use crate::registry::{AgentEntry, Directory};
-use crate::store::{self, Change, Ledger, LedgerError, ListQuery, TaskRecord};
+use crate::store::{self, Change, Ledger, LedgerError, ListQuery, ReadTask, TaskRecord};
+use serde_json::value::RawValue;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -32,12 +33,14 @@ impl From<LedgerError> for GatewayError {
     }
 }
 
-/// A stored task as a reply (`GetTask`, `SendMessage`): written through
-/// [`Task::borrowed_view`], so the record is not copied to be serialized.
+/// A stored task as a reply (`GetTask`, `SendMessage`): the JSON the ledger
+/// write encoded, when it has it and the reply is the whole task; else
+/// written through [`Task::borrowed_view`], so the record is not copied.
 #[derive(Debug)]
 pub struct TaskReply {
     record: Arc<TaskRecord>,
     history_length: Option<i32>,
+    task_json: Option<Arc<RawValue>>,
 }
 
 impl TaskReply {
@@ -46,16 +49,32 @@ impl TaskReply {
         Self {
             record,
             history_length,
+            task_json: None,
+        }
+    }
+
+    /// A task read for a reply, with at most `history_length` recent messages.
+    pub fn read(read: ReadTask, history_length: Option<i32>) -> Self {
+        Self {
+            record: read.record,
+            history_length,
+            task_json: read.task_json,
         }
     }
 }
 
 impl serde::Serialize for TaskReply {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.record
-            .task
-            .borrowed_view(self.history_length, true)
-            .serialize(serializer)
+        let task = &self.record.task;
+        let whole_history = self
+            .history_length
+            .is_none_or(|n| usize::try_from(n).is_ok_and(|n| n >= task.history.len()));
+        match &self.task_json {
+            Some(json) if whole_history => json.serialize(serializer),
+            _ => task
+                .borrowed_view(self.history_length, true)
+                .serialize(serializer),
+        }
     }
 }
 
@@ -202,6 +221,20 @@ impl Gateway {
             .ok_or_else(|| GatewayError::TaskNotFound(task_id.to_string()))
     }
 
+    /// A task of the caller's, read for a reply.
+    fn owned_reply(
+        &self,
+        ctx: &CallContext,
+        task_id: &str,
+        history_length: Option<i32>,
+    ) -> Result<TaskReply, GatewayError> {
+        self.ledger
+            .get_for_reply(task_id)?
+            .filter(|read| read.record.owner == ctx.principal)
+            .map(|read| TaskReply::read(read, history_length))
+            .ok_or_else(|| GatewayError::TaskNotFound(task_id.to_string()))
+    }
+
     /// `GetTask`.
     pub fn get_task(
         &self,
@@ -212,8 +245,7 @@ impl Gateway {
         check_required(&req.id, "id", &mut violations);
         check_history_length(req.history_length, "historyLength", &mut violations);
         finish(violations)?;
-        let record = self.owned_task(ctx, &req.id)?;
-        Ok(TaskReply::new(record, req.history_length))
+        self.owned_reply(ctx, &req.id, req.history_length)
     }
 
     /// `ListTasks`.

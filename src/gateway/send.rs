@@ -112,8 +112,8 @@ impl Gateway {
             self.wait_settled(&started.task_id, Some(&mut started.driver_done))
                 .await;
         }
-        let record = self.owned_task(ctx, &started.task_id)?;
-        Ok(SendReply::task(record, &config))
+        let reply = self.owned_reply(ctx, &started.task_id, config.history_length)?;
+        Ok(SendReply::Task(reply))
     }
 
     /// `SendStreamingMessage`.
@@ -920,13 +920,20 @@ mod tests {
             task: task.clone(),
             ..TaskRecord::default()
         });
-        for history_length in [None, Some(1)] {
-            let reply = SendReply::Task(TaskReply::new(record.clone(), history_length));
+        let task_json: Arc<serde_json::value::RawValue> =
+            serde_json::value::to_raw_value(&task).unwrap().into();
+        for history_length in [None, Some(0), Some(1), Some(2), Some(5)] {
             let response = SendMessageResponse::Task(task.view(history_length, true));
-            assert_eq!(
-                serde_json::to_value(&reply).unwrap(),
-                serde_json::to_value(&response).unwrap()
-            );
+            let expected = serde_json::to_string(&response).unwrap();
+            let reply = SendReply::Task(TaskReply::new(record.clone(), history_length));
+            assert_eq!(serde_json::to_string(&reply).unwrap(), expected);
+            // The same from the JSON the ledger write kept, whole or trimmed.
+            let read = crate::store::ReadTask {
+                record: record.clone(),
+                task_json: Some(task_json.clone()),
+            };
+            let reply = SendReply::Task(TaskReply::read(read, history_length));
+            assert_eq!(serde_json::to_string(&reply).unwrap(), expected);
         }
         let message = task.history[0].clone();
         assert_eq!(

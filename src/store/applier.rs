@@ -30,6 +30,7 @@ use super::durable::DurableMark;
 use super::hub::LedgerEvent;
 use super::{LedgerError, TaskMap, TaskRecord, keys, wal};
 use crate::protocol::TaskState;
+use serde_json::value::RawValue;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,11 +38,19 @@ use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// A record as its writer encoded it.
+pub struct Encoded {
+    /// The whole record, as sled stores it.
+    pub json: Box<RawValue>,
+    /// The record's task alone, for replies.
+    pub task_json: Arc<RawValue>,
+}
+
 /// A task's writes not yet in sled: its latest record and every event since.
 pub struct PendingTask {
     record: Arc<TaskRecord>,
     /// The record as JSON, when the writer encoded it already.
-    json: Option<Box<serde_json::value::RawValue>>,
+    encoded: Option<Encoded>,
     events: Vec<Arc<LedgerEvent>>,
     /// Whether the set holds the task's creation: sled cannot hold the task
     /// yet, unless an application of this set was cut short.
@@ -71,7 +80,7 @@ impl PendingSet {
     pub fn add_task(
         &mut self,
         record: Arc<TaskRecord>,
-        json: Option<Box<serde_json::value::RawValue>>,
+        encoded: Option<Encoded>,
         events: &[Arc<LedgerEvent>],
         created: bool,
     ) {
@@ -80,13 +89,13 @@ impl PendingSet {
             std::collections::hash_map::Entry::Occupied(mut pending) => {
                 let pending = pending.get_mut();
                 pending.record = record;
-                pending.json = json;
+                pending.encoded = encoded;
                 pending.events.extend_from_slice(events);
             }
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(PendingTask {
                     record,
-                    json,
+                    encoded,
                     events: events.to_vec(),
                     created,
                 });
@@ -281,7 +290,7 @@ impl Applier {
     pub fn add_task(
         &self,
         record: Arc<TaskRecord>,
-        json: Option<Box<serde_json::value::RawValue>>,
+        encoded: Option<Encoded>,
         events: &[Arc<LedgerEvent>],
         ticket: u64,
         created: bool,
@@ -290,7 +299,7 @@ impl Applier {
         if overlay.pending.is_empty() {
             self.wake.notify_one();
         }
-        overlay.pending.add_task(record, json, events, created);
+        overlay.pending.add_task(record, encoded, events, created);
         overlay.pending.last_ticket = ticket;
     }
 
@@ -334,11 +343,25 @@ impl Applier {
     /// A task's record if it has writes not yet in sled, or reached sled
     /// with the set applied last.
     pub fn task(&self, task_id: &str) -> Option<Arc<TaskRecord>> {
+        self.task_with_json(task_id).map(|(record, _)| record)
+    }
+
+    /// As [`Applier::task`], with the task's JSON if its writer encoded it
+    /// (not for a record that reached sled).
+    pub fn task_with_json(
+        &self,
+        task_id: &str,
+    ) -> Option<(Arc<TaskRecord>, Option<Arc<RawValue>>)> {
         let overlay = self.overlay.lock().expect("applier lock");
-        let in_set = |set: &PendingSet| set.tasks.get(task_id).map(|p| p.record.clone());
+        let in_set = |set: &PendingSet| {
+            set.tasks.get(task_id).map(|p| {
+                let task_json = p.encoded.as_ref().map(|e| e.task_json.clone());
+                (p.record.clone(), task_json)
+            })
+        };
         in_set(&overlay.pending)
             .or_else(|| overlay.applying.as_deref().and_then(in_set))
-            .or_else(|| overlay.recent.get(task_id).cloned())
+            .or_else(|| overlay.recent.get(task_id).map(|r| (r.clone(), None)))
     }
 
     /// A raw key's pending value: `Some(None)` if it is pending removal,
@@ -569,8 +592,8 @@ impl Applier {
                 }
             }
         }
-        match &pending.json {
-            Some(json) => tree.insert(keys::task(task_id), json.get().as_bytes())?,
+        match &pending.encoded {
+            Some(encoded) => tree.insert(keys::task(task_id), encoded.json.get().as_bytes())?,
             None => tree.insert(keys::task(task_id), serde_json::to_vec(&**record)?)?,
         };
         Ok(())

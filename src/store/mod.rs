@@ -25,6 +25,7 @@ use chrono::{DateTime, Utc};
 use flusher::Flusher;
 use hub::{EventHub, LedgerEvent};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,7 +48,8 @@ pub enum LedgerError {
 }
 
 /// A gateway task as stored: the A2A task plus what the gateway knows of it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// It is written through [`RecordJson`].
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskRecord {
     /// The task as clients see it.
@@ -57,7 +59,7 @@ pub struct TaskRecord {
     /// The agent currently responsible.
     pub agent: String,
     /// The task's ids at its agent, for agents that keep their own.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub upstream: Option<crate::agents::UpstreamRef>,
     /// Bumped on every write.
     pub version: u64,
@@ -67,18 +69,90 @@ pub struct TaskRecord {
     #[serde(with = "crate::protocol::wire::record_timestamp")]
     pub created_at: DateTime<Utc>,
     /// The gateway task this one is a child of (a handoff's `parentTaskId`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub parent_task_id: Option<String>,
     /// The JSON Schema the result must satisfy (a handoff's `returnSchema`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub return_schema: Option<serde_json::Value>,
     /// Every agent that has held this task, in order: the task's own part of
     /// the handoff graph, for `baton trace` and the metrics.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub hops: Vec<HopRecord>,
     /// Where a transfer came from, while its target works on the task.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub transfer: Option<TransferSource>,
+}
+
+impl Serialize for TaskRecord {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        RecordJson::new(self, &self.task).serialize(serializer)
+    }
+}
+
+/// A record as written: the one definition of its JSON. `T` is the task,
+/// as the struct or as its JSON encoded already (a write encodes the task
+/// once, for the record and for the reply).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RecordJson<'a, T> {
+    task: T,
+    owner: &'a str,
+    agent: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream: Option<&'a crate::agents::UpstreamRef>,
+    version: u64,
+    last_seq: u64,
+    #[serde(with = "crate::protocol::wire::record_timestamp")]
+    created_at: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parent_task_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    return_schema: Option<&'a serde_json::Value>,
+    #[serde(skip_serializing_if = "<[HopRecord]>::is_empty")]
+    hops: &'a [HopRecord],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    transfer: Option<&'a TransferSource>,
+}
+
+impl<'a, T> RecordJson<'a, T> {
+    fn new(record: &'a TaskRecord, task: T) -> Self {
+        // Taken apart whole, so a field added to the record must be added here.
+        let TaskRecord {
+            task: _,
+            owner,
+            agent,
+            upstream,
+            version,
+            last_seq,
+            created_at,
+            parent_task_id,
+            return_schema,
+            hops,
+            transfer,
+        } = record;
+        Self {
+            task,
+            owner,
+            agent,
+            upstream: upstream.as_ref(),
+            version: *version,
+            last_seq: *last_seq,
+            created_at: *created_at,
+            parent_task_id: parent_task_id.as_deref(),
+            return_schema: return_schema.as_ref(),
+            hops,
+            transfer: transfer.as_ref(),
+        }
+    }
+}
+
+/// A task read for a reply: its record, and its task's JSON when the write
+/// that made this very record encoded it and the overlay still holds both.
+pub struct ReadTask {
+    /// The record.
+    pub record: Arc<TaskRecord>,
+    /// `record.task` as JSON, written by the ledger's write.
+    pub task_json: Option<Arc<RawValue>>,
 }
 
 /// What a [`Ledger::update`] did to a task record.
@@ -485,6 +559,24 @@ impl Ledger {
         if let Some(record) = self.applier.task(task_id) {
             return Ok(Some(record));
         }
+        self.get_applied(task_id)
+    }
+
+    /// Reads a task for a reply: as [`Ledger::get_shared`], with the task's
+    /// JSON if a write not yet in sled encoded it.
+    pub fn get_for_reply(&self, task_id: &str) -> Result<Option<ReadTask>, LedgerError> {
+        if let Some((record, task_json)) = self.applier.task_with_json(task_id) {
+            return Ok(Some(ReadTask { record, task_json }));
+        }
+        let read = self.get_applied(task_id)?;
+        Ok(read.map(|record| ReadTask {
+            record,
+            task_json: None,
+        }))
+    }
+
+    /// Reads a task from sled.
+    fn get_applied(&self, task_id: &str) -> Result<Option<Arc<TaskRecord>>, LedgerError> {
         match self.tree.get(keys::task(task_id))? {
             Some(bytes) => Ok(Some(Arc::new(serde_json::from_slice(&bytes)?))),
             None => Ok(None),
@@ -561,6 +653,7 @@ impl Ledger {
         let EncodedTask {
             record,
             json,
+            task_json,
             published,
             created,
         } = encoded;
@@ -585,8 +678,9 @@ impl Ledger {
         let ticket = self
             .flusher
             .note_write(frames, published, |ticket, published| {
+                let encoded = applier::Encoded { json, task_json };
                 self.applier
-                    .add_task(record.clone(), Some(json), published, ticket, created)
+                    .add_task(record.clone(), Some(encoded), published, ticket, created)
             });
         Ok((record, ticket))
     }
@@ -1009,7 +1103,9 @@ fn logs_events(record: &TaskRecord) -> bool {
 /// A task write with its JSON, encoded once for the log and for sled.
 struct EncodedTask {
     record: TaskRecord,
-    json: Box<serde_json::value::RawValue>,
+    json: Box<RawValue>,
+    /// The task's part of `json`, for replies.
+    task_json: Arc<RawValue>,
     published: Vec<Arc<LedgerEvent>>,
     /// The write creates the task (the applier then has nothing to read first).
     created: bool,
@@ -1023,7 +1119,8 @@ impl EncodedTask {
         published: Vec<Arc<LedgerEvent>>,
         created: bool,
     ) -> Result<Self, LedgerError> {
-        let json = serde_json::value::to_raw_value(&record)?;
+        let task_json: Arc<RawValue> = serde_json::value::to_raw_value(&record.task)?.into();
+        let json = serde_json::value::to_raw_value(&RecordJson::new(&record, &*task_json))?;
         if logs_events(&record) {
             for event in &published {
                 event.json()?;
@@ -1032,6 +1129,7 @@ impl EncodedTask {
         Ok(Self {
             record,
             json,
+            task_json,
             published,
             created,
         })
@@ -1089,6 +1187,77 @@ mod tests {
             .await
             .unwrap();
         ledger
+    }
+
+    /// A record with every optional field set.
+    fn full_record() -> TaskRecord {
+        let upstream = crate::agents::UpstreamRef {
+            task_id: "up-1".into(),
+            context_id: "up-ctx".into(),
+        };
+        TaskRecord {
+            upstream: Some(upstream.clone()),
+            version: 3,
+            last_seq: 7,
+            created_at: DateTime::from_timestamp(1_700_000_000, 123_456_000).unwrap(),
+            parent_task_id: Some("parent".into()),
+            return_schema: Some(serde_json::json!({"type": "object"})),
+            hops: vec![HopRecord {
+                agent: "agent".into(),
+                attempts: 1,
+                ..HopRecord::default()
+            }],
+            transfer: Some(TransferSource {
+                agent: "source".into(),
+                upstream: Some(upstream),
+                state: TaskState::Working,
+                handoff_id: "h1".into(),
+                return_to_parent: true,
+                artifacts_before: 2,
+            }),
+            ..record("t1")
+        }
+    }
+
+    #[test]
+    fn a_record_written_with_its_task_encoded_apart_reads_back_whole() {
+        for record in [record("t1"), full_record()] {
+            let whole = serde_json::to_string(&record).unwrap();
+            let task_json = serde_json::value::to_raw_value(&record.task).unwrap();
+            let spliced = serde_json::to_string(&RecordJson::new(&record, &*task_json)).unwrap();
+            assert_eq!(spliced, whole);
+            let read: TaskRecord = serde_json::from_str(&whole).unwrap();
+            assert_eq!(read, record);
+        }
+        // Defaults stay out of the record.
+        let minimal = serde_json::to_value(record("t1")).unwrap();
+        for absent in [
+            "upstream",
+            "parentTaskId",
+            "returnSchema",
+            "hops",
+            "transfer",
+        ] {
+            assert!(minimal.get(absent).is_none(), "{absent} written");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pending_write_is_read_with_its_task_json_until_it_reaches_sled() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = with_working_task(paused(dir.path()), "t1").await;
+        let read = ledger.get_for_reply("t1").unwrap().unwrap();
+        let task_json = read.task_json.expect("the write's task JSON");
+        assert_eq!(
+            task_json.get(),
+            serde_json::to_string(&read.record.task).unwrap()
+        );
+        // Once applied, the record is kept, its JSON is not.
+        ledger.applier.apply_pending().unwrap();
+        let applied = ledger.get_for_reply("t1").unwrap().unwrap();
+        assert!(Arc::ptr_eq(&applied.record, &read.record));
+        assert!(applied.task_json.is_none());
+        assert!(ledger.get_for_reply("missing").unwrap().is_none());
     }
 
     #[tokio::test]

@@ -9,7 +9,7 @@
 //! as the A2A object the method returns, with its required fields.
 
 use super::sse::{SseDecoder, SseEvent};
-use super::transport::{self, Transport, failure, next_chunk, read_body};
+use super::transport::{Transport, failure, next_chunk, read_body};
 use super::{UpstreamConfigError, UpstreamSettings};
 use crate::agents::AgentError;
 use crate::handoff::control::Control;
@@ -92,7 +92,7 @@ impl UpstreamClient {
             .parse()
             .map_err(|e| UpstreamConfigError::BadUrl(format!("{url:?} is not a URI: {e}")))?;
         Ok(Self {
-            http: transport::transport(policy, settings.connect_timeout),
+            http: Transport::new(&uri, policy, settings.connect_timeout),
             policy: policy.clone(),
             url: bare,
             uri,
@@ -238,16 +238,9 @@ impl UpstreamClient {
         let (id, request) = self.request(method, params, APPLICATION_JSON, extra)?;
         tracing::debug!(upstream = %self.url, method, id, "calling agent");
         // The timeout covers connecting, sending and reading the whole body.
-        let exchange = async {
-            let response = self
-                .http
-                .request(request)
-                .await
-                .map_err(|e| failure(&label, &e))?;
-            let (parts, body) = response.into_parts();
-            let body = read_body(&label, body, self.settings.max_body_bytes).await?;
-            Ok::<_, AgentError>((parts, body))
-        };
+        let exchange = self
+            .http
+            .call(request, &label, self.settings.max_body_bytes);
         let timeout = self.settings.request_timeout;
         let (parts, body) = tokio::time::timeout(timeout, exchange)
             .await
@@ -273,7 +266,7 @@ impl UpstreamClient {
         tracing::debug!(upstream = %self.url, method, id, "opening agent stream");
         let timeout = self.settings.request_timeout;
         let timed_out = || AgentError::Timeout(format!("{label}: no answer within {timeout:?}"));
-        let response = tokio::time::timeout(timeout, self.http.request(request))
+        let response = tokio::time::timeout(timeout, self.http.stream(request))
             .await
             .map_err(|_| timed_out())?
             .map_err(|e| failure(&label, &e))?;

@@ -1,4 +1,4 @@
-//! HTTP/1.1 to agents: hyper's pooled client, used directly.
+//! HTTP/1.1 to agents: hyper used directly.
 //!
 //! Calls to agents are on every relayed send, so they skip reqwest (which
 //! Baton keeps for occasional fetches): reqwest clones each request's
@@ -8,20 +8,29 @@
 //! are checked by the caller), a connect timeout, Nagle off. There is no
 //! proxy and no redirect following at this level, so neither can bypass
 //! the guard.
+//!
+//! Unary calls to an `http` endpoint go over a small pool of hyper's own
+//! HTTP/1 connections: a stack of idle senders, checked out and given back
+//! once the answer's body is read. hyper-util's pooled client, which
+//! streams and anything else use, costs ~4 k instructions more per call
+//! (its pool key hashing, checkout future, request extensions).
 
 use crate::agents::AgentError;
 use crate::netguard::{GuardedNames, OutboundPolicy};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
+use hyper::client::conn::http1;
+use hyper::header::{HOST, HeaderValue};
+use hyper::{Request, Response, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::collections::VecDeque;
 use std::fmt::Display;
-use std::time::Duration;
-
-/// A pooled HTTP/1.1 client whose connections obey the outbound guard.
-pub type Transport = Client<HttpConnector<GuardedNames>, Full<Bytes>>;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tower_service::Service as _;
 
 /// TCP keepalive on agent connections, as reqwest sets it: a pooled
 /// connection whose peer vanished fails fast instead of at the request
@@ -31,21 +40,213 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 /// How long an idle pooled connection is kept.
 const POOL_IDLE: Duration = Duration::from_secs(90);
 
-/// A transport for one agent endpoint. `connect_timeout` bounds the name
-/// lookup and the TCP connect each.
-pub fn transport(policy: &OutboundPolicy, connect_timeout: Duration) -> Transport {
-    let resolver = GuardedNames::new(policy, connect_timeout);
-    let mut connector = HttpConnector::new_with_resolver(resolver);
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.set_nodelay(true);
-    connector.set_keepalive(Some(KEEPALIVE));
-    connector.set_keepalive_interval(Some(KEEPALIVE));
-    connector.set_keepalive_retries(Some(3));
-    Client::builder(TokioExecutor::new())
-        // The timer lets the pool close idle connections in the background.
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(POOL_IDLE)
-        .build(connector)
+/// Most idle connections kept to one endpoint.
+const MAX_IDLE: usize = 256;
+
+/// HTTP/1.1 to one agent endpoint, every connection obeying the outbound
+/// guard.
+pub struct Transport {
+    /// hyper-util's pooled client: streams, and endpoints the direct pool
+    /// does not take.
+    client: Client<HttpConnector<GuardedNames>, Full<Bytes>>,
+    connector: HttpConnector<GuardedNames>,
+    /// The endpoint as the direct pool sends to it (`http` URLs only).
+    direct: Option<Endpoint>,
+    /// Idle direct connections, the most recently used last.
+    idle: Mutex<VecDeque<IdleConnection>>,
+}
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transport")
+            .field("direct", &self.direct.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where requests to an endpoint go, as HTTP/1 writes them.
+struct Endpoint {
+    /// Scheme and authority, for the connector.
+    origin: Uri,
+    /// The request target in origin form (`/path?query`).
+    target: Uri,
+    host: HeaderValue,
+}
+
+struct IdleConnection {
+    sender: http1::SendRequest<Full<Bytes>>,
+    since: Instant,
+}
+
+impl Transport {
+    /// A transport for the endpoint `uri`. `connect_timeout` bounds the
+    /// name lookup and the TCP connect each.
+    pub fn new(uri: &Uri, policy: &OutboundPolicy, connect_timeout: Duration) -> Self {
+        let resolver = GuardedNames::new(policy, connect_timeout);
+        let mut connector = HttpConnector::new_with_resolver(resolver);
+        connector.set_connect_timeout(Some(connect_timeout));
+        connector.set_nodelay(true);
+        connector.set_keepalive(Some(KEEPALIVE));
+        connector.set_keepalive_interval(Some(KEEPALIVE));
+        connector.set_keepalive_retries(Some(3));
+        let client = Client::builder(TokioExecutor::new())
+            // The timer lets the pool close idle connections in the background.
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .build(connector.clone());
+        Self {
+            client,
+            connector,
+            direct: Endpoint::for_uri(uri),
+            idle: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Sends a request whose answer streams (hyper-util's client).
+    pub fn stream(&self, request: Request<Full<Bytes>>) -> ResponseFuture {
+        self.client.request(request)
+    }
+
+    /// One exchange: sends `request` and reads the whole answer, at most
+    /// `limit` bytes of body. A request that never left (its pooled
+    /// connection had closed) is sent again on another.
+    pub async fn call(
+        &self,
+        request: Request<Full<Bytes>>,
+        label: &(dyn Display + Sync),
+        limit: usize,
+    ) -> Result<(hyper::http::response::Parts, Vec<u8>), AgentError> {
+        let Some(endpoint) = &self.direct else {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| failure(label, &e))?;
+            return read_answer(label, response, limit).await;
+        };
+        let mut request = request;
+        *request.uri_mut() = endpoint.target.clone();
+        request.headers_mut().insert(HOST, endpoint.host.clone());
+        loop {
+            let (mut sender, pooled) = match self.checkout() {
+                Some(sender) => (sender, true),
+                None => (self.connect(endpoint, label).await?, false),
+            };
+            if let Err(err) = sender.ready().await {
+                if pooled {
+                    continue;
+                }
+                return Err(failure(label, &err));
+            }
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    let answer = read_answer(label, response, limit).await?;
+                    self.give_back(sender);
+                    return Ok(answer);
+                }
+                Err(mut err) => match err.take_message() {
+                    // It never left: a pooled connection closed meanwhile.
+                    Some(unsent) if pooled => request = unsent,
+                    _ => return Err(failure(label, err.error())),
+                },
+            }
+        }
+    }
+
+    /// The most recently used idle connection that is still open and young.
+    fn checkout(&self) -> Option<http1::SendRequest<Full<Bytes>>> {
+        let mut idle = self.idle.lock().expect("transport pool lock");
+        while let Some(connection) = idle.pop_back() {
+            if !connection.sender.is_closed() && connection.since.elapsed() < POOL_IDLE {
+                return Some(connection.sender);
+            }
+        }
+        None
+    }
+
+    /// Keeps a connection whose exchange is over for the next call, and
+    /// drops the oldest idle one if it has idled too long.
+    fn give_back(&self, sender: http1::SendRequest<Full<Bytes>>) {
+        if sender.is_closed() {
+            return;
+        }
+        let now = Instant::now();
+        let mut idle = self.idle.lock().expect("transport pool lock");
+        if idle
+            .front()
+            .is_some_and(|oldest| now.duration_since(oldest.since) >= POOL_IDLE)
+        {
+            idle.pop_front();
+        }
+        if idle.len() < MAX_IDLE {
+            idle.push_back(IdleConnection { sender, since: now });
+        }
+    }
+
+    /// A new connection through the guarded connector, driven by its own task.
+    async fn connect(
+        &self,
+        endpoint: &Endpoint,
+        label: &(dyn Display + Sync),
+    ) -> Result<http1::SendRequest<Full<Bytes>>, AgentError> {
+        let mut connector = self.connector.clone();
+        std::future::poll_fn(|cx| connector.poll_ready(cx))
+            .await
+            .map_err(|e| failure(label, &e))?;
+        let io = connector
+            .call(endpoint.origin.clone())
+            .await
+            .map_err(|e| failure(label, &e))?;
+        let (sender, connection) = http1::handshake(io).await.map_err(|e| failure(label, &e))?;
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(%err, "agent connection ended");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+impl Endpoint {
+    /// The endpoint of an `http` URI; `None` for any other.
+    fn for_uri(uri: &Uri) -> Option<Self> {
+        if uri.scheme_str() != Some("http") {
+            return None;
+        }
+        let authority = uri.authority()?;
+        let origin = Uri::builder()
+            .scheme("http")
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()
+            .ok()?;
+        let target = Uri::builder()
+            .path_and_query(uri.path_and_query().map_or("/", |p| p.as_str()))
+            .build()
+            .ok()?;
+        // The port only when it is not the scheme's own, as clients write Host.
+        let host = match uri.port_u16() {
+            Some(80) | None => HeaderValue::from_str(authority.host()),
+            Some(_) => HeaderValue::from_str(authority.as_str()),
+        }
+        .ok()?;
+        Some(Self {
+            origin,
+            target,
+            host,
+        })
+    }
+}
+
+/// An answer's head and its whole body.
+async fn read_answer(
+    label: &(dyn Display + Sync),
+    response: Response<Incoming>,
+    limit: usize,
+) -> Result<(hyper::http::response::Parts, Vec<u8>), AgentError> {
+    let (parts, body) = response.into_parts();
+    let body = read_body(label, body, limit).await?;
+    Ok((parts, body))
 }
 
 /// A failed exchange as the agent error it is: a timeout anywhere in its
@@ -131,6 +332,7 @@ pub async fn next_chunk(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     /// An error with a cause, as hyper's errors come.
     #[derive(Debug)]
@@ -146,6 +348,139 @@ mod tests {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
             Some(&self.0)
         }
+    }
+
+    /// What a raw HTTP/1.1 agent saw: connections accepted, request heads.
+    #[derive(Default)]
+    struct Seen {
+        connections: usize,
+        heads: Vec<String>,
+    }
+
+    /// A raw HTTP/1.1 agent on loopback answering `{}`; with `close_after`
+    /// it closes each connection after that many answers.
+    async fn raw_agent(close_after: Option<usize>) -> (Uri, Arc<Mutex<Seen>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: Uri = format!("http://{}/a2a/agent", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let record = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                record.lock().unwrap().connections += 1;
+                let record = record.clone();
+                tokio::spawn(async move {
+                    let mut answered = 0;
+                    let mut buffer = Vec::new();
+                    loop {
+                        let mut chunk = [0u8; 4096];
+                        let read = socket.read(&mut chunk).await.unwrap_or(0);
+                        if read == 0 {
+                            return;
+                        }
+                        buffer.extend_from_slice(&chunk[..read]);
+                        // Bodies here are short and come with their head.
+                        let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&buffer[..end]).to_string();
+                        let length = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length: "))
+                            .map_or(0, |n| n.trim().parse::<usize>().unwrap());
+                        if buffer.len() < end + 4 + length {
+                            continue;
+                        }
+                        buffer.drain(..end + 4 + length);
+                        record.lock().unwrap().heads.push(head);
+                        let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+                        socket.write_all(answer.as_bytes()).await.unwrap();
+                        answered += 1;
+                        if close_after == Some(answered) {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (uri, seen)
+    }
+
+    fn loopback_policy() -> OutboundPolicy {
+        OutboundPolicy {
+            allow: vec!["127.0.0.0/8".parse().unwrap()],
+        }
+    }
+
+    fn post(uri: &Uri) -> Request<Full<Bytes>> {
+        Request::post(uri.clone())
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn unary_calls_reuse_one_connection_in_origin_form_with_a_host() {
+        let (uri, seen) = raw_agent(None).await;
+        let transport = Transport::new(&uri, &loopback_policy(), Duration::from_secs(5));
+        for _ in 0..3 {
+            let (parts, body) = transport.call(post(&uri), &"test", 1024).await.unwrap();
+            assert_eq!((parts.status.as_u16(), body.as_slice()), (200, &b"{}"[..]));
+        }
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.connections, 1);
+        assert_eq!(seen.heads.len(), 3);
+        let authority = uri.authority().unwrap().as_str().to_string();
+        for head in &seen.heads {
+            assert!(head.starts_with("POST /a2a/agent HTTP/1.1\r\n"), "{head}");
+            assert!(head.contains(&format!("\r\nhost: {authority}")), "{head}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_after_the_agent_closed_the_idle_connection_goes_on_a_new_one() {
+        let (uri, seen) = raw_agent(Some(1)).await;
+        let transport = Transport::new(&uri, &loopback_policy(), Duration::from_secs(5));
+        for _ in 0..3 {
+            transport.call(post(&uri), &"test", 1024).await.unwrap();
+            // Long enough for the connection to see the close.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(seen.lock().unwrap().connections, 3);
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_unreachable_and_names_the_call() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let uri: Uri = format!("http://{}/", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        drop(listener);
+        let transport = Transport::new(&uri, &loopback_policy(), Duration::from_secs(5));
+        let err = transport
+            .call(post(&uri), &"SendMessage to x", 1024)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, AgentError::Unreachable(why) if why.starts_with("SendMessage to x: ")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn only_http_endpoints_take_the_direct_pool() {
+        let endpoint = Endpoint::for_uri(&"http://agent.example/a2a?x=1".parse().unwrap()).unwrap();
+        assert_eq!(endpoint.target, "/a2a?x=1");
+        assert_eq!(endpoint.host, "agent.example");
+        let endpoint = Endpoint::for_uri(&"http://10.0.0.1:8080".parse().unwrap()).unwrap();
+        assert_eq!(
+            (endpoint.target.to_string(), endpoint.host),
+            ("/".to_string(), HeaderValue::from_static("10.0.0.1:8080"))
+        );
+        assert!(Endpoint::for_uri(&"https://agent.example/".parse().unwrap()).is_none());
     }
 
     #[test]

@@ -20,9 +20,9 @@ use crate::protocol::{
 };
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::StatusCode;
 use hyper::body::Incoming;
 use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -203,27 +203,33 @@ impl UpstreamClient {
             params,
         })
         .map_err(|e| AgentError::Failed(format!("cannot encode {method} params: {e}")))?;
-        // Static names and values: a name given as text is copied, and a
-        // custom one (A2A's, Baton's) allocated, on every call.
-        let mut request = hyper::Request::post(self.uri.clone())
-            .header(
-                HeaderName::from_static(VERSION_HEADER_NAME),
-                HeaderValue::from_static(PROTOCOL_VERSION),
-            )
-            .header(CONTENT_TYPE, HeaderValue::from_static(APPLICATION_JSON))
-            .header(ACCEPT, HeaderValue::from_static(accept));
+        // Built in place rather than through `http::request::Builder`, whose
+        // fallible steps move the request's parts at each header. Static
+        // names and values: a name given as text is copied, and a custom
+        // one (A2A's, Baton's) allocated, on every call.
+        let mut request = hyper::Request::new(Full::new(Bytes::from(body)));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = self.uri.clone();
+        let headers = request.headers_mut();
+        headers.reserve(5 + extra.len());
+        headers.insert(
+            HeaderName::from_static(VERSION_HEADER_NAME),
+            HeaderValue::from_static(PROTOCOL_VERSION),
+        );
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(APPLICATION_JSON));
+        headers.insert(ACCEPT, HeaderValue::from_static(accept));
         for (name, value) in extra {
-            request = request.header(HeaderName::from_static(name), value);
+            let value = HeaderValue::from_str(value).map_err(|e| {
+                AgentError::Failed(format!(
+                    "{}: cannot build the {name} header: {e}",
+                    self.label(method)
+                ))
+            })?;
+            headers.append(HeaderName::from_static(name), value);
         }
         if let Some(authorization) = &self.authorization {
-            request = request.header(AUTHORIZATION, authorization);
+            headers.insert(AUTHORIZATION, authorization.clone());
         }
-        let request = request.body(Full::new(Bytes::from(body))).map_err(|e| {
-            AgentError::Failed(format!(
-                "{}: cannot build the request: {e}",
-                self.label(method)
-            ))
-        })?;
         Ok((id, request))
     }
 

@@ -447,12 +447,17 @@ impl Follower {
         if self.bind(&task.id, &task.context_id).await? == Flow::Done {
             return Ok(Flow::Done);
         }
+        // A settled snapshot is the last this follower compares with (a
+        // blocking call's only answer): its artifacts need not be kept.
+        let last = task.status.state.is_terminal() || task.status.state.is_interrupted();
         for artifact in task.artifacts {
             if self.artifacts.get(&artifact.artifact_id) == Some(&artifact) {
                 continue;
             }
-            self.artifacts
-                .insert(artifact.artifact_id.clone(), artifact.clone());
+            if !last {
+                self.artifacts
+                    .insert(artifact.artifact_id.clone(), artifact.clone());
+            }
             let event = AgentEvent::Artifact {
                 artifact,
                 append: false,

@@ -167,19 +167,20 @@ fn write_timestamp_digits<'a>(
     buf: &'a mut [u8],
     fraction_digits: u32,
 ) -> Option<&'a str> {
-    use chrono::{Datelike, Timelike};
     debug_assert!(fraction_digits <= 9 && buf.len() == UNFRACTIONED_LEN + fraction_digits as usize);
-    let (year, nanos) = (ts.year(), ts.nanosecond());
+    let (secs, nanos) = (ts.timestamp(), ts.timestamp_subsec_nanos());
+    let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
     if !(0..=9999).contains(&year) || nanos >= 1_000_000_000 {
         return None;
     }
+    let second_of_day = secs.rem_euclid(86_400) as u32;
     let fields = [
         (0, 4, year as u32),
-        (5, 2, ts.month()),
-        (8, 2, ts.day()),
-        (11, 2, ts.hour()),
-        (14, 2, ts.minute()),
-        (17, 2, ts.second()),
+        (5, 2, month),
+        (8, 2, day),
+        (11, 2, second_of_day / 3600),
+        (14, 2, second_of_day / 60 % 60),
+        (17, 2, second_of_day % 60),
         (
             20,
             fraction_digits as usize,
@@ -195,6 +196,27 @@ fn write_timestamp_digits<'a>(
         }
     }
     std::str::from_utf8(buf).ok()
+}
+
+/// The proleptic Gregorian (year, month, day) of a day counted from
+/// 1970-01-01: arithmetic only, where chrono's calendar fields each
+/// decode its packed date again (H. Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let days = days + 719_468;
+    let era = days.div_euclid(146_097);
+    let day_of_era = days.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153;
+    let day = (day_of_year - (153 * shifted_month + 2) / 5 + 1) as u32;
+    let month = if shifted_month < 10 {
+        shifted_month + 3
+    } else {
+        shifted_month - 9
+    } as u32;
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
 }
 
 /// Parses an RFC 3339 timestamp with any offset, normalised to UTC.
@@ -554,6 +576,30 @@ mod tests {
                 micros,
                 ts.to_rfc3339_opts(SecondsFormat::Micros, true),
                 "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_civil_date_agrees_with_chrono_across_four_centuries_and_more() {
+        use chrono::Datelike;
+        // Every day from 1600 to 2400 (leap centuries and not), then the
+        // first and last days the fast writer takes.
+        let from = chrono::NaiveDate::from_ymd_opt(1600, 1, 1).unwrap();
+        let to = chrono::NaiveDate::from_ymd_opt(2400, 12, 31).unwrap();
+        let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap();
+        let first = chrono::NaiveDate::from_ymd_opt(0, 1, 1).unwrap();
+        let last = chrono::NaiveDate::from_ymd_opt(9999, 12, 31).unwrap();
+        for date in from
+            .iter_days()
+            .take_while(|d| *d <= to)
+            .chain([first, last])
+        {
+            let days = (date - epoch).num_days();
+            assert_eq!(
+                civil_from_days(days),
+                (i64::from(date.year()), date.month(), date.day()),
+                "{date}"
             );
         }
     }

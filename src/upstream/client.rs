@@ -555,27 +555,27 @@ fn decode_event(
     parse_result(label, result)
 }
 
-/// A JSON-RPC response as it arrives: only what the fast path looks at.
+/// A JSON-RPC response as it arrives, its result decoded as `T` in the
+/// same pass: only what the fast path looks at.
 #[derive(serde::Deserialize)]
-struct ReplyFields<'a> {
+struct ReplyFields<'a, T> {
     #[serde(borrow)]
     jsonrpc: Option<&'a str>,
     id: Option<u64>,
-    #[serde(borrow)]
-    result: Option<&'a serde_json::value::RawValue>,
+    result: Option<T>,
     #[serde(borrow)]
     error: Option<&'a serde_json::value::RawValue>,
 }
 
 /// The result of a well-formed, valid answer to request `id`, decoded
-/// straight from the bytes. Anything else is `None`, and the caller's slow
-/// path (through `Value`) says exactly what is wrong.
+/// straight from the bytes in one pass. Anything else is `None`, and the
+/// caller's slow path (through `Value`) says exactly what is wrong.
 fn well_formed_result<T: A2aResult>(id: u64, body: &[u8]) -> Option<T> {
-    let fields: ReplyFields<'_> = serde_json::from_slice(body).ok()?;
+    let fields: ReplyFields<'_, T> = serde_json::from_slice(body).ok()?;
     if fields.jsonrpc != Some("2.0") || fields.id != Some(id) || fields.error.is_some() {
         return None;
     }
-    let parsed: T = serde_json::from_str(fields.result?.get()).ok()?;
+    let parsed = fields.result?;
     parsed.check().is_ok().then_some(parsed)
 }
 

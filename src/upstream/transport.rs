@@ -11,9 +11,11 @@
 //!
 //! Unary calls to an `http` endpoint go over a small pool of hyper's own
 //! HTTP/1 connections: a stack of idle senders, checked out and given back
-//! once the answer's body is read. hyper-util's pooled client, which
-//! streams and anything else use, costs ~4 k instructions more per call
-//! (its pool key hashing, checkout future, request extensions).
+//! once the answer's body is read and the connection is ready again; a
+//! sweeper closes those idle past 90 s. hyper-util's pooled client, which
+//! streams and anything else use, cost ~8 k instructions more per call
+//! (its pool key hashing, checkout future, request extensions, and its
+//! connection task's extra layers).
 
 use crate::agents::AgentError;
 use crate::netguard::{GuardedNames, OutboundPolicy};
@@ -28,7 +30,8 @@ use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::collections::VecDeque;
 use std::fmt::Display;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tower_service::Service as _;
 
@@ -43,6 +46,13 @@ const POOL_IDLE: Duration = Duration::from_secs(90);
 /// Most idle connections kept to one endpoint.
 const MAX_IDLE: usize = 256;
 
+/// How often expired idle connections are closed.
+const SWEEP_EVERY: Duration = Duration::from_secs(30);
+
+/// How long a connection whose answer came before its request was all
+/// sent may take to finish sending, and be kept.
+const FINISH_SENDING: Duration = Duration::from_secs(5);
+
 /// HTTP/1.1 to one agent endpoint, every connection obeying the outbound
 /// guard.
 pub struct Transport {
@@ -52,7 +62,15 @@ pub struct Transport {
     connector: HttpConnector<GuardedNames>,
     /// The endpoint as the direct pool sends to it (`http` URLs only).
     direct: Option<Endpoint>,
-    /// Idle direct connections, the most recently used last.
+    pool: Arc<Pool>,
+    /// Whether the pool's sweeper runs (it starts with the first connection,
+    /// on the runtime).
+    sweeping: AtomicBool,
+}
+
+/// Idle direct connections, the most recently used last.
+#[derive(Default)]
+struct Pool {
     idle: Mutex<VecDeque<IdleConnection>>,
 }
 
@@ -98,7 +116,8 @@ impl Transport {
             client,
             connector,
             direct: Endpoint::for_uri(uri),
-            idle: Mutex::new(VecDeque::new()),
+            pool: Arc::default(),
+            sweeping: AtomicBool::new(false),
         }
     }
 
@@ -128,7 +147,7 @@ impl Transport {
         *request.uri_mut() = endpoint.target.clone();
         request.headers_mut().insert(HOST, endpoint.host.clone());
         loop {
-            let (mut sender, pooled) = match self.checkout() {
+            let (mut sender, pooled) = match self.pool.checkout() {
                 Some(sender) => (sender, true),
                 None => (self.connect(endpoint, label).await?, false),
             };
@@ -141,7 +160,7 @@ impl Transport {
             match sender.try_send_request(request).await {
                 Ok(response) => {
                     let answer = read_answer(label, response, limit).await?;
-                    self.give_back(sender);
+                    self.pool.give_back(sender);
                     return Ok(answer);
                 }
                 Err(mut err) => match err.take_message() {
@@ -150,36 +169,6 @@ impl Transport {
                     _ => return Err(failure(label, err.error())),
                 },
             }
-        }
-    }
-
-    /// The most recently used idle connection that is still open and young.
-    fn checkout(&self) -> Option<http1::SendRequest<Full<Bytes>>> {
-        let mut idle = self.idle.lock().expect("transport pool lock");
-        while let Some(connection) = idle.pop_back() {
-            if !connection.sender.is_closed() && connection.since.elapsed() < POOL_IDLE {
-                return Some(connection.sender);
-            }
-        }
-        None
-    }
-
-    /// Keeps a connection whose exchange is over for the next call, and
-    /// drops the oldest idle one if it has idled too long.
-    fn give_back(&self, sender: http1::SendRequest<Full<Bytes>>) {
-        if sender.is_closed() {
-            return;
-        }
-        let now = Instant::now();
-        let mut idle = self.idle.lock().expect("transport pool lock");
-        if idle
-            .front()
-            .is_some_and(|oldest| now.duration_since(oldest.since) >= POOL_IDLE)
-        {
-            idle.pop_front();
-        }
-        if idle.len() < MAX_IDLE {
-            idle.push_back(IdleConnection { sender, since: now });
         }
     }
 
@@ -203,7 +192,80 @@ impl Transport {
                 tracing::debug!(%err, "agent connection ended");
             }
         });
+        if !self.sweeping.swap(true, Ordering::Relaxed) {
+            tokio::spawn(Pool::sweep(Arc::downgrade(&self.pool)));
+        }
         Ok(sender)
+    }
+}
+
+impl Pool {
+    /// The most recently used idle connection that is still open and young.
+    fn checkout(&self) -> Option<http1::SendRequest<Full<Bytes>>> {
+        let mut idle = self.idle.lock().expect("transport pool lock");
+        while let Some(connection) = idle.pop_back() {
+            if connection.usable(Instant::now()) {
+                return Some(connection.sender);
+            }
+        }
+        None
+    }
+
+    /// Keeps a connection whose exchange is over for the next call. One
+    /// still sending its request (the agent answered before reading it
+    /// all) is kept once it is done, if that is soon; else it is closed.
+    fn give_back(self: &Arc<Self>, mut sender: http1::SendRequest<Full<Bytes>>) {
+        if sender.is_ready() {
+            self.keep(sender);
+        } else if !sender.is_closed() {
+            let pool = self.clone();
+            tokio::spawn(async move {
+                let ready = tokio::time::timeout(FINISH_SENDING, sender.ready()).await;
+                if matches!(ready, Ok(Ok(()))) {
+                    pool.keep(sender);
+                }
+            });
+        }
+    }
+
+    fn keep(&self, sender: http1::SendRequest<Full<Bytes>>) {
+        let mut idle = self.idle.lock().expect("transport pool lock");
+        if idle.len() < MAX_IDLE {
+            idle.push_back(IdleConnection {
+                sender,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    /// Closes idle connections that expired, in the background, until the
+    /// pool is dropped.
+    async fn sweep(pool: Weak<Pool>) {
+        let mut tick = tokio::time::interval(SWEEP_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(pool) = pool.upgrade() else {
+                return;
+            };
+            let now = Instant::now();
+            let expired: VecDeque<IdleConnection> = {
+                let mut idle = pool.idle.lock().expect("transport pool lock");
+                let (kept, expired) = std::mem::take(&mut *idle)
+                    .into_iter()
+                    .partition(|connection| connection.usable(now));
+                *idle = kept;
+                expired
+            };
+            // Closed outside the lock.
+            drop(expired);
+        }
+    }
+}
+
+impl IdleConnection {
+    fn usable(&self, now: Instant) -> bool {
+        !self.sender.is_closed() && now.duration_since(self.since) < POOL_IDLE
     }
 }
 
@@ -332,7 +394,6 @@ pub async fn next_chunk(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     /// An error with a cause, as hyper's errors come.
     #[derive(Debug)]
@@ -450,6 +511,48 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(seen.lock().unwrap().connections, 3);
+    }
+
+    #[tokio::test]
+    async fn a_connection_still_sending_when_answered_is_not_lent_again() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // The first connection is answered at once and never read further;
+        // the others answer normally.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: Uri = format!("http://{}/", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            for number in 0.. {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut head = [0u8; 1024];
+                let _ = socket.read(&mut head).await.unwrap();
+                let status = if number == 0 {
+                    "413 Payload Too Large"
+                } else {
+                    "200 OK"
+                };
+                let answer = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+                socket.write_all(answer.as_bytes()).await.unwrap();
+                held.push(socket);
+            }
+        });
+        let transport = Transport::new(&uri, &loopback_policy(), Duration::from_secs(5));
+        let large = Request::post(uri.clone())
+            .body(Full::new(Bytes::from(vec![b' '; 32 << 20])))
+            .unwrap();
+        let (parts, _) = transport.call(large, &"test", 1024).await.unwrap();
+        assert_eq!(parts.status.as_u16(), 413);
+        // Were the first connection lent again, this would wait for its
+        // request to be sent, which never happens.
+        let next = tokio::time::timeout(
+            Duration::from_secs(3),
+            transport.call(post(&uri), &"test", 1024),
+        )
+        .await
+        .expect("the next call does not wait for the first connection");
+        assert_eq!(next.unwrap().0.status.as_u16(), 200);
     }
 
     #[tokio::test]

@@ -137,12 +137,13 @@ struct Overlay {
     pending: PendingSet,
     /// The writes being applied now (or whose application failed).
     applying: Option<Arc<PendingSet>>,
-    /// The records of the set applied last, kept until the next one is
-    /// applied: a task read just after it reached sled (a blocking send's
-    /// reply, a client polling GetTask) is found here instead of decoded
-    /// from sled again. Only this applier writes task records, so these
-    /// match sled. Only the records: not their JSON, events or raw writes.
-    recent: TaskMap<Arc<TaskRecord>>,
+    /// The set applied last, kept until the next one is applied: a task
+    /// read just after it reached sled (a blocking send's reply, a client
+    /// polling GetTask) is found here, with its task's JSON, instead of
+    /// decoded from sled again. Only this applier writes task records, so
+    /// these match sled. Only its tasks are read here: its raw writes are
+    /// in sled.
+    recent: Option<Arc<PendingSet>>,
     /// Log segments whose writes must reach sled before they are deleted.
     retired: Vec<PathBuf>,
     stop: bool,
@@ -361,7 +362,7 @@ impl Applier {
         };
         in_set(&overlay.pending)
             .or_else(|| overlay.applying.as_deref().and_then(in_set))
-            .or_else(|| overlay.recent.get(task_id).map(|r| (r.clone(), None)))
+            .or_else(|| overlay.recent.as_deref().and_then(in_set))
     }
 
     /// A raw key's pending value: `Some(None)` if it is pending removal,
@@ -394,17 +395,12 @@ impl Applier {
         while let Some((set, retried)) = self.take_set() {
             self.wait_durable(set.last_ticket)?;
             self.apply(&set)?;
-            let applied: TaskMap<Arc<TaskRecord>> = set
-                .tasks
-                .iter()
-                .map(|(id, pending)| (id.clone(), pending.record.clone()))
-                .collect();
             let mut overlay = self.overlay.lock().expect("applier lock");
             overlay.applying = None;
-            let previous = std::mem::replace(&mut overlay.recent, applied);
+            let previous = overlay.recent.replace(set);
             drop(overlay);
             // Freed outside the lock: a large set takes a while to drop.
-            drop((previous, set));
+            drop(previous);
             if !retried {
                 break;
             }

@@ -1243,20 +1243,35 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_pending_write_is_read_with_its_task_json_until_it_reaches_sled() {
+    async fn a_write_is_read_with_its_task_json_until_a_later_set_is_applied() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = with_working_task(paused(dir.path()), "t1").await;
         let read = ledger.get_for_reply("t1").unwrap().unwrap();
-        let task_json = read.task_json.expect("the write's task JSON");
+        let task_json = read.task_json.clone().expect("the write's task JSON");
         assert_eq!(
             task_json.get(),
             serde_json::to_string(&read.record.task).unwrap()
         );
-        // Once applied, the record is kept, its JSON is not.
+        // The set applied last keeps both.
         ledger.applier.apply_pending().unwrap();
         let applied = ledger.get_for_reply("t1").unwrap().unwrap();
         assert!(Arc::ptr_eq(&applied.record, &read.record));
-        assert!(applied.task_json.is_none());
+        assert!(Arc::ptr_eq(&applied.task_json.unwrap(), &task_json));
+        // A newer write's JSON comes before the applied one's.
+        flip(&ledger, "t1", 1).await;
+        let newer = ledger.get_for_reply("t1").unwrap().unwrap();
+        assert_eq!(newer.record.version, read.record.version + 1);
+        assert_eq!(
+            newer.task_json.unwrap().get(),
+            serde_json::to_string(&newer.record.task).unwrap()
+        );
+        // Read from sled, a record has no JSON kept.
+        ledger.applier.apply_pending().unwrap();
+        ledger.create(record("t2"), vec![]).await.unwrap();
+        ledger.applier.apply_pending().unwrap();
+        let decoded = ledger.get_for_reply("t1").unwrap().unwrap();
+        assert!(decoded.task_json.is_none());
+        assert_eq!(*decoded.record, *newer.record);
         assert!(ledger.get_for_reply("missing").unwrap().is_none());
     }
 

@@ -482,7 +482,7 @@ impl Applier {
         // holding some of it, and the retry must not trust `created`.
         let partly_applied = self.partly_applied.swap(true, Ordering::Relaxed);
         let tasks: Vec<(&String, &PendingTask)> = set.tasks.iter().collect();
-        let mut counts = CounterDeltas::new();
+        let mut counts = CounterDeltas::default();
         for chunk in tasks.chunks(TASKS_PER_INTENT) {
             let indexed: Vec<(&str, &PendingTask, Vec<Vec<u8>>)> = chunk
                 .iter()
@@ -505,11 +505,9 @@ impl Applier {
         if partly_applied {
             recount(&self.tree)?;
         } else {
-            for (key, delta) in counts {
-                if delta != 0 {
-                    let next = (read_counter(&self.tree, &key)? as i64 + delta).max(0) as u64;
-                    self.tree.insert(key, &next.to_be_bytes())?;
-                }
+            for (key, delta) in counts.into_changes() {
+                let next = (read_counter(&self.tree, &key)? as i64 + delta).max(0) as u64;
+                self.tree.insert(key, &next.to_be_bytes())?;
             }
         }
         for (key, value) in &set.raw {
@@ -657,8 +655,44 @@ fn recount(tree: &sled::Tree) -> Result<(), LedgerError> {
     Ok(())
 }
 
-/// Pending counter changes of one application, summed per counter.
-type CounterDeltas = HashMap<Vec<u8>, i64>;
+/// Pending counter changes of one application, summed per owner: each
+/// counter's key is built once per application, not once per task.
+#[derive(Default)]
+struct CounterDeltas {
+    owners: HashMap<String, OwnerDeltas>,
+}
+
+/// One owner's counter changes: per state number, and of all its tasks.
+#[derive(Default)]
+struct OwnerDeltas {
+    states: HashMap<u8, i64>,
+    all: i64,
+}
+
+impl CounterDeltas {
+    fn owner(&mut self, owner: &str) -> &mut OwnerDeltas {
+        // Looked up by `&str` first: an owner's name is copied once.
+        if !self.owners.contains_key(owner) {
+            self.owners
+                .insert(owner.to_string(), OwnerDeltas::default());
+        }
+        self.owners.get_mut(owner).expect("inserted above")
+    }
+
+    /// The counters that change, with their changes.
+    fn into_changes(self) -> impl Iterator<Item = (Vec<u8>, i64)> {
+        self.owners.into_iter().flat_map(|(owner, deltas)| {
+            let all = (deltas.all != 0).then(|| (keys::counter(&owner, "all"), deltas.all));
+            let states: Vec<_> = deltas
+                .states
+                .into_iter()
+                .filter(|&(_, delta)| delta != 0)
+                .map(|(state, delta)| (keys::state_counter(&owner, state), delta))
+                .collect();
+            states.into_iter().chain(all)
+        })
+    }
+}
 
 /// Whether an agent is (or was, before a stop) working on a task in `state`.
 fn is_active(state: TaskState) -> bool {
@@ -715,15 +749,13 @@ fn index_insert(
     for key in index {
         tree.insert(key, &[])?;
     }
-    let owner = &record.owner;
-    *counts
-        .entry(keys::state_counter(
-            owner,
-            record.task.status.state.number(),
-        ))
+    let deltas = counts.owner(&record.owner);
+    *deltas
+        .states
+        .entry(record.task.status.state.number())
         .or_default() += 1;
     if new_task {
-        *counts.entry(keys::counter(owner, "all")).or_default() += 1;
+        deltas.all += 1;
     }
     Ok(())
 }
@@ -843,9 +875,7 @@ fn index_remove(
         tree.remove(key)?;
     }
     let state = record.task.status.state.number();
-    *counts
-        .entry(keys::state_counter(&record.owner, state))
-        .or_default() -= 1;
+    *counts.owner(&record.owner).states.entry(state).or_default() -= 1;
     Ok(())
 }
 
@@ -859,6 +889,30 @@ mod tests {
 
     fn count_in_state(tree: &sled::Tree, owner: &str, state: u8) -> u64 {
         read_counter(tree, &keys::state_counter(owner, state)).unwrap()
+    }
+
+    #[test]
+    fn counter_changes_are_summed_per_owner_and_state_and_drop_to_nothing() {
+        let mut counts = CounterDeltas::default();
+        for (owner, state, delta) in [
+            ("a", 3, 1),
+            ("a", 3, 1),
+            ("a", 2, 1),
+            ("a", 2, -1),
+            ("b", 3, 1),
+        ] {
+            *counts.owner(owner).states.entry(state).or_default() += delta;
+        }
+        counts.owner("a").all += 2;
+        let mut changes: Vec<_> = counts.into_changes().collect();
+        changes.sort();
+        let mut expected = vec![
+            (keys::state_counter("a", 3), 2),
+            (keys::counter("a", "all"), 2),
+            (keys::state_counter("b", 3), 1),
+        ];
+        expected.sort();
+        assert_eq!(changes, expected);
     }
 
     fn stored(task_id: &str, state: TaskState, version: u64) -> TaskRecord {

@@ -100,7 +100,15 @@ pub struct Incoming {
 impl Incoming {
     /// Reads the headers and the message metadata of a request.
     pub fn read(headers: &axum::http::HeaderMap, message_metadata: Option<&wire::Struct>) -> Self {
-        let header = |name: &str| {
+        use axum::http::HeaderName;
+        // Names made at compile time: a name given as text is parsed again
+        // at every lookup.
+        const TRACEPARENT: HeaderName = HeaderName::from_static(TRACEPARENT_HEADER);
+        const TRACESTATE: HeaderName = HeaderName::from_static(TRACESTATE_HEADER);
+        const HOPS: HeaderName = HeaderName::from_static(HOPS_HEADER);
+        const CHAIN: HeaderName = HeaderName::from_static(CHAIN_HEADER);
+        const DEADLINE: HeaderName = HeaderName::from_static(DEADLINE_HEADER);
+        let header = |name: HeaderName| {
             headers
                 .get(name)
                 .and_then(|v| v.to_str().ok())
@@ -112,17 +120,17 @@ impl Incoming {
             metadata: message_metadata
                 .and_then(|m| m.get(HANDOFF_EXTENSION))
                 .and_then(|v| serde_json::from_value(v.clone()).ok()),
-            traceparent: header(TRACEPARENT_HEADER),
-            tracestate: header(TRACESTATE_HEADER),
-            hops: header(HOPS_HEADER).and_then(|v| v.parse().ok()),
-            chain: header(CHAIN_HEADER).map(|v| {
+            traceparent: header(TRACEPARENT),
+            tracestate: header(TRACESTATE),
+            hops: header(HOPS).and_then(|v| v.parse().ok()),
+            chain: header(CHAIN).map(|v| {
                 v.split(',')
                     .map(str::trim)
                     .filter(|s| !s.is_empty())
                     .map(str::to_string)
                     .collect()
             }),
-            deadline: header(DEADLINE_HEADER).and_then(|v| wire::parse_timestamp(&v).ok()),
+            deadline: header(DEADLINE).and_then(|v| wire::parse_timestamp(&v).ok()),
         }
     }
 }

@@ -11,13 +11,19 @@ use crate::registry::service::{Registry, SearchParams};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Query, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument as _;
+
+/// Request headers read on every call, as names made at compile time: a
+/// name given as text is parsed again at every lookup.
+const A2A_VERSION: HeaderName = HeaderName::from_static("a2a-version");
+const A2A_EXTENSIONS: HeaderName = HeaderName::from_static("a2a-extensions");
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// HTTP-level settings.
 #[derive(Clone, Debug)]
@@ -281,7 +287,7 @@ async fn rpc_agent(
 /// `A2A-Version` from the header or the query; absent or empty means 0.3.
 fn requested_version(headers: &HeaderMap, query: Option<&str>) -> String {
     let from_header = headers
-        .get("a2a-version")
+        .get(A2A_VERSION)
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|v| !v.is_empty());
@@ -330,7 +336,7 @@ fn is_json_content_type(headers: &HeaderMap) -> bool {
 /// Extensions the client asked for that the card declares.
 fn activated_extensions(headers: &HeaderMap, card: &AgentCard) -> Vec<String> {
     headers
-        .get_all("a2a-extensions")
+        .get_all(A2A_EXTENSIONS)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
@@ -481,7 +487,7 @@ async fn serve_rpc(
         }
     };
     let idempotency_key = headers
-        .get("idempotency-key")
+        .get(IDEMPOTENCY_KEY)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
         .or_else(|| {

@@ -40,8 +40,8 @@ use std::time::Duration;
 
 /// A record as its writer encoded it.
 pub struct Encoded {
-    /// The whole record, as sled stores it.
-    pub json: Box<RawValue>,
+    /// The whole record, as sled stores it; dropped once it is in sled.
+    pub json: Option<Box<RawValue>>,
     /// The record's task alone, for replies.
     pub task_json: Arc<RawValue>,
 }
@@ -99,6 +99,17 @@ impl PendingSet {
                     events: events.to_vec(),
                     created,
                 });
+            }
+        }
+    }
+
+    /// Drops what an applied set no longer needs for reads.
+    fn keep_for_reads(&mut self) {
+        self.raw.clear();
+        for pending in self.tasks.values_mut() {
+            pending.events = Vec::new();
+            if let Some(encoded) = &mut pending.encoded {
+                encoded.json = None;
             }
         }
     }
@@ -348,7 +359,7 @@ impl Applier {
     }
 
     /// As [`Applier::task`], with the task's JSON if its writer encoded it
-    /// (not for a record that reached sled).
+    /// (not for a record read back from sled or replayed from the log).
     pub fn task_with_json(
         &self,
         task_id: &str,
@@ -395,12 +406,24 @@ impl Applier {
         while let Some((set, retried)) = self.take_set() {
             self.wait_durable(set.last_ticket)?;
             self.apply(&set)?;
-            let mut overlay = self.overlay.lock().expect("applier lock");
-            overlay.applying = None;
-            let previous = overlay.recent.replace(set);
-            drop(overlay);
+            let mut set = set;
+            // Both leave together: the set before may hold older records of
+            // this set's tasks, and sled now has the newer ones.
+            let previous = {
+                let mut overlay = self.overlay.lock().expect("applier lock");
+                overlay.applying = None;
+                overlay.recent.take()
+            };
             // Freed outside the lock: a large set takes a while to drop.
             drop(previous);
+            // Readers copy out of the overlay under its lock, so this is the
+            // set's only holder now. Kept for reads are its records and task
+            // JSON; its record JSON, events and raw writes are in sled, where
+            // reads find its tasks meanwhile.
+            if let Some(set) = Arc::get_mut(&mut set) {
+                set.keep_for_reads();
+            }
+            self.overlay.lock().expect("applier lock").recent = Some(set);
             if !retried {
                 break;
             }
@@ -587,8 +610,10 @@ impl Applier {
             }
         }
         match &pending.encoded {
-            Some(encoded) => tree.insert(keys::task(task_id), encoded.json.get().as_bytes())?,
-            None => tree.insert(keys::task(task_id), serde_json::to_vec(&**record)?)?,
+            Some(Encoded {
+                json: Some(json), ..
+            }) => tree.insert(keys::task(task_id), json.get().as_bytes())?,
+            _ => tree.insert(keys::task(task_id), serde_json::to_vec(&**record)?)?,
         };
         Ok(())
     }
@@ -889,6 +914,34 @@ mod tests {
 
     fn count_in_state(tree: &sled::Tree, owner: &str, state: u8) -> u64 {
         read_counter(tree, &keys::state_counter(owner, state)).unwrap()
+    }
+
+    #[test]
+    fn an_applied_set_keeps_only_its_records_and_task_json_for_reads() {
+        let record = Arc::new(stored("t1", TaskState::Completed, 1));
+        let task_json: Arc<RawValue> = serde_json::value::to_raw_value(&record.task)
+            .unwrap()
+            .into();
+        let encoded = Encoded {
+            json: Some(serde_json::value::to_raw_value(&*record).unwrap()),
+            task_json: task_json.clone(),
+        };
+        let event = Arc::new(LedgerEvent::new(
+            "t1".into(),
+            1,
+            crate::protocol::StreamResponse::Task(record.task.clone()),
+        ));
+        let mut set = PendingSet::default();
+        set.add_task(record.clone(), Some(encoded), &[event], true);
+        set.set_raw(b"k".to_vec(), Some(b"v".to_vec()));
+        set.keep_for_reads();
+        assert!(set.raw.is_empty());
+        let kept = &set.tasks["t1"];
+        assert!(Arc::ptr_eq(&kept.record, &record));
+        assert!(kept.events.is_empty());
+        let encoded = kept.encoded.as_ref().unwrap();
+        assert!(encoded.json.is_none());
+        assert!(Arc::ptr_eq(&encoded.task_json, &task_json));
     }
 
     #[test]

@@ -678,7 +678,10 @@ impl Ledger {
         let ticket = self
             .flusher
             .note_write(frames, published, |ticket, published| {
-                let encoded = applier::Encoded { json, task_json };
+                let encoded = applier::Encoded {
+                    json: Some(json),
+                    task_json,
+                };
                 self.applier
                     .add_task(record.clone(), Some(encoded), published, ticket, created)
             });

@@ -91,8 +91,22 @@ struct Endpoint {
     host: HeaderValue,
 }
 
-struct IdleConnection {
+/// A direct connection: its sender, and the task driving it, which is
+/// ended when Baton lets the connection go. hyper's task alone would stay
+/// blocked writing a request the agent stopped reading.
+struct Connection {
     sender: http1::SendRequest<Full<Bytes>>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct IdleConnection {
+    connection: Connection,
     since: Instant,
 }
 
@@ -147,20 +161,20 @@ impl Transport {
         *request.uri_mut() = endpoint.target.clone();
         request.headers_mut().insert(HOST, endpoint.host.clone());
         loop {
-            let (mut sender, pooled) = match self.pool.checkout() {
-                Some(sender) => (sender, true),
+            let (mut connection, pooled) = match self.pool.checkout() {
+                Some(connection) => (connection, true),
                 None => (self.connect(endpoint, label).await?, false),
             };
-            if let Err(err) = sender.ready().await {
+            if let Err(err) = connection.sender.ready().await {
                 if pooled {
                     continue;
                 }
                 return Err(failure(label, &err));
             }
-            match sender.try_send_request(request).await {
+            match connection.sender.try_send_request(request).await {
                 Ok(response) => {
                     let answer = read_answer(label, response, limit).await?;
-                    self.pool.give_back(sender);
+                    self.pool.give_back(connection);
                     return Ok(answer);
                 }
                 Err(mut err) => match err.take_message() {
@@ -177,7 +191,7 @@ impl Transport {
         &self,
         endpoint: &Endpoint,
         label: &(dyn Display + Sync),
-    ) -> Result<http1::SendRequest<Full<Bytes>>, AgentError> {
+    ) -> Result<Connection, AgentError> {
         let mut connector = self.connector.clone();
         std::future::poll_fn(|cx| connector.poll_ready(cx))
             .await
@@ -187,25 +201,26 @@ impl Transport {
             .await
             .map_err(|e| failure(label, &e))?;
         let (sender, connection) = http1::handshake(io).await.map_err(|e| failure(label, &e))?;
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             if let Err(err) = connection.await {
                 tracing::debug!(%err, "agent connection ended");
             }
-        });
+        })
+        .abort_handle();
         if !self.sweeping.swap(true, Ordering::Relaxed) {
             tokio::spawn(Pool::sweep(Arc::downgrade(&self.pool)));
         }
-        Ok(sender)
+        Ok(Connection { sender, task })
     }
 }
 
 impl Pool {
     /// The most recently used idle connection that is still open and young.
-    fn checkout(&self) -> Option<http1::SendRequest<Full<Bytes>>> {
+    fn checkout(&self) -> Option<Connection> {
         let mut idle = self.idle.lock().expect("transport pool lock");
-        while let Some(connection) = idle.pop_back() {
-            if connection.usable(Instant::now()) {
-                return Some(connection.sender);
+        while let Some(idle_connection) = idle.pop_back() {
+            if idle_connection.usable(Instant::now()) {
+                return Some(idle_connection.connection);
             }
         }
         None
@@ -214,28 +229,30 @@ impl Pool {
     /// Keeps a connection whose exchange is over for the next call. One
     /// still sending its request (the agent answered before reading it
     /// all) is kept once it is done, if that is soon; else it is closed.
-    fn give_back(self: &Arc<Self>, mut sender: http1::SendRequest<Full<Bytes>>) {
-        if sender.is_ready() {
-            self.keep(sender);
-        } else if !sender.is_closed() {
+    fn give_back(self: &Arc<Self>, mut connection: Connection) {
+        if connection.sender.is_ready() {
+            self.keep(connection);
+        } else if !connection.sender.is_closed() {
             let pool = self.clone();
             tokio::spawn(async move {
-                let ready = tokio::time::timeout(FINISH_SENDING, sender.ready()).await;
+                let ready = tokio::time::timeout(FINISH_SENDING, connection.sender.ready()).await;
                 if matches!(ready, Ok(Ok(()))) {
-                    pool.keep(sender);
+                    pool.keep(connection);
                 }
             });
         }
     }
 
-    fn keep(&self, sender: http1::SendRequest<Full<Bytes>>) {
+    /// Keeps a connection, letting the oldest idle one go if the pool is full.
+    fn keep(&self, connection: Connection) {
         let mut idle = self.idle.lock().expect("transport pool lock");
-        if idle.len() < MAX_IDLE {
-            idle.push_back(IdleConnection {
-                sender,
-                since: Instant::now(),
-            });
-        }
+        let evicted = (idle.len() >= MAX_IDLE).then(|| idle.pop_front());
+        idle.push_back(IdleConnection {
+            connection,
+            since: Instant::now(),
+        });
+        drop(idle);
+        drop(evicted);
     }
 
     /// Closes idle connections that expired, in the background, until the
@@ -265,7 +282,7 @@ impl Pool {
 
 impl IdleConnection {
     fn usable(&self, now: Instant) -> bool {
-        !self.sender.is_closed() && now.duration_since(self.since) < POOL_IDLE
+        !self.connection.sender.is_closed() && now.duration_since(self.since) < POOL_IDLE
     }
 }
 

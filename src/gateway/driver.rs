@@ -799,7 +799,7 @@ pub(super) fn note_hop(
     }
     let last_state = events.iter().rev().find_map(StreamResponse::state);
     if let Some(state) = last_state
-        && (state.is_terminal() || state.is_interrupted())
+        && state.is_settled()
     {
         hop.ended_at = Some(now);
         hop.state = Some(state);

@@ -416,12 +416,9 @@ impl Gateway {
 
     /// Whether a task is terminal or interrupted, as the ledger has it now.
     fn settled(&self, task_id: &str) -> bool {
-        self.ledger.get_shared(task_id).is_ok_and(|record| {
-            record.is_some_and(|r| {
-                let state = r.task.status.state;
-                state.is_terminal() || state.is_interrupted()
-            })
-        })
+        self.ledger
+            .get_shared(task_id)
+            .is_ok_and(|record| record.is_some_and(|r| r.task.status.state.is_settled()))
     }
 
     /// Validates a send, resolves a continuation, claims the idempotency key

@@ -49,6 +49,11 @@ impl TaskState {
         matches!(self, Self::InputRequired | Self::AuthRequired)
     }
 
+    /// Settled states end an agent's turn: terminal or interrupted.
+    pub fn is_settled(self) -> bool {
+        self.is_terminal() || self.is_interrupted()
+    }
+
     /// The proto number, used as a compact key in ledger indexes.
     pub fn number(self) -> u8 {
         Self::VALUES
@@ -633,6 +638,26 @@ impl StreamResponse {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_turn_settles_in_a_terminal_or_an_interrupted_state_only() {
+        let settled: Vec<TaskState> = TaskState::VALUES
+            .iter()
+            .map(|(state, _, _)| *state)
+            .filter(|state| state.is_settled())
+            .collect();
+        assert_eq!(
+            settled,
+            [
+                TaskState::Completed,
+                TaskState::Failed,
+                TaskState::Canceled,
+                TaskState::InputRequired,
+                TaskState::Rejected,
+                TaskState::AuthRequired,
+            ]
+        );
+    }
 
     #[test]
     fn a_borrowed_view_serializes_as_the_copied_view() {

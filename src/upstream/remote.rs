@@ -449,7 +449,7 @@ impl Follower {
         }
         // A settled snapshot is the last this follower compares with (a
         // blocking call's only answer): its artifacts need not be kept.
-        let last = task.status.state.is_terminal() || task.status.state.is_interrupted();
+        let last = task.status.state.is_settled();
         for artifact in task.artifacts {
             if self.artifacts.get(&artifact.artifact_id) == Some(&artifact) {
                 continue;
@@ -472,7 +472,7 @@ impl Follower {
 
     async fn on_status(&mut self, status: TaskStatus) -> Result<Flow, AgentError> {
         let key = status_key(&status);
-        let settled = status.state.is_terminal() || status.state.is_interrupted();
+        let settled = status.state.is_settled();
         if self.status.as_ref() != Some(&key) {
             self.status = Some(key);
             // Never SUBMITTED: a new gateway task starts there anyway, and a

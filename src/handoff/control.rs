@@ -8,20 +8,23 @@
 //! them. Delivering to agent X adds one hop and appends X to the chain.
 
 use crate::protocol::{HANDOFF_EXTENSION, wire};
+use axum::http::HeaderName;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+// Header names made at compile time: a name given as text is parsed again
+// at every lookup and every request built.
 /// `Baton-Hops`.
-pub const HOPS_HEADER: &str = "baton-hops";
+pub const HOPS_HEADER: HeaderName = HeaderName::from_static("baton-hops");
 /// `Baton-Chain`: agent ids, comma-separated.
-pub const CHAIN_HEADER: &str = "baton-chain";
+pub const CHAIN_HEADER: HeaderName = HeaderName::from_static("baton-chain");
 /// `Baton-Deadline`: RFC 3339 UTC, milliseconds.
-pub const DEADLINE_HEADER: &str = "baton-deadline";
+pub const DEADLINE_HEADER: HeaderName = HeaderName::from_static("baton-deadline");
 /// W3C trace context.
-pub const TRACEPARENT_HEADER: &str = "traceparent";
+pub const TRACEPARENT_HEADER: HeaderName = HeaderName::from_static("traceparent");
 /// W3C trace state, passed on unchanged.
-pub const TRACESTATE_HEADER: &str = "tracestate";
+pub const TRACESTATE_HEADER: HeaderName = HeaderName::from_static("tracestate");
 
 /// The control metadata of one line of work.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -100,14 +103,6 @@ pub struct Incoming {
 impl Incoming {
     /// Reads the headers and the message metadata of a request.
     pub fn read(headers: &axum::http::HeaderMap, message_metadata: Option<&wire::Struct>) -> Self {
-        use axum::http::HeaderName;
-        // Names made at compile time: a name given as text is parsed again
-        // at every lookup.
-        const TRACEPARENT: HeaderName = HeaderName::from_static(TRACEPARENT_HEADER);
-        const TRACESTATE: HeaderName = HeaderName::from_static(TRACESTATE_HEADER);
-        const HOPS: HeaderName = HeaderName::from_static(HOPS_HEADER);
-        const CHAIN: HeaderName = HeaderName::from_static(CHAIN_HEADER);
-        const DEADLINE: HeaderName = HeaderName::from_static(DEADLINE_HEADER);
         let header = |name: HeaderName| {
             headers
                 .get(name)
@@ -120,17 +115,17 @@ impl Incoming {
             metadata: message_metadata
                 .and_then(|m| m.get(HANDOFF_EXTENSION))
                 .and_then(|v| serde_json::from_value(v.clone()).ok()),
-            traceparent: header(TRACEPARENT),
-            tracestate: header(TRACESTATE),
-            hops: header(HOPS).and_then(|v| v.parse().ok()),
-            chain: header(CHAIN).map(|v| {
+            traceparent: header(TRACEPARENT_HEADER),
+            tracestate: header(TRACESTATE_HEADER),
+            hops: header(HOPS_HEADER).and_then(|v| v.parse().ok()),
+            chain: header(CHAIN_HEADER).map(|v| {
                 v.split(',')
                     .map(str::trim)
                     .filter(|s| !s.is_empty())
                     .map(str::to_string)
                     .collect()
             }),
-            deadline: header(DEADLINE).and_then(|v| wire::parse_timestamp(&v).ok()),
+            deadline: header(DEADLINE_HEADER).and_then(|v| wire::parse_timestamp(&v).ok()),
         }
     }
 }
@@ -277,7 +272,7 @@ impl Control {
     }
 
     /// The headers that carry this control to an agent.
-    pub fn headers(&self) -> Vec<(&'static str, String)> {
+    pub fn headers(&self) -> Vec<(HeaderName, String)> {
         let mut headers = vec![
             (TRACEPARENT_HEADER, next_traceparent(&self.trace_id)),
             (HOPS_HEADER, self.hops.to_string()),

@@ -8,6 +8,7 @@ use crate::jsonrpc::dispatch::{dispatch, error_reply, json_reply};
 use crate::jsonrpc::parse_request;
 use crate::protocol::{AgentCard, HANDOFF_EXTENSION, methods};
 use crate::registry::service::{Registry, SearchParams};
+use crate::upstream::client::VERSION_HEADER_NAME;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Query, RawQuery, State};
@@ -20,8 +21,8 @@ use std::time::Duration;
 use tracing::Instrument as _;
 
 /// Request headers read on every call, as names made at compile time: a
-/// name given as text is parsed again at every lookup.
-const A2A_VERSION: HeaderName = HeaderName::from_static("a2a-version");
+/// name given as text is parsed again at every lookup. (`A2A-Version` is the
+/// agent client's [`VERSION_HEADER_NAME`].)
 const A2A_EXTENSIONS: HeaderName = HeaderName::from_static("a2a-extensions");
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
@@ -287,7 +288,7 @@ async fn rpc_agent(
 /// `A2A-Version` from the header or the query; absent or empty means 0.3.
 fn requested_version(headers: &HeaderMap, query: Option<&str>) -> String {
     let from_header = headers
-        .get(A2A_VERSION)
+        .get(VERSION_HEADER_NAME)
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|v| !v.is_empty());
@@ -512,7 +513,7 @@ async fn serve_rpc(
     if !extensions.is_empty()
         && let Ok(value) = HeaderValue::from_str(&extensions.join(","))
     {
-        response.headers_mut().insert("a2a-extensions", value);
+        response.headers_mut().insert(A2A_EXTENSIONS, value);
     }
     response
 }

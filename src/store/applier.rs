@@ -28,7 +28,7 @@
 
 use super::durable::DurableMark;
 use super::hub::LedgerEvent;
-use super::{LedgerError, TaskMap, TaskRecord, keys, wal};
+use super::{LedgerError, ReadTask, TaskMap, TaskRecord, keys, wal};
 use crate::protocol::TaskState;
 use serde_json::value::RawValue;
 use std::collections::HashMap;
@@ -49,7 +49,7 @@ pub struct Encoded {
 /// A task's writes not yet in sled: its latest record and every event since.
 pub struct PendingTask {
     record: Arc<TaskRecord>,
-    /// The record as JSON, when the writer encoded it already.
+    /// The record and its task as JSON, when the writer encoded them.
     encoded: Option<Encoded>,
     events: Vec<Arc<LedgerEvent>>,
     /// Whether the set holds the task's creation: sled cannot hold the task
@@ -353,22 +353,14 @@ impl Applier {
     }
 
     /// A task's record if it has writes not yet in sled, or reached sled
-    /// with the set applied last.
-    pub fn task(&self, task_id: &str) -> Option<Arc<TaskRecord>> {
-        self.task_with_json(task_id).map(|(record, _)| record)
-    }
-
-    /// As [`Applier::task`], with the task's JSON if its writer encoded it
-    /// (not for a record read back from sled or replayed from the log).
-    pub fn task_with_json(
-        &self,
-        task_id: &str,
-    ) -> Option<(Arc<TaskRecord>, Option<Arc<RawValue>>)> {
+    /// with the set applied last; with its task's JSON if its writer
+    /// encoded it (not for a record replayed from the log).
+    pub fn task(&self, task_id: &str) -> Option<ReadTask> {
         let overlay = self.overlay.lock().expect("applier lock");
         let in_set = |set: &PendingSet| {
-            set.tasks.get(task_id).map(|p| {
-                let task_json = p.encoded.as_ref().map(|e| e.task_json.clone());
-                (p.record.clone(), task_json)
+            set.tasks.get(task_id).map(|p| ReadTask {
+                record: p.record.clone(),
+                task_json: p.encoded.as_ref().map(|e| e.task_json.clone()),
             })
         };
         in_set(&overlay.pending)
@@ -403,10 +395,9 @@ impl Applier {
     pub fn apply_pending(&self) -> Result<(), LedgerError> {
         let _applying = self.apply_lock.write().expect("applier lock");
         // A set that failed is retried first; then what is pending goes too.
-        while let Some((set, retried)) = self.take_set() {
+        while let Some((mut set, retried)) = self.take_set() {
             self.wait_durable(set.last_ticket)?;
             self.apply(&set)?;
-            let mut set = set;
             // Both leave together: the set before may hold older records of
             // this set's tasks, and sled now has the newer ones.
             let previous = {

@@ -556,29 +556,20 @@ impl Ledger {
 
     /// Reads a task without copying a record that has writes pending.
     pub fn get_shared(&self, task_id: &str) -> Result<Option<Arc<TaskRecord>>, LedgerError> {
-        if let Some(record) = self.applier.task(task_id) {
-            return Ok(Some(record));
-        }
-        self.get_applied(task_id)
+        Ok(self.get_for_reply(task_id)?.map(|read| read.record))
     }
 
     /// Reads a task for a reply: as [`Ledger::get_shared`], with the task's
     /// JSON if a write not yet in sled encoded it.
     pub fn get_for_reply(&self, task_id: &str) -> Result<Option<ReadTask>, LedgerError> {
-        if let Some((record, task_json)) = self.applier.task_with_json(task_id) {
-            return Ok(Some(ReadTask { record, task_json }));
+        if let Some(read) = self.applier.task(task_id) {
+            return Ok(Some(read));
         }
-        let read = self.get_applied(task_id)?;
-        Ok(read.map(|record| ReadTask {
-            record,
-            task_json: None,
-        }))
-    }
-
-    /// Reads a task from sled.
-    fn get_applied(&self, task_id: &str) -> Result<Option<Arc<TaskRecord>>, LedgerError> {
         match self.tree.get(keys::task(task_id))? {
-            Some(bytes) => Ok(Some(Arc::new(serde_json::from_slice(&bytes)?))),
+            Some(bytes) => Ok(Some(ReadTask {
+                record: Arc::new(serde_json::from_slice(&bytes)?),
+                task_json: None,
+            })),
             None => Ok(None),
         }
     }

@@ -32,8 +32,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The header naming the A2A version of a request.
 pub const VERSION_HEADER: &str = "A2A-Version";
-/// [`VERSION_HEADER`] in lower case, as static header names must be.
-const VERSION_HEADER_NAME: &str = "a2a-version";
+/// [`VERSION_HEADER`] as a header name made at compile time.
+pub const VERSION_HEADER_NAME: HeaderName = HeaderName::from_static("a2a-version");
 /// The protocol binding a card must declare for this client.
 pub const JSONRPC_BINDING: &str = "JSONRPC";
 const APPLICATION_JSON: &str = "application/json";
@@ -189,7 +189,7 @@ impl UpstreamClient {
         method: &str,
         params: &P,
         accept: &'static str,
-        extra: &[(&'static str, String)],
+        extra: &[(HeaderName, String)],
     ) -> Result<(u64, hyper::Request<Full<Bytes>>), AgentError> {
         // Resolvers never see IP literals, so those are checked here.
         self.policy.check_url(&self.url).map_err(|reason| {
@@ -213,7 +213,7 @@ impl UpstreamClient {
         let headers = request.headers_mut();
         headers.reserve(5 + extra.len());
         headers.insert(
-            HeaderName::from_static(VERSION_HEADER_NAME),
+            VERSION_HEADER_NAME,
             HeaderValue::from_static(PROTOCOL_VERSION),
         );
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(APPLICATION_JSON));
@@ -225,7 +225,7 @@ impl UpstreamClient {
                     self.label(method)
                 ))
             })?;
-            headers.append(HeaderName::from_static(name), value);
+            headers.append(name.clone(), value);
         }
         if let Some(authorization) = &self.authorization {
             headers.insert(AUTHORIZATION, authorization.clone());
@@ -238,7 +238,7 @@ impl UpstreamClient {
         &self,
         method: &str,
         params: &impl Serialize,
-        extra: &[(&'static str, String)],
+        extra: &[(HeaderName, String)],
     ) -> Result<T, AgentError> {
         let label = self.label(method);
         let (id, request) = self.request(method, params, APPLICATION_JSON, extra)?;
@@ -265,7 +265,7 @@ impl UpstreamClient {
         &self,
         method: &str,
         params: &impl Serialize,
-        extra: &[(&'static str, String)],
+        extra: &[(HeaderName, String)],
     ) -> Result<UpstreamStream, AgentError> {
         let label = self.label(method);
         let (id, request) = self.request(method, params, EVENT_STREAM, extra)?;
@@ -648,7 +648,7 @@ fn parse_result<T: A2aResult>(label: &dyn Display, result: Value) -> Result<T, A
 /// The handoff control of a forwarded message as HTTP headers (trace
 /// context with a new span, `Baton-Hops`, `Baton-Chain`, `Baton-Deadline`),
 /// for agents that read headers only.
-fn control_headers(request: &SendMessageRequest) -> Vec<(&'static str, String)> {
+fn control_headers(request: &SendMessageRequest) -> Vec<(HeaderName, String)> {
     request
         .message
         .as_ref()
@@ -663,8 +663,8 @@ mod tests {
 
     #[test]
     fn the_static_version_header_name_is_the_version_header() {
-        assert!(VERSION_HEADER.eq_ignore_ascii_case(VERSION_HEADER_NAME));
-        assert_eq!(HeaderName::from_static(VERSION_HEADER_NAME), VERSION_HEADER);
+        assert!(VERSION_HEADER.eq_ignore_ascii_case(VERSION_HEADER_NAME.as_str()));
+        assert_eq!(VERSION_HEADER_NAME, VERSION_HEADER);
     }
 
     #[test]

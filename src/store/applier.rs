@@ -307,23 +307,37 @@ impl Applier {
         ticket: u64,
         created: bool,
     ) {
-        let mut overlay = self.overlay.lock().expect("applier lock");
-        if overlay.pending.is_empty() {
-            self.wake.notify_one();
-        }
-        overlay.pending.add_task(record, encoded, events, created);
-        overlay.pending.last_ticket = ticket;
+        let wake = {
+            let mut overlay = self.overlay.lock().expect("applier lock");
+            let wake = overlay.pending.is_empty();
+            overlay.pending.add_task(record, encoded, events, created);
+            overlay.pending.last_ticket = ticket;
+            wake
+        };
+        self.wake_after_unlock(wake);
     }
 
     /// Queues a raw key write with the log ticket it will get (call under
     /// the ledger's write lock).
     pub fn set_raw(&self, key: Vec<u8>, value: Option<Vec<u8>>, ticket: u64) {
-        let mut overlay = self.overlay.lock().expect("applier lock");
-        if overlay.pending.is_empty() {
+        let wake = {
+            let mut overlay = self.overlay.lock().expect("applier lock");
+            let wake = overlay.pending.is_empty();
+            overlay.pending.set_raw(key, value);
+            overlay.pending.last_ticket = ticket;
+            wake
+        };
+        self.wake_after_unlock(wake);
+    }
+
+    /// Wakes the applier thread when a write made the pending set non-empty.
+    /// Called after the overlay lock is released: woken under it, the thread
+    /// would block at once on that lock and need a second wake. It cannot
+    /// miss this one: it waits only while the pending set is empty.
+    fn wake_after_unlock(&self, wake: bool) {
+        if wake {
             self.wake.notify_one();
         }
-        overlay.pending.set_raw(key, value);
-        overlay.pending.last_ticket = ticket;
     }
 
     /// Waits until the log is durable up to `ticket`. A set's newest write

@@ -31,8 +31,11 @@ impl DurableMark {
     pub fn advance(&self, ticket: u64) {
         self.ticket.send_replace(ticket);
         // Taken after the store: a thread that read the old ticket under
-        // this lock is waiting on the condvar by now, so it is woken.
-        if *self.blocked.lock().expect("durable mark lock") > 0 {
+        // this lock is waiting on the condvar by now, so it is woken. The
+        // notify comes after the unlock, so the woken thread does not block
+        // at once on this lock.
+        let blocked = *self.blocked.lock().expect("durable mark lock");
+        if blocked > 0 {
             self.moved.notify_all();
         }
     }

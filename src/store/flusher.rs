@@ -125,16 +125,22 @@ impl Flusher {
         events: Vec<Arc<LedgerEvent>>,
         queue: impl FnOnce(u64, &[Arc<LedgerEvent>]),
     ) -> u64 {
-        let mut pending = self.pending.lock().expect("flusher lock");
-        pending.written += 1;
-        queue(pending.written, &events);
-        pending.frames.extend_from_slice(frames);
-        pending.events.extend(events);
-        if pending.idle {
-            pending.idle = false;
+        let (ticket, wake) = {
+            let mut pending = self.pending.lock().expect("flusher lock");
+            pending.written += 1;
+            queue(pending.written, &events);
+            pending.frames.extend_from_slice(frames);
+            pending.events.extend(events);
+            (pending.written, std::mem::take(&mut pending.idle))
+        };
+        // Woken after the unlock: woken under it, the flusher would block
+        // at once on the lock this thread still holds, and need a second
+        // wake. It cannot miss this one: it waits only while nothing is
+        // written past the durable mark.
+        if wake {
             self.wake.notify_one();
         }
-        pending.written
+        ticket
     }
 
     /// The ticket of the latest write.

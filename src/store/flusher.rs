@@ -13,11 +13,6 @@ use super::wal::Segment;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-/// How long a sync waits for stragglers when the last one served several
-/// writers (one writer alone never waits). A sync costs ~0.3 ms of kernel
-/// time on a small VM, so fewer, larger groups leave the CPU to the writers.
-const LINGER: std::time::Duration = std::time::Duration::from_micros(150);
-
 #[derive(Default)]
 struct Pending {
     /// Writes noted so far.
@@ -68,7 +63,6 @@ impl Flusher {
     fn run(&self, mut segment: Segment, hub: Arc<EventHub>, applier: Arc<Applier>) {
         // Reused between rounds so steady state allocates nothing here.
         let mut frames = Vec::new();
-        let mut last_group = 0;
         loop {
             let (target, events) = {
                 // std Mutex: held only to swap buffers, never across I/O.
@@ -81,14 +75,8 @@ impl Flusher {
                 if pending.stop && pending.written == self.durable.get() {
                     return;
                 }
-                if last_group > 1 && !pending.stop {
-                    // Writers are concurrent: let the ones still on their way
-                    // join this sync rather than pay for one of their own.
-                    drop(pending);
-                    std::thread::sleep(LINGER);
-                    pending = self.pending.lock().expect("flusher lock");
-                }
-                last_group = pending.written - self.durable.get();
+                // No linger for stragglers: writers that arrive during this
+                // sync form the next group, so groups grow with load anyway.
                 frames.clear();
                 std::mem::swap(&mut frames, &mut pending.frames);
                 (pending.written, std::mem::take(&mut pending.events))

@@ -131,6 +131,11 @@ impl PendingSet {
     }
 }
 
+/// The most tasks a replaced set may hold to be freed by a writer (see
+/// `Overlay::spent`): a blocking send's set at c=16 holds ~75; freeing
+/// thousands of records would hold up the writer's other requests.
+const SPENT_BY_WRITERS_MAX: usize = 512;
+
 #[derive(Default)]
 struct Overlay {
     /// Writes since the last application began.
@@ -415,10 +420,17 @@ impl Applier {
             // set's tasks, and sled now has the newer ones.
             let mut overlay = self.overlay.lock().expect("applier lock");
             overlay.applying = None;
-            if let Some(previous) = overlay.recent.replace(set) {
-                overlay.spent.push(previous);
-            }
+            let previous = match overlay.recent.replace(set) {
+                Some(small) if small.tasks.len() <= SPENT_BY_WRITERS_MAX => {
+                    overlay.spent.push(small);
+                    None
+                }
+                large => large,
+            };
             drop(overlay);
+            // A large set would hold up the writer that frees it; it is freed
+            // here, outside the lock.
+            drop(previous);
             if !retried {
                 break;
             }
@@ -940,6 +952,25 @@ mod tests {
             true,
         );
         assert_eq!(Arc::strong_count(&first), 1, "the next writer frees it");
+    }
+
+    #[test]
+    fn a_large_applied_set_is_freed_by_the_applier() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let tree = db.open_tree("ledger").unwrap();
+        let applier = Applier::new(db, tree, dir.path().join("wal"), Arc::default());
+        let first = Arc::new(stored("t0", TaskState::Completed, 1));
+        applier.add_task(first.clone(), None, &[], 0, true);
+        for n in 1..=SPENT_BY_WRITERS_MAX {
+            let record = stored(&format!("t{n}"), TaskState::Completed, 1);
+            applier.add_task(Arc::new(record), None, &[], 0, true);
+        }
+        applier.apply_pending().unwrap();
+        let next = stored("u1", TaskState::Working, 1);
+        applier.add_task(Arc::new(next), None, &[], 0, true);
+        applier.apply_pending().unwrap();
+        assert_eq!(Arc::strong_count(&first), 1, "freed with its set");
     }
 
     #[test]

@@ -597,6 +597,7 @@ impl Ledger {
             let mut frames = self.write_lock.lock().expect("ledger lock");
             self.log_task(&mut frames, encoded)?
         };
+        self.applier.free_spent();
         self.flusher.wait_durable(ticket).await;
         Ok(record)
     }
@@ -630,6 +631,7 @@ impl Ledger {
                 }
             }
         };
+        self.applier.free_spent();
         self.flusher.wait_durable(ticket).await;
         Ok(record)
     }
@@ -715,6 +717,7 @@ impl Ledger {
             under_lock(&key)?;
             self.log_raw(&mut frames, key, value)?
         };
+        self.applier.free_spent();
         self.flusher.wait_durable(ticket).await;
         Ok(())
     }
@@ -999,6 +1002,7 @@ impl Ledger {
             }
             self.log_raw(&mut frames, db_key, Some(serde_json::to_vec(record)?))?
         };
+        self.applier.free_spent();
         self.flusher.wait_durable(ticket).await;
         Ok(None)
     }

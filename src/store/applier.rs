@@ -945,12 +945,27 @@ mod tests {
         read_counter(tree, &keys::state_counter(owner, state)).unwrap()
     }
 
+    /// An applier over a fresh sled in `dir`, its thread not started.
+    fn unstarted_applier(dir: &std::path::Path) -> Arc<Applier> {
+        let db = sled::Config::new().path(dir).open().unwrap();
+        let tree = db.open_tree("ledger").unwrap();
+        Applier::new(db, tree, dir.join("wal"), Arc::default())
+    }
+
+    /// Applies what is pending, then one more set, and checks that `first`
+    /// (in the first set) was freed by then without any writer freeing it.
+    fn assert_freed_by_the_applier(applier: &Applier, first: &Arc<TaskRecord>) {
+        applier.apply_pending().unwrap();
+        let next = stored("u1", TaskState::Working, 1);
+        applier.add_task(Arc::new(next), None, &[], 0, true);
+        applier.apply_pending().unwrap();
+        assert_eq!(Arc::strong_count(first), 1, "freed with its set");
+    }
+
     #[test]
     fn an_applied_set_is_read_until_the_next_and_then_freed_by_a_writer() {
         let dir = tempfile::tempdir().unwrap();
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
-        let tree = db.open_tree("ledger").unwrap();
-        let applier = Applier::new(db, tree, dir.path().join("wal"), Arc::default());
+        let applier = unstarted_applier(dir.path());
         let first = Arc::new(stored("t1", TaskState::Completed, 1));
         applier.add_task(first.clone(), None, &[], 0, true);
         applier.apply_pending().unwrap();
@@ -973,39 +988,27 @@ mod tests {
     #[test]
     fn a_large_applied_set_is_freed_by_the_applier() {
         let dir = tempfile::tempdir().unwrap();
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
-        let tree = db.open_tree("ledger").unwrap();
-        let applier = Applier::new(db, tree, dir.path().join("wal"), Arc::default());
+        let applier = unstarted_applier(dir.path());
         let first = Arc::new(stored("t0", TaskState::Completed, 1));
         applier.add_task(first.clone(), None, &[], 0, true);
         for n in 1..=SPENT_BY_WRITERS_MAX {
             let record = stored(&format!("t{n}"), TaskState::Completed, 1);
             applier.add_task(Arc::new(record), None, &[], 0, true);
         }
-        applier.apply_pending().unwrap();
-        let next = stored("u1", TaskState::Working, 1);
-        applier.add_task(Arc::new(next), None, &[], 0, true);
-        applier.apply_pending().unwrap();
-        assert_eq!(Arc::strong_count(&first), 1, "freed with its set");
+        assert_freed_by_the_applier(&applier, &first);
     }
 
     #[test]
     fn a_set_of_many_writes_to_few_tasks_is_freed_by_the_applier() {
         let dir = tempfile::tempdir().unwrap();
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
-        let tree = db.open_tree("ledger").unwrap();
-        let applier = Applier::new(db, tree, dir.path().join("wal"), Arc::default());
+        let applier = unstarted_applier(dir.path());
         let first = Arc::new(stored("t0", TaskState::Working, 1));
         applier.add_task(first.clone(), None, &[], 0, true);
         for version in 2..=SPENT_BY_WRITERS_MAX as u64 + 1 {
             let record = stored("t1", TaskState::Working, version);
             applier.add_task(Arc::new(record), None, &[], 0, version == 2);
         }
-        applier.apply_pending().unwrap();
-        let next = stored("u1", TaskState::Working, 1);
-        applier.add_task(Arc::new(next), None, &[], 0, true);
-        applier.apply_pending().unwrap();
-        assert_eq!(Arc::strong_count(&first), 1, "freed with its set");
+        assert_freed_by_the_applier(&applier, &first);
     }
 
     #[test]

@@ -41,7 +41,7 @@ use std::time::Duration;
 /// A record as its writer encoded it.
 pub struct Encoded {
     /// The whole record, as sled stores it.
-    pub json: Option<Box<RawValue>>,
+    pub json: Box<RawValue>,
     /// The record's task alone, for replies.
     pub task_json: Arc<RawValue>,
 }
@@ -639,10 +639,8 @@ impl Applier {
             }
         }
         match &pending.encoded {
-            Some(Encoded {
-                json: Some(json), ..
-            }) => tree.insert(keys::task(task_id), json.get().as_bytes())?,
-            _ => tree.insert(keys::task(task_id), serde_json::to_vec(&**record)?)?,
+            Some(encoded) => tree.insert(keys::task(task_id), encoded.json.get().as_bytes())?,
+            None => tree.insert(keys::task(task_id), serde_json::to_vec(&**record)?)?,
         };
         Ok(())
     }

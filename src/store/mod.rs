@@ -597,8 +597,7 @@ impl Ledger {
             let mut frames = self.write_lock.lock().expect("ledger lock");
             self.log_task(&mut frames, encoded)?
         };
-        self.applier.free_spent();
-        self.flusher.wait_durable(ticket).await;
+        self.wait_written(ticket).await;
         Ok(record)
     }
 
@@ -631,9 +630,17 @@ impl Ledger {
                 }
             }
         };
+        self.wait_written(ticket).await;
+        Ok(record)
+    }
+
+    /// Waits until the write with `ticket` is durable; call it once the
+    /// write lock is released. On the way it frees one set the applier is
+    /// done with, on this thread, where its memory was allocated (see
+    /// [`Applier::free_spent`]).
+    async fn wait_written(&self, ticket: u64) {
         self.applier.free_spent();
         self.flusher.wait_durable(ticket).await;
-        Ok(record)
     }
 
     /// Logs a task write and queues it for sled; runs under the write lock.
@@ -671,10 +678,7 @@ impl Ledger {
         let ticket = self
             .flusher
             .note_write(frames, published, |ticket, published| {
-                let encoded = applier::Encoded {
-                    json: Some(json),
-                    task_json,
-                };
+                let encoded = applier::Encoded { json, task_json };
                 self.applier
                     .add_task(record.clone(), Some(encoded), published, ticket, created)
             });
@@ -717,8 +721,7 @@ impl Ledger {
             under_lock(&key)?;
             self.log_raw(&mut frames, key, value)?
         };
-        self.applier.free_spent();
-        self.flusher.wait_durable(ticket).await;
+        self.wait_written(ticket).await;
         Ok(())
     }
 
@@ -1002,8 +1005,7 @@ impl Ledger {
             }
             self.log_raw(&mut frames, db_key, Some(serde_json::to_vec(record)?))?
         };
-        self.applier.free_spent();
-        self.flusher.wait_durable(ticket).await;
+        self.wait_written(ticket).await;
         Ok(None)
     }
 

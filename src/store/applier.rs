@@ -30,6 +30,7 @@ use super::durable::DurableMark;
 use super::hub::LedgerEvent;
 use super::{LedgerError, ReadTask, TaskMap, TaskRecord, keys, wal};
 use crate::protocol::TaskState;
+use crate::protocol::wire::ProtoEnum as _;
 use serde_json::value::RawValue;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -550,8 +551,22 @@ impl Applier {
             // way; it replaces the last chunk's, whose records are all in.
             let intent = encode_intent(indexed.iter().map(|(id, _, index)| (*id, index)));
             self.tree.insert(keys::applying(), intent)?;
+            // Each task's state in sled first, then the chunk's buckets, then
+            // each task: its bucket entries, like its other index keys, are
+            // in before its record.
+            let mut planned = Vec::with_capacity(indexed.len());
+            let mut buckets = BucketAdditions::default();
             for (task_id, pending, index) in indexed {
-                self.apply_task(task_id, pending, index, !partly_applied, &mut counts)?;
+                if let Some(plan) = self.plan_task(task_id, pending, index, !partly_applied)? {
+                    if plan.reindex {
+                        buckets.note(&plan.index);
+                    }
+                    planned.push(plan);
+                }
+            }
+            buckets.write(&self.tree)?;
+            for plan in planned {
+                self.apply_task(plan, &mut counts)?;
             }
         }
         if partly_applied {
@@ -575,30 +590,60 @@ impl Applier {
         Ok(())
     }
 
-    /// Writes one task into sled, its record last, and notes its counter
-    /// changes. `index`: the record's index keys. `trust_created`: a task
-    /// the set created is not in sled, so there is nothing to read first.
-    fn apply_task(
+    /// What writing one task into sled takes: the task's head as sled holds
+    /// it, unless `trust_created` and the set created it (sled cannot hold
+    /// it then). `None` when sled is as new already (a log replayed after a
+    /// crash, a retried application). `index`: the record's index keys.
+    fn plan_task<'a>(
         &self,
-        task_id: &str,
-        pending: &PendingTask,
+        task_id: &'a str,
+        pending: &'a PendingTask,
         index: Vec<Vec<u8>>,
         trust_created: bool,
-        counts: &mut CounterDeltas,
-    ) -> Result<(), LedgerError> {
-        let tree = &self.tree;
+    ) -> Result<Option<TaskPlan<'a>>, LedgerError> {
         let before: Option<AppliedHead> = if pending.created && trust_created {
             None
         } else {
-            match tree.get(keys::task(task_id))? {
+            match self.tree.get(keys::task(task_id))? {
                 Some(bytes) => Some(serde_json::from_slice(&bytes)?),
                 None => None,
             }
         };
-        let record = &pending.record;
-        if before.as_ref().is_some_and(|b| b.version >= record.version) {
-            return Ok(());
+        if before
+            .as_ref()
+            .is_some_and(|b| b.version >= pending.record.version)
+        {
+            return Ok(None);
         }
+        let reindex = before.as_ref().is_none_or(|before| {
+            let (old, new) = (&before.task.status, &pending.record.task.status);
+            old.state != new.state || old.timestamp != new.timestamp
+        });
+        Ok(Some(TaskPlan {
+            task_id,
+            pending,
+            index,
+            before,
+            reindex,
+        }))
+    }
+
+    /// Writes one planned task into sled, its record last, and notes its
+    /// counter changes. Its bucket entries are in already.
+    fn apply_task(
+        &self,
+        plan: TaskPlan<'_>,
+        counts: &mut CounterDeltas,
+    ) -> Result<(), LedgerError> {
+        let tree = &self.tree;
+        let TaskPlan {
+            task_id,
+            pending,
+            index,
+            before,
+            reindex,
+        } = plan;
+        let record = &pending.record;
         // One key per task per application: a chunk of consecutive events,
         // from the JSON the writer encoded. A terminal task's events are
         // not kept: nobody can subscribe to it any more, and a stream that
@@ -623,19 +668,15 @@ impl Applier {
                 serde_json::to_vec(&encoded)?,
             )?;
         }
-        match &before {
-            None => {
-                index_insert(tree, counts, record, index, true)?;
-                if let Some(parent) = &record.parent_task_id {
-                    tree.insert(keys::child(parent, task_id), &[])?;
-                }
+        if reindex {
+            if let Some(before) = &before {
+                index_remove(tree, counts, before, &index)?;
             }
-            Some(before) => {
-                let (old, new) = (&before.task.status, &record.task.status);
-                if old.state != new.state || old.timestamp != new.timestamp {
-                    index_remove(tree, counts, before)?;
-                    index_insert(tree, counts, record, index, false)?;
-                }
+            index_insert(tree, counts, record, index, before.is_none())?;
+            if before.is_none()
+                && let Some(parent) = &record.parent_task_id
+            {
+                tree.insert(keys::child(parent, task_id), &[])?;
             }
         }
         match &pending.encoded {
@@ -685,15 +726,20 @@ pub fn read_counter(tree: &sled::Tree, key: &[u8]) -> Result<u64, LedgerError> {
 /// replayed application leaves exact (its keys are set, not counted).
 fn recount(tree: &sled::Tree) -> Result<(), LedgerError> {
     let mut counted: HashMap<Vec<u8>, u64> = HashMap::new();
-    for key in tree.scan_prefix(keys::by_state_all_prefix()).keys() {
-        let key = key?;
-        let Some((owner, state)) = keys::parse_by_state(&key) else {
+    for entry in tree.scan_prefix(keys::by_state_all_prefix()) {
+        let (key, value) = entry?;
+        let Some((owner, state, suffix_at)) = keys::by_state_parts(&key) else {
             continue;
+        };
+        let tasks = if key.len() - suffix_at == keys::ORDER_TIME_LEN {
+            keys::bucket_ids(&value).len() as u64
+        } else {
+            1
         };
         *counted
             .entry(keys::state_counter(owner, state))
-            .or_default() += 1;
-        *counted.entry(keys::counter(owner, "all")).or_default() += 1;
+            .or_default() += tasks;
+        *counted.entry(keys::counter(owner, "all")).or_default() += tasks;
     }
     for key in tree.scan_prefix(keys::counter_all_prefix()).keys() {
         let key = key?;
@@ -789,8 +835,9 @@ fn record_index_keys(record: &TaskRecord) -> Vec<Vec<u8>> {
     )
 }
 
-/// Index entries of a task's current state (`index`, its index keys), and
-/// the counter changes.
+/// Index entries of a task's current state (`index`, its index keys), but
+/// those in buckets, which [`BucketAdditions`] writes; and the counter
+/// changes.
 fn index_insert(
     tree: &sled::Tree,
     counts: &mut CounterDeltas,
@@ -799,7 +846,9 @@ fn index_insert(
     new_task: bool,
 ) -> Result<(), LedgerError> {
     for key in index {
-        tree.insert(key, &[])?;
+        if in_bucket(&key).is_none() {
+            tree.insert(key, &[])?;
+        }
     }
     let deltas = counts.owner(&record.owner);
     *deltas
@@ -809,6 +858,82 @@ fn index_insert(
     if new_task {
         deltas.all += 1;
     }
+    Ok(())
+}
+
+/// One task of a chunk, read and ready to write (see `Applier::plan_task`).
+struct TaskPlan<'a> {
+    task_id: &'a str,
+    pending: &'a PendingTask,
+    /// The record's index keys.
+    index: Vec<Vec<u8>>,
+    /// The task as sled holds it, if it does.
+    before: Option<AppliedHead>,
+    /// Whether its index entries change: it is new, or its status is.
+    reindex: bool,
+}
+
+/// The bucket entries a chunk adds, by bucket key (see [`keys::bucket_ids`]).
+#[derive(Default)]
+struct BucketAdditions {
+    ids: std::collections::BTreeMap<Vec<u8>, Vec<Vec<u8>>>,
+}
+
+impl BucketAdditions {
+    /// Notes the entries of `index` (a task's index keys) that go in buckets.
+    fn note(&mut self, index: &[Vec<u8>]) {
+        for (bucket, id) in index.iter().filter_map(|key| in_bucket(key)) {
+            self.ids
+                .entry(bucket.to_vec())
+                .or_default()
+                .push(id.to_vec());
+        }
+    }
+
+    /// Adds the entries to their buckets: one read and one write per bucket.
+    fn write(self, tree: &sled::Tree) -> Result<(), LedgerError> {
+        for (bucket, added) in self.ids {
+            let value = match tree.get(&bucket)? {
+                Some(held) => keys::bucket_value(
+                    keys::bucket_ids(&held)
+                        .into_iter()
+                        .chain(added.iter().map(Vec::as_slice)),
+                ),
+                None => keys::bucket_value(added.iter().map(Vec::as_slice)),
+            };
+            tree.insert(bucket, value)?;
+        }
+        Ok(())
+    }
+}
+
+/// A by-state key of a terminal state as its bucket's key and its task id;
+/// `None` for any other index key, which is a sled key of its own.
+fn in_bucket(key: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (_, state, suffix_at) = keys::by_state_parts(key)?;
+    let id_at = suffix_at + keys::ORDER_TIME_LEN;
+    let terminal = TaskState::from_number(i64::from(state)).is_some_and(TaskState::is_terminal);
+    (terminal && key.len() > id_at).then(|| key.split_at(id_at))
+}
+
+/// Removes one index entry: its own key, or its id from its bucket (and
+/// the bucket once empty). A terminal entry of an older ledger is a key of
+/// its own: both are removed.
+fn remove_index_key(tree: &sled::Tree, key: &[u8]) -> Result<(), LedgerError> {
+    if let Some((bucket, id)) = in_bucket(key)
+        && let Some(held) = tree.get(bucket)?
+    {
+        let ids = keys::bucket_ids(&held);
+        if ids.contains(&id) {
+            let rest: Vec<&[u8]> = ids.into_iter().filter(|held| *held != id).collect();
+            if rest.is_empty() {
+                tree.remove(bucket)?;
+            } else {
+                tree.insert(bucket, keys::bucket_value(rest))?;
+            }
+        }
+    }
+    tree.remove(key)?;
     Ok(())
 }
 
@@ -864,7 +989,7 @@ fn remove_stale_index_keys(tree: &sled::Tree, intent: &[u8]) -> Result<(), Ledge
             None => Vec::new(),
         };
         for key in added.into_iter().filter(|key| !current.contains(key)) {
-            tree.remove(key)?;
+            remove_index_key(tree, &key)?;
         }
     }
     Ok(())
@@ -917,14 +1042,18 @@ impl AppliedHead {
     }
 }
 
-/// Removes the index entries of a task's previous state.
+/// Removes the index entries of a task's previous state that its new one
+/// (`kept`, its index keys) does not have.
 fn index_remove(
     tree: &sled::Tree,
     counts: &mut CounterDeltas,
     record: &AppliedHead,
+    kept: &[Vec<u8>],
 ) -> Result<(), LedgerError> {
     for key in record.index_keys() {
-        tree.remove(key)?;
+        if !kept.contains(&key) {
+            remove_index_key(tree, &key)?;
+        }
     }
     let state = record.task.status.state.number();
     *counts.owner(&record.owner).states.entry(state).or_default() -= 1;
@@ -1094,6 +1223,29 @@ mod tests {
         assert_eq!(current.block_on(async { off_the_runtime(|| 2) }), 2);
     }
 
+    /// Every index entry in sled as a key of its own, bucket entries too,
+    /// sorted.
+    fn index_entries(tree: &sled::Tree) -> Vec<Vec<u8>> {
+        let mut entries: Vec<Vec<u8>> = [&b"is\0"[..], b"ic\0", b"a\0", b"w\0"]
+            .iter()
+            .flat_map(|prefix| tree.scan_prefix(prefix))
+            .flat_map(|entry| {
+                let (key, value) = entry.unwrap();
+                match keys::by_state_parts(&key) {
+                    Some((_, _, at)) if key.len() - at == keys::ORDER_TIME_LEN => {
+                        keys::bucket_ids(&value)
+                            .into_iter()
+                            .map(|id| [&key[..], id].concat())
+                            .collect()
+                    }
+                    _ => vec![key.to_vec()],
+                }
+            })
+            .collect();
+        entries.sort();
+        entries
+    }
+
     #[test]
     fn an_application_cut_short_is_repaired_at_start_up() {
         let dir = tempfile::tempdir().unwrap();
@@ -1142,14 +1294,8 @@ mod tests {
 
         let applier = Applier::new(db.clone(), tree.clone(), wal_dir, Arc::default());
         applier.recover(PendingSet::from_log(log)).unwrap();
-        let mut index: Vec<Vec<u8>> = [&b"is\0"[..], b"ic\0", b"a\0", b"w\0"]
-            .iter()
-            .flat_map(|prefix| tree.scan_prefix(prefix).keys())
-            .map(|key| key.unwrap().to_vec())
-            .collect();
-        index.sort();
         expected.sort();
-        assert_eq!(index, expected);
+        assert_eq!(index_entries(&tree), expected);
         let completed = TaskState::Completed.number();
         assert_eq!(count(&tree, "alice", "all"), 2);
         assert_eq!(count_in_state(&tree, "alice", completed), 2);
@@ -1161,6 +1307,55 @@ mod tests {
             Some(&[][..]),
             "no application in progress"
         );
+    }
+
+    #[test]
+    fn terminal_tasks_of_one_millisecond_share_one_key_until_they_leave_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        let at = chrono::DateTime::from_timestamp(1_700_000_000, 5_000_000);
+        let in_state = |id: &str, state| {
+            let mut record = stored(id, state, 1);
+            record.task.status.timestamp = at;
+            record
+        };
+        let records = [
+            in_state("t1", TaskState::Completed),
+            in_state("t2", TaskState::Completed),
+            in_state("t3", TaskState::Completed),
+            in_state("t4", TaskState::Working),
+        ];
+        for record in &records {
+            applier.add_task(Arc::new(record.clone()), None, &[], 0, true);
+        }
+        applier.apply_pending().unwrap();
+
+        let tree = &applier.tree;
+        let completed = TaskState::Completed.number();
+        let completed_prefix = keys::by_state_prefix("alice", completed);
+        assert_eq!(tree.scan_prefix(&completed_prefix).count(), 1, "one bucket");
+        let mut expected: Vec<Vec<u8>> = records.iter().flat_map(record_index_keys).collect();
+        expected.sort();
+        assert_eq!(index_entries(tree), expected);
+        assert_eq!(count_in_state(tree, "alice", completed), 3);
+
+        // An entry leaves its bucket (a crash repaired, a status re-stamped);
+        // the bucket goes with its last entry.
+        let entry = |id: &str| {
+            record_index_keys(&in_state(id, TaskState::Completed))
+                .into_iter()
+                .next()
+                .unwrap()
+        };
+        remove_index_key(tree, &entry("t2")).unwrap();
+        let (_, bucket) = tree.scan_prefix(&completed_prefix).next().unwrap().unwrap();
+        assert_eq!(keys::bucket_ids(&bucket), vec![b"t1".as_slice(), b"t3"]);
+        remove_index_key(tree, &entry("t1")).unwrap();
+        remove_index_key(tree, &entry("t3")).unwrap();
+        assert_eq!(tree.scan_prefix(&completed_prefix).count(), 0);
+        let removed = ["t1", "t2", "t3"].map(entry);
+        expected.retain(|key| !removed.contains(key));
+        assert_eq!(index_entries(tree), expected);
     }
 
     #[test]
@@ -1180,6 +1375,14 @@ mod tests {
             tree.insert([keys::by_state_prefix(owner, state), order].concat(), &[])
                 .unwrap();
         }
+        // Two more COMPLETED tasks in one bucket.
+        let bucket = [
+            keys::by_state_prefix("alice", completed),
+            keys::order(None, ""),
+        ]
+        .concat();
+        tree.insert(bucket, keys::bucket_value([b"t5".as_slice(), b"t6"]))
+            .unwrap();
         // Counters a half-applied set left wrong, one for an owner with no
         // tasks left, and an unused context counter of an older ledger.
         let wrong = 7u64.to_be_bytes();
@@ -1191,8 +1394,8 @@ mod tests {
         tree.insert(legacy.clone(), &wrong).unwrap();
 
         recount(&tree).unwrap();
-        assert_eq!(count(&tree, "alice", "all"), 3);
-        assert_eq!(count_in_state(&tree, "alice", completed), 2);
+        assert_eq!(count(&tree, "alice", "all"), 5);
+        assert_eq!(count_in_state(&tree, "alice", completed), 4);
         assert_eq!(count_in_state(&tree, "alice", working), 1);
         assert_eq!(count(&tree, "bob", "all"), 1);
         assert_eq!(tree.get(keys::counter("carol", "all")).unwrap(), None);

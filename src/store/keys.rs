@@ -8,6 +8,7 @@
 //! | `t` | task id | `TaskRecord` JSON |
 //! | `e` | task id, 0, first seq (u64 BE) | JSON array of consecutive `StreamResponse`s (one object in ledgers from before 0.1) |
 //! | `is` | owner, 0, state, order | empty: tasks by state; merged over every state, all tasks |
+//! | `is` | owner, 0, state, order time | a bucket of tasks by terminal state: the ids of the tasks whose status in that state has that millisecond (see [`bucket_ids`]) |
 //! | `ic` | owner, 0, context id, 0, order | empty: tasks by context |
 //! | `n` | owner, 0, counter name | u64 BE count (`all`, `s{state}`) |
 //! | `p` | task id, 0, config id | `TaskPushNotificationConfig` JSON |
@@ -24,6 +25,14 @@
 //!
 //! `order` is the status time inverted (u64::MAX - millis, big-endian) followed
 //! by the task id, so a forward scan yields the newest status first.
+//!
+//! A task in a terminal state stays there, so its by-state entry is never
+//! removed again: the applier keeps those entries in buckets, one sled key
+//! per owner, state and millisecond, which sorts just before the single
+//! entries of its millisecond. One bucket write per set's millisecond
+//! costs sled far less than one new key per task (its inserts clone and
+//! split leaves per key). Single terminal entries of older ledgers are
+//! still read.
 
 use chrono::{DateTime, Utc};
 
@@ -75,6 +84,47 @@ pub fn parse_order(suffix: &[u8]) -> Option<(u64, &str)> {
     let (inverted, id) = suffix.split_at_checked(8)?;
     let millis = u64::MAX - u64::from_be_bytes(inverted.try_into().ok()?);
     Some((millis, std::str::from_utf8(id).ok()?))
+}
+
+/// Bytes of the status time at the head of an order suffix.
+pub const ORDER_TIME_LEN: usize = 8;
+
+/// A by-state key split: its owner, its state and where its order suffix
+/// starts.
+pub fn by_state_parts(key: &[u8]) -> Option<(&str, u8, usize)> {
+    let (owner, state) = parse_by_state(key)?;
+    let suffix_at = by_state_all_prefix().len() + owner.len() + 2;
+    (key.len() >= suffix_at).then_some((owner, state, suffix_at))
+}
+
+/// The ids a bucket value holds, sorted: each a u16 big-endian length and
+/// the id. A value that does not decode ends early.
+pub fn bucket_ids(value: &[u8]) -> Vec<&[u8]> {
+    let mut ids = Vec::new();
+    let mut rest = value;
+    while let Some((len, tail)) = rest.split_first_chunk::<2>() {
+        let Some((id, tail)) = tail.split_at_checked(u16::from_be_bytes(*len) as usize) else {
+            break;
+        };
+        ids.push(id);
+        rest = tail;
+    }
+    ids
+}
+
+/// A bucket value of `ids`, sorted and without repeats.
+pub fn bucket_value<'a>(ids: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut ids: Vec<&[u8]> = ids.into_iter().collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut value = Vec::with_capacity(ids.iter().map(|id| id.len() + 2).sum());
+    for id in ids {
+        // Task ids are Baton's UUIDs; a longer one could not be told apart.
+        let len = u16::try_from(id.len()).expect("a task id under 64 KB");
+        value.extend_from_slice(&len.to_be_bytes());
+        value.extend_from_slice(id);
+    }
+    value
 }
 
 /// Prefix of the all-tasks index that earlier ledgers kept (`it`); it is
@@ -246,6 +296,42 @@ mod tests {
         let precise = DateTime::from_timestamp(1_000, 123_456_000).unwrap();
         let stored = DateTime::from_timestamp(1_000, 123_000_000).unwrap();
         assert_eq!(order(Some(precise), "a"), order(Some(stored), "a"));
+    }
+
+    #[test]
+    fn a_bucket_sorts_before_the_single_entries_of_its_millisecond() {
+        let prefix = by_state_prefix("alice", 3);
+        let time = Some(DateTime::from_timestamp(1_000, 5_000_000).unwrap());
+        let single = [prefix.as_slice(), &order(time, "b")].concat();
+        let bucket = &single[..single.len() - 1];
+        let newer = [
+            prefix.as_slice(),
+            &order(time.map(|t| t + chrono::Duration::milliseconds(1)), "z"),
+        ]
+        .concat();
+        let older = [
+            prefix.as_slice(),
+            &order(time.map(|t| t - chrono::Duration::milliseconds(1)), "a"),
+        ]
+        .concat();
+        assert!(newer.as_slice() < bucket && bucket < single.as_slice() && single < older);
+        let (owner, state, suffix_at) = by_state_parts(bucket).unwrap();
+        assert_eq!(
+            (owner, state, bucket.len() - suffix_at),
+            ("alice", 3, ORDER_TIME_LEN)
+        );
+    }
+
+    #[test]
+    fn a_bucket_value_holds_its_ids_sorted_once() {
+        let value = bucket_value([b"t2".as_slice(), b"t10", b"t2", b""]);
+        assert_eq!(bucket_ids(&value), vec![b"".as_slice(), b"t10", b"t2"]);
+        assert!(bucket_ids(&[]).is_empty());
+        // Cut short: the whole ids before the cut are read.
+        assert_eq!(
+            bucket_ids(&value[..value.len() - 1]),
+            vec![b"".as_slice(), b"t10"]
+        );
     }
 
     #[test]

@@ -26,6 +26,7 @@ use flusher::Flusher;
 use hub::{EventHub, LedgerEvent};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -346,35 +347,30 @@ impl IndexPlan {
     /// The order suffixes of the plan's entries after `cursor` (all of them
     /// without one), newest status first.
     fn entries<'a>(&'a self, tree: &sled::Tree, cursor: Option<&[u8]>) -> MergedEntries<'a> {
+        // From the cursor's millisecond: its bucket sorts before the cursor.
+        let from = cursor.map(|cursor| cursor.get(..keys::ORDER_TIME_LEN).unwrap_or(cursor));
         let mut ranges: Vec<IndexRange<'a>> = self
             .prefixes
             .iter()
-            .map(|prefix| {
-                let start = match cursor {
-                    Some(cursor) => {
-                        let mut key = [prefix.as_slice(), cursor].concat();
-                        key.push(0); // exclusive: the first key after the cursor
-                        key
-                    }
-                    None => prefix.clone(),
-                };
-                IndexRange {
-                    prefix,
-                    entries: Some(tree.range(start..)),
-                    head: None,
-                }
+            .map(|prefix| IndexRange {
+                prefix,
+                entries: Some(tree.range([prefix.as_slice(), from.unwrap_or_default()].concat()..)),
+                peeked: None,
+                bucketed: VecDeque::new(),
             })
             .collect();
-        if let Some(first) = &self.minted_first
-            && cursor.is_none_or(|cursor| first.as_slice() > cursor)
-        {
+        if let Some(first) = &self.minted_first {
             ranges.push(IndexRange {
                 prefix: &[],
                 entries: None,
-                head: Some(first.clone()),
+                peeked: None,
+                bucketed: VecDeque::from([first.clone()]),
             });
         }
-        MergedEntries { ranges }
+        MergedEntries {
+            ranges,
+            after: cursor.map(<[u8]>::to_vec),
+        }
     }
 
     fn check(&self, ledger: &Ledger, suffix: &[u8]) -> Result<Verdict, LedgerError> {
@@ -396,43 +392,139 @@ impl IndexPlan {
     }
 }
 
-/// One index range being read, with its next entry; a range of one known
-/// entry has no iterator.
+/// One index range being read. Its sled keys are single entries and
+/// buckets (see [`keys::bucket_ids`]); a bucket sorts just before the
+/// single entries of its millisecond, so its entries are merged with those.
 struct IndexRange<'a> {
     prefix: &'a [u8],
     entries: Option<sled::Iter>,
-    head: Option<Vec<u8>>,
+    /// The next sled key of the range with its value, not yet merged.
+    peeked: Option<(sled::IVec, sled::IVec)>,
+    /// Entries of the buckets read, in order, not yet merged.
+    bucketed: VecDeque<Vec<u8>>,
+}
+
+/// Where a range's next entry is.
+#[derive(Clone, Copy)]
+enum Head {
+    Bucketed,
+    Peeked,
+}
+
+impl IndexRange<'_> {
+    /// Where the range's next entry is, reading sled as far as needed to
+    /// know it.
+    fn head(&mut self) -> Result<Option<Head>, LedgerError> {
+        loop {
+            if self.peeked.is_none()
+                && let Some(entries) = &mut self.entries
+            {
+                match entries.next() {
+                    Some(Ok((key, value))) if key.starts_with(self.prefix) => {
+                        self.peeked = Some((key, value));
+                    }
+                    Some(Err(err)) => return Err(err.into()),
+                    // This range is done.
+                    _ => self.entries = None,
+                }
+            }
+            let Some((key, value)) = &self.peeked else {
+                return Ok((!self.bucketed.is_empty()).then_some(Head::Bucketed));
+            };
+            let suffix = &key[self.prefix.len()..];
+            if suffix.len() != keys::ORDER_TIME_LEN {
+                let bucketed_first = self
+                    .bucketed
+                    .front()
+                    .is_some_and(|bucketed| bucketed.as_slice() < suffix);
+                return Ok(Some(if bucketed_first {
+                    Head::Bucketed
+                } else {
+                    Head::Peeked
+                }));
+            }
+            // A bucket: what is buffered is of a newer millisecond and goes
+            // first; then the bucket's entries are read out.
+            if !self.bucketed.is_empty() {
+                return Ok(Some(Head::Bucketed));
+            }
+            self.bucketed.extend(
+                keys::bucket_ids(value)
+                    .into_iter()
+                    .map(|id| [suffix, id].concat()),
+            );
+            self.peeked = None;
+        }
+    }
+
+    /// The entry at `head`.
+    fn entry(&self, head: Head) -> &[u8] {
+        match head {
+            Head::Bucketed => self.bucketed.front().map_or(&[], Vec::as_slice),
+            Head::Peeked => self
+                .peeked
+                .as_ref()
+                .map_or(&[], |(key, _)| &key[self.prefix.len()..]),
+        }
+    }
+
+    /// Takes the entry at `head`.
+    fn take(&mut self, head: Head) -> Option<Vec<u8>> {
+        match head {
+            Head::Bucketed => self.bucketed.pop_front(),
+            Head::Peeked => self
+                .peeked
+                .take()
+                .map(|(key, _)| key[self.prefix.len()..].to_vec()),
+        }
+    }
 }
 
 /// Several index ranges merged by order suffix. Each range is read lazily,
-/// so a first page reads about a page of entries plus one per range.
+/// so a first page reads about a page of entries plus one per range. An
+/// entry held both in a bucket and as a key of its own (a ledger from
+/// before buckets, replayed) comes once.
 struct MergedEntries<'a> {
     ranges: Vec<IndexRange<'a>>,
+    /// Entries up to this one are skipped (the cursor, then the last given).
+    after: Option<Vec<u8>>,
+}
+
+impl MergedEntries<'_> {
+    /// The smallest next entry of all ranges.
+    fn next_entry(&mut self) -> Result<Option<Vec<u8>>, LedgerError> {
+        let mut heads = Vec::with_capacity(self.ranges.len());
+        for range in &mut self.ranges {
+            heads.push(range.head()?);
+        }
+        let smallest = self
+            .ranges
+            .iter()
+            .zip(&heads)
+            .enumerate()
+            .filter_map(|(at, (range, head))| head.map(|head| (at, range.entry(head), head)))
+            .min_by(|a, b| a.1.cmp(b.1))
+            .map(|(at, _, head)| (at, head));
+        Ok(smallest.and_then(|(at, head)| self.ranges[at].take(head)))
+    }
 }
 
 impl Iterator for MergedEntries<'_> {
     type Item = Result<Vec<u8>, LedgerError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        for range in &mut self.ranges {
-            if range.head.is_some() {
+        loop {
+            let entry = match self.next_entry() {
+                Ok(Some(entry)) => entry,
+                Ok(None) => return None,
+                Err(err) => return Some(Err(err)),
+            };
+            if self.after.as_ref().is_some_and(|after| entry <= *after) {
                 continue;
             }
-            match range.entries.as_mut().and_then(Iterator::next) {
-                Some(Ok((key, _))) if key.starts_with(range.prefix) => {
-                    range.head = Some(key[range.prefix.len()..].to_vec());
-                }
-                Some(Err(err)) => return Some(Err(err.into())),
-                // This range is done.
-                _ => range.entries = None,
-            }
+            self.after = Some(entry.clone());
+            return Some(Ok(entry));
         }
-        self.ranges
-            .iter_mut()
-            .filter(|range| range.head.is_some())
-            .min_by(|a, b| a.head.cmp(&b.head))
-            .and_then(|range| range.head.take())
-            .map(Ok)
     }
 }
 
@@ -1512,6 +1604,94 @@ mod tests {
         }
         let newest_first: Vec<String> = (0..9).rev().map(|i| format!("t{i}")).collect();
         assert_eq!(seen, newest_first);
+    }
+
+    #[tokio::test]
+    async fn buckets_and_single_entries_list_merged_once_across_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        let millis = |ms: i64| DateTime::from_timestamp_millis(1_700_000_000_000 + ms);
+        // Millisecond 1 holds three COMPLETED tasks and two WORKING ones; its
+        // neighbours one each. Ids sort within a millisecond.
+        let tasks = [
+            ("n1", TaskState::Completed, 2),
+            ("c1", TaskState::Completed, 1),
+            ("c2", TaskState::Completed, 1),
+            ("c3", TaskState::Completed, 1),
+            ("c5", TaskState::Completed, 1),
+            ("w2", TaskState::Working, 1),
+            ("w4", TaskState::Working, 1),
+            ("o1", TaskState::Completed, 0),
+            ("o2", TaskState::Working, 0),
+        ];
+        for (id, state, ms) in tasks {
+            let event = StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+                task_id: id.to_string(),
+                context_id: "ctx".into(),
+                status: TaskStatus {
+                    state,
+                    timestamp: millis(ms),
+                    ..TaskStatus::default()
+                },
+                ..TaskStatusUpdateEvent::default()
+            });
+            ledger.create(record(id), vec![event]).await.unwrap();
+        }
+        ledger.applier.apply_pending().unwrap();
+        let completed = keys::by_state_prefix("owner", TaskState::Completed.number());
+        let bucket = [completed.as_slice(), &keys::order(millis(1), "")].concat();
+        let held = ledger.tree.get(&bucket).unwrap().unwrap();
+        assert_eq!(
+            keys::bucket_ids(&held),
+            [b"c1".as_slice(), b"c2", b"c3", b"c5"]
+        );
+        // As a ledger from before buckets left them: c2 a key of its own,
+        // and c3 both (replayed into a bucket).
+        ledger
+            .tree
+            .insert(
+                &bucket,
+                keys::bucket_value([b"c1".as_slice(), b"c3", b"c5"]),
+            )
+            .unwrap();
+        for id in ["c2", "c3"] {
+            let single = [completed.as_slice(), &keys::order(millis(1), id)].concat();
+            ledger.tree.insert(single, &[]).unwrap();
+        }
+
+        let list = |state, page_size| {
+            let mut seen = Vec::new();
+            let mut page_token = None;
+            loop {
+                let query = ListQuery {
+                    state,
+                    page_size,
+                    page_token: page_token.take(),
+                    ..ListQuery::default()
+                };
+                let page = ledger.list("owner", &query).unwrap();
+                seen.extend(page.records.into_iter().map(|r| r.task.id));
+                if page.next_page_token.is_empty() {
+                    return (seen, page.total_size);
+                }
+                page_token = decode_page_token(&page.next_page_token);
+            }
+        };
+        let all = ["n1", "c1", "c2", "c3", "c5", "w2", "w4", "o1", "o2"];
+        for page_size in [1, 2, 3, 100] {
+            assert_eq!(list(None, page_size), (all.map(String::from).to_vec(), 9));
+        }
+        let settled = ["n1", "c1", "c2", "c3", "c5", "o1"];
+        assert_eq!(
+            list(Some(TaskState::Completed), 2),
+            (settled.map(String::from).to_vec(), 6)
+        );
+        let after = ListQuery {
+            status_after: millis(1),
+            page_size: 100,
+            ..ListQuery::default()
+        };
+        assert_eq!(ledger.list("owner", &after).unwrap().records.len(), 7);
     }
 
     #[tokio::test]

@@ -273,6 +273,56 @@ mod tests {
     }
 
     #[test]
+    fn frames_of_many_sizes_read_back_past_the_zero_filled_space() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut segment = Segment::create(dir.path(), 1).unwrap();
+        let written: Vec<(String, Vec<u8>)> = (0..300)
+            .map(|i| {
+                (
+                    format!("k{i}"),
+                    vec![b'a' + (i % 26) as u8; (i * 37) % 3000],
+                )
+            })
+            .collect();
+        for (n, pair) in written.chunks(2).enumerate() {
+            let mut frames = Vec::new();
+            for (key, value) in pair {
+                let entry = EntryRef::Put {
+                    key: key.as_bytes(),
+                    value,
+                };
+                encode(&mut frames, &entry).unwrap();
+                if n % 2 == 0 {
+                    segment.append_durably(&frames).unwrap();
+                    frames.clear();
+                }
+            }
+            // Every other pair goes in one append.
+            if !frames.is_empty() {
+                segment.append_durably(&frames).unwrap();
+            }
+        }
+        assert!(segment.len > PREALLOCATE);
+        let read: Vec<(Vec<u8>, Vec<u8>)> = read_all(dir.path())
+            .unwrap()
+            .into_iter()
+            .map(|entry| match entry {
+                Entry::Put { key, value } => (key, value),
+                _ => panic!("only puts were written"),
+            })
+            .collect();
+        let expected: Vec<(Vec<u8>, Vec<u8>)> = written
+            .into_iter()
+            .map(|(key, value)| (key.into_bytes(), value))
+            .collect();
+        assert!(read == expected);
+        // After the frames, zeros only, up to the zero-filled end.
+        let bytes = std::fs::read(segment_path(dir.path(), 1)).unwrap();
+        assert_eq!(bytes.len() as u64, segment.allocated);
+        assert!(bytes[segment.len as usize..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
     fn a_corrupt_frame_ends_the_log() {
         let dir = tempfile::tempdir().unwrap();
         let mut segment = Segment::create(dir.path(), 1).unwrap();

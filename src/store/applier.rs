@@ -32,7 +32,7 @@ use super::{LedgerError, ReadTask, TaskMap, TaskRecord, keys, wal};
 use crate::protocol::TaskState;
 use crate::protocol::wire::ProtoEnum as _;
 use serde_json::value::RawValue;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
@@ -749,7 +749,7 @@ fn recount(tree: &sled::Tree) -> Result<(), LedgerError> {
         let Some((owner, state, suffix_at)) = keys::by_state_parts(&key) else {
             continue;
         };
-        let tasks = if key.len() - suffix_at == keys::ORDER_TIME_LEN {
+        let tasks = if keys::is_bucket_suffix(&key[suffix_at..]) {
             keys::bucket_ids(&value).len() as u64
         } else {
             1
@@ -864,7 +864,7 @@ fn index_insert(
     new_task: bool,
 ) -> Result<(), LedgerError> {
     for key in index {
-        if in_bucket(&key).is_none() {
+        if bucket_entry(&key).is_none() {
             tree.insert(key, &[])?;
         }
     }
@@ -881,7 +881,9 @@ fn index_insert(
 
 /// One task of a chunk, read and ready to write (see `Applier::plan_task`).
 struct TaskPlan<'a> {
+    /// The task's id.
     task_id: &'a str,
+    /// Its writes.
     pending: &'a PendingTask,
     /// The record's index keys.
     index: Vec<Vec<u8>>,
@@ -894,13 +896,13 @@ struct TaskPlan<'a> {
 /// The bucket entries a chunk adds, by bucket key (see [`keys::bucket_ids`]).
 #[derive(Default)]
 struct BucketAdditions {
-    ids: std::collections::BTreeMap<Vec<u8>, Vec<Vec<u8>>>,
+    ids: BTreeMap<Vec<u8>, Vec<Vec<u8>>>,
 }
 
 impl BucketAdditions {
     /// Notes the entries of `index` (a task's index keys) that go in buckets.
     fn note(&mut self, index: &[Vec<u8>]) {
-        for (bucket, id) in index.iter().filter_map(|key| in_bucket(key)) {
+        for (bucket, id) in index.iter().filter_map(|key| bucket_entry(key)) {
             self.ids
                 .entry(bucket.to_vec())
                 .or_default()
@@ -909,36 +911,57 @@ impl BucketAdditions {
     }
 
     /// Adds the entries to their buckets: one read and one write per bucket.
+    /// A bucket holds at most [`BUCKET_IDS_MAX`] ids; the rest of its
+    /// millisecond (a burst, a clock step) are keys of their own.
     fn write(self, tree: &sled::Tree) -> Result<(), LedgerError> {
-        for (bucket, added) in self.ids {
-            let value = match tree.get(&bucket)? {
-                Some(held) => keys::bucket_value(
-                    keys::bucket_ids(&held)
-                        .into_iter()
-                        .chain(added.iter().map(Vec::as_slice)),
-                ),
-                None => keys::bucket_value(added.iter().map(Vec::as_slice)),
-            };
-            tree.insert(bucket, value)?;
+        for (bucket, mut added) in self.ids {
+            let held = tree.get(&bucket)?;
+            let held_ids = held.as_deref().map(keys::bucket_ids).unwrap_or_default();
+            added.sort_unstable();
+            added.retain(|id| !held_ids.contains(&id.as_slice()));
+            let room = BUCKET_IDS_MAX
+                .saturating_sub(held_ids.len())
+                .min(added.len());
+            let (into_bucket, own_keys) = added.split_at(room);
+            if !into_bucket.is_empty() {
+                let ids = held_ids
+                    .iter()
+                    .copied()
+                    .chain(into_bucket.iter().map(Vec::as_slice));
+                tree.insert(&bucket, keys::bucket_value(ids))?;
+            }
+            for id in own_keys {
+                tree.insert([bucket.as_slice(), id].concat(), &[])?;
+            }
         }
         Ok(())
     }
 }
 
+/// The most ids one bucket holds: its value is rewritten whole whenever a
+/// chunk adds to it, and read whole by ListTasks.
+const BUCKET_IDS_MAX: usize = 128;
+
 /// A by-state key of a terminal state as its bucket's key and its task id;
-/// `None` for any other index key, which is a sled key of its own.
-fn in_bucket(key: &[u8]) -> Option<(&[u8], &[u8])> {
+/// `None` for any other index key, which is a sled key of its own, and for
+/// a task without a status time or with an id too long for a bucket.
+fn bucket_entry(key: &[u8]) -> Option<(&[u8], &[u8])> {
     let (_, state, suffix_at) = keys::by_state_parts(key)?;
     let id_at = suffix_at + keys::ORDER_TIME_LEN;
     let terminal = TaskState::from_number(i64::from(state)).is_some_and(TaskState::is_terminal);
-    (terminal && key.len() > id_at).then(|| key.split_at(id_at))
+    let timed = key
+        .get(suffix_at..id_at)
+        .is_some_and(|time| time != keys::NO_TIME);
+    let id_len = key.len().saturating_sub(id_at);
+    (terminal && timed && id_len > 0 && id_len <= usize::from(u16::MAX))
+        .then(|| key.split_at(id_at))
 }
 
 /// Removes one index entry: its own key, or its id from its bucket (and
 /// the bucket once empty). A terminal entry of an older ledger is a key of
 /// its own: both are removed.
 fn remove_index_key(tree: &sled::Tree, key: &[u8]) -> Result<(), LedgerError> {
-    if let Some((bucket, id)) = in_bucket(key)
+    if let Some((bucket, id)) = bucket_entry(key)
         && let Some(held) = tree.get(bucket)?
     {
         let ids = keys::bucket_ids(&held);
@@ -1399,6 +1422,131 @@ mod tests {
         let removed = ["t1", "t2", "t3"].map(entry);
         expected.retain(|key| !removed.contains(key));
         assert_eq!(index_entries(tree), expected);
+    }
+
+    /// `task_id` in `state` at 1 700 000 000 s plus `micros`, version `version`.
+    fn stamped(task_id: &str, state: TaskState, version: u64, micros: i64) -> TaskRecord {
+        let mut record = stored(task_id, state, version);
+        record.task.status.timestamp =
+            chrono::DateTime::from_timestamp_micros(1_700_000_000_000_000 + micros);
+        record
+    }
+
+    #[test]
+    fn a_terminal_task_restamped_in_its_millisecond_stays_in_its_bucket() {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        let first = stamped("t1", TaskState::Completed, 1, 5_000);
+        applier.add_task(Arc::new(first), None, &[], 0, true);
+        applier.apply_pending().unwrap();
+        let restamped = stamped("t1", TaskState::Completed, 2, 5_400);
+        applier.add_task(Arc::new(restamped.clone()), None, &[], 0, false);
+        applier.apply_pending().unwrap();
+        let mut expected = record_index_keys(&restamped);
+        expected.sort();
+        assert_eq!(index_entries(&applier.tree), expected);
+    }
+
+    #[test]
+    fn a_full_bucket_leaves_the_rest_of_its_millisecond_to_keys_of_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        // Two sets, so that the second adds to a bucket sled holds.
+        let records: Vec<TaskRecord> = (0..BUCKET_IDS_MAX + 40)
+            .map(|n| stamped(&format!("t{n:03}"), TaskState::Failed, 1, 7_000))
+            .collect();
+        let (first, second) = records.split_at(100);
+        for set in [first, second] {
+            for record in set {
+                applier.add_task(Arc::new(record.clone()), None, &[], 0, true);
+            }
+            applier.apply_pending().unwrap();
+        }
+        let tree = &applier.tree;
+        let prefix = keys::by_state_prefix("alice", TaskState::Failed.number());
+        let (buckets, own): (Vec<_>, Vec<_>) = tree
+            .scan_prefix(&prefix)
+            .map(|entry| entry.unwrap())
+            .partition(|(key, _)| keys::is_bucket_suffix(&key[prefix.len()..]));
+        assert_eq!(buckets.len(), 1);
+        assert_eq!(keys::bucket_ids(&buckets[0].1).len(), BUCKET_IDS_MAX);
+        assert_eq!(own.len(), 40);
+        let mut expected: Vec<Vec<u8>> = records.iter().flat_map(record_index_keys).collect();
+        expected.sort();
+        assert_eq!(index_entries(tree), expected);
+        assert_eq!(
+            count_in_state(tree, "alice", TaskState::Failed.number()),
+            records.len() as u64
+        );
+    }
+
+    #[test]
+    fn a_terminal_task_without_a_status_time_is_not_bucketed() {
+        let mut record = stored("t1", TaskState::Canceled, 1);
+        record.task.status.timestamp = None;
+        let by_state = record_index_keys(&record).remove(0);
+        assert!(bucket_entry(&by_state).is_none());
+        assert!(
+            bucket_entry(&record_index_keys(&stamped("t1", TaskState::Canceled, 1, 0))[0])
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn a_bucket_written_by_an_application_cut_short_is_repaired_at_start_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal_dir = dir.path().join("wal");
+        std::fs::create_dir_all(&wal_dir).unwrap();
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let tree = db.open_tree("ledger").unwrap();
+        let applier = Applier::new(db.clone(), tree.clone(), wal_dir.clone(), Arc::default());
+        // x is applied, COMPLETED in bucket M.
+        let x = stamped("x", TaskState::Completed, 1, 9_000);
+        applier.add_task(Arc::new(x.clone()), None, &[], 0, true);
+        applier.apply_pending().unwrap();
+        // Then an application stopped after writing y's and z's entries into
+        // M, before either record: y new, z moving WORKING -> COMPLETED.
+        let z_before = stamped("z", TaskState::Working, 1, 1_000);
+        tree.insert(keys::task("z"), serde_json::to_vec(&z_before).unwrap())
+            .unwrap();
+        for key in record_index_keys(&z_before) {
+            tree.insert(key, &[]).unwrap();
+        }
+        let y = stamped("y", TaskState::Completed, 1, 9_100);
+        let z = stamped("z", TaskState::Completed, 2, 9_200);
+        let cut_short: Vec<(String, Vec<Vec<u8>>)> = [&y, &z]
+            .iter()
+            .map(|record| (record.task.id.clone(), record_index_keys(record)))
+            .collect();
+        tree.insert(
+            keys::applying(),
+            encode_intent(cut_short.iter().map(|(id, index)| (id.as_str(), index))),
+        )
+        .unwrap();
+        let mut buckets = BucketAdditions::default();
+        for (_, index) in &cut_short {
+            buckets.note(index);
+        }
+        buckets.write(&tree).unwrap();
+        drop(applier);
+
+        // The log holds z's write only.
+        let log = vec![wal::Entry::Task {
+            record: Box::new(z.clone()),
+            events: Vec::new(),
+        }];
+        let applier = Applier::new(db.clone(), tree.clone(), wal_dir, Arc::default());
+        applier.recover(PendingSet::from_log(log)).unwrap();
+        let mut expected: Vec<Vec<u8>> = [&x, &z].into_iter().flat_map(record_index_keys).collect();
+        expected.sort();
+        assert_eq!(index_entries(&tree), expected, "y is gone, z moved");
+        let completed = TaskState::Completed.number();
+        assert_eq!(count_in_state(&tree, "alice", completed), 2);
+        assert_eq!(
+            count_in_state(&tree, "alice", TaskState::Working.number()),
+            0
+        );
+        assert_eq!(count(&tree, "alice", "all"), 2);
     }
 
     #[test]

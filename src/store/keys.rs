@@ -73,7 +73,7 @@ pub fn order(timestamp: Option<DateTime<Utc>>, task_id: &str) -> Vec<u8> {
     // Milliseconds: the precision timestamps are stored with, so a key
     // rebuilt from a stored record matches the key written from memory.
     let millis = timestamp.map_or(0, |t| t.timestamp_millis().max(0) as u64);
-    let mut key = Vec::with_capacity(8 + task_id.len());
+    let mut key = Vec::with_capacity(ORDER_TIME_LEN + task_id.len());
     key.extend_from_slice(&(u64::MAX - millis).to_be_bytes());
     key.extend_from_slice(task_id.as_bytes());
     key
@@ -81,7 +81,7 @@ pub fn order(timestamp: Option<DateTime<Utc>>, task_id: &str) -> Vec<u8> {
 
 /// Splits an order suffix into the status time (millis) and the task id.
 pub fn parse_order(suffix: &[u8]) -> Option<(u64, &str)> {
-    let (inverted, id) = suffix.split_at_checked(8)?;
+    let (inverted, id) = suffix.split_at_checked(ORDER_TIME_LEN)?;
     let millis = u64::MAX - u64::from_be_bytes(inverted.try_into().ok()?);
     Some((millis, std::str::from_utf8(id).ok()?))
 }
@@ -97,17 +97,32 @@ pub fn by_state_parts(key: &[u8]) -> Option<(&str, u8, usize)> {
     (key.len() >= suffix_at).then_some((owner, state, suffix_at))
 }
 
-/// The ids a bucket value holds, sorted: each a u16 big-endian length and
-/// the id. A value that does not decode ends early.
+/// Whether a by-state key's order suffix is a bucket's: a time without an id.
+pub fn is_bucket_suffix(suffix: &[u8]) -> bool {
+    suffix.len() == ORDER_TIME_LEN
+}
+
+/// The order time of a task without a status time, which is never put in
+/// a bucket: such tasks would all share one.
+pub const NO_TIME: [u8; ORDER_TIME_LEN] = [0xff; ORDER_TIME_LEN];
+
+/// The id at byte `at` of a bucket value, and where the next one starts:
+/// each id is a u16 big-endian length and the id. `None` past the end, or
+/// for a value that does not decode.
+pub fn bucket_id_at(value: &[u8], at: usize) -> Option<(&[u8], usize)> {
+    let (len, rest) = value.get(at..)?.split_first_chunk::<2>()?;
+    let len = u16::from_be_bytes(*len) as usize;
+    let id = rest.get(..len)?;
+    Some((id, at + 2 + len))
+}
+
+/// The ids a bucket value holds, sorted (see [`bucket_id_at`]).
 pub fn bucket_ids(value: &[u8]) -> Vec<&[u8]> {
     let mut ids = Vec::new();
-    let mut rest = value;
-    while let Some((len, tail)) = rest.split_first_chunk::<2>() {
-        let Some((id, tail)) = tail.split_at_checked(u16::from_be_bytes(*len) as usize) else {
-            break;
-        };
+    let mut at = 0;
+    while let Some((id, next)) = bucket_id_at(value, at) {
         ids.push(id);
-        rest = tail;
+        at = next;
     }
     ids
 }
@@ -119,8 +134,8 @@ pub fn bucket_value<'a>(ids: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
     ids.dedup();
     let mut value = Vec::with_capacity(ids.iter().map(|id| id.len() + 2).sum());
     for id in ids {
-        // Task ids are Baton's UUIDs; a longer one could not be told apart.
-        let len = u16::try_from(id.len()).expect("a task id under 64 KB");
+        // The applier buckets only ids that fit (Baton's are UUIDs).
+        let len = u16::try_from(id.len()).expect("a bucketed id fits a u16 length");
         value.extend_from_slice(&len.to_be_bytes());
         value.extend_from_slice(id);
     }

@@ -26,7 +26,6 @@ use flusher::Flusher;
 use hub::{EventHub, LedgerEvent};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -346,31 +345,50 @@ impl IndexPlan {
 
     /// The order suffixes of the plan's entries after `cursor` (all of them
     /// without one), newest status first.
-    fn entries<'a>(&'a self, tree: &sled::Tree, cursor: Option<&[u8]>) -> MergedEntries<'a> {
-        // From the cursor's millisecond: its bucket sorts before the cursor.
-        let from = cursor.map(|cursor| cursor.get(..keys::ORDER_TIME_LEN).unwrap_or(cursor));
-        let mut ranges: Vec<IndexRange<'a>> = self
-            .prefixes
-            .iter()
-            .map(|prefix| IndexRange {
+    fn entries<'a>(
+        &'a self,
+        tree: &sled::Tree,
+        cursor: Option<&[u8]>,
+    ) -> Result<MergedEntries<'a>, LedgerError> {
+        let mut ranges = Vec::with_capacity(self.prefixes.len() + 1);
+        for prefix in &self.prefixes {
+            let (start, bucket) = match cursor {
+                Some(cursor) => {
+                    // The first key after the cursor, exclusive; the
+                    // cursor's bucket sorts before it, and is read from
+                    // the cursor's id on.
+                    let mut start = [prefix.as_slice(), cursor].concat();
+                    start.push(0);
+                    let bucket = match cursor.split_at_checked(keys::ORDER_TIME_LEN) {
+                        Some((time, id)) => tree
+                            .get([prefix.as_slice(), time].concat())?
+                            .and_then(|value| BucketReader::after(time, value, id)),
+                        None => None,
+                    };
+                    (start, bucket)
+                }
+                None => (prefix.clone(), None),
+            };
+            ranges.push(IndexRange {
                 prefix,
-                entries: Some(tree.range([prefix.as_slice(), from.unwrap_or_default()].concat()..)),
+                keys: Some(tree.range(start..)),
                 peeked: None,
-                bucketed: VecDeque::new(),
-            })
-            .collect();
+                bucket,
+            });
+        }
         if let Some(first) = &self.minted_first {
             ranges.push(IndexRange {
                 prefix: &[],
-                entries: None,
-                peeked: None,
-                bucketed: VecDeque::from([first.clone()]),
+                keys: None,
+                peeked: Some((first.as_slice().into(), sled::IVec::default())),
+                bucket: None,
             });
         }
-        MergedEntries {
+        Ok(MergedEntries {
             ranges,
+            next: Vec::new(),
             after: cursor.map(<[u8]>::to_vec),
-        }
+        })
     }
 
     fn check(&self, ledger: &Ledger, suffix: &[u8]) -> Result<Verdict, LedgerError> {
@@ -397,82 +415,136 @@ impl IndexPlan {
 /// single entries of its millisecond, so its entries are merged with those.
 struct IndexRange<'a> {
     prefix: &'a [u8],
-    entries: Option<sled::Iter>,
-    /// The next sled key of the range with its value, not yet merged.
+    keys: Option<sled::Iter>,
+    /// The range's next sled key with its value, not yet merged.
     peeked: Option<(sled::IVec, sled::IVec)>,
-    /// Entries of the buckets read, in order, not yet merged.
-    bucketed: VecDeque<Vec<u8>>,
+    /// The bucket being read out.
+    bucket: Option<BucketReader>,
+}
+
+/// The entries of one bucket, read out one at a time.
+struct BucketReader {
+    value: sled::IVec,
+    /// The current entry: the bucket's time and the current id.
+    entry: Vec<u8>,
+    /// Where the id after the current one starts in `value`.
+    next: usize,
+}
+
+impl BucketReader {
+    /// A reader at the bucket's first entry; `None` for an empty bucket.
+    fn new(time: &[u8], value: sled::IVec) -> Option<Self> {
+        let mut reader = Self {
+            value,
+            entry: time.to_vec(),
+            next: 0,
+        };
+        reader.advance().then_some(reader)
+    }
+
+    /// A reader at the bucket's first id after `id`; `None` if none is.
+    fn after(time: &[u8], value: sled::IVec, id: &[u8]) -> Option<Self> {
+        let mut reader = Self::new(time, value)?;
+        while reader.id() <= id {
+            if !reader.advance() {
+                return None;
+            }
+        }
+        Some(reader)
+    }
+
+    fn id(&self) -> &[u8] {
+        &self.entry[keys::ORDER_TIME_LEN..]
+    }
+
+    /// Moves to the next id; false when there is none.
+    fn advance(&mut self) -> bool {
+        let Some((id, next)) = keys::bucket_id_at(&self.value, self.next) else {
+            return false;
+        };
+        self.entry.truncate(keys::ORDER_TIME_LEN);
+        self.entry.extend_from_slice(id);
+        self.next = next;
+        true
+    }
 }
 
 /// Where a range's next entry is.
 #[derive(Clone, Copy)]
-enum Head {
-    Bucketed,
-    Peeked,
+enum NextIn {
+    /// The bucket being read out.
+    Bucket,
+    /// The peeked sled key, a single entry.
+    Key,
 }
 
 impl IndexRange<'_> {
     /// Where the range's next entry is, reading sled as far as needed to
-    /// know it.
-    fn head(&mut self) -> Result<Option<Head>, LedgerError> {
+    /// know it: at most one key past the bucket being read out.
+    fn next_in(&mut self) -> Result<Option<NextIn>, LedgerError> {
         loop {
             if self.peeked.is_none()
-                && let Some(entries) = &mut self.entries
+                && let Some(keys) = &mut self.keys
             {
-                match entries.next() {
+                match keys.next() {
                     Some(Ok((key, value))) if key.starts_with(self.prefix) => {
                         self.peeked = Some((key, value));
                     }
                     Some(Err(err)) => return Err(err.into()),
                     // This range is done.
-                    _ => self.entries = None,
+                    _ => self.keys = None,
                 }
             }
-            let Some((key, value)) = &self.peeked else {
-                return Ok((!self.bucketed.is_empty()).then_some(Head::Bucketed));
-            };
-            let suffix = &key[self.prefix.len()..];
-            if suffix.len() != keys::ORDER_TIME_LEN {
-                let bucketed_first = self
-                    .bucketed
-                    .front()
-                    .is_some_and(|bucketed| bucketed.as_slice() < suffix);
-                return Ok(Some(if bucketed_first {
-                    Head::Bucketed
-                } else {
-                    Head::Peeked
-                }));
+            let suffix = self
+                .peeked
+                .as_ref()
+                .map(|(key, _)| &key[self.prefix.len()..]);
+            match (&self.bucket, suffix) {
+                // A later bucket's entries are all older than this one's.
+                (Some(bucket), Some(suffix)) => {
+                    let bucket_first =
+                        keys::is_bucket_suffix(suffix) || bucket.entry.as_slice() < suffix;
+                    return Ok(Some(if bucket_first {
+                        NextIn::Bucket
+                    } else {
+                        NextIn::Key
+                    }));
+                }
+                (Some(_), None) => return Ok(Some(NextIn::Bucket)),
+                (None, Some(suffix)) if keys::is_bucket_suffix(suffix) => {
+                    let time = suffix.to_vec();
+                    let (_, value) = self.peeked.take().expect("peeked above");
+                    self.bucket = BucketReader::new(&time, value);
+                }
+                (None, Some(_)) => return Ok(Some(NextIn::Key)),
+                (None, None) => return Ok(None),
             }
-            // A bucket: what is buffered is of a newer millisecond and goes
-            // first; then the bucket's entries are read out.
-            if !self.bucketed.is_empty() {
-                return Ok(Some(Head::Bucketed));
-            }
-            self.bucketed.extend(
-                keys::bucket_ids(value)
-                    .into_iter()
-                    .map(|id| [suffix, id].concat()),
-            );
-            self.peeked = None;
         }
     }
 
-    /// The entry at `head`.
-    fn entry(&self, head: Head) -> &[u8] {
-        match head {
-            Head::Bucketed => self.bucketed.front().map_or(&[], Vec::as_slice),
-            Head::Peeked => self
+    /// The entry at `next`.
+    fn entry(&self, next: NextIn) -> &[u8] {
+        match next {
+            NextIn::Bucket => self.bucket.as_ref().map_or(&[], |b| b.entry.as_slice()),
+            NextIn::Key => self
                 .peeked
                 .as_ref()
                 .map_or(&[], |(key, _)| &key[self.prefix.len()..]),
         }
     }
 
-    /// Takes the entry at `head`.
-    fn take(&mut self, head: Head) -> Option<Vec<u8>> {
-        match head {
-            Head::Bucketed => self.bucketed.pop_front(),
-            Head::Peeked => self
+    /// Takes the entry at `next`.
+    fn take(&mut self, next: NextIn) -> Option<Vec<u8>> {
+        match next {
+            NextIn::Bucket => {
+                let bucket = self.bucket.as_mut()?;
+                let entry = bucket.entry.clone();
+                if !bucket.advance() {
+                    self.bucket = None;
+                }
+                Some(entry)
+            }
+            NextIn::Key => self
                 .peeked
                 .take()
                 .map(|(key, _)| key[self.prefix.len()..].to_vec()),
@@ -486,6 +558,8 @@ impl IndexRange<'_> {
 /// before buckets, replayed) comes once.
 struct MergedEntries<'a> {
     ranges: Vec<IndexRange<'a>>,
+    /// Where each range's next entry is, reused from entry to entry.
+    next: Vec<Option<NextIn>>,
     /// Entries up to this one are skipped (the cursor, then the last given).
     after: Option<Vec<u8>>,
 }
@@ -493,19 +567,19 @@ struct MergedEntries<'a> {
 impl MergedEntries<'_> {
     /// The smallest next entry of all ranges.
     fn next_entry(&mut self) -> Result<Option<Vec<u8>>, LedgerError> {
-        let mut heads = Vec::with_capacity(self.ranges.len());
+        self.next.clear();
         for range in &mut self.ranges {
-            heads.push(range.head()?);
+            self.next.push(range.next_in()?);
         }
         let smallest = self
             .ranges
             .iter()
-            .zip(&heads)
+            .zip(&self.next)
             .enumerate()
-            .filter_map(|(at, (range, head))| head.map(|head| (at, range.entry(head), head)))
+            .filter_map(|(at, (range, next))| next.map(|next| (at, range.entry(next), next)))
             .min_by(|a, b| a.1.cmp(b.1))
-            .map(|(at, _, head)| (at, head));
-        Ok(smallest.and_then(|(at, head)| self.ranges[at].take(head)))
+            .map(|(at, _, next)| (at, next));
+        Ok(smallest.and_then(|(at, next)| self.ranges[at].take(next)))
     }
 }
 
@@ -519,10 +593,14 @@ impl Iterator for MergedEntries<'_> {
                 Ok(None) => return None,
                 Err(err) => return Some(Err(err)),
             };
-            if self.after.as_ref().is_some_and(|after| entry <= *after) {
-                continue;
+            match &mut self.after {
+                Some(after) if entry <= *after => continue,
+                Some(after) => {
+                    after.clear();
+                    after.extend_from_slice(&entry);
+                }
+                None => self.after = Some(entry.clone()),
             }
-            self.after = Some(entry.clone());
             return Some(Ok(entry));
         }
     }
@@ -919,7 +997,7 @@ impl Ledger {
         let plan = self.plan(owner, query)?;
         let mut page = ListPage::default();
         let mut last_order: Option<Vec<u8>> = None;
-        for suffix in plan.entries(&self.tree, query.page_token.as_deref()) {
+        for suffix in plan.entries(&self.tree, query.page_token.as_deref())? {
             let suffix = suffix?;
             let record = match plan.check(self, &suffix)? {
                 Verdict::Stop => break,
@@ -979,7 +1057,7 @@ impl Ledger {
             return Ok(read_counter(&self.tree, &key)? as usize);
         }
         let mut total = 0;
-        for suffix in plan.entries(&self.tree, None) {
+        for suffix in plan.entries(&self.tree, None)? {
             match plan.check(self, &suffix?)? {
                 Verdict::Stop => break,
                 Verdict::Skip => {}

@@ -1312,13 +1312,19 @@ mod tests {
         entries
     }
 
+    /// A sled store in `dir`, with its (empty) log directory.
+    fn store_with_log_dir(dir: &std::path::Path) -> (sled::Db, sled::Tree, PathBuf) {
+        let wal_dir = dir.join("wal");
+        std::fs::create_dir_all(&wal_dir).unwrap();
+        let db = sled::Config::new().path(dir).open().unwrap();
+        let tree = db.open_tree("ledger").unwrap();
+        (db, tree, wal_dir)
+    }
+
     #[test]
     fn an_application_cut_short_is_repaired_at_start_up() {
         let dir = tempfile::tempdir().unwrap();
-        let wal_dir = dir.path().join("wal");
-        std::fs::create_dir_all(&wal_dir).unwrap();
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
-        let tree = db.open_tree("ledger").unwrap();
+        let (db, tree, wal_dir) = store_with_log_dir(dir.path());
         // t2 reached sled earlier, WORKING.
         let applied = stored("t2", TaskState::Working, 1);
         tree.insert(keys::task("t2"), serde_json::to_vec(&applied).unwrap())
@@ -1495,10 +1501,7 @@ mod tests {
     #[test]
     fn a_bucket_written_by_an_application_cut_short_is_repaired_at_start_up() {
         let dir = tempfile::tempdir().unwrap();
-        let wal_dir = dir.path().join("wal");
-        std::fs::create_dir_all(&wal_dir).unwrap();
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
-        let tree = db.open_tree("ledger").unwrap();
+        let (db, tree, wal_dir) = store_with_log_dir(dir.path());
         let applier = Applier::new(db.clone(), tree.clone(), wal_dir.clone(), Arc::default());
         // x is applied, COMPLETED in bucket M.
         let x = stamped("x", TaskState::Completed, 1, 9_000);

@@ -744,15 +744,25 @@ pub fn read_counter(tree: &sled::Tree, key: &[u8]) -> Result<u64, LedgerError> {
 /// replayed application leaves exact (its keys are set, not counted).
 fn recount(tree: &sled::Tree) -> Result<(), LedgerError> {
     let mut counted: HashMap<Vec<u8>, u64> = HashMap::new();
+    // The bucket read last, which sorts just before the keys of its
+    // millisecond: a task held both ways (a key spilled from a full bucket,
+    // or kept from before buckets, then re-stamped into it) counts once.
+    let mut bucket: Option<(sled::IVec, sled::IVec)> = None;
     for entry in tree.scan_prefix(keys::by_state_all_prefix()) {
         let (key, value) = entry?;
         let Some((owner, state, suffix_at)) = keys::by_state_parts(&key) else {
             continue;
         };
         let tasks = if keys::is_bucket_suffix(&key[suffix_at..]) {
-            keys::bucket_ids(&value).len() as u64
+            let ids = keys::bucket_ids(&value).len() as u64;
+            bucket = Some((key.clone(), value));
+            ids
         } else {
-            1
+            let in_bucket = bucket.as_ref().is_some_and(|(bucket, ids)| {
+                key.strip_prefix(bucket.as_ref())
+                    .is_some_and(|id| keys::bucket_ids(ids).contains(&id))
+            });
+            u64::from(!in_bucket)
         };
         *counted
             .entry(keys::state_counter(owner, state))
@@ -1569,13 +1579,17 @@ mod tests {
             tree.insert([keys::by_state_prefix(owner, state), order].concat(), &[])
                 .unwrap();
         }
-        // Two more COMPLETED tasks in one bucket.
+        // Two more COMPLETED tasks in one bucket, one of them also a key of
+        // its own (spilled, then re-stamped into the bucket).
+        let time = chrono::DateTime::from_timestamp(1_700_000_000, 0);
         let bucket = [
             keys::by_state_prefix("alice", completed),
-            keys::order(None, ""),
+            keys::order(time, ""),
         ]
         .concat();
-        tree.insert(bucket, keys::bucket_value([b"t5".as_slice(), b"t6"]))
+        tree.insert(&bucket, keys::bucket_value([b"t5".as_slice(), b"t6"]))
+            .unwrap();
+        tree.insert([bucket.as_slice(), b"t6"].concat(), &[])
             .unwrap();
         // Counters a half-applied set left wrong, one for an owner with no
         // tasks left, and an unused context counter of an older ledger.

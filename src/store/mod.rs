@@ -1773,6 +1773,66 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_full_bucket_and_its_spilled_keys_list_in_order_across_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        let at = DateTime::from_timestamp_millis(1_700_000_000_000);
+        // More COMPLETED tasks in one millisecond than a bucket holds, in two
+        // applications whose ids interleave (so the spilled ones fall between
+        // the bucket's), and WORKING ones among them.
+        for parity in [0, 1] {
+            for n in (parity..200).step_by(2) {
+                let id = format!("t{n:03}");
+                let state = if n % 10 == 3 {
+                    TaskState::Working
+                } else {
+                    TaskState::Completed
+                };
+                let event = StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+                    task_id: id.clone(),
+                    context_id: "ctx".into(),
+                    status: TaskStatus {
+                        state,
+                        timestamp: at,
+                        ..TaskStatus::default()
+                    },
+                    ..TaskStatusUpdateEvent::default()
+                });
+                ledger.create(record(&id), vec![event]).await.unwrap();
+            }
+            ledger.applier.apply_pending().unwrap();
+        }
+        let ids: Vec<String> = (0..200).map(|n| format!("t{n:03}")).collect();
+        let completed = keys::by_state_prefix("owner", TaskState::Completed.number());
+        let spilled = ledger
+            .tree
+            .scan_prefix(&completed)
+            .keys()
+            .filter(|key| !keys::is_bucket_suffix(&key.as_ref().unwrap()[completed.len()..]))
+            .count();
+        assert_eq!(spilled, 180 - 128, "the rest of the millisecond spilled");
+        for page_size in [1, 7, 100] {
+            let mut seen = Vec::new();
+            let mut page_token = None;
+            loop {
+                let query = ListQuery {
+                    page_size,
+                    page_token: page_token.take(),
+                    ..ListQuery::default()
+                };
+                let page = ledger.list("owner", &query).unwrap();
+                assert_eq!(page.total_size, 200);
+                seen.extend(page.records.into_iter().map(|r| r.task.id));
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = decode_page_token(&page.next_page_token);
+            }
+            assert_eq!(seen, ids, "page size {page_size}");
+        }
+    }
+
+    #[tokio::test]
     async fn opening_removes_the_retired_all_tasks_index() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = with_working_task(Ledger::open(dir.path()).unwrap(), "t1").await;

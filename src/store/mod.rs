@@ -1651,6 +1651,31 @@ mod tests {
         assert!(ledger.applier.task("t2").is_some());
     }
 
+    /// Every page of the owner's tasks (in `state`, if given), as ids in
+    /// order, with the total each page reported (the same on every page).
+    fn list_all(
+        ledger: &Ledger,
+        state: Option<TaskState>,
+        page_size: usize,
+    ) -> (Vec<String>, usize) {
+        let mut seen = Vec::new();
+        let mut page_token = None;
+        loop {
+            let query = ListQuery {
+                state,
+                page_size,
+                page_token: page_token.take(),
+                ..ListQuery::default()
+            };
+            let page = ledger.list("owner", &query).unwrap();
+            seen.extend(page.records.into_iter().map(|r| r.task.id));
+            if page.next_page_token.is_empty() {
+                return (seen, page.total_size);
+            }
+            page_token = decode_page_token(&page.next_page_token);
+        }
+    }
+
     #[tokio::test]
     async fn listing_all_merges_the_state_indexes_newest_first_across_pages() {
         let dir = tempfile::tempdir().unwrap();
@@ -1664,24 +1689,8 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }
         ledger.applier.apply_pending().unwrap();
-        let mut seen = Vec::new();
-        let mut page_token = None;
-        loop {
-            let query = ListQuery {
-                page_size: 4,
-                page_token: page_token.take(),
-                ..ListQuery::default()
-            };
-            let page = ledger.list("owner", &query).unwrap();
-            assert_eq!(page.total_size, 9);
-            seen.extend(page.records.into_iter().map(|r| r.task.id));
-            if page.next_page_token.is_empty() {
-                break;
-            }
-            page_token = decode_page_token(&page.next_page_token);
-        }
         let newest_first: Vec<String> = (0..9).rev().map(|i| format!("t{i}")).collect();
-        assert_eq!(seen, newest_first);
+        assert_eq!(list_all(&ledger, None, 4), (newest_first, 9));
     }
 
     #[tokio::test]
@@ -1737,24 +1746,7 @@ mod tests {
             ledger.tree.insert(single, &[]).unwrap();
         }
 
-        let list = |state, page_size| {
-            let mut seen = Vec::new();
-            let mut page_token = None;
-            loop {
-                let query = ListQuery {
-                    state,
-                    page_size,
-                    page_token: page_token.take(),
-                    ..ListQuery::default()
-                };
-                let page = ledger.list("owner", &query).unwrap();
-                seen.extend(page.records.into_iter().map(|r| r.task.id));
-                if page.next_page_token.is_empty() {
-                    return (seen, page.total_size);
-                }
-                page_token = decode_page_token(&page.next_page_token);
-            }
-        };
+        let list = |state, page_size| list_all(&ledger, state, page_size);
         let all = ["n1", "c1", "c2", "c3", "c5", "w2", "w4", "o1", "o2"];
         for page_size in [1, 2, 3, 100] {
             assert_eq!(list(None, page_size), (all.map(String::from).to_vec(), 9));
@@ -1812,23 +1804,8 @@ mod tests {
             .count();
         assert_eq!(spilled, 180 - 128, "the rest of the millisecond spilled");
         for page_size in [1, 7, 100] {
-            let mut seen = Vec::new();
-            let mut page_token = None;
-            loop {
-                let query = ListQuery {
-                    page_size,
-                    page_token: page_token.take(),
-                    ..ListQuery::default()
-                };
-                let page = ledger.list("owner", &query).unwrap();
-                assert_eq!(page.total_size, 200);
-                seen.extend(page.records.into_iter().map(|r| r.task.id));
-                if page.next_page_token.is_empty() {
-                    break;
-                }
-                page_token = decode_page_token(&page.next_page_token);
-            }
-            assert_eq!(seen, ids, "page size {page_size}");
+            let listed = list_all(&ledger, None, page_size);
+            assert_eq!(listed, (ids.clone(), 200), "page size {page_size}");
         }
     }
 

@@ -958,13 +958,19 @@ const BUCKET_IDS_MAX: usize = 128;
 fn bucket_entry(key: &[u8]) -> Option<(&[u8], &[u8])> {
     let (_, state, suffix_at) = keys::by_state_parts(key)?;
     let id_at = suffix_at + keys::ORDER_TIME_LEN;
-    let terminal = TaskState::from_number(i64::from(state)).is_some_and(TaskState::is_terminal);
+    let terminal = is_bucketed_state(state);
     let timed = key
         .get(suffix_at..id_at)
         .is_some_and(|time| time != keys::NO_TIME);
     let id_len = key.len().saturating_sub(id_at);
     (terminal && timed && id_len > 0 && id_len <= usize::from(u16::MAX))
         .then(|| key.split_at(id_at))
+}
+
+/// Whether by-state entries in `state` (a state number) go in buckets: a
+/// terminal state, which a task never leaves.
+pub fn is_bucketed_state(state: u8) -> bool {
+    TaskState::from_number(i64::from(state)).is_some_and(TaskState::is_terminal)
 }
 
 /// Removes one index entry: its own key, or its id from its bucket (and
@@ -1130,12 +1136,18 @@ mod tests {
         Applier::new(db, tree, dir.join("wal"), Arc::default())
     }
 
+    /// Queues the creation of `record`, with no events, as an unstarted
+    /// applier's tests write: the log is durable up to ticket 0 already.
+    fn queue_created(applier: &Applier, record: Arc<TaskRecord>) {
+        applier.add_task(record, None, &[], 0, true);
+    }
+
     /// Applies what is pending, then one more set, and checks that `first`
     /// (in the first set) was freed by then without any writer freeing it.
     fn assert_freed_by_the_applier(applier: &Applier, first: &Arc<TaskRecord>) {
         applier.apply_pending().unwrap();
         let next = stored("u1", TaskState::Working, 1);
-        applier.add_task(Arc::new(next), None, &[], 0, true);
+        queue_created(applier, Arc::new(next));
         applier.apply_pending().unwrap();
         assert_eq!(Arc::strong_count(first), 1, "freed with its set");
     }
@@ -1145,12 +1157,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let applier = unstarted_applier(dir.path());
         let first = Arc::new(stored("t1", TaskState::Completed, 1));
-        applier.add_task(first.clone(), None, &[], 0, true);
+        queue_created(&applier, first.clone());
         applier.apply_pending().unwrap();
         assert!(applier.task("t1").is_some(), "the set applied last is read");
 
         let second = Arc::new(stored("t2", TaskState::Completed, 1));
-        applier.add_task(second, None, &[], 0, true);
+        queue_created(&applier, second);
         applier.apply_pending().unwrap();
         assert!(applier.task("t1").is_none(), "sled has t1 now");
         assert!(applier.task("t2").is_some());
@@ -1171,7 +1183,7 @@ mod tests {
             .map(|id| Arc::new(stored(id, TaskState::Completed, 1)))
             .into();
         for record in &applied {
-            applier.add_task(record.clone(), None, &[], 0, true);
+            queue_created(&applier, record.clone());
             applier.apply_pending().unwrap();
         }
         // t1's set waits for a writer to free it, t2's is kept for reads.
@@ -1193,10 +1205,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let applier = unstarted_applier(dir.path());
         let first = Arc::new(stored("t0", TaskState::Completed, 1));
-        applier.add_task(first.clone(), None, &[], 0, true);
+        queue_created(&applier, first.clone());
         for n in 1..=SPENT_BY_WRITERS_MAX {
             let record = stored(&format!("t{n}"), TaskState::Completed, 1);
-            applier.add_task(Arc::new(record), None, &[], 0, true);
+            queue_created(&applier, Arc::new(record));
         }
         assert_freed_by_the_applier(&applier, &first);
     }
@@ -1206,7 +1218,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let applier = unstarted_applier(dir.path());
         let first = Arc::new(stored("t0", TaskState::Working, 1));
-        applier.add_task(first.clone(), None, &[], 0, true);
+        queue_created(&applier, first.clone());
         for version in 2..=SPENT_BY_WRITERS_MAX as u64 + 1 {
             let record = stored("t1", TaskState::Working, version);
             applier.add_task(Arc::new(record), None, &[], 0, version == 2);
@@ -1408,7 +1420,7 @@ mod tests {
             in_state("t4", TaskState::Working),
         ];
         for record in &records {
-            applier.add_task(Arc::new(record.clone()), None, &[], 0, true);
+            queue_created(&applier, Arc::new(record.clone()));
         }
         applier.apply_pending().unwrap();
 
@@ -1453,7 +1465,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let applier = unstarted_applier(dir.path());
         let first = stamped("t1", TaskState::Completed, 1, 5_000);
-        applier.add_task(Arc::new(first), None, &[], 0, true);
+        queue_created(&applier, Arc::new(first));
         applier.apply_pending().unwrap();
         let restamped = stamped("t1", TaskState::Completed, 2, 5_400);
         applier.add_task(Arc::new(restamped.clone()), None, &[], 0, false);
@@ -1474,7 +1486,7 @@ mod tests {
         let (first, second) = records.split_at(100);
         for set in [first, second] {
             for record in set {
-                applier.add_task(Arc::new(record.clone()), None, &[], 0, true);
+                queue_created(&applier, Arc::new(record.clone()));
             }
             applier.apply_pending().unwrap();
         }
@@ -1515,7 +1527,7 @@ mod tests {
         let applier = Applier::new(db.clone(), tree.clone(), wal_dir.clone(), Arc::default());
         // x is applied, COMPLETED in bucket M.
         let x = stamped("x", TaskState::Completed, 1, 9_000);
-        applier.add_task(Arc::new(x.clone()), None, &[], 0, true);
+        queue_created(&applier, Arc::new(x.clone()));
         applier.apply_pending().unwrap();
         // Then an application stopped after writing y's and z's entries into
         // M, before either record: y new, z moving WORKING -> COMPLETED.

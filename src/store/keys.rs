@@ -89,14 +89,6 @@ pub fn parse_order(suffix: &[u8]) -> Option<(u64, &str)> {
 /// Bytes of the status time at the head of an order suffix.
 pub const ORDER_TIME_LEN: usize = 8;
 
-/// A by-state key split: its owner, its state and where its order suffix
-/// starts.
-pub fn by_state_parts(key: &[u8]) -> Option<(&str, u8, usize)> {
-    let (owner, state) = parse_by_state(key)?;
-    let suffix_at = by_state_all_prefix().len() + owner.len() + 2;
-    (key.len() >= suffix_at).then_some((owner, state, suffix_at))
-}
-
 /// Whether a by-state key's order suffix is a bucket's: a time without an id.
 pub fn is_bucket_suffix(suffix: &[u8]) -> bool {
     suffix.len() == ORDER_TIME_LEN
@@ -161,13 +153,15 @@ pub fn by_state_all_prefix() -> &'static [u8] {
     b"is\0"
 }
 
-/// The owner and state of a by-state index key. An owner holding a 0 byte
-/// is not told apart from its continuation; principals hold none.
-pub fn parse_by_state(key: &[u8]) -> Option<(&str, u8)> {
+/// A by-state index key (or prefix) split: its owner, its state and where
+/// its order suffix starts. An owner holding a 0 byte is not told apart
+/// from its continuation; principals hold none.
+pub fn by_state_parts(key: &[u8]) -> Option<(&str, u8, usize)> {
     let rest = key.strip_prefix(by_state_all_prefix())?;
     let end = rest.iter().position(|&b| b == SEP)?;
     let owner = std::str::from_utf8(&rest[..end]).ok()?;
-    Some((owner, *rest.get(end + 1)?))
+    let state = *rest.get(end + 1)?;
+    Some((owner, state, by_state_all_prefix().len() + end + 2))
 }
 
 /// The context id Baton mints for a new task `task_id` (a UUIDv7): the same

@@ -359,11 +359,13 @@ impl IndexPlan {
                     // the cursor's id on.
                     let mut start = [prefix.as_slice(), cursor].concat();
                     start.push(0);
+                    let bucketed = keys::by_state_parts(prefix)
+                        .is_some_and(|(_, state, _)| applier::is_bucketed_state(state));
                     let bucket = match cursor.split_at_checked(keys::ORDER_TIME_LEN) {
-                        Some((time, id)) => tree
+                        Some((time, id)) if bucketed => tree
                             .get([prefix.as_slice(), time].concat())?
                             .and_then(|value| BucketReader::after(time, value, id)),
-                        None => None,
+                        _ => None,
                     };
                     (start, bucket)
                 }
@@ -1652,7 +1654,7 @@ mod tests {
     }
 
     /// Every page of the owner's tasks (in `state`, if given), as ids in
-    /// order, with the total each page reported (the same on every page).
+    /// order, with the total the pages reported (checked the same on each).
     fn list_all(
         ledger: &Ledger,
         state: Option<TaskState>,
@@ -1660,6 +1662,7 @@ mod tests {
     ) -> (Vec<String>, usize) {
         let mut seen = Vec::new();
         let mut page_token = None;
+        let mut total = None;
         loop {
             let query = ListQuery {
                 state,
@@ -1668,6 +1671,7 @@ mod tests {
                 ..ListQuery::default()
             };
             let page = ledger.list("owner", &query).unwrap();
+            assert_eq!(*total.get_or_insert(page.total_size), page.total_size);
             seen.extend(page.records.into_iter().map(|r| r.task.id));
             if page.next_page_token.is_empty() {
                 return (seen, page.total_size);

@@ -25,6 +25,14 @@
 //! cannot repeat safely, are rebuilt from the by-state index. Scans over
 //! several keys hold `apply_lock` shared ([`Applier::applied`]), so they
 //! never meet half an application.
+//!
+//! Record buckets: a task that a set creates and finishes (the common
+//! blocking send) changes no more, so its record goes into one sled key
+//! with the others of its creation millisecond in that chunk, a few at a
+//! time, instead of a key of its own; one key per task cost sled as much
+//! as the rest of the application. A bucket is written only for tasks sled
+//! does not hold; a task sled holds (in a bucket or not) gets a key of its
+//! own at its next write, and reads look there first ([`stored_record`]).
 
 use super::durable::DurableMark;
 use super::hub::LedgerEvent;
@@ -583,9 +591,13 @@ impl Applier {
                 }
             }
             buckets.write(&self.tree)?;
+            // Record buckets after the chunk's index keys, like records.
+            let mut records = RecordBuckets::default();
             for plan in planned {
-                self.apply_task(plan, &mut counts)?;
+                let own_key = !records.take(&plan);
+                self.apply_task(plan, &mut counts, own_key)?;
             }
+            records.write(&self.tree)?;
         }
         if partly_applied {
             recount(&self.tree)?;
@@ -622,7 +634,7 @@ impl Applier {
         let before: Option<AppliedHead> = if pending.created && trust_created {
             None
         } else {
-            match self.tree.get(keys::task(task_id))? {
+            match stored_record(&self.tree, task_id)? {
                 Some(bytes) => Some(serde_json::from_slice(&bytes)?),
                 None => None,
             }
@@ -652,6 +664,7 @@ impl Applier {
         &self,
         plan: TaskPlan<'_>,
         counts: &mut CounterDeltas,
+        own_key: bool,
     ) -> Result<(), LedgerError> {
         let tree = &self.tree;
         let TaskPlan {
@@ -697,6 +710,9 @@ impl Applier {
                 tree.insert(keys::child(parent, task_id), &[])?;
             }
         }
+        if !own_key {
+            return Ok(());
+        }
         match &pending.encoded {
             Some(encoded) => tree.insert(keys::task(task_id), encoded.json.get().as_bytes())?,
             None => tree.insert(keys::task(task_id), serde_json::to_vec(&**record)?)?,
@@ -730,6 +746,101 @@ fn off_the_runtime<R>(work: impl FnOnce() -> R) -> R {
 /// A file-system failure of the log, as a ledger storage error.
 pub fn storage_io(err: std::io::Error) -> LedgerError {
     LedgerError::Storage(sled::Error::Io(err))
+}
+
+/// Most records one record bucket holds.
+const BUCKET_RECORDS_MAX: usize = 4;
+
+/// Most record bytes one record bucket holds, and the largest record that
+/// goes into one: sled writes a node larger than a quarter of its 512 KB
+/// segment to a file of its own, and a leaf holds up to 17 values.
+const BUCKET_BYTES_MAX: usize = 6 * 1024;
+
+/// The records of one chunk that go into record buckets instead of keys of
+/// their own, by bucket prefix (creation millisecond).
+#[derive(Default)]
+struct RecordBuckets<'a> {
+    by_prefix: BTreeMap<Vec<u8>, Vec<(&'a str, &'a [u8])>>,
+}
+
+impl<'a> RecordBuckets<'a> {
+    /// Takes `plan`'s record if it belongs in a bucket: a task this write
+    /// creates in sled, finished (its record changes no more), small, with
+    /// a UUIDv7 id.
+    fn take(&mut self, plan: &TaskPlan<'a>) -> bool {
+        let pending = plan.pending;
+        if plan.before.is_some() || !pending.record.task.status.state.is_terminal() {
+            return false;
+        }
+        let Some(encoded) = &pending.encoded else {
+            return false;
+        };
+        let json = encoded.json.get().as_bytes();
+        if json.len() > BUCKET_BYTES_MAX {
+            return false;
+        }
+        let Some(prefix) = keys::record_bucket_prefix(plan.task_id) else {
+            return false;
+        };
+        self.by_prefix
+            .entry(prefix)
+            .or_default()
+            .push((plan.task_id, json));
+        true
+    }
+
+    /// Writes the buckets, each keyed by its prefix and its first id.
+    fn write(self, tree: &sled::Tree) -> Result<(), LedgerError> {
+        for (prefix, mut records) in self.by_prefix {
+            records.sort_unstable_by_key(|(id, _)| *id);
+            let mut rest = records.as_slice();
+            while let Some(((first, _), _)) = rest.split_first() {
+                let mut bytes = 0;
+                let count = rest
+                    .iter()
+                    .take(BUCKET_RECORDS_MAX)
+                    .take_while(|(_, json)| {
+                        bytes += json.len();
+                        bytes <= BUCKET_BYTES_MAX
+                    })
+                    .count()
+                    .max(1);
+                let (group, after) = rest.split_at(count);
+                let mut key = prefix.clone();
+                key.extend_from_slice(first.as_bytes());
+                let mut value = Vec::with_capacity(bytes + group.len() * 48);
+                for (id, json) in group {
+                    keys::push_bucket_record(&mut value, id, json);
+                }
+                tree.insert(key, value)?;
+                rest = after;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A task's record as sled holds it: its own key, which a later write
+/// sets, else its entry in a record bucket of its creation millisecond.
+pub fn stored_record(tree: &sled::Tree, task_id: &str) -> Result<Option<sled::IVec>, LedgerError> {
+    if let Some(record) = tree.get(keys::task(task_id))? {
+        return Ok(Some(record));
+    }
+    let Some(prefix) = keys::record_bucket_prefix(task_id) else {
+        return Ok(None);
+    };
+    // A bucket is keyed by its first id: the one holding `task_id` is the
+    // nearest at or before it, unless another set's buckets fall between.
+    let mut last = prefix.clone();
+    last.extend_from_slice(task_id.as_bytes());
+    for entry in tree.range(prefix..=last).rev() {
+        let (_, bucket) = entry?;
+        if let Some(record) = keys::record_in_bucket(&bucket, task_id) {
+            let offset = record.as_ptr() as usize - bucket.as_ptr() as usize;
+            return Ok(Some(bucket.subslice(offset, record.len())));
+        }
+    }
+    Ok(None)
 }
 
 /// Reads a u64 counter; absent is zero.
@@ -1041,7 +1152,7 @@ fn decode_intent(mut intent: &[u8]) -> Vec<(String, Vec<Vec<u8>>)> {
 /// version whose record never made it in.
 fn remove_stale_index_keys(tree: &sled::Tree, intent: &[u8]) -> Result<(), LedgerError> {
     for (task_id, added) in decode_intent(intent) {
-        let current = match tree.get(keys::task(&task_id))? {
+        let current = match stored_record(tree, &task_id)? {
             Some(bytes) => serde_json::from_slice::<AppliedHead>(&bytes)?.index_keys(),
             None => Vec::new(),
         };
@@ -1620,5 +1731,161 @@ mod tests {
         assert_eq!(count(&tree, "bob", "all"), 1);
         assert_eq!(tree.get(keys::counter("carol", "all")).unwrap(), None);
         assert_eq!(tree.get(&legacy).unwrap().as_deref(), Some(&wrong[..]));
+    }
+
+    /// A UUIDv7 task id created at millisecond `millis`, told apart by `n`.
+    fn v7_id(millis: u64, n: u16) -> String {
+        format!(
+            "{:08x}-{:04x}-7{:03x}-8000-{:012x}",
+            millis >> 16,
+            millis & 0xffff,
+            n,
+            n
+        )
+    }
+
+    /// Queues the creation of `record` with its JSON, as the ledger's writes are.
+    fn queue_encoded(applier: &Applier, record: Arc<TaskRecord>, created: bool) {
+        let json = serde_json::value::to_raw_value(&*record).unwrap();
+        let task_json = serde_json::value::to_raw_value(&record.task)
+            .unwrap()
+            .into();
+        let encoded = Encoded { json, task_json };
+        applier.add_task(record, Some(encoded), &[], 0, created);
+    }
+
+    fn read_stored(tree: &sled::Tree, task_id: &str) -> Option<TaskRecord> {
+        stored_record(tree, task_id)
+            .unwrap()
+            .map(|bytes| serde_json::from_slice(&bytes).unwrap())
+    }
+
+    /// The record buckets of one creation millisecond: ids per bucket.
+    fn record_buckets(tree: &sled::Tree, task_id: &str) -> Vec<Vec<String>> {
+        let prefix = keys::record_bucket_prefix(task_id).unwrap();
+        tree.scan_prefix(prefix)
+            .map(|entry| {
+                let (_, value) = entry.unwrap();
+                assert!(value.len() <= BUCKET_BYTES_MAX + BUCKET_RECORDS_MAX * 48);
+                keys::bucket_records(&value)
+                    .into_iter()
+                    .map(|(id, _)| String::from_utf8(id.to_vec()).unwrap())
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn finished_tasks_created_in_one_set_share_buckets_by_creation_millisecond() {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        let millis = 1_767_000_000_000;
+        let mut records = Vec::new();
+        for n in 0..20 {
+            records.push(stored(&v7_id(millis, 2 * n + 1), TaskState::Completed, 1));
+        }
+        records.push(stored(&v7_id(millis + 1, 0), TaskState::Rejected, 1));
+        // These keep keys of their own, between the others of their
+        // millisecond: still open, no UUIDv7 id, too large.
+        let working = stored(&v7_id(millis, 10), TaskState::Working, 1);
+        let named = stored("t1", TaskState::Completed, 1);
+        let mut large = stored(&v7_id(millis, 0), TaskState::Completed, 1);
+        large.task.metadata = Some(
+            serde_json::from_value(serde_json::json!({"pad": "x".repeat(BUCKET_BYTES_MAX)}))
+                .unwrap(),
+        );
+        let own_keys = [working, named, large];
+        for record in records.iter().chain(&own_keys) {
+            queue_encoded(&applier, Arc::new(record.clone()), true);
+        }
+        applier.apply_pending().unwrap();
+        let tree = &applier.tree;
+
+        let buckets = record_buckets(tree, &records[0].task.id);
+        let sizes: Vec<usize> = buckets.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [4; 5], "at most {BUCKET_RECORDS_MAX} a bucket");
+        let mut bucketed: Vec<String> = buckets.concat();
+        bucketed.sort();
+        let mut expected: Vec<String> = records[..20].iter().map(|r| r.task.id.clone()).collect();
+        expected.sort();
+        assert_eq!(bucketed, expected, "each once, in id order");
+        assert_eq!(record_buckets(tree, &records[20].task.id).len(), 1);
+        for record in &records {
+            assert_eq!(tree.get(keys::task(&record.task.id)).unwrap(), None);
+            assert_eq!(read_stored(tree, &record.task.id).as_ref(), Some(record));
+        }
+        for record in &own_keys {
+            assert!(tree.get(keys::task(&record.task.id)).unwrap().is_some());
+            assert_eq!(read_stored(tree, &record.task.id).as_ref(), Some(record));
+        }
+        for missing in [v7_id(millis, 2), v7_id(millis, 99), v7_id(millis + 2, 1)] {
+            assert_eq!(read_stored(tree, &missing), None);
+        }
+        assert_eq!(
+            count_in_state(tree, "alice", TaskState::Completed.number()),
+            22
+        );
+    }
+
+    #[test]
+    fn a_bucketed_task_written_again_gets_its_own_key_which_reads_prefer() {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        let task_id = v7_id(1_767_000_000_000, 1);
+        let first = stored(&task_id, TaskState::Completed, 1);
+        queue_encoded(&applier, Arc::new(first.clone()), true);
+        applier.apply_pending().unwrap();
+        assert_eq!(record_buckets(&applier.tree, &task_id), [[task_id.clone()]]);
+
+        let mut second = first.clone();
+        second.version = 2;
+        second.agent = "edited".into();
+        queue_encoded(&applier, Arc::new(second.clone()), false);
+        applier.apply_pending().unwrap();
+        let tree = &applier.tree;
+        assert!(tree.get(keys::task(&task_id)).unwrap().is_some());
+        assert_eq!(read_stored(tree, &task_id), Some(second));
+        assert_eq!(
+            record_buckets(tree, &task_id),
+            [[task_id.clone()]],
+            "left as it was"
+        );
+        assert_eq!(
+            count_in_state(tree, "alice", TaskState::Completed.number()),
+            1
+        );
+    }
+
+    #[test]
+    fn a_replayed_log_and_a_crash_repair_find_records_in_buckets() {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        let task_id = v7_id(1_767_000_000_000, 1);
+        let record = stored(&task_id, TaskState::Completed, 1);
+        queue_encoded(&applier, Arc::new(record.clone()), true);
+        applier.apply_pending().unwrap();
+        let tree = &applier.tree;
+        let index = record_index_keys(&record);
+
+        // An interrupted application's intent names the task's index keys:
+        // they match its record (in its bucket), so they stay.
+        let intent = encode_intent([(task_id.as_str(), &index)].into_iter());
+        remove_stale_index_keys(tree, &intent).unwrap();
+        let state = TaskState::Completed.number();
+        let prefix = keys::by_state_prefix("alice", state);
+        assert_eq!(tree.scan_prefix(&prefix).count(), 1, "its index entry kept");
+
+        // The log replayed holds the same version: sled is as new already.
+        let entry = wal::Entry::Task {
+            record: Box::new(record.clone()),
+            events: Vec::new(),
+        };
+        applier.recover(PendingSet::from_log(vec![entry])).unwrap();
+        assert_eq!(
+            tree.get(keys::task(&task_id)).unwrap(),
+            None,
+            "nothing re-applied"
+        );
+        assert_eq!(read_stored(tree, &task_id), Some(record));
     }
 }

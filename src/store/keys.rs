@@ -6,6 +6,7 @@
 //! | prefix | key | value |
 //! |---|---|---|
 //! | `t` | task id | `TaskRecord` JSON |
+//! | `r` | creation millisecond of a UUIDv7 task id (its first 13 characters), 0, the bucket's first task id | a record bucket: ids and `TaskRecord` JSON of tasks finished when first applied (see [`record_in_bucket`]); a task's own `t` key supersedes it |
 //! | `e` | task id, 0, first seq (u64 BE) | JSON array of consecutive `StreamResponse`s (one object in ledgers from before 0.1) |
 //! | `is` | owner, 0, state, order | empty: tasks by state; merged over every state, all tasks |
 //! | `is` | owner, 0, state, order time | a bucket of tasks by terminal state: the ids of the tasks whose status in that state has that millisecond (see [`bucket_ids`]) |
@@ -52,6 +53,68 @@ fn join(parts: &[&[u8]]) -> Vec<u8> {
 /// `t` key of a task.
 pub fn task(task_id: &str) -> Vec<u8> {
     join(&[b"t", task_id.as_bytes()])
+}
+
+/// Prefix of the record buckets that may hold task `task_id`: its
+/// creation millisecond, as the first 48 bits of a UUIDv7 id carry it.
+/// `None` for an id that is no hyphenated UUIDv7 (those keep `t` keys).
+pub fn record_bucket_prefix(task_id: &str) -> Option<Vec<u8>> {
+    let bytes = task_id.as_bytes();
+    if bytes.len() != 36 || bytes[14] != b'7' || uuid::Uuid::try_parse(task_id).is_err() {
+        return None;
+    }
+    let mut key = Vec::with_capacity(2 + RECORD_BUCKET_TIME_LEN + 1 + bytes.len());
+    key.extend_from_slice(b"r");
+    key.push(SEP);
+    key.extend_from_slice(&bytes[..RECORD_BUCKET_TIME_LEN]);
+    key.push(SEP);
+    Some(key)
+}
+
+/// Text length of a UUIDv7's millisecond field (`xxxxxxxx-xxxx`).
+const RECORD_BUCKET_TIME_LEN: usize = 13;
+
+/// The record of `task_id` in a record bucket's value, if it holds it.
+pub fn record_in_bucket<'a>(value: &'a [u8], task_id: &str) -> Option<&'a [u8]> {
+    let mut rest = value;
+    while let Some((id, after)) = take_len_prefixed(rest, 2) {
+        let (record, after) = take_len_prefixed(after, 4)?;
+        if id == task_id.as_bytes() {
+            return Some(record);
+        }
+        rest = after;
+    }
+    None
+}
+
+/// The ids and records of a record bucket's value.
+pub fn bucket_records(value: &[u8]) -> Vec<(&[u8], &[u8])> {
+    let mut records = Vec::new();
+    let mut rest = value;
+    while let Some((id, after)) = take_len_prefixed(rest, 2) {
+        let Some((record, after)) = take_len_prefixed(after, 4) else {
+            break;
+        };
+        records.push((id, record));
+        rest = after;
+    }
+    records
+}
+
+/// Appends one task to a record bucket's value: its id after a u16 BE
+/// length, its record JSON after a u32 BE length.
+pub fn push_bucket_record(value: &mut Vec<u8>, task_id: &str, record: &[u8]) {
+    value.extend_from_slice(&(task_id.len() as u16).to_be_bytes());
+    value.extend_from_slice(task_id.as_bytes());
+    value.extend_from_slice(&(record.len() as u32).to_be_bytes());
+    value.extend_from_slice(record);
+}
+
+/// Splits a `width`-byte big-endian length and that many bytes off `bytes`.
+fn take_len_prefixed(bytes: &[u8], width: usize) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = bytes.split_at_checked(width)?;
+    let len = len.iter().fold(0usize, |n, b| n << 8 | usize::from(*b));
+    rest.split_at_checked(len)
 }
 
 /// Prefix of a task's event log.
@@ -359,5 +422,42 @@ mod tests {
         assert_eq!(minted_context(&uuid::Uuid::new_v4().to_string()), None);
         assert_eq!(minting_task(&uuid::Uuid::new_v4().to_string()), None);
         assert_eq!(minting_task("ctx"), None);
+    }
+    #[test]
+    fn record_buckets_are_found_from_uuidv7_ids_and_read_back_by_id() {
+        let id = "019a2b3c-4d5e-7f01-8000-000000000001";
+        let prefix = record_bucket_prefix(id).unwrap();
+        assert_eq!(prefix, b"r\x00019a2b3c-4d5e\x00");
+        let same_millis = "019a2b3c-4d5e-7aaa-9000-0000000000ff";
+        assert_eq!(record_bucket_prefix(same_millis).unwrap(), prefix);
+        for not_v7 in [
+            "t1",
+            "019a2b3c-4d5e-4f01-8000-000000000001",
+            "019a2b3c-4d5e-7f01-8000-00000000000g",
+            "019a2b3c4d5e7f0180000000000000000001",
+        ] {
+            assert_eq!(record_bucket_prefix(not_v7), None, "{not_v7}");
+        }
+
+        let mut value = Vec::new();
+        push_bucket_record(&mut value, id, b"{\"a\":1}");
+        push_bucket_record(&mut value, same_millis, b"{}");
+        assert_eq!(record_in_bucket(&value, id), Some(&b"{\"a\":1}"[..]));
+        assert_eq!(record_in_bucket(&value, same_millis), Some(&b"{}"[..]));
+        assert_eq!(
+            record_in_bucket(&value, "019a2b3c-4d5e-7f01-8000-000000000002"),
+            None
+        );
+        let ids: Vec<&[u8]> = bucket_records(&value)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(ids, [id.as_bytes(), same_millis.as_bytes()]);
+        // A cut value reads as far as it is whole, and never panics.
+        for cut in 0..value.len() {
+            let whole = bucket_records(&value[..cut]).len();
+            assert!(whole <= 1 || cut == value.len());
+            let _ = record_in_bucket(&value[..cut], same_millis);
+        }
     }
 }

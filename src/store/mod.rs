@@ -737,7 +737,7 @@ impl Ledger {
         if let Some(read) = self.applier.task(task_id) {
             return Ok(Some(read));
         }
-        match self.tree.get(keys::task(task_id))? {
+        match applier::stored_record(&self.tree, task_id)? {
             Some(bytes) => Ok(Some(ReadTask {
                 record: Arc::new(serde_json::from_slice(&bytes)?),
                 task_json: None,
@@ -1655,6 +1655,33 @@ mod tests {
 
     /// Every page of the owner's tasks (in `state`, if given), as ids in
     /// order, with the total the pages reported (checked the same on each).
+    #[tokio::test]
+    async fn finished_tasks_read_back_from_their_record_buckets() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = paused(dir.path());
+        let mut ids = Vec::new();
+        for _ in 0..12 {
+            let task_id = uuid::Uuid::now_v7().to_string();
+            let events = vec![status(&task_id, TaskState::Completed)];
+            ledger.create(record(&task_id), events).await.unwrap();
+            ids.push(task_id);
+        }
+        ledger.applier.apply_pending().unwrap();
+        // Reopened (the log replayed over what sled holds): reads go to sled.
+        drop(ledger);
+        let ledger = &reopen(dir.path());
+        for task_id in &ids {
+            assert_eq!(ledger.tree.get(keys::task(task_id)).unwrap(), None);
+            let read = ledger.get_for_reply(task_id).unwrap().expect("read back");
+            assert!(read.task_json.is_none(), "read from sled");
+            assert_eq!(read.record.task.status.state, TaskState::Completed);
+            assert_eq!(read.record.task.id, *task_id);
+        }
+        let (mut listed, total) = list_all(ledger, Some(TaskState::Completed), 5);
+        listed.sort();
+        assert_eq!((listed, total), (ids, 12));
+    }
+
     fn list_all(
         ledger: &Ledger,
         state: Option<TaskState>,

@@ -808,7 +808,11 @@ impl<'a> RecordBuckets<'a> {
                 let (group, after) = rest.split_at(count);
                 let mut key = prefix.clone();
                 key.extend_from_slice(first.as_bytes());
-                let mut value = Vec::with_capacity(bytes + group.len() * 48);
+                let group_bytes: usize = group
+                    .iter()
+                    .map(|(id, json)| 6 + id.len() + json.len())
+                    .sum();
+                let mut value = Vec::with_capacity(group_bytes);
                 for (id, json) in group {
                     keys::push_bucket_record(&mut value, id, json);
                 }
@@ -1887,5 +1891,91 @@ mod tests {
             "nothing re-applied"
         );
         assert_eq!(read_stored(tree, &task_id), Some(record));
+    }
+
+    #[test]
+    fn a_task_is_read_from_its_bucket_past_another_sets_buckets() {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        let millis = 1_767_000_000_000;
+        let mut records = Vec::new();
+        // Odd ids in one set, even ids in the next: their buckets interleave.
+        for parity in [1, 0] {
+            for n in 0..8 {
+                let record = stored(&v7_id(millis, 2 * n + parity), TaskState::Completed, 1);
+                queue_encoded(&applier, Arc::new(record.clone()), true);
+                records.push(record);
+            }
+            applier.apply_pending().unwrap();
+        }
+        let tree = &applier.tree;
+        assert_eq!(record_buckets(tree, &records[0].task.id).len(), 4);
+        for record in &records {
+            assert_eq!(read_stored(tree, &record.task.id).as_ref(), Some(record));
+        }
+    }
+
+    #[test]
+    fn a_bucket_lost_to_a_crash_is_repaired_into_a_key_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        let task_id = v7_id(1_767_000_000_000, 1);
+        let record = stored(&task_id, TaskState::Completed, 1);
+        queue_encoded(&applier, Arc::new(record.clone()), true);
+        applier.apply_pending().unwrap();
+        let tree = &applier.tree;
+        // The crash: the chunk's intent and index keys are in, its bucket is not.
+        let index = record_index_keys(&record);
+        let intent = encode_intent([(task_id.as_str(), &index)].into_iter());
+        tree.insert(keys::applying(), intent).unwrap();
+        let prefix = keys::record_bucket_prefix(&task_id).unwrap();
+        let (bucket, _) = tree.scan_prefix(prefix).next().unwrap().unwrap();
+        tree.remove(bucket).unwrap();
+
+        let entry = wal::Entry::Task {
+            record: Box::new(record.clone()),
+            events: Vec::new(),
+        };
+        applier.recover(PendingSet::from_log(vec![entry])).unwrap();
+        assert!(tree.get(keys::task(&task_id)).unwrap().is_some());
+        assert_eq!(read_stored(tree, &task_id), Some(record));
+        let state = TaskState::Completed.number();
+        assert_eq!(count_in_state(tree, "alice", state), 1);
+        assert_eq!(count(tree, "alice", "all"), 1);
+        let prefix = keys::by_state_prefix("alice", state);
+        let (_, entry) = tree.scan_prefix(&prefix).next().unwrap().unwrap();
+        assert_eq!(keys::bucket_ids(&entry), [task_id.as_bytes()]);
+    }
+
+    #[test]
+    fn a_retried_application_leaves_the_buckets_it_wrote_as_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        let millis = 1_767_000_000_000;
+        let records: Vec<TaskRecord> = (0..6)
+            .map(|n| stored(&v7_id(millis, n), TaskState::Completed, 1))
+            .collect();
+        for record in &records {
+            queue_encoded(&applier, Arc::new(record.clone()), true);
+        }
+        applier.apply_pending().unwrap();
+        let tree = &applier.tree;
+        let prefix = keys::record_bucket_prefix(&records[0].task.id).unwrap();
+        let written: Vec<_> = tree.scan_prefix(&prefix).map(Result::unwrap).collect();
+
+        // The same set again, as a retry after a failure part way sees it.
+        applier.partly_applied.store(true, Ordering::Relaxed);
+        for record in &records {
+            queue_encoded(&applier, Arc::new(record.clone()), true);
+        }
+        applier.apply_pending().unwrap();
+        let after: Vec<_> = tree.scan_prefix(&prefix).map(Result::unwrap).collect();
+        assert_eq!(after, written);
+        for record in &records {
+            assert_eq!(tree.get(keys::task(&record.task.id)).unwrap(), None);
+        }
+        let state = TaskState::Completed.number();
+        assert_eq!(count_in_state(tree, "alice", state), 6);
+        assert_eq!(count(tree, "alice", "all"), 6);
     }
 }

@@ -1653,8 +1653,6 @@ mod tests {
         assert!(ledger.applier.task("t2").is_some());
     }
 
-    /// Every page of the owner's tasks (in `state`, if given), as ids in
-    /// order, with the total the pages reported (checked the same on each).
     #[tokio::test]
     async fn finished_tasks_read_back_from_their_record_buckets() {
         let dir = tempfile::tempdir().unwrap();
@@ -1682,6 +1680,8 @@ mod tests {
         assert_eq!((listed, total), (ids, 12));
     }
 
+    /// Every page of the owner's tasks (in `state`, if given), as ids in
+    /// order, with the total the pages reported (checked the same on each).
     fn list_all(
         ledger: &Ledger,
         state: Option<TaskState>,

@@ -29,8 +29,8 @@
 //! Record buckets: a task that a set creates and finishes (the common
 //! blocking send) changes no more, so its record goes into one sled key
 //! with the others of its creation millisecond in that chunk, a few at a
-//! time, instead of a key of its own; one key per task cost sled as much
-//! as the rest of the application. A bucket is written only for tasks sled
+//! time, instead of a key of its own: the records' keys were the larger
+//! part of sled's work in an application. A bucket is written only for tasks sled
 //! does not hold; a task sled holds (in a bucket or not) gets a key of its
 //! own at its next write, and reads look there first ([`stored_record`]).
 

@@ -847,6 +847,45 @@ pub fn stored_record(tree: &sled::Tree, task_id: &str) -> Result<Option<sled::IV
     Ok(None)
 }
 
+/// The record buckets of one creation millisecond, read once for a scan
+/// of several tasks: a page of tasks often shares its millisecond, and one
+/// forward scan of its buckets costs sled less than a backward one per task.
+/// Valid only while no application runs ([`Applier::applied`]).
+#[derive(Default)]
+pub struct BucketMemo {
+    prefix: Vec<u8>,
+    buckets: Vec<sled::IVec>,
+}
+
+/// [`stored_record`], reading buckets through `memo`.
+pub fn stored_record_memo(
+    tree: &sled::Tree,
+    task_id: &str,
+    memo: &mut BucketMemo,
+) -> Result<Option<sled::IVec>, LedgerError> {
+    if let Some(record) = tree.get(keys::task(task_id))? {
+        return Ok(Some(record));
+    }
+    let Some(prefix) = keys::record_bucket_prefix(task_id) else {
+        return Ok(None);
+    };
+    if memo.prefix != prefix {
+        memo.buckets = tree
+            .scan_prefix(&prefix)
+            .values()
+            .collect::<Result<_, _>>()?;
+        memo.prefix = prefix;
+    }
+    // A task is in one bucket at most (only tasks sled lacks are bucketed).
+    for bucket in &memo.buckets {
+        if let Some(record) = keys::record_in_bucket(bucket, task_id) {
+            let offset = record.as_ptr() as usize - bucket.as_ptr() as usize;
+            return Ok(Some(bucket.subslice(offset, record.len())));
+        }
+    }
+    Ok(None)
+}
+
 /// Reads a u64 counter; absent is zero.
 pub fn read_counter(tree: &sled::Tree, key: &[u8]) -> Result<u64, LedgerError> {
     Ok(tree

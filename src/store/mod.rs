@@ -393,7 +393,12 @@ impl IndexPlan {
         })
     }
 
-    fn check(&self, ledger: &Ledger, suffix: &[u8]) -> Result<Verdict, LedgerError> {
+    fn check(
+        &self,
+        ledger: &Ledger,
+        suffix: &[u8],
+        memo: &mut applier::BucketMemo,
+    ) -> Result<Verdict, LedgerError> {
         let Some((millis, task_id)) = keys::parse_order(suffix) else {
             return Ok(Verdict::Skip);
         };
@@ -403,7 +408,7 @@ impl IndexPlan {
         let Some(state) = self.check_state else {
             return Ok(Verdict::Match(None));
         };
-        Ok(match ledger.get(task_id)? {
+        Ok(match ledger.get_listed(task_id, memo)? {
             Some(record) if record.task.status.state == state => {
                 Verdict::Match(Some(Box::new(record)))
             }
@@ -746,6 +751,22 @@ impl Ledger {
         }
     }
 
+    /// Reads a task for a listing, which holds [`Applier::applied`]: as
+    /// [`Ledger::get`], reading record buckets through `memo`.
+    fn get_listed(
+        &self,
+        task_id: &str,
+        memo: &mut applier::BucketMemo,
+    ) -> Result<Option<TaskRecord>, LedgerError> {
+        if let Some(read) = self.applier.task(task_id) {
+            return Ok(Some(Arc::unwrap_or_clone(read.record)));
+        }
+        match applier::stored_record_memo(&self.tree, task_id, memo)? {
+            Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
+            None => Ok(None),
+        }
+    }
+
     /// Creates a task and appends its first events, durably. The id must be
     /// new (a second create of one id would restart its event log): Baton
     /// makes every task id itself (UUIDv7), so nothing is read to check:
@@ -999,14 +1020,17 @@ impl Ledger {
         let plan = self.plan(owner, query)?;
         let mut page = ListPage::default();
         let mut last_order: Option<Vec<u8>> = None;
+        let mut memo = applier::BucketMemo::default();
         for suffix in plan.entries(&self.tree, query.page_token.as_deref())? {
             let suffix = suffix?;
-            let record = match plan.check(self, &suffix)? {
+            let record = match plan.check(self, &suffix, &mut memo)? {
                 Verdict::Stop => break,
                 Verdict::Skip => continue,
                 Verdict::Match(Some(record)) => *record,
                 Verdict::Match(None) => {
-                    match keys::parse_order(&suffix).and_then(|(_, id)| self.get(id).transpose()) {
+                    let listed = keys::parse_order(&suffix)
+                        .and_then(|(_, id)| self.get_listed(id, &mut memo).transpose());
+                    match listed {
                         Some(record) => record?,
                         None => continue,
                     }
@@ -1059,8 +1083,9 @@ impl Ledger {
             return Ok(read_counter(&self.tree, &key)? as usize);
         }
         let mut total = 0;
+        let mut memo = applier::BucketMemo::default();
         for suffix in plan.entries(&self.tree, None)? {
-            match plan.check(self, &suffix?)? {
+            match plan.check(self, &suffix?, &mut memo)? {
                 Verdict::Stop => break,
                 Verdict::Skip => {}
                 Verdict::Match(_) => total += 1,
@@ -1657,27 +1682,64 @@ mod tests {
     async fn finished_tasks_read_back_from_their_record_buckets() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = paused(dir.path());
+        // UUIDv7 ids of two creation milliseconds, their buckets side by side.
         let mut ids = Vec::new();
-        for _ in 0..12 {
-            let task_id = uuid::Uuid::now_v7().to_string();
+        for n in 0..12u16 {
+            let millis: u64 = 1_767_000_000_000 + u64::from(n % 2);
+            let task_id = format!(
+                "{:08x}-{:04x}-7{n:03x}-8000-{n:012x}",
+                millis >> 16,
+                millis & 0xffff
+            );
             let events = vec![status(&task_id, TaskState::Completed)];
             ledger.create(record(&task_id), events).await.unwrap();
             ids.push(task_id);
         }
         ledger.applier.apply_pending().unwrap();
+        // A later write of a bucketed task goes to a key of its own.
+        let edited = ids[4].clone();
+        ledger
+            .update(&edited, |record| {
+                record.agent = "edited".into();
+                Ok::<_, LedgerError>(Vec::new())
+            })
+            .await
+            .unwrap();
+        ledger.applier.apply_pending().unwrap();
         // Reopened (the log replayed over what sled holds): reads go to sled.
         drop(ledger);
         let ledger = &reopen(dir.path());
         for task_id in &ids {
-            assert_eq!(ledger.tree.get(keys::task(task_id)).unwrap(), None);
+            let bucketed = ledger.tree.get(keys::task(task_id)).unwrap().is_none();
+            assert_eq!(bucketed, *task_id != edited, "{task_id}");
             let read = ledger.get_for_reply(task_id).unwrap().expect("read back");
             assert!(read.task_json.is_none(), "read from sled");
             assert_eq!(read.record.task.status.state, TaskState::Completed);
             assert_eq!(read.record.task.id, *task_id);
         }
-        let (mut listed, total) = list_all(ledger, Some(TaskState::Completed), 5);
-        listed.sort();
-        assert_eq!((listed, total), (ids, 12));
+        ids.sort();
+        for state in [Some(TaskState::Completed), None] {
+            let (mut listed, total) = list_all(ledger, state, 5);
+            listed.sort();
+            assert_eq!((&listed, total), (&ids, 12));
+        }
+        // Listing reads the task's own key, not its bucket's older copy.
+        for state in [Some(TaskState::Completed), None] {
+            let query = ListQuery {
+                state,
+                page_size: 100,
+                ..ListQuery::default()
+            };
+            let page = ledger.list("owner", &query).unwrap();
+            for record in page.records {
+                let agent = if record.task.id == edited {
+                    "edited"
+                } else {
+                    "agent"
+                };
+                assert_eq!(record.agent, agent);
+            }
+        }
     }
 
     /// Every page of the owner's tasks (in `state`, if given), as ids in

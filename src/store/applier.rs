@@ -847,14 +847,49 @@ pub fn stored_record(tree: &sled::Tree, task_id: &str) -> Result<Option<sled::IV
     Ok(None)
 }
 
-/// The record buckets of one creation millisecond, read once for a scan
-/// of several tasks: a page of tasks often shares its millisecond, and one
-/// forward scan of its buckets costs sled less than a backward one per task.
+/// The record buckets of the creation milliseconds a scan of several tasks
+/// met, each read once: a page of tasks comes from few milliseconds (in
+/// status order, tasks of two or three may alternate), and one forward scan
+/// of a millisecond's buckets costs sled less than a backward one per task.
 /// Valid only while no application runs ([`Applier::applied`]).
 #[derive(Default)]
 pub struct BucketMemo {
-    prefix: Vec<u8>,
-    buckets: Vec<sled::IVec>,
+    /// By millisecond prefix, at most [`BUCKET_MEMO_MILLIS`]; the oldest
+    /// read is replaced first.
+    millis: Vec<(Vec<u8>, Vec<sled::IVec>)>,
+    next_replaced: usize,
+}
+
+/// Most milliseconds a [`BucketMemo`] holds.
+const BUCKET_MEMO_MILLIS: usize = 16;
+
+impl BucketMemo {
+    /// The buckets under `prefix`, read from `tree` unless held already.
+    fn buckets(
+        &mut self,
+        tree: &sled::Tree,
+        prefix: Vec<u8>,
+    ) -> Result<&[sled::IVec], LedgerError> {
+        let at = match self.millis.iter().position(|(held, _)| *held == prefix) {
+            Some(at) => at,
+            None => {
+                let buckets = tree
+                    .scan_prefix(&prefix)
+                    .values()
+                    .collect::<Result<_, _>>()?;
+                if self.millis.len() < BUCKET_MEMO_MILLIS {
+                    self.millis.push((prefix, buckets));
+                    self.millis.len() - 1
+                } else {
+                    let at = self.next_replaced;
+                    self.next_replaced = (at + 1) % BUCKET_MEMO_MILLIS;
+                    self.millis[at] = (prefix, buckets);
+                    at
+                }
+            }
+        };
+        Ok(&self.millis[at].1)
+    }
 }
 
 /// [`stored_record`], reading buckets through `memo`.
@@ -869,15 +904,8 @@ pub fn stored_record_memo(
     let Some(prefix) = keys::record_bucket_prefix(task_id) else {
         return Ok(None);
     };
-    if memo.prefix != prefix {
-        memo.buckets = tree
-            .scan_prefix(&prefix)
-            .values()
-            .collect::<Result<_, _>>()?;
-        memo.prefix = prefix;
-    }
     // A task is in one bucket at most (only tasks sled lacks are bucketed).
-    for bucket in &memo.buckets {
+    for bucket in memo.buckets(tree, prefix)? {
         if let Some(record) = keys::record_in_bucket(bucket, task_id) {
             let offset = record.as_ptr() as usize - bucket.as_ptr() as usize;
             return Ok(Some(bucket.subslice(offset, record.len())));
@@ -2016,5 +2044,37 @@ mod tests {
         let state = TaskState::Completed.number();
         assert_eq!(count_in_state(tree, "alice", state), 6);
         assert_eq!(count(tree, "alice", "all"), 6);
+    }
+
+    #[test]
+    fn a_memo_of_buckets_serves_tasks_of_more_milliseconds_than_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        let millis = 1_767_000_000_000;
+        let spread = BUCKET_MEMO_MILLIS as u64 + 4;
+        let records: Vec<TaskRecord> = (0..spread * 2)
+            .map(|n| stored(&v7_id(millis + n % spread, n as u16), TaskState::Failed, 1))
+            .collect();
+        for record in &records {
+            queue_encoded(&applier, Arc::new(record.clone()), true);
+        }
+        applier.apply_pending().unwrap();
+        let mut memo = BucketMemo::default();
+        // Every millisecond twice, in turn: each read finds its task, held or not.
+        for _ in 0..2 {
+            for record in &records {
+                let bytes = stored_record_memo(&applier.tree, &record.task.id, &mut memo)
+                    .unwrap()
+                    .expect("found");
+                let read: TaskRecord = serde_json::from_slice(&bytes).unwrap();
+                assert_eq!(&read, record);
+            }
+        }
+        assert_eq!(memo.millis.len(), BUCKET_MEMO_MILLIS);
+        let missing = v7_id(millis, 999);
+        assert_eq!(
+            stored_record_memo(&applier.tree, &missing, &mut memo).unwrap(),
+            None
+        );
     }
 }

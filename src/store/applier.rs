@@ -1825,6 +1825,17 @@ mod tests {
         applier.add_task(record, Some(encoded), &[], 0, created);
     }
 
+    /// An applier (over a fresh sled in the returned directory) that has
+    /// applied one COMPLETED task with a UUIDv7 id, into a record bucket.
+    fn applied_in_a_bucket() -> (tempfile::TempDir, Arc<Applier>, TaskRecord) {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        let record = stored(&v7_id(1_767_000_000_000, 1), TaskState::Completed, 1);
+        queue_encoded(&applier, Arc::new(record.clone()), true);
+        applier.apply_pending().unwrap();
+        (dir, applier, record)
+    }
+
     fn read_stored(tree: &sled::Tree, task_id: &str) -> Option<TaskRecord> {
         stored_record(tree, task_id)
             .unwrap()
@@ -1900,12 +1911,8 @@ mod tests {
 
     #[test]
     fn a_bucketed_task_written_again_gets_its_own_key_which_reads_prefer() {
-        let dir = tempfile::tempdir().unwrap();
-        let applier = unstarted_applier(dir.path());
-        let task_id = v7_id(1_767_000_000_000, 1);
-        let first = stored(&task_id, TaskState::Completed, 1);
-        queue_encoded(&applier, Arc::new(first.clone()), true);
-        applier.apply_pending().unwrap();
+        let (_dir, applier, first) = applied_in_a_bucket();
+        let task_id = first.task.id.clone();
         assert_eq!(record_buckets(&applier.tree, &task_id), [[task_id.clone()]]);
 
         let mut second = first.clone();
@@ -1929,12 +1936,8 @@ mod tests {
 
     #[test]
     fn a_replayed_log_and_a_crash_repair_find_records_in_buckets() {
-        let dir = tempfile::tempdir().unwrap();
-        let applier = unstarted_applier(dir.path());
-        let task_id = v7_id(1_767_000_000_000, 1);
-        let record = stored(&task_id, TaskState::Completed, 1);
-        queue_encoded(&applier, Arc::new(record.clone()), true);
-        applier.apply_pending().unwrap();
+        let (_dir, applier, record) = applied_in_a_bucket();
+        let task_id = record.task.id.clone();
         let tree = &applier.tree;
         let index = record_index_keys(&record);
 
@@ -1984,12 +1987,8 @@ mod tests {
 
     #[test]
     fn a_bucket_lost_to_a_crash_is_repaired_into_a_key_of_its_own() {
-        let dir = tempfile::tempdir().unwrap();
-        let applier = unstarted_applier(dir.path());
-        let task_id = v7_id(1_767_000_000_000, 1);
-        let record = stored(&task_id, TaskState::Completed, 1);
-        queue_encoded(&applier, Arc::new(record.clone()), true);
-        applier.apply_pending().unwrap();
+        let (_dir, applier, record) = applied_in_a_bucket();
+        let task_id = record.task.id.clone();
         let tree = &applier.tree;
         // The crash: the chunk's intent and index keys are in, its bucket is not.
         let index = record_index_keys(&record);

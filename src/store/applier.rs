@@ -634,7 +634,7 @@ impl Applier {
         let before: Option<AppliedHead> = if pending.created && trust_created {
             None
         } else {
-            match stored_record(&self.tree, task_id)? {
+            match stored_record(&self.tree, task_id, None)? {
                 Some(bytes) => Some(serde_json::from_slice(&bytes)?),
                 None => None,
             }
@@ -795,29 +795,18 @@ impl<'a> RecordBuckets<'a> {
             records.sort_unstable_by_key(|(id, _)| *id);
             let mut rest = records.as_slice();
             while let Some(((first, _), _)) = rest.split_first() {
-                let mut bytes = 0;
-                let count = rest
-                    .iter()
-                    .take(BUCKET_RECORDS_MAX)
-                    .take_while(|(_, json)| {
-                        bytes += json.len();
-                        bytes <= BUCKET_BYTES_MAX
-                    })
-                    .count()
-                    .max(1);
-                let (group, after) = rest.split_at(count);
-                let mut key = prefix.clone();
-                key.extend_from_slice(first.as_bytes());
-                let group_bytes: usize = group
-                    .iter()
-                    .map(|(id, json)| 6 + id.len() + json.len())
-                    .sum();
-                let mut value = Vec::with_capacity(group_bytes);
-                for (id, json) in group {
+                let (mut value, mut bytes, mut count) = (Vec::new(), 0, 0);
+                for (id, json) in rest.iter().take(BUCKET_RECORDS_MAX) {
+                    // The first always fits: `take` keeps larger records out.
+                    if count > 0 && bytes + json.len() > BUCKET_BYTES_MAX {
+                        break;
+                    }
                     keys::push_bucket_record(&mut value, id, json);
+                    bytes += json.len();
+                    count += 1;
                 }
-                tree.insert(key, value)?;
-                rest = after;
+                tree.insert([prefix.as_slice(), first.as_bytes()].concat(), value)?;
+                rest = &rest[count..];
             }
         }
         Ok(())
@@ -825,26 +814,42 @@ impl<'a> RecordBuckets<'a> {
 }
 
 /// A task's record as sled holds it: its own key, which a later write
-/// sets, else its entry in a record bucket of its creation millisecond.
-pub fn stored_record(tree: &sled::Tree, task_id: &str) -> Result<Option<sled::IVec>, LedgerError> {
+/// sets, else its entry in a record bucket of its creation millisecond,
+/// found through `memo` when a scan reads several tasks.
+pub fn stored_record(
+    tree: &sled::Tree,
+    task_id: &str,
+    memo: Option<&mut BucketMemo>,
+) -> Result<Option<sled::IVec>, LedgerError> {
     if let Some(record) = tree.get(keys::task(task_id))? {
         return Ok(Some(record));
     }
     let Some(prefix) = keys::record_bucket_prefix(task_id) else {
         return Ok(None);
     };
+    if let Some(memo) = memo {
+        // A task is in one bucket at most (only tasks sled lacks are bucketed).
+        let buckets = memo.buckets(tree, prefix)?;
+        return Ok(buckets.iter().find_map(|bucket| record_of(bucket, task_id)));
+    }
     // A bucket is keyed by its first id: the one holding `task_id` is the
     // nearest at or before it, unless another set's buckets fall between.
     let mut last = prefix.clone();
     last.extend_from_slice(task_id.as_bytes());
     for entry in tree.range(prefix..=last).rev() {
         let (_, bucket) = entry?;
-        if let Some(record) = keys::record_in_bucket(&bucket, task_id) {
-            let offset = record.as_ptr() as usize - bucket.as_ptr() as usize;
-            return Ok(Some(bucket.subslice(offset, record.len())));
+        if let Some(record) = record_of(&bucket, task_id) {
+            return Ok(Some(record));
         }
     }
     Ok(None)
+}
+
+/// The record of `task_id` in `bucket`, sharing the bucket's bytes.
+fn record_of(bucket: &sled::IVec, task_id: &str) -> Option<sled::IVec> {
+    let record = keys::record_in_bucket(bucket, task_id)?;
+    let offset = record.as_ptr() as usize - bucket.as_ptr() as usize;
+    Some(bucket.subslice(offset, record.len()))
 }
 
 /// The record buckets of the creation milliseconds a scan of several tasks
@@ -890,28 +895,6 @@ impl BucketMemo {
         };
         Ok(&self.millis[at].1)
     }
-}
-
-/// [`stored_record`], reading buckets through `memo`.
-pub fn stored_record_memo(
-    tree: &sled::Tree,
-    task_id: &str,
-    memo: &mut BucketMemo,
-) -> Result<Option<sled::IVec>, LedgerError> {
-    if let Some(record) = tree.get(keys::task(task_id))? {
-        return Ok(Some(record));
-    }
-    let Some(prefix) = keys::record_bucket_prefix(task_id) else {
-        return Ok(None);
-    };
-    // A task is in one bucket at most (only tasks sled lacks are bucketed).
-    for bucket in memo.buckets(tree, prefix)? {
-        if let Some(record) = keys::record_in_bucket(bucket, task_id) {
-            let offset = record.as_ptr() as usize - bucket.as_ptr() as usize;
-            return Ok(Some(bucket.subslice(offset, record.len())));
-        }
-    }
-    Ok(None)
 }
 
 /// Reads a u64 counter; absent is zero.
@@ -1223,7 +1206,7 @@ fn decode_intent(mut intent: &[u8]) -> Vec<(String, Vec<Vec<u8>>)> {
 /// version whose record never made it in.
 fn remove_stale_index_keys(tree: &sled::Tree, intent: &[u8]) -> Result<(), LedgerError> {
     for (task_id, added) in decode_intent(intent) {
-        let current = match stored_record(tree, &task_id)? {
+        let current = match stored_record(tree, &task_id, None)? {
             Some(bytes) => serde_json::from_slice::<AppliedHead>(&bytes)?.index_keys(),
             None => Vec::new(),
         };
@@ -1837,7 +1820,7 @@ mod tests {
     }
 
     fn read_stored(tree: &sled::Tree, task_id: &str) -> Option<TaskRecord> {
-        stored_record(tree, task_id)
+        stored_record(tree, task_id, None)
             .unwrap()
             .map(|bytes| serde_json::from_slice(&bytes).unwrap())
     }
@@ -1850,7 +1833,6 @@ mod tests {
                 let (_, value) = entry.unwrap();
                 assert!(value.len() <= BUCKET_BYTES_MAX + BUCKET_RECORDS_MAX * 48);
                 keys::bucket_records(&value)
-                    .into_iter()
                     .map(|(id, _)| String::from_utf8(id.to_vec()).unwrap())
                     .collect()
             })
@@ -2062,7 +2044,7 @@ mod tests {
         // Every millisecond twice, in turn: each read finds its task, held or not.
         for _ in 0..2 {
             for record in &records {
-                let bytes = stored_record_memo(&applier.tree, &record.task.id, &mut memo)
+                let bytes = stored_record(&applier.tree, &record.task.id, Some(&mut memo))
                     .unwrap()
                     .expect("found");
                 let read: TaskRecord = serde_json::from_slice(&bytes).unwrap();
@@ -2072,8 +2054,38 @@ mod tests {
         assert_eq!(memo.millis.len(), BUCKET_MEMO_MILLIS);
         let missing = v7_id(millis, 999);
         assert_eq!(
-            stored_record_memo(&applier.tree, &missing, &mut memo).unwrap(),
+            stored_record(&applier.tree, &missing, Some(&mut memo)).unwrap(),
             None
         );
+    }
+
+    #[test]
+    fn a_record_bucket_holds_at_most_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        let padded: Vec<TaskRecord> = (0..4)
+            .map(|n| {
+                let mut record = stored(&v7_id(1_767_000_000_000, n), TaskState::Completed, 1);
+                let pad = serde_json::json!({"pad": "x".repeat(BUCKET_BYTES_MAX * 2 / 5)});
+                record.task.metadata = Some(serde_json::from_value(pad).unwrap());
+                record
+            })
+            .collect();
+        for record in &padded {
+            queue_encoded(&applier, Arc::new(record.clone()), true);
+        }
+        applier.apply_pending().unwrap();
+        // Two fit in the bytes of one bucket, three do not.
+        let sizes: Vec<usize> = record_buckets(&applier.tree, &padded[0].task.id)
+            .iter()
+            .map(Vec::len)
+            .collect();
+        assert_eq!(sizes, [2, 2]);
+        for record in &padded {
+            assert_eq!(
+                read_stored(&applier.tree, &record.task.id).as_ref(),
+                Some(record)
+            );
+        }
     }
 }

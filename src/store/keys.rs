@@ -60,7 +60,9 @@ pub fn task(task_id: &str) -> Vec<u8> {
 /// `None` for an id that is no hyphenated UUIDv7 (those keep `t` keys).
 pub fn record_bucket_prefix(task_id: &str) -> Option<Vec<u8>> {
     let bytes = task_id.as_bytes();
-    if bytes.len() != 36 || bytes[14] != b'7' || uuid::Uuid::try_parse(task_id).is_err() {
+    let hyphenated_v7 = bytes.len() == uuid::fmt::Hyphenated::LENGTH
+        && uuid::Uuid::try_parse(task_id).is_ok_and(|uuid| uuid.get_version_num() == 7);
+    if !hyphenated_v7 {
         return None;
     }
     let mut key = Vec::with_capacity(2 + RECORD_BUCKET_TIME_LEN + 1 + bytes.len());
@@ -76,30 +78,21 @@ const RECORD_BUCKET_TIME_LEN: usize = 13;
 
 /// The record of `task_id` in a record bucket's value, if it holds it.
 pub fn record_in_bucket<'a>(value: &'a [u8], task_id: &str) -> Option<&'a [u8]> {
-    let mut rest = value;
-    while let Some((id, after)) = take_len_prefixed(rest, 2) {
-        let (record, after) = take_len_prefixed(after, 4)?;
-        if id == task_id.as_bytes() {
-            return Some(record);
-        }
-        rest = after;
-    }
-    None
+    bucket_records(value)
+        .find(|(id, _)| *id == task_id.as_bytes())
+        .map(|(_, record)| record)
 }
 
-/// The ids and records of a record bucket's value (tests look into buckets).
-#[cfg(test)]
-pub fn bucket_records(value: &[u8]) -> Vec<(&[u8], &[u8])> {
-    let mut records = Vec::new();
+/// The ids and records of a record bucket's value (see
+/// [`push_bucket_record`]), as far as it decodes.
+pub fn bucket_records(value: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
     let mut rest = value;
-    while let Some((id, after)) = take_len_prefixed(rest, 2) {
-        let Some((record, after)) = take_len_prefixed(after, 4) else {
-            break;
-        };
-        records.push((id, record));
+    std::iter::from_fn(move || {
+        let (id, after) = take_len_prefixed(rest, 2)?;
+        let (record, after) = take_len_prefixed(after, 4)?;
         rest = after;
-    }
-    records
+        Some((id, record))
+    })
 }
 
 /// Appends one task to a record bucket's value: its id after a u16 BE
@@ -449,14 +442,11 @@ mod tests {
             record_in_bucket(&value, "019a2b3c-4d5e-7f01-8000-000000000002"),
             None
         );
-        let ids: Vec<&[u8]> = bucket_records(&value)
-            .into_iter()
-            .map(|(id, _)| id)
-            .collect();
+        let ids: Vec<&[u8]> = bucket_records(&value).map(|(id, _)| id).collect();
         assert_eq!(ids, [id.as_bytes(), same_millis.as_bytes()]);
         // A cut value reads as far as it is whole, and never panics.
         for cut in 0..value.len() {
-            assert!(bucket_records(&value[..cut]).len() <= 1);
+            assert!(bucket_records(&value[..cut]).count() <= 1);
             assert_eq!(record_in_bucket(&value[..cut], same_millis), None);
         }
     }

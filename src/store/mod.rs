@@ -739,16 +739,7 @@ impl Ledger {
     /// Reads a task for a reply: as [`Ledger::get_shared`], with the task's
     /// JSON if a write not yet in sled encoded it.
     pub fn get_for_reply(&self, task_id: &str) -> Result<Option<ReadTask>, LedgerError> {
-        if let Some(read) = self.applier.task(task_id) {
-            return Ok(Some(read));
-        }
-        match applier::stored_record(&self.tree, task_id)? {
-            Some(bytes) => Ok(Some(ReadTask {
-                record: Arc::new(serde_json::from_slice(&bytes)?),
-                task_json: None,
-            })),
-            None => Ok(None),
-        }
+        self.read_task(task_id, None)
     }
 
     /// Reads a task for a listing, which holds [`Applier::applied`]: as
@@ -758,11 +749,24 @@ impl Ledger {
         task_id: &str,
         memo: &mut applier::BucketMemo,
     ) -> Result<Option<TaskRecord>, LedgerError> {
+        let read = self.read_task(task_id, Some(memo))?;
+        Ok(read.map(|read| Arc::unwrap_or_clone(read.record)))
+    }
+
+    /// A task from the writes not yet in sled, else from sled.
+    fn read_task(
+        &self,
+        task_id: &str,
+        memo: Option<&mut applier::BucketMemo>,
+    ) -> Result<Option<ReadTask>, LedgerError> {
         if let Some(read) = self.applier.task(task_id) {
-            return Ok(Some(Arc::unwrap_or_clone(read.record)));
+            return Ok(Some(read));
         }
-        match applier::stored_record_memo(&self.tree, task_id, memo)? {
-            Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
+        match applier::stored_record(&self.tree, task_id, memo)? {
+            Some(bytes) => Ok(Some(ReadTask {
+                record: Arc::new(serde_json::from_slice(&bytes)?),
+                task_json: None,
+            })),
             None => Ok(None),
         }
     }

@@ -315,7 +315,7 @@ mod tests {
             .into_iter()
             .map(|(key, value)| (key.into_bytes(), value))
             .collect();
-        assert!(read == expected);
+        assert_eq!(read, expected);
         // After the frames, zeros only, up to the zero-filled end.
         let bytes = std::fs::read(segment_path(dir.path(), 1)).unwrap();
         assert_eq!(bytes.len() as u64, segment.allocated);

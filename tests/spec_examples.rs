@@ -1204,7 +1204,7 @@ fn defaults_are_omitted() {
     );
     // ListTasksResponse is the exception: every field is always present (§3.1.4).
     assert_eq!(
-        to_json(&ListTasksResponse::default()),
+        to_json(&ListTasksResponse::<Task>::default()),
         json!({"tasks": [], "nextPageToken": "", "pageSize": 0, "totalSize": 0})
     );
 }

@@ -16,8 +16,7 @@ use crate::error::GatewayError;
 use crate::protocol::*;
 use crate::push::PushDispatcher;
 use crate::registry::{AgentEntry, Directory};
-use crate::store::{self, Change, Ledger, LedgerError, ListQuery, ReadTask, TaskRecord};
-use serde_json::value::RawValue;
+use crate::store::{self, Change, Ledger, LedgerError, ListQuery, ReadTask, ReplyTask, TaskRecord};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -33,48 +32,62 @@ impl From<LedgerError> for GatewayError {
     }
 }
 
-/// A stored task as a reply (`GetTask`, `SendMessage`): the JSON the ledger
-/// write encoded, when it has it and the reply is the whole task; else
-/// written through [`Task::borrowed_view`], so the record is not copied.
+/// A task as a reply (`GetTask`, `ListTasks`, `SendMessage`), shaped from
+/// the task's JSON when the ledger has it (the JSON a write encoded, or the
+/// record sled holds) and else written through [`Task::borrowed_view`]; the
+/// record is neither decoded nor copied for it.
 #[derive(Debug)]
 pub struct TaskReply {
-    record: Arc<TaskRecord>,
+    task: ReplyTask,
     history_length: Option<i32>,
-    task_json: Option<Arc<RawValue>>,
+    include_artifacts: bool,
 }
 
 impl TaskReply {
     /// `record`'s task with at most `history_length` recent messages.
     pub fn new(record: Arc<TaskRecord>, history_length: Option<i32>) -> Self {
-        Self {
+        let read = ReadTask {
             record,
-            history_length,
             task_json: None,
-        }
+        };
+        Self::read(ReplyTask::Read(read), history_length)
     }
 
     /// A task read for a reply, with at most `history_length` recent messages.
-    pub fn read(read: ReadTask, history_length: Option<i32>) -> Self {
+    pub fn read(task: ReplyTask, history_length: Option<i32>) -> Self {
         Self {
-            record: read.record,
+            task,
             history_length,
-            task_json: read.task_json,
+            include_artifacts: true,
         }
     }
 }
 
 impl serde::Serialize for TaskReply {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let task = &self.record.task;
-        let whole_history = self
-            .history_length
-            .is_none_or(|n| usize::try_from(n).is_ok_and(|n| n >= task.history.len()));
-        match &self.task_json {
-            Some(json) if whole_history => json.serialize(serializer),
-            _ => task
-                .borrowed_view(self.history_length, true)
-                .serialize(serializer),
-        }
+        let json = match &self.task {
+            ReplyTask::Read(read) => {
+                let task = &read.record.task;
+                let Some(json) = &read.task_json else {
+                    return task
+                        .borrowed_view(self.history_length, self.include_artifacts)
+                        .serialize(serializer);
+                };
+                let whole = self
+                    .history_length
+                    .is_none_or(|n| usize::try_from(n).is_ok_and(|n| n >= task.history.len()))
+                    && (self.include_artifacts || task.artifacts.is_empty());
+                if whole {
+                    return json.serialize(serializer);
+                }
+                json.get()
+            }
+            ReplyTask::Stored(stored) => stored.task_json(),
+        };
+        TaskJson::parse(json)
+            .map_err(serde::ser::Error::custom)?
+            .view(self.history_length, self.include_artifacts)
+            .serialize(serializer)
     }
 }
 
@@ -230,7 +243,7 @@ impl Gateway {
     ) -> Result<TaskReply, GatewayError> {
         self.ledger
             .get_for_reply(task_id)?
-            .filter(|read| read.record.owner == ctx.principal)
+            .filter(|read| read.owner() == ctx.principal)
             .map(|read| TaskReply::read(read, history_length))
             .ok_or_else(|| GatewayError::TaskNotFound(task_id.to_string()))
     }
@@ -253,7 +266,7 @@ impl Gateway {
         &self,
         ctx: &CallContext,
         req: ListTasksRequest,
-    ) -> Result<ListTasksResponse, GatewayError> {
+    ) -> Result<ListTasksResponse<TaskReply>, GatewayError> {
         let mut violations = Vec::new();
         let page_size = req.page_size.unwrap_or(validate::DEFAULT_PAGE_SIZE);
         if !(1..=validate::MAX_PAGE_SIZE).contains(&page_size) {
@@ -292,8 +305,11 @@ impl Gateway {
         Ok(ListTasksResponse {
             tasks: page
                 .records
-                .iter()
-                .map(|r| r.task.view(req.history_length, include_artifacts))
+                .into_iter()
+                .map(|task| TaskReply {
+                    include_artifacts,
+                    ..TaskReply::read(task, req.history_length)
+                })
                 .collect(),
             next_page_token: page.next_page_token,
             page_size,

@@ -929,7 +929,10 @@ mod tests {
                 record: record.clone(),
                 task_json: Some(task_json.clone()),
             };
-            let reply = SendReply::Task(TaskReply::read(read, history_length));
+            let reply = SendReply::Task(TaskReply::read(
+                crate::store::ReplyTask::Read(read),
+                history_length,
+            ));
             assert_eq!(serde_json::to_string(&reply).unwrap(), expected);
         }
         let message = task.history[0].clone();

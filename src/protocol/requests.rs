@@ -120,13 +120,15 @@ pub struct ListTasksRequest {
     pub include_artifacts: Option<bool>,
 }
 
-/// `ListTasksResponse`: every field is always present.
+/// `ListTasksResponse`: every field is always present. `T` is how a task
+/// is held: decoded, or as the gateway's reply shaped from stored JSON.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ListTasksResponse {
+pub struct ListTasksResponse<T = Task> {
     /// The page.
     #[serde(default, deserialize_with = "nullable")]
-    pub tasks: Vec<Task>,
+    #[serde(bound(deserialize = "T: Deserialize<'de>"))]
+    pub tasks: Vec<T>,
     /// Cursor of the next page; empty on the last page.
     #[serde(default, alias = "next_page_token", deserialize_with = "nullable")]
     pub next_page_token: String,

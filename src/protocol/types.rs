@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::de::{self, Deserializer};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 /// `TaskState`: where a task is in its lifecycle.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -471,6 +472,67 @@ impl Task {
     }
 }
 
+/// A task's JSON as Baton wrote it, taken apart into each field's JSON, so
+/// that a reply is shaped from the stored bytes without decoding the task.
+/// Only for JSON Baton serialized from a [`Task`] (the ledger's records):
+/// the fields are copied verbatim, so they must already be exact.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskJson<'a> {
+    #[serde(borrow)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    context_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    status: Option<&'a RawValue>,
+    #[serde(borrow)]
+    artifacts: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    history: Vec<&'a RawValue>,
+    #[serde(borrow)]
+    metadata: Option<&'a RawValue>,
+}
+
+impl<'a> TaskJson<'a> {
+    /// Takes apart the JSON of a task Baton serialized.
+    pub fn parse(json: &'a str) -> serde_json::Result<Self> {
+        serde_json::from_str(json)
+    }
+
+    /// As [`Task::borrowed_view`]; serializes byte for byte as that view.
+    pub fn view(&self, history_length: Option<i32>, include_artifacts: bool) -> TaskJsonView<'_> {
+        let keep = history_length.map_or(self.history.len(), |n| {
+            usize::try_from(n).unwrap_or(0).min(self.history.len())
+        });
+        TaskJsonView {
+            id: self.id,
+            context_id: self.context_id,
+            status: self.status,
+            artifacts: self.artifacts.filter(|_| include_artifacts),
+            history: &self.history[self.history.len() - keep..],
+            metadata: self.metadata,
+        }
+    }
+}
+
+/// A [`TaskJson`] shaped for a reply, in [`Task`]'s field order.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskJsonView<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context_id: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    artifacts: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "<[&RawValue]>::is_empty")]
+    history: &'a [&'a RawValue],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<&'a RawValue>,
+}
+
 /// A task shaped for a reply, borrowed; serializes exactly as the [`Task`]
 /// that [`Task::view`] returns.
 #[derive(Debug, Serialize)]
@@ -657,6 +719,56 @@ mod tests {
                 TaskState::AuthRequired,
             ]
         );
+    }
+
+    #[test]
+    fn a_view_of_a_tasks_json_is_byte_for_byte_the_view_of_the_task() {
+        let full: Task = serde_json::from_value(json!({
+            "id": "t1",
+            "contextId": "c1",
+            "status": {
+                "state": "TASK_STATE_INPUT_REQUIRED",
+                "message": {"messageId": "q", "role": "ROLE_AGENT", "parts": [{"text": "which \"one\"?\n"}]},
+                "timestamp": "2026-12-02T03:04:05.678Z"
+            },
+            "artifacts": [
+                {"artifactId": "a1", "parts": [{"data": {"n": 1.5, "z": [null, true]}, "mediaType": "application/json"}]},
+                {"artifactId": "a2", "name": "\u{e9}t\u{e9} \u{1f600}", "parts": [{"url": "https://x/y", "filename": "y"}]}
+            ],
+            "history": [
+                {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "one"}], "metadata": {"b": 2, "a": "1"}},
+                {"messageId": "m2", "role": "ROLE_AGENT", "parts": [{"raw": "AAEC"}], "taskId": "t1"},
+                {"messageId": "m3", "role": "ROLE_USER", "parts": [{"text": "three"}], "referenceTaskIds": ["t0"]}
+            ],
+            "metadata": {"k": {"nested": ["v", 2]}}
+        }))
+        .unwrap();
+        let bare = Task {
+            id: "t2".into(),
+            ..Task::default()
+        };
+        let no_artifacts = Task {
+            artifacts: Vec::new(),
+            metadata: None,
+            ..full.clone()
+        };
+        for task in [full, bare, no_artifacts, Task::default()] {
+            let json = serde_json::to_string(&task).unwrap();
+            let parts = TaskJson::parse(&json).unwrap();
+            for history_length in [None, Some(0), Some(1), Some(2), Some(3), Some(9), Some(-1)] {
+                for include_artifacts in [true, false] {
+                    assert_eq!(
+                        serde_json::to_string(&parts.view(history_length, include_artifacts))
+                            .unwrap(),
+                        serde_json::to_string(
+                            &task.borrowed_view(history_length, include_artifacts)
+                        )
+                        .unwrap(),
+                        "{json} {history_length:?} {include_artifacts}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -146,13 +146,96 @@ impl<'a, T> RecordJson<'a, T> {
     }
 }
 
-/// A task read for a reply: its record, and its task's JSON when the write
+/// A task read decoded: its record, and its task's JSON when the write
 /// that made this very record encoded it and the overlay still holds both.
+#[derive(Debug)]
 pub struct ReadTask {
     /// The record.
     pub record: Arc<TaskRecord>,
     /// `record.task` as JSON, written by the ledger's write.
     pub task_json: Option<Arc<RawValue>>,
+}
+
+/// A task read for a reply (`GetTask`, `ListTasks`): a record in sled is
+/// not decoded, as the reply is shaped from its task's JSON.
+#[derive(Debug)]
+pub enum ReplyTask {
+    /// A write not yet in sled, or a record at hand.
+    Read(ReadTask),
+    /// A record as sled holds it.
+    Stored(StoredRecord),
+}
+
+impl ReplyTask {
+    /// The principal the task belongs to.
+    pub fn owner(&self) -> &str {
+        match self {
+            Self::Read(read) => &read.record.owner,
+            Self::Stored(stored) => &stored.owner,
+        }
+    }
+
+    /// The state the task is in.
+    fn state(&self) -> Result<TaskState, LedgerError> {
+        #[derive(Deserialize)]
+        struct TaskHead {
+            #[serde(default)]
+            status: StatusHead,
+        }
+        #[derive(Default, Deserialize)]
+        struct StatusHead {
+            #[serde(default)]
+            state: TaskState,
+        }
+        Ok(match self {
+            Self::Read(read) => read.record.task.status.state,
+            Self::Stored(stored) => {
+                serde_json::from_str::<TaskHead>(stored.task_json())?
+                    .status
+                    .state
+            }
+        })
+    }
+
+    /// The whole record, decoded.
+    #[cfg(test)]
+    fn record(&self) -> TaskRecord {
+        match self {
+            Self::Read(read) => (*read.record).clone(),
+            Self::Stored(stored) => serde_json::from_slice(&stored.bytes).expect("a record"),
+        }
+    }
+}
+
+/// A record as sled holds it, with its owner and where its task's JSON lies.
+#[derive(Debug)]
+pub struct StoredRecord {
+    bytes: sled::IVec,
+    owner: String,
+    task: std::ops::Range<usize>,
+}
+
+impl StoredRecord {
+    /// Reads the owner and finds the task in a record's bytes.
+    fn new(bytes: sled::IVec) -> Result<Self, LedgerError> {
+        #[derive(Deserialize)]
+        struct RecordHead<'a> {
+            #[serde(borrow)]
+            task: &'a RawValue,
+            #[serde(borrow)]
+            owner: std::borrow::Cow<'a, str>,
+        }
+        let head: RecordHead = serde_json::from_slice(&bytes)?;
+        let start = head.task.get().as_ptr() as usize - bytes.as_ptr() as usize;
+        let task = start..start + head.task.get().len();
+        let owner = head.owner.into_owned();
+        Ok(Self { bytes, owner, task })
+    }
+
+    /// The task's JSON as the ledger wrote it.
+    pub fn task_json(&self) -> &str {
+        std::str::from_utf8(&self.bytes[self.task.clone()]).expect("checked as JSON when read")
+    }
 }
 
 /// What a [`Ledger::update`] did to a task record.
@@ -289,7 +372,7 @@ pub struct ListQuery {
 #[derive(Debug, Default)]
 pub struct ListPage {
     /// The page, newest status first.
-    pub records: Vec<TaskRecord>,
+    pub records: Vec<ReplyTask>,
     /// Cursor of the next page; empty on the last page.
     pub next_page_token: String,
     /// How many tasks match in all.
@@ -318,8 +401,8 @@ enum Verdict {
     Stop,
     /// Does not match.
     Skip,
-    /// Matches; the record, if it had to be loaded.
-    Match(Option<Box<TaskRecord>>),
+    /// Matches; the task, if it had to be read.
+    Match(Option<ReplyTask>),
 }
 
 impl IndexPlan {
@@ -409,9 +492,7 @@ impl IndexPlan {
             return Ok(Verdict::Match(None));
         };
         Ok(match ledger.get_listed(task_id, memo)? {
-            Some(record) if record.task.status.state == state => {
-                Verdict::Match(Some(Box::new(record)))
-            }
+            Some(task) if task.state()? == state => Verdict::Match(Some(task)),
             _ => Verdict::Skip,
         })
     }
@@ -733,40 +814,41 @@ impl Ledger {
 
     /// Reads a task without copying a record that has writes pending.
     pub fn get_shared(&self, task_id: &str) -> Result<Option<Arc<TaskRecord>>, LedgerError> {
-        Ok(self.get_for_reply(task_id)?.map(|read| read.record))
+        if let Some(read) = self.applier.task(task_id) {
+            return Ok(Some(read.record));
+        }
+        match applier::stored_record(&self.tree, task_id, None)? {
+            Some(bytes) => Ok(Some(Arc::new(serde_json::from_slice(&bytes)?))),
+            None => Ok(None),
+        }
     }
 
-    /// Reads a task for a reply: as [`Ledger::get_shared`], with the task's
-    /// JSON if a write not yet in sled encoded it.
-    pub fn get_for_reply(&self, task_id: &str) -> Result<Option<ReadTask>, LedgerError> {
-        self.read_task(task_id, None)
+    /// Reads a task for a reply, decoding nothing sled holds.
+    pub fn get_for_reply(&self, task_id: &str) -> Result<Option<ReplyTask>, LedgerError> {
+        self.read_for_reply(task_id, None)
     }
 
     /// Reads a task for a listing, which holds [`Applier::applied`]: as
-    /// [`Ledger::get`], reading record buckets through `memo`.
+    /// [`Ledger::get_for_reply`], reading record buckets through `memo`.
     fn get_listed(
         &self,
         task_id: &str,
         memo: &mut applier::BucketMemo,
-    ) -> Result<Option<TaskRecord>, LedgerError> {
-        let read = self.read_task(task_id, Some(memo))?;
-        Ok(read.map(|read| Arc::unwrap_or_clone(read.record)))
+    ) -> Result<Option<ReplyTask>, LedgerError> {
+        self.read_for_reply(task_id, Some(memo))
     }
 
     /// A task from the writes not yet in sled, else from sled.
-    fn read_task(
+    fn read_for_reply(
         &self,
         task_id: &str,
         memo: Option<&mut applier::BucketMemo>,
-    ) -> Result<Option<ReadTask>, LedgerError> {
+    ) -> Result<Option<ReplyTask>, LedgerError> {
         if let Some(read) = self.applier.task(task_id) {
-            return Ok(Some(read));
+            return Ok(Some(ReplyTask::Read(read)));
         }
         match applier::stored_record(&self.tree, task_id, memo)? {
-            Some(bytes) => Ok(Some(ReadTask {
-                record: Arc::new(serde_json::from_slice(&bytes)?),
-                task_json: None,
-            })),
+            Some(bytes) => Ok(Some(ReplyTask::Stored(StoredRecord::new(bytes)?))),
             None => Ok(None),
         }
     }
@@ -1030,7 +1112,7 @@ impl Ledger {
             let record = match plan.check(self, &suffix, &mut memo)? {
                 Verdict::Stop => break,
                 Verdict::Skip => continue,
-                Verdict::Match(Some(record)) => *record,
+                Verdict::Match(Some(task)) => task,
                 Verdict::Match(None) => {
                     let listed = keys::parse_order(&suffix)
                         .and_then(|(_, id)| self.get_listed(id, &mut memo).transpose());
@@ -1447,7 +1529,11 @@ mod tests {
     async fn a_write_is_read_with_its_task_json_until_a_later_set_is_applied() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = with_working_task(paused(dir.path()), "t1").await;
-        let read = ledger.get_for_reply("t1").unwrap().unwrap();
+        let overlay = |task_id| match ledger.get_for_reply(task_id).unwrap() {
+            Some(ReplyTask::Read(read)) => read,
+            other => panic!("{task_id} not read from the overlay: {other:?}"),
+        };
+        let read = overlay("t1");
         let task_json = read.task_json.clone().expect("the write's task JSON");
         assert_eq!(
             task_json.get(),
@@ -1455,24 +1541,30 @@ mod tests {
         );
         // The set applied last keeps both.
         ledger.applier.apply_pending().unwrap();
-        let applied = ledger.get_for_reply("t1").unwrap().unwrap();
+        let applied = overlay("t1");
         assert!(Arc::ptr_eq(&applied.record, &read.record));
         assert!(Arc::ptr_eq(&applied.task_json.unwrap(), &task_json));
         // A newer write's JSON comes before the applied one's.
         flip(&ledger, "t1", 1).await;
-        let newer = ledger.get_for_reply("t1").unwrap().unwrap();
+        let newer = overlay("t1");
         assert_eq!(newer.record.version, read.record.version + 1);
         assert_eq!(
             newer.task_json.unwrap().get(),
             serde_json::to_string(&newer.record.task).unwrap()
         );
-        // Read from sled, a record has no JSON kept.
+        // Read from sled: the record's bytes, not decoded.
         ledger.applier.apply_pending().unwrap();
         ledger.create(record("t2"), vec![]).await.unwrap();
         ledger.applier.apply_pending().unwrap();
-        let decoded = ledger.get_for_reply("t1").unwrap().unwrap();
-        assert!(decoded.task_json.is_none());
-        assert_eq!(*decoded.record, *newer.record);
+        let Some(ReplyTask::Stored(stored)) = ledger.get_for_reply("t1").unwrap() else {
+            panic!("t1 not read from sled");
+        };
+        assert_eq!(
+            stored.task_json(),
+            serde_json::to_string(&newer.record.task).unwrap()
+        );
+        assert_eq!(stored.owner, newer.record.owner);
+        assert_eq!(ledger.get("t1").unwrap().as_ref(), Some(&*newer.record));
         assert!(ledger.get_for_reply("missing").unwrap().is_none());
     }
 
@@ -1603,14 +1695,14 @@ mod tests {
             .list("owner", &query(Some(TaskState::InputRequired)))
             .unwrap();
         assert_eq!(waiting.total_size, 1);
-        assert_eq!(waiting.records[0].task.id, "b");
+        assert_eq!(waiting.records[0].record().task.id, "b");
         let working = ledger
             .list("owner", &query(Some(TaskState::Working)))
             .unwrap();
         assert_eq!(working.total_size, 2);
         let all = ledger.list("owner", &query(None)).unwrap();
         assert_eq!(all.total_size, 3);
-        assert_eq!(all.records[0].task.id, "b", "newest status first");
+        assert_eq!(all.records[0].record().task.id, "b", "newest status first");
         assert_eq!(ledger.waiting_task_ids().unwrap(), vec!["b".to_string()]);
         assert_eq!(ledger.active_task_ids().unwrap().len(), 2);
     }
@@ -1717,9 +1809,9 @@ mod tests {
             let bucketed = ledger.tree.get(keys::task(task_id)).unwrap().is_none();
             assert_eq!(bucketed, *task_id != edited, "{task_id}");
             let read = ledger.get_for_reply(task_id).unwrap().expect("read back");
-            assert!(read.task_json.is_none(), "read from sled");
-            assert_eq!(read.record.task.status.state, TaskState::Completed);
-            assert_eq!(read.record.task.id, *task_id);
+            assert!(matches!(read, ReplyTask::Stored(_)), "read from sled");
+            assert_eq!(read.state().unwrap(), TaskState::Completed);
+            assert_eq!(read.record().task.id, *task_id);
         }
         ids.sort();
         for state in [Some(TaskState::Completed), None] {
@@ -1735,7 +1827,7 @@ mod tests {
                 ..ListQuery::default()
             };
             let page = ledger.list("owner", &query).unwrap();
-            for record in page.records {
+            for record in page.records.iter().map(ReplyTask::record) {
                 let agent = if record.task.id == edited {
                     "edited"
                 } else {
@@ -1765,7 +1857,7 @@ mod tests {
             };
             let page = ledger.list("owner", &query).unwrap();
             assert_eq!(*total.get_or_insert(page.total_size), page.total_size);
-            seen.extend(page.records.into_iter().map(|r| r.task.id));
+            seen.extend(page.records.iter().map(|r| r.record().task.id));
             if page.next_page_token.is_empty() {
                 return (seen, page.total_size);
             }

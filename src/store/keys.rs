@@ -19,6 +19,7 @@
 //! | `g` | agent id | `AgentRecord` JSON: registered agents |
 //! | `ch` | parent task id, 0, child task id | empty: the handoff graph |
 //! | `x` | | the tasks and index keys the chunk being applied adds; empty between applications (see `applier`) |
+//! | `f` | | the ledger's format (u32 BE); absent in ledgers written before it |
 //!
 //! A task Baton starts in a context of its own has no `ic` entry: its context
 //! id is minted from its task id (see [`minted_context`]), so a query by
@@ -281,6 +282,11 @@ pub fn state_counter(owner: &str, state: u8) -> Vec<u8> {
 /// its current chunk adds.
 pub fn applying() -> &'static [u8] {
     b"x"
+}
+
+/// The ledger's format.
+pub fn format() -> &'static [u8] {
+    b"f"
 }
 
 /// Prefix of every counter.

@@ -45,6 +45,9 @@ pub enum LedgerError {
     /// A stored value did not decode.
     #[error("corrupt record: {0}")]
     Corrupt(#[from] serde_json::Error),
+    /// The ledger was written in a format this build does not read.
+    #[error("ledger format: {0}")]
+    Format(String),
 }
 
 /// A gateway task as stored: the A2A task plus what the gateway knows of it.
@@ -704,6 +707,32 @@ fn after_millis(time: DateTime<Utc>) -> u64 {
 /// Removes the all-tasks index that earlier ledgers kept and nothing
 /// reads any more, in bounded batches. Not logged: an interrupted removal
 /// simply goes on at the next open.
+/// The ledger format this build writes and reads: replies copy a stored
+/// task's JSON verbatim, so a change to that JSON or to the key layout
+/// needs a new format (and a conversion of older ledgers at open).
+/// A ledger without the marker predates it and is read as format 1.
+const LEDGER_FORMAT: u32 = 1;
+
+/// Refuses a ledger of a later format rather than misreading it, and marks
+/// one without a format as this build's.
+fn check_format(tree: &sled::Tree) -> Result<(), LedgerError> {
+    let Some(value) = tree.get(keys::format())? else {
+        tree.insert(keys::format(), &LEDGER_FORMAT.to_be_bytes())?;
+        tree.flush()?;
+        return Ok(());
+    };
+    let format = <[u8; 4]>::try_from(value.as_ref())
+        .map(u32::from_be_bytes)
+        .map_err(|_| LedgerError::Format(format!("unreadable format marker {value:?}")))?;
+    if format > LEDGER_FORMAT {
+        return Err(LedgerError::Format(format!(
+            "the ledger is in format {format}, and this Baton reads format {LEDGER_FORMAT}: \
+             run the Baton that wrote it, or a later one"
+        )));
+    }
+    Ok(())
+}
+
 fn remove_retired_index(tree: &sled::Tree) -> Result<(), LedgerError> {
     loop {
         let retired = tree
@@ -762,6 +791,7 @@ impl Ledger {
             .flush_every_ms(None)
             .open()?;
         let tree = db.open_tree("ledger")?;
+        check_format(&tree)?;
         let wal_dir = dir.join("wal");
         let next_segment = wal::segments(&wal_dir)
             .map_err(storage_io)?
@@ -1710,6 +1740,59 @@ mod tests {
     /// Opens a ledger just closed in this process. sled's IO threads may
     /// hold the directory's lock for a moment after its last handle is
     /// dropped, so a prompt reopen is retried briefly.
+    #[test]
+    fn a_ledger_of_a_later_format_is_refused_and_a_new_one_is_marked() {
+        let dir = tempfile::tempdir().unwrap();
+        // sled's lock may outlive a dropped ledger's threads for a moment.
+        let open_sled = |dir: &Path| {
+            let started = std::time::Instant::now();
+            loop {
+                match sled::open(dir) {
+                    Ok(db) => return db,
+                    Err(err) if started.elapsed() < std::time::Duration::from_secs(5) => {
+                        tracing::debug!(%err, "ledger still locked; retrying");
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                    Err(err) => panic!("{err}"),
+                }
+            }
+        };
+        let marker = |dir: &Path| {
+            let tree = open_sled(dir).open_tree("ledger").unwrap();
+            tree.get(keys::format()).unwrap().map(|v| v.to_vec())
+        };
+        drop(Ledger::open(dir.path()).unwrap());
+        assert_eq!(
+            marker(dir.path()),
+            Some(LEDGER_FORMAT.to_be_bytes().to_vec())
+        );
+        {
+            let db = open_sled(dir.path());
+            let tree = db.open_tree("ledger").unwrap();
+            tree.insert(keys::format(), &(LEDGER_FORMAT + 1).to_be_bytes())
+                .unwrap();
+            db.flush().unwrap();
+        }
+        let started = std::time::Instant::now();
+        let err = loop {
+            match Ledger::open(dir.path()) {
+                Ok(_) => panic!("a later format opened"),
+                Err(LedgerError::Storage(sled::Error::Io(_)))
+                    if started.elapsed() < std::time::Duration::from_secs(5) =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(err) => break err,
+            }
+        };
+        assert!(
+            matches!(&err, LedgerError::Format(why) if why.contains("format 2")),
+            "{err}"
+        );
+        // Its marker is left as it was.
+        assert_eq!(marker(dir.path()), Some(2u32.to_be_bytes().to_vec()));
+    }
+
     fn reopen(dir: &Path) -> Ledger {
         let started = std::time::Instant::now();
         loop {

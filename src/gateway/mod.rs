@@ -65,7 +65,7 @@ impl TaskReply {
 
 impl serde::Serialize for TaskReply {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let json = match &self.task {
+        let parts = match &self.task {
             ReplyTask::Read(read) => {
                 let task = &read.record.task;
                 let Some(json) = &read.task_json else {
@@ -80,11 +80,11 @@ impl serde::Serialize for TaskReply {
                 if whole {
                     return json.serialize(serializer);
                 }
-                json.get()
+                TaskJson::parse(json.get())
             }
             ReplyTask::Stored(stored) => stored.task_json(),
         };
-        TaskJson::parse(json)
+        parts
             .map_err(serde::ser::Error::custom)?
             .view(self.history_length, self.include_artifacts)
             .serialize(serializer)
@@ -241,11 +241,12 @@ impl Gateway {
         task_id: &str,
         history_length: Option<i32>,
     ) -> Result<TaskReply, GatewayError> {
-        self.ledger
-            .get_for_reply(task_id)?
-            .filter(|read| read.owner() == ctx.principal)
-            .map(|read| TaskReply::read(read, history_length))
-            .ok_or_else(|| GatewayError::TaskNotFound(task_id.to_string()))
+        match self.ledger.get_for_reply(task_id)? {
+            Some(task) if task.owner()? == ctx.principal => {
+                Ok(TaskReply::read(task, history_length))
+            }
+            _ => Err(GatewayError::TaskNotFound(task_id.to_string())),
+        }
     }
 
     /// `GetTask`.

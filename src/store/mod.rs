@@ -17,7 +17,7 @@ pub mod wal;
 
 use crate::lifecycle::{self, TransitionError};
 use crate::protocol::wire::ProtoEnum as _;
-use crate::protocol::{StreamResponse, Task, TaskPushNotificationConfig, TaskState};
+use crate::protocol::{StreamResponse, Task, TaskJson, TaskPushNotificationConfig, TaskState};
 use applier::{Applier, PendingSet, read_counter, storage_io};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -26,6 +26,7 @@ use flusher::Flusher;
 use hub::{EventHub, LedgerEvent};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use std::borrow::Cow;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -171,15 +172,24 @@ pub enum ReplyTask {
 
 impl ReplyTask {
     /// The principal the task belongs to.
-    pub fn owner(&self) -> &str {
-        match self {
-            Self::Read(read) => &read.record.owner,
-            Self::Stored(stored) => &stored.owner,
+    pub fn owner(&self) -> Result<Cow<'_, str>, LedgerError> {
+        #[derive(Deserialize)]
+        struct RecordOwner<'a> {
+            #[serde(borrow)]
+            owner: Cow<'a, str>,
         }
+        Ok(match self {
+            Self::Read(read) => Cow::Borrowed(&read.record.owner),
+            Self::Stored(stored) => serde_json::from_slice::<RecordOwner>(&stored.bytes)?.owner,
+        })
     }
 
     /// The state the task is in.
     fn state(&self) -> Result<TaskState, LedgerError> {
+        #[derive(Deserialize)]
+        struct RecordHead {
+            task: TaskHead,
+        }
         #[derive(Deserialize)]
         struct TaskHead {
             #[serde(default)]
@@ -193,7 +203,8 @@ impl ReplyTask {
         Ok(match self {
             Self::Read(read) => read.record.task.status.state,
             Self::Stored(stored) => {
-                serde_json::from_str::<TaskHead>(stored.task_json())?
+                serde_json::from_slice::<RecordHead>(&stored.bytes)?
+                    .task
                     .status
                     .state
             }
@@ -210,34 +221,21 @@ impl ReplyTask {
     }
 }
 
-/// A record as sled holds it, with its owner and where its task's JSON lies.
+/// A record as sled holds it, read without decoding.
 #[derive(Debug)]
 pub struct StoredRecord {
     bytes: sled::IVec,
-    owner: String,
-    task: std::ops::Range<usize>,
 }
 
 impl StoredRecord {
-    /// Reads the owner and finds the task in a record's bytes.
-    fn new(bytes: sled::IVec) -> Result<Self, LedgerError> {
+    /// The record's task, taken apart into its fields' JSON.
+    pub fn task_json(&self) -> serde_json::Result<TaskJson<'_>> {
         #[derive(Deserialize)]
-        struct RecordHead<'a> {
+        struct RecordTask<'a> {
             #[serde(borrow)]
-            task: &'a RawValue,
-            #[serde(borrow)]
-            owner: std::borrow::Cow<'a, str>,
+            task: TaskJson<'a>,
         }
-        let head: RecordHead = serde_json::from_slice(&bytes)?;
-        let start = head.task.get().as_ptr() as usize - bytes.as_ptr() as usize;
-        let task = start..start + head.task.get().len();
-        let owner = head.owner.into_owned();
-        Ok(Self { bytes, owner, task })
-    }
-
-    /// The task's JSON as the ledger wrote it.
-    pub fn task_json(&self) -> &str {
-        std::str::from_utf8(&self.bytes[self.task.clone()]).expect("checked as JSON when read")
+        Ok(serde_json::from_slice::<RecordTask>(&self.bytes)?.task)
     }
 }
 
@@ -878,7 +876,7 @@ impl Ledger {
             return Ok(Some(ReplyTask::Read(read)));
         }
         match applier::stored_record(&self.tree, task_id, memo)? {
-            Some(bytes) => Ok(Some(ReplyTask::Stored(StoredRecord::new(bytes)?))),
+            Some(bytes) => Ok(Some(ReplyTask::Stored(StoredRecord { bytes }))),
             None => Ok(None),
         }
     }
@@ -1590,10 +1588,11 @@ mod tests {
             panic!("t1 not read from sled");
         };
         assert_eq!(
-            stored.task_json(),
+            serde_json::to_string(&stored.task_json().unwrap().view(None, true)).unwrap(),
             serde_json::to_string(&newer.record.task).unwrap()
         );
-        assert_eq!(stored.owner, newer.record.owner);
+        let stored = ReplyTask::Stored(stored);
+        assert_eq!(stored.owner().unwrap(), newer.record.owner);
         assert_eq!(ledger.get("t1").unwrap().as_ref(), Some(&*newer.record));
         assert!(ledger.get_for_reply("missing").unwrap().is_none());
     }

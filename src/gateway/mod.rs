@@ -32,10 +32,10 @@ impl From<LedgerError> for GatewayError {
     }
 }
 
-/// A task as a reply (`GetTask`, `ListTasks`, `SendMessage`), shaped from
-/// the task's JSON when the ledger has it (the JSON a write encoded, or the
-/// record sled holds) and else written through [`Task::borrowed_view`]; the
-/// record is neither decoded nor copied for it.
+/// A task as a reply (`GetTask`, `ListTasks`, `SendMessage`): a record at
+/// hand is written through [`Task::borrowed_view`] (or as the JSON its write
+/// encoded, when the reply is the whole task), and a record sled holds is
+/// shaped from its task's JSON without decoding it.
 #[derive(Debug)]
 pub struct TaskReply {
     task: ReplyTask,
@@ -50,44 +50,48 @@ impl TaskReply {
             record,
             task_json: None,
         };
-        Self::read(ReplyTask::Read(read), history_length)
+        Self::read(ReplyTask::Read(read), history_length, true)
     }
 
-    /// A task read for a reply, with at most `history_length` recent messages.
-    pub fn read(task: ReplyTask, history_length: Option<i32>) -> Self {
+    /// A task read for a reply, with at most `history_length` recent
+    /// messages, and its artifacts if `include_artifacts`.
+    pub fn read(task: ReplyTask, history_length: Option<i32>, include_artifacts: bool) -> Self {
         Self {
             task,
             history_length,
-            include_artifacts: true,
+            include_artifacts,
         }
     }
 }
 
 impl serde::Serialize for TaskReply {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let parts = match &self.task {
+        let (history_length, include_artifacts) = (self.history_length, self.include_artifacts);
+        match &self.task {
             ReplyTask::Read(read) => {
                 let task = &read.record.task;
-                let Some(json) = &read.task_json else {
-                    return task
-                        .borrowed_view(self.history_length, self.include_artifacts)
-                        .serialize(serializer);
-                };
-                let whole = self
-                    .history_length
+                let whole = history_length
                     .is_none_or(|n| usize::try_from(n).is_ok_and(|n| n >= task.history.len()))
-                    && (self.include_artifacts || task.artifacts.is_empty());
-                if whole {
-                    return json.serialize(serializer);
+                    && (include_artifacts || task.artifacts.is_empty());
+                match &read.task_json {
+                    Some(json) if whole => json.serialize(serializer),
+                    _ => task
+                        .borrowed_view(history_length, include_artifacts)
+                        .serialize(serializer),
                 }
-                TaskJson::parse(json.get())
             }
-            ReplyTask::Stored(stored) => stored.task_json(),
-        };
-        parts
-            .map_err(serde::ser::Error::custom)?
-            .view(self.history_length, self.include_artifacts)
-            .serialize(serializer)
+            ReplyTask::Stored(stored) => match stored.task_json() {
+                Ok(task) => task
+                    .view(history_length, include_artifacts)
+                    .serialize(serializer),
+                Err(err) => {
+                    tracing::error!(%err, "corrupt task record in the ledger");
+                    Err(serde::ser::Error::custom(format!(
+                        "corrupt task record in the ledger: {err}"
+                    )))
+                }
+            },
+        }
     }
 }
 
@@ -243,7 +247,7 @@ impl Gateway {
     ) -> Result<TaskReply, GatewayError> {
         match self.ledger.get_for_reply(task_id)? {
             Some(task) if task.owner()? == ctx.principal => {
-                Ok(TaskReply::read(task, history_length))
+                Ok(TaskReply::read(task, history_length, true))
             }
             _ => Err(GatewayError::TaskNotFound(task_id.to_string())),
         }
@@ -307,10 +311,7 @@ impl Gateway {
             tasks: page
                 .records
                 .into_iter()
-                .map(|task| TaskReply {
-                    include_artifacts,
-                    ..TaskReply::read(task, req.history_length)
-                })
+                .map(|task| TaskReply::read(task, req.history_length, include_artifacts))
                 .collect(),
             next_page_token: page.next_page_token,
             page_size,

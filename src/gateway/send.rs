@@ -911,6 +911,10 @@ mod tests {
                     ..Message::default()
                 },
             ],
+            artifacts: vec![Artifact {
+                artifact_id: "a1".into(),
+                ..Artifact::default()
+            }],
             ..Task::default()
         };
         let record = Arc::new(TaskRecord {
@@ -924,16 +928,26 @@ mod tests {
             let expected = serde_json::to_string(&response).unwrap();
             let reply = SendReply::Task(TaskReply::new(record.clone(), history_length));
             assert_eq!(serde_json::to_string(&reply).unwrap(), expected);
-            // The same from the JSON the ledger write kept, whole or trimmed.
-            let read = crate::store::ReadTask {
-                record: record.clone(),
-                task_json: Some(task_json.clone()),
-            };
-            let reply = SendReply::Task(TaskReply::read(
-                crate::store::ReplyTask::Read(read),
-                history_length,
-            ));
-            assert_eq!(serde_json::to_string(&reply).unwrap(), expected);
+            // The same from the JSON the ledger write kept, whole or trimmed,
+            // with or without the artifacts.
+            for include_artifacts in [true, false] {
+                let response =
+                    SendMessageResponse::Task(task.view(history_length, include_artifacts));
+                let read = crate::store::ReadTask {
+                    record: record.clone(),
+                    task_json: Some(task_json.clone()),
+                };
+                let reply = SendReply::Task(TaskReply::read(
+                    crate::store::ReplyTask::Read(read),
+                    history_length,
+                    include_artifacts,
+                ));
+                assert_eq!(
+                    serde_json::to_string(&reply).unwrap(),
+                    serde_json::to_string(&response).unwrap(),
+                    "{history_length:?} {include_artifacts}"
+                );
+            }
         }
         let message = task.history[0].clone();
         assert_eq!(

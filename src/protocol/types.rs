@@ -454,9 +454,7 @@ impl Task {
         history_length: Option<i32>,
         include_artifacts: bool,
     ) -> TaskView<'_> {
-        let keep = history_length.map_or(self.history.len(), |n| {
-            usize::try_from(n).unwrap_or(0).min(self.history.len())
-        });
+        let keep = kept_history(self.history.len(), history_length);
         TaskView {
             id: &self.id,
             context_id: &self.context_id,
@@ -472,10 +470,17 @@ impl Task {
     }
 }
 
+/// How many of a task's `len` messages a reply keeps: the most recent
+/// `history_length` (unset keeps all, 0 and less keep none).
+fn kept_history(len: usize, history_length: Option<i32>) -> usize {
+    history_length.map_or(len, |n| usize::try_from(n).unwrap_or(0).min(len))
+}
+
 /// A task's JSON as Baton wrote it, taken apart into each field's JSON, so
 /// that a reply is shaped from the stored bytes without decoding the task.
 /// Only for JSON Baton serialized from a [`Task`] (the ledger's records):
-/// the fields are copied verbatim, so they must already be exact.
+/// the fields are copied verbatim, so they must already be exact. Its
+/// fields are [`Task`]'s (a test sets every one of them).
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskJson<'a> {
@@ -501,9 +506,7 @@ impl<'a> TaskJson<'a> {
 
     /// As [`Task::borrowed_view`]; serializes byte for byte as that view.
     pub fn view(&self, history_length: Option<i32>, include_artifacts: bool) -> TaskJsonView<'_> {
-        let keep = history_length.map_or(self.history.len(), |n| {
-            usize::try_from(n).unwrap_or(0).min(self.history.len())
-        });
+        let keep = kept_history(self.history.len(), history_length);
         TaskJsonView {
             id: self.id,
             context_id: self.context_id,
@@ -723,7 +726,16 @@ mod tests {
 
     #[test]
     fn a_view_of_a_tasks_json_is_byte_for_byte_the_view_of_the_task() {
-        let full: Task = serde_json::from_value(json!({
+        // Every field set; destructured, so a field added to Task stops
+        // this test from compiling until it is set here too.
+        let Task {
+            id,
+            context_id,
+            status,
+            artifacts,
+            history,
+            metadata,
+        } = serde_json::from_value(json!({
             "id": "t1",
             "contextId": "c1",
             "status": {
@@ -743,6 +755,14 @@ mod tests {
             "metadata": {"k": {"nested": ["v", 2]}}
         }))
         .unwrap();
+        let full = Task {
+            id,
+            context_id,
+            status,
+            artifacts,
+            history,
+            metadata,
+        };
         let bare = Task {
             id: "t2".into(),
             ..Task::default()

@@ -47,7 +47,7 @@ pub enum LedgerError {
     #[error("corrupt record: {0}")]
     Corrupt(#[from] serde_json::Error),
     /// The ledger was written in a format this build does not read.
-    #[error("ledger format: {0}")]
+    #[error("{0}")]
     Format(String),
 }
 
@@ -212,11 +212,10 @@ impl ReplyTask {
     }
 
     /// The whole record, decoded.
-    #[cfg(test)]
-    fn record(&self) -> TaskRecord {
+    pub fn into_record(self) -> Result<Arc<TaskRecord>, LedgerError> {
         match self {
-            Self::Read(read) => (*read.record).clone(),
-            Self::Stored(stored) => serde_json::from_slice(&stored.bytes).expect("a record"),
+            Self::Read(read) => Ok(read.record),
+            Self::Stored(stored) => Ok(Arc::new(serde_json::from_slice(&stored.bytes)?)),
         }
     }
 }
@@ -702,35 +701,42 @@ fn after_millis(time: DateTime<Utc>) -> u64 {
     micros.div_ceil(1000)
 }
 
-/// Removes the all-tasks index that earlier ledgers kept and nothing
-/// reads any more, in bounded batches. Not logged: an interrupted removal
-/// simply goes on at the next open.
 /// The ledger format this build writes and reads: replies copy a stored
 /// task's JSON verbatim, so a change to that JSON or to the key layout
 /// needs a new format (and a conversion of older ledgers at open).
-/// A ledger without the marker predates it and is read as format 1.
 const LEDGER_FORMAT: u32 = 1;
 
+/// The format of a ledger written before the marker existed.
+const UNMARKED_FORMAT: u32 = 1;
+
 /// Refuses a ledger of a later format rather than misreading it, and marks
-/// one without a format as this build's.
+/// a new ledger with this build's format and an unmarked one with its own.
 fn check_format(tree: &sled::Tree) -> Result<(), LedgerError> {
     let Some(value) = tree.get(keys::format())? else {
-        tree.insert(keys::format(), &LEDGER_FORMAT.to_be_bytes())?;
+        let format = if tree.is_empty() {
+            LEDGER_FORMAT
+        } else {
+            UNMARKED_FORMAT
+        };
+        tree.insert(keys::format(), &format.to_be_bytes())?;
         tree.flush()?;
         return Ok(());
     };
     let format = <[u8; 4]>::try_from(value.as_ref())
         .map(u32::from_be_bytes)
-        .map_err(|_| LedgerError::Format(format!("unreadable format marker {value:?}")))?;
+        .map_err(|_| LedgerError::Format(format!("unreadable ledger format marker {value:?}")))?;
     if format > LEDGER_FORMAT {
         return Err(LedgerError::Format(format!(
-            "the ledger is in format {format}, and this Baton reads format {LEDGER_FORMAT}: \
+            "ledger format {format} is later than this Baton's ({LEDGER_FORMAT}): \
              run the Baton that wrote it, or a later one"
         )));
     }
     Ok(())
 }
 
+/// Removes the all-tasks index that earlier ledgers kept and nothing
+/// reads any more, in bounded batches. Not logged: an interrupted removal
+/// simply goes on at the next open.
 fn remove_retired_index(tree: &sled::Tree) -> Result<(), LedgerError> {
     loop {
         let retired = tree
@@ -842,13 +848,9 @@ impl Ledger {
 
     /// Reads a task without copying a record that has writes pending.
     pub fn get_shared(&self, task_id: &str) -> Result<Option<Arc<TaskRecord>>, LedgerError> {
-        if let Some(read) = self.applier.task(task_id) {
-            return Ok(Some(read.record));
-        }
-        match applier::stored_record(&self.tree, task_id, None)? {
-            Some(bytes) => Ok(Some(Arc::new(serde_json::from_slice(&bytes)?))),
-            None => Ok(None),
-        }
+        self.read_for_reply(task_id, None)?
+            .map(ReplyTask::into_record)
+            .transpose()
     }
 
     /// Reads a task for a reply, decoding nothing sled holds.
@@ -1487,6 +1489,14 @@ mod tests {
 
     /// A ledger whose writes reach sled only when the test applies them, so
     /// what coalesces does not depend on the applier's timer.
+    /// A task read for a reply, decoded.
+    fn decoded(task: &ReplyTask) -> TaskRecord {
+        match task {
+            ReplyTask::Read(read) => (*read.record).clone(),
+            ReplyTask::Stored(stored) => serde_json::from_slice(&stored.bytes).expect("a record"),
+        }
+    }
+
     fn paused(dir: &Path) -> Ledger {
         Ledger::open_with_applier_paused(dir).unwrap()
     }
@@ -1724,86 +1734,159 @@ mod tests {
             .list("owner", &query(Some(TaskState::InputRequired)))
             .unwrap();
         assert_eq!(waiting.total_size, 1);
-        assert_eq!(waiting.records[0].record().task.id, "b");
+        assert_eq!(decoded(&waiting.records[0]).task.id, "b");
         let working = ledger
             .list("owner", &query(Some(TaskState::Working)))
             .unwrap();
         assert_eq!(working.total_size, 2);
         let all = ledger.list("owner", &query(None)).unwrap();
         assert_eq!(all.total_size, 3);
-        assert_eq!(all.records[0].record().task.id, "b", "newest status first");
+        assert_eq!(decoded(&all.records[0]).task.id, "b", "newest status first");
         assert_eq!(ledger.waiting_task_ids().unwrap(), vec!["b".to_string()]);
         assert_eq!(ledger.active_task_ids().unwrap().len(), 2);
     }
 
-    /// Opens a ledger just closed in this process. sled's IO threads may
+    /// Runs `open` until it does not fail on a lock: sled's IO threads may
     /// hold the directory's lock for a moment after its last handle is
     /// dropped, so a prompt reopen is retried briefly.
-    #[test]
-    fn a_ledger_of_a_later_format_is_refused_and_a_new_one_is_marked() {
-        let dir = tempfile::tempdir().unwrap();
-        // sled's lock may outlive a dropped ledger's threads for a moment.
-        let open_sled = |dir: &Path| {
-            let started = std::time::Instant::now();
-            loop {
-                match sled::open(dir) {
-                    Ok(db) => return db,
-                    Err(err) if started.elapsed() < std::time::Duration::from_secs(5) => {
-                        tracing::debug!(%err, "ledger still locked; retrying");
-                        std::thread::sleep(std::time::Duration::from_millis(20));
-                    }
-                    Err(err) => panic!("{err}"),
-                }
-            }
-        };
-        let marker = |dir: &Path| {
-            let tree = open_sled(dir).open_tree("ledger").unwrap();
-            tree.get(keys::format()).unwrap().map(|v| v.to_vec())
-        };
-        drop(Ledger::open(dir.path()).unwrap());
-        assert_eq!(
-            marker(dir.path()),
-            Some(LEDGER_FORMAT.to_be_bytes().to_vec())
-        );
-        {
-            let db = open_sled(dir.path());
-            let tree = db.open_tree("ledger").unwrap();
-            tree.insert(keys::format(), &(LEDGER_FORMAT + 1).to_be_bytes())
-                .unwrap();
-            db.flush().unwrap();
-        }
-        let started = std::time::Instant::now();
-        let err = loop {
-            match Ledger::open(dir.path()) {
-                Ok(_) => panic!("a later format opened"),
-                Err(LedgerError::Storage(sled::Error::Io(_)))
-                    if started.elapsed() < std::time::Duration::from_secs(5) =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                Err(err) => break err,
-            }
-        };
-        assert!(
-            matches!(&err, LedgerError::Format(why) if why.contains("format 2")),
-            "{err}"
-        );
-        // Its marker is left as it was.
-        assert_eq!(marker(dir.path()), Some(2u32.to_be_bytes().to_vec()));
-    }
-
-    fn reopen(dir: &Path) -> Ledger {
+    fn while_locked<T, E: std::fmt::Display>(
+        mut open: impl FnMut() -> Result<T, E>,
+        locked: impl Fn(&E) -> bool,
+    ) -> Result<T, E> {
         let started = std::time::Instant::now();
         loop {
-            match Ledger::open(dir) {
-                Ok(ledger) => return ledger,
-                Err(err @ LedgerError::Storage(sled::Error::Io(_)))
-                    if started.elapsed() < std::time::Duration::from_secs(5) =>
+            match open() {
+                Err(err)
+                    if locked(&err) && started.elapsed() < std::time::Duration::from_secs(5) =>
                 {
                     tracing::debug!(%err, "ledger still locked; retrying");
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
-                Err(err) => panic!("reopening the ledger: {err}"),
+                result => return result,
+            }
+        }
+    }
+
+    fn ledger_locked(err: &LedgerError) -> bool {
+        matches!(err, LedgerError::Storage(sled::Error::Io(_)))
+    }
+
+    /// Opens a ledger just closed in this process.
+    fn reopen(dir: &Path) -> Ledger {
+        while_locked(|| Ledger::open(dir), ledger_locked)
+            .unwrap_or_else(|err| panic!("reopening the ledger: {err}"))
+    }
+
+    /// The ledger's tree, opened with sled alone.
+    fn raw_tree(dir: &Path) -> (sled::Db, sled::Tree) {
+        let db = while_locked(|| sled::open(dir), |err| matches!(err, sled::Error::Io(_))).unwrap();
+        let tree = db.open_tree("ledger").unwrap();
+        (db, tree)
+    }
+
+    #[tokio::test]
+    async fn a_ledger_of_a_later_format_is_refused_and_others_are_marked() {
+        let marker = |dir: &Path| {
+            let (_db, tree) = raw_tree(dir);
+            tree.get(keys::format()).unwrap().map(|v| v.to_vec())
+        };
+        let set_marker = |dir: &Path, value: Option<&[u8]>| {
+            let (db, tree) = raw_tree(dir);
+            match value {
+                Some(value) => tree.insert(keys::format(), value).unwrap(),
+                None => tree.remove(keys::format()).unwrap(),
+            };
+            db.flush().unwrap();
+        };
+        let refusal = |dir: &Path| match while_locked(|| Ledger::open(dir), ledger_locked) {
+            Ok(_) => panic!("opened"),
+            Err(LedgerError::Format(why)) => why,
+            Err(err) => panic!("{err}"),
+        };
+
+        // A new ledger is marked with this build's format.
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        ledger.create(record("t1"), vec![]).await.unwrap();
+        ledger.close();
+        drop(ledger);
+        let this = LEDGER_FORMAT.to_be_bytes().to_vec();
+        assert_eq!(marker(dir.path()), Some(this.clone()));
+
+        // One written before the marker is marked as that format, its data kept.
+        set_marker(dir.path(), None);
+        let ledger = reopen(dir.path());
+        assert_eq!(
+            ledger.get("t1").unwrap().map(|r| r.task.id),
+            Some("t1".into())
+        );
+        ledger.close();
+        drop(ledger);
+        let unmarked = UNMARKED_FORMAT.to_be_bytes().to_vec();
+        assert_eq!(marker(dir.path()), Some(unmarked));
+
+        // A later format, or a marker that is not one, is refused and left as is.
+        let later = (LEDGER_FORMAT + 1).to_be_bytes();
+        set_marker(dir.path(), Some(&later));
+        let why = refusal(dir.path());
+        assert!(
+            why.contains(&format!("format {}", LEDGER_FORMAT + 1)),
+            "{why}"
+        );
+        assert_eq!(marker(dir.path()), Some(later.to_vec()));
+        set_marker(dir.path(), Some(b"v2"));
+        assert!(refusal(dir.path()).contains("unreadable"));
+        assert_eq!(marker(dir.path()), Some(b"v2".to_vec()));
+    }
+
+    #[tokio::test]
+    async fn replies_shaped_from_sled_are_the_decoded_tasks_views() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = paused(dir.path());
+        let bucketed = "0199c5a4-1e00-7000-8000-000000000001";
+        let own_key = "own-key-task";
+        for task_id in [bucketed, own_key] {
+            let mut record = record(task_id);
+            record.task.history = (1..=3)
+                .map(|n| crate::protocol::Message {
+                    message_id: format!("m{n}"),
+                    role: crate::protocol::Role::User,
+                    parts: vec![crate::protocol::Part::text(format!("turn {n}"))],
+                    ..crate::protocol::Message::default()
+                })
+                .collect();
+            record.task.artifacts = vec![crate::protocol::Artifact {
+                artifact_id: "a1".into(),
+                parts: vec![crate::protocol::Part::text("result")],
+                ..crate::protocol::Artifact::default()
+            }];
+            let events = vec![status(task_id, TaskState::Completed)];
+            ledger.create(record, events).await.unwrap();
+        }
+        ledger.applier.apply_pending().unwrap();
+        // Once a later set is applied, both are read from sled.
+        ledger.create(record("later"), vec![]).await.unwrap();
+        ledger.applier.apply_pending().unwrap();
+        assert!(ledger.tree.get(keys::task(bucketed)).unwrap().is_none());
+        assert!(ledger.tree.get(keys::task(own_key)).unwrap().is_some());
+        for task_id in [bucketed, own_key] {
+            let task = ledger.get(task_id).unwrap().unwrap().task;
+            for history_length in [None, Some(0), Some(2), Some(3), Some(9)] {
+                for include_artifacts in [true, false] {
+                    let read = ledger.get_for_reply(task_id).unwrap().unwrap();
+                    assert!(matches!(read, ReplyTask::Stored(_)), "{task_id}");
+                    assert_eq!(read.owner().unwrap(), "owner");
+                    let reply =
+                        crate::gateway::TaskReply::read(read, history_length, include_artifacts);
+                    assert_eq!(
+                        serde_json::to_string(&reply).unwrap(),
+                        serde_json::to_string(
+                            &task.borrowed_view(history_length, include_artifacts)
+                        )
+                        .unwrap(),
+                        "{task_id} {history_length:?} {include_artifacts}"
+                    );
+                }
             }
         }
     }
@@ -1893,7 +1976,7 @@ mod tests {
             let read = ledger.get_for_reply(task_id).unwrap().expect("read back");
             assert!(matches!(read, ReplyTask::Stored(_)), "read from sled");
             assert_eq!(read.state().unwrap(), TaskState::Completed);
-            assert_eq!(read.record().task.id, *task_id);
+            assert_eq!(decoded(&read).task.id, *task_id);
         }
         ids.sort();
         for state in [Some(TaskState::Completed), None] {
@@ -1909,7 +1992,7 @@ mod tests {
                 ..ListQuery::default()
             };
             let page = ledger.list("owner", &query).unwrap();
-            for record in page.records.iter().map(ReplyTask::record) {
+            for record in page.records.iter().map(decoded) {
                 let agent = if record.task.id == edited {
                     "edited"
                 } else {
@@ -1939,7 +2022,7 @@ mod tests {
             };
             let page = ledger.list("owner", &query).unwrap();
             assert_eq!(*total.get_or_insert(page.total_size), page.total_size);
-            seen.extend(page.records.iter().map(|r| r.record().task.id));
+            seen.extend(page.records.iter().map(|r| decoded(r).task.id));
             if page.next_page_token.is_empty() {
                 return (seen, page.total_size);
             }

@@ -726,16 +726,7 @@ mod tests {
 
     #[test]
     fn a_view_of_a_tasks_json_is_byte_for_byte_the_view_of_the_task() {
-        // Every field set; destructured, so a field added to Task stops
-        // this test from compiling until it is set here too.
-        let Task {
-            id,
-            context_id,
-            status,
-            artifacts,
-            history,
-            metadata,
-        } = serde_json::from_value(json!({
+        let full: Task = serde_json::from_value(json!({
             "id": "t1",
             "contextId": "c1",
             "status": {
@@ -755,14 +746,18 @@ mod tests {
             "metadata": {"k": {"nested": ["v", 2]}}
         }))
         .unwrap();
-        let full = Task {
+        // Every field set; destructured whole, so a field added to Task
+        // stops this test from compiling until it is set here too.
+        let Task {
             id,
             context_id,
             status,
             artifacts,
             history,
             metadata,
-        };
+        } = &full;
+        assert!(!id.is_empty() && !context_id.is_empty() && status.message.is_some());
+        assert!(!artifacts.is_empty() && !history.is_empty() && metadata.is_some());
         let bare = Task {
             id: "t2".into(),
             ..Task::default()

@@ -114,6 +114,40 @@ async fn tasks_history_artifacts_and_push_configs_survive_a_restart() {
 }
 
 #[tokio::test]
+async fn a_task_read_back_from_disk_is_still_only_its_owners() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = "acme=KEY1,globex=KEY2";
+    let mut first = BatonProcess::builder(dir.path())
+        .env("BATON_API_KEYS", keys)
+        .start();
+    let message = user_message(&message_id("tck-artifact-text"), "acme's work");
+    let sent = first
+        .rpc_as("KEY1", "/a2a", "SendMessage", json!({"message": message}))
+        .await;
+    let task_id = sent["result"]["task"]["id"]
+        .as_str()
+        .expect("a task")
+        .to_string();
+    first.terminate();
+    assert!(first.wait_exit(WAIT).success());
+
+    // After the restart the task is read from sled's bytes, not decoded.
+    let second = BatonProcess::builder(dir.path())
+        .env("BATON_API_KEYS", keys)
+        .start();
+    let params = json!({"id": task_id});
+    let theirs = second
+        .rpc_as("KEY2", "/a2a", "GetTask", params.clone())
+        .await;
+    assert_eq!(theirs["error"]["code"], -32001, "{theirs}");
+    assert!(theirs.get("result").is_none());
+    let listed = second.rpc_as("KEY2", "/a2a", "ListTasks", json!({})).await;
+    assert_eq!(listed["result"]["tasks"], json!([]), "{listed}");
+    let own = second.rpc_as("KEY1", "/a2a", "GetTask", params).await;
+    assert_eq!(own["result"], sent["result"]["task"], "{own}");
+}
+
+#[tokio::test]
 async fn every_acknowledged_write_survives_a_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let mut first = BatonProcess::start(dir.path());

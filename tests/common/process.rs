@@ -180,11 +180,25 @@ impl BatonProcess {
 
     /// The JSON-RPC reply of `method` posted to `path` (`/a2a`, `/registry`).
     pub async fn rpc(&self, path: &str, method: &str, params: Value) -> Value {
+        self.rpc_keyed(None, path, method, params).await
+    }
+
+    /// As [`BatonProcess::rpc`], called with the API key `key`.
+    pub async fn rpc_as(&self, key: &str, path: &str, method: &str, params: Value) -> Value {
+        self.rpc_keyed(Some(key), path, method, params).await
+    }
+
+    async fn rpc_keyed(&self, key: Option<&str>, path: &str, method: &str, params: Value) -> Value {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-        self.http
+        let mut request = self
+            .http
             .post(self.url(path))
             .header("content-type", "application/json")
-            .header("a2a-version", "1.0")
+            .header("a2a-version", "1.0");
+        if let Some(key) = key {
+            request = request.header("authorization", format!("Bearer {key}"));
+        }
+        request
             .body(body.to_string())
             .send()
             .await

@@ -70,11 +70,10 @@ impl serde::Serialize for TaskReply {
         match &self.task {
             ReplyTask::Read(read) => {
                 let task = &read.record.task;
-                let whole = history_length
-                    .is_none_or(|n| usize::try_from(n).is_ok_and(|n| n >= task.history.len()))
-                    && (include_artifacts || task.artifacts.is_empty());
                 match &read.task_json {
-                    Some(json) if whole => json.serialize(serializer),
+                    Some(json) if task.view_is_whole(history_length, include_artifacts) => {
+                        json.serialize(serializer)
+                    }
                     _ => task
                         .borrowed_view(history_length, include_artifacts)
                         .serialize(serializer),

@@ -448,6 +448,12 @@ impl Task {
         }
     }
 
+    /// Whether [`Task::view`] with these arguments is the whole task.
+    pub fn view_is_whole(&self, history_length: Option<i32>, include_artifacts: bool) -> bool {
+        kept_history(self.history.len(), history_length) == self.history.len()
+            && (include_artifacts || self.artifacts.is_empty())
+    }
+
     /// [`Task::view`] without the copy, for a reply serialized at once.
     pub fn borrowed_view(
         &self,
@@ -498,12 +504,7 @@ pub struct TaskJson<'a> {
     metadata: Option<&'a RawValue>,
 }
 
-impl<'a> TaskJson<'a> {
-    /// Takes apart the JSON of a task Baton serialized.
-    pub fn parse(json: &'a str) -> serde_json::Result<Self> {
-        serde_json::from_str(json)
-    }
-
+impl TaskJson<'_> {
     /// As [`Task::borrowed_view`]; serializes byte for byte as that view.
     pub fn view(&self, history_length: Option<i32>, include_artifacts: bool) -> TaskJsonView<'_> {
         let keep = kept_history(self.history.len(), history_length);
@@ -769,7 +770,7 @@ mod tests {
         };
         for task in [full, bare, no_artifacts, Task::default()] {
             let json = serde_json::to_string(&task).unwrap();
-            let parts = TaskJson::parse(&json).unwrap();
+            let parts: TaskJson = serde_json::from_str(&json).unwrap();
             for history_length in [None, Some(0), Some(1), Some(2), Some(3), Some(9), Some(-1)] {
                 for include_artifacts in [true, false] {
                     assert_eq!(

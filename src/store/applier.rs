@@ -1543,16 +1543,8 @@ mod tests {
             stored("t2", TaskState::Completed, 3),
         ];
         let mut expected: Vec<Vec<u8>> = log.iter().flat_map(record_index_keys).collect();
-        let log = log
-            .into_iter()
-            .map(|record| wal::Entry::Task {
-                record: Box::new(record),
-                events: Vec::new(),
-            })
-            .collect();
-
         let applier = Applier::new(db.clone(), tree.clone(), wal_dir, Arc::default());
-        applier.recover(PendingSet::from_log(log)).unwrap();
+        applier.recover(PendingSet::from_log(logged(log))).unwrap();
         expected.sort();
         assert_eq!(index_entries(&tree), expected);
         let completed = TaskState::Completed.number();
@@ -1721,12 +1713,10 @@ mod tests {
         drop(applier);
 
         // The log holds z's write only.
-        let log = vec![wal::Entry::Task {
-            record: Box::new(z.clone()),
-            events: Vec::new(),
-        }];
         let applier = Applier::new(db.clone(), tree.clone(), wal_dir, Arc::default());
-        applier.recover(PendingSet::from_log(log)).unwrap();
+        applier
+            .recover(PendingSet::from_log(logged([z.clone()])))
+            .unwrap();
         let mut expected: Vec<Vec<u8>> = [&x, &z].into_iter().flat_map(record_index_keys).collect();
         expected.sort();
         assert_eq!(index_entries(&tree), expected, "y is gone, z moved");
@@ -1787,15 +1777,15 @@ mod tests {
         assert_eq!(tree.get(&legacy).unwrap().as_deref(), Some(&wrong[..]));
     }
 
-    /// A UUIDv7 task id created at millisecond `millis`, told apart by `n`.
-    fn v7_id(millis: u64, n: u16) -> String {
-        format!(
-            "{:08x}-{:04x}-7{:03x}-8000-{:012x}",
-            millis >> 16,
-            millis & 0xffff,
-            n,
-            n
-        )
+    /// The log as it holds writes of `records`, without events.
+    fn logged(records: impl IntoIterator<Item = TaskRecord>) -> Vec<wal::Entry> {
+        records
+            .into_iter()
+            .map(|record| wal::Entry::Task {
+                record: Box::new(record),
+                events: Vec::new(),
+            })
+            .collect()
     }
 
     /// Queues the creation of `record` with its JSON, as the ledger's writes are.
@@ -1813,7 +1803,11 @@ mod tests {
     fn applied_in_a_bucket() -> (tempfile::TempDir, Arc<Applier>, TaskRecord) {
         let dir = tempfile::tempdir().unwrap();
         let applier = unstarted_applier(dir.path());
-        let record = stored(&v7_id(1_767_000_000_000, 1), TaskState::Completed, 1);
+        let record = stored(
+            &keys::uuid_v7_at(1_767_000_000_000, 1),
+            TaskState::Completed,
+            1,
+        );
         queue_encoded(&applier, Arc::new(record.clone()), true);
         applier.apply_pending().unwrap();
         (dir, applier, record)
@@ -1846,14 +1840,22 @@ mod tests {
         let millis = 1_767_000_000_000;
         let mut records = Vec::new();
         for n in 0..20 {
-            records.push(stored(&v7_id(millis, 2 * n + 1), TaskState::Completed, 1));
+            records.push(stored(
+                &keys::uuid_v7_at(millis, 2 * n + 1),
+                TaskState::Completed,
+                1,
+            ));
         }
-        records.push(stored(&v7_id(millis + 1, 0), TaskState::Rejected, 1));
+        records.push(stored(
+            &keys::uuid_v7_at(millis + 1, 0),
+            TaskState::Rejected,
+            1,
+        ));
         // These keep keys of their own, between the others of their
         // millisecond: still open, no UUIDv7 id, too large.
-        let working = stored(&v7_id(millis, 10), TaskState::Working, 1);
+        let working = stored(&keys::uuid_v7_at(millis, 10), TaskState::Working, 1);
         let named = stored("t1", TaskState::Completed, 1);
-        let mut large = stored(&v7_id(millis, 0), TaskState::Completed, 1);
+        let mut large = stored(&keys::uuid_v7_at(millis, 0), TaskState::Completed, 1);
         large.task.metadata = Some(
             serde_json::from_value(serde_json::json!({"pad": "x".repeat(BUCKET_BYTES_MAX)}))
                 .unwrap(),
@@ -1882,7 +1884,11 @@ mod tests {
             assert!(tree.get(keys::task(&record.task.id)).unwrap().is_some());
             assert_eq!(read_stored(tree, &record.task.id).as_ref(), Some(record));
         }
-        for missing in [v7_id(millis, 2), v7_id(millis, 99), v7_id(millis + 2, 1)] {
+        for missing in [
+            keys::uuid_v7_at(millis, 2),
+            keys::uuid_v7_at(millis, 99),
+            keys::uuid_v7_at(millis + 2, 1),
+        ] {
             assert_eq!(read_stored(tree, &missing), None);
         }
         assert_eq!(
@@ -1932,11 +1938,8 @@ mod tests {
         assert_eq!(tree.scan_prefix(&prefix).count(), 1, "its index entry kept");
 
         // The log replayed holds the same version: sled is as new already.
-        let entry = wal::Entry::Task {
-            record: Box::new(record.clone()),
-            events: Vec::new(),
-        };
-        applier.recover(PendingSet::from_log(vec![entry])).unwrap();
+        let log = logged([record.clone()]);
+        applier.recover(PendingSet::from_log(log)).unwrap();
         assert_eq!(
             tree.get(keys::task(&task_id)).unwrap(),
             None,
@@ -1954,7 +1957,11 @@ mod tests {
         // Odd ids in one set, even ids in the next: their buckets interleave.
         for parity in [1, 0] {
             for n in 0..8 {
-                let record = stored(&v7_id(millis, 2 * n + parity), TaskState::Completed, 1);
+                let record = stored(
+                    &keys::uuid_v7_at(millis, 2 * n + parity),
+                    TaskState::Completed,
+                    1,
+                );
                 queue_encoded(&applier, Arc::new(record.clone()), true);
                 records.push(record);
             }
@@ -1980,11 +1987,8 @@ mod tests {
         let (bucket, _) = tree.scan_prefix(prefix).next().unwrap().unwrap();
         tree.remove(bucket).unwrap();
 
-        let entry = wal::Entry::Task {
-            record: Box::new(record.clone()),
-            events: Vec::new(),
-        };
-        applier.recover(PendingSet::from_log(vec![entry])).unwrap();
+        let log = logged([record.clone()]);
+        applier.recover(PendingSet::from_log(log)).unwrap();
         assert!(tree.get(keys::task(&task_id)).unwrap().is_some());
         assert_eq!(read_stored(tree, &task_id), Some(record));
         let state = TaskState::Completed.number();
@@ -2001,7 +2005,7 @@ mod tests {
         let applier = unstarted_applier(dir.path());
         let millis = 1_767_000_000_000;
         let records: Vec<TaskRecord> = (0..6)
-            .map(|n| stored(&v7_id(millis, n), TaskState::Completed, 1))
+            .map(|n| stored(&keys::uuid_v7_at(millis, n), TaskState::Completed, 1))
             .collect();
         for record in &records {
             queue_encoded(&applier, Arc::new(record.clone()), true);
@@ -2034,7 +2038,13 @@ mod tests {
         let millis = 1_767_000_000_000;
         let spread = BUCKET_MEMO_MILLIS as u64 + 4;
         let records: Vec<TaskRecord> = (0..spread * 2)
-            .map(|n| stored(&v7_id(millis + n % spread, n as u16), TaskState::Failed, 1))
+            .map(|n| {
+                stored(
+                    &keys::uuid_v7_at(millis + n % spread, n as u16),
+                    TaskState::Failed,
+                    1,
+                )
+            })
             .collect();
         for record in &records {
             queue_encoded(&applier, Arc::new(record.clone()), true);
@@ -2052,7 +2062,7 @@ mod tests {
             }
         }
         assert_eq!(memo.millis.len(), BUCKET_MEMO_MILLIS);
-        let missing = v7_id(millis, 999);
+        let missing = keys::uuid_v7_at(millis, 999);
         assert_eq!(
             stored_record(&applier.tree, &missing, Some(&mut memo)).unwrap(),
             None
@@ -2065,7 +2075,11 @@ mod tests {
         let applier = unstarted_applier(dir.path());
         let padded: Vec<TaskRecord> = (0..4)
             .map(|n| {
-                let mut record = stored(&v7_id(1_767_000_000_000, n), TaskState::Completed, 1);
+                let mut record = stored(
+                    &keys::uuid_v7_at(1_767_000_000_000, n),
+                    TaskState::Completed,
+                    1,
+                );
                 let pad = serde_json::json!({"pad": "x".repeat(BUCKET_BYTES_MAX * 2 / 5)});
                 record.task.metadata = Some(serde_json::from_value(pad).unwrap());
                 record

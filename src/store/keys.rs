@@ -112,6 +112,16 @@ fn take_len_prefixed(bytes: &[u8], width: usize) -> Option<(&[u8], &[u8])> {
     rest.split_at_checked(len)
 }
 
+/// A UUIDv7 task id created at millisecond `millis`, told apart by `n`.
+#[cfg(test)]
+pub fn uuid_v7_at(millis: u64, n: u16) -> String {
+    format!(
+        "{:08x}-{:04x}-7{n:03x}-8000-{n:012x}",
+        millis >> 16,
+        millis & 0xffff
+    )
+}
+
 /// Prefix of a task's event log.
 pub fn events_prefix(task_id: &str) -> Vec<u8> {
     let mut key = join(&[b"e", task_id.as_bytes()]);

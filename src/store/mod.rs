@@ -491,7 +491,7 @@ impl IndexPlan {
         let Some(state) = self.check_state else {
             return Ok(Verdict::Match(None));
         };
-        Ok(match ledger.get_listed(task_id, memo)? {
+        Ok(match ledger.read_for_reply(task_id, Some(memo))? {
             Some(task) if task.state()? == state => Verdict::Match(Some(task)),
             _ => Verdict::Skip,
         })
@@ -858,17 +858,8 @@ impl Ledger {
         self.read_for_reply(task_id, None)
     }
 
-    /// Reads a task for a listing, which holds [`Applier::applied`]: as
-    /// [`Ledger::get_for_reply`], reading record buckets through `memo`.
-    fn get_listed(
-        &self,
-        task_id: &str,
-        memo: &mut applier::BucketMemo,
-    ) -> Result<Option<ReplyTask>, LedgerError> {
-        self.read_for_reply(task_id, Some(memo))
-    }
-
-    /// A task from the writes not yet in sled, else from sled.
+    /// A task from the writes not yet in sled, else from sled; a listing,
+    /// which holds [`Applier::applied`], reads record buckets through `memo`.
     fn read_for_reply(
         &self,
         task_id: &str,
@@ -1145,7 +1136,7 @@ impl Ledger {
                 Verdict::Match(Some(task)) => task,
                 Verdict::Match(None) => {
                     let listed = keys::parse_order(&suffix)
-                        .and_then(|(_, id)| self.get_listed(id, &mut memo).transpose());
+                        .and_then(|(_, id)| self.read_for_reply(id, Some(&mut memo)).transpose());
                     match listed {
                         Some(record) => record?,
                         None => continue,
@@ -1487,16 +1478,13 @@ mod tests {
         }
     }
 
-    /// A ledger whose writes reach sled only when the test applies them, so
-    /// what coalesces does not depend on the applier's timer.
     /// A task read for a reply, decoded.
-    fn decoded(task: &ReplyTask) -> TaskRecord {
-        match task {
-            ReplyTask::Read(read) => (*read.record).clone(),
-            ReplyTask::Stored(stored) => serde_json::from_slice(&stored.bytes).expect("a record"),
-        }
+    fn decoded(task: ReplyTask) -> Arc<TaskRecord> {
+        task.into_record().expect("a record")
     }
 
+    /// A ledger whose writes reach sled only when the test applies them, so
+    /// what coalesces does not depend on the applier's timer.
     fn paused(dir: &Path) -> Ledger {
         Ledger::open_with_applier_paused(dir).unwrap()
     }
@@ -1734,14 +1722,15 @@ mod tests {
             .list("owner", &query(Some(TaskState::InputRequired)))
             .unwrap();
         assert_eq!(waiting.total_size, 1);
-        assert_eq!(decoded(&waiting.records[0]).task.id, "b");
+        let first = |page: ListPage| decoded(page.records.into_iter().next().unwrap());
+        assert_eq!(first(waiting).task.id, "b");
         let working = ledger
             .list("owner", &query(Some(TaskState::Working)))
             .unwrap();
         assert_eq!(working.total_size, 2);
         let all = ledger.list("owner", &query(None)).unwrap();
         assert_eq!(all.total_size, 3);
-        assert_eq!(decoded(&all.records[0]).task.id, "b", "newest status first");
+        assert_eq!(first(all).task.id, "b", "newest status first");
         assert_eq!(ledger.waiting_task_ids().unwrap(), vec!["b".to_string()]);
         assert_eq!(ledger.active_task_ids().unwrap().len(), 2);
     }
@@ -1811,7 +1800,7 @@ mod tests {
         ledger.close();
         drop(ledger);
         let this = LEDGER_FORMAT.to_be_bytes().to_vec();
-        assert_eq!(marker(dir.path()), Some(this.clone()));
+        assert_eq!(marker(dir.path()), Some(this));
 
         // One written before the marker is marked as that format, its data kept.
         set_marker(dir.path(), None);
@@ -1947,11 +1936,7 @@ mod tests {
         let mut ids = Vec::new();
         for n in 0..12u16 {
             let millis: u64 = 1_767_000_000_000 + u64::from(n % 2);
-            let task_id = format!(
-                "{:08x}-{:04x}-7{n:03x}-8000-{n:012x}",
-                millis >> 16,
-                millis & 0xffff
-            );
+            let task_id = keys::uuid_v7_at(millis, n);
             let events = vec![status(&task_id, TaskState::Completed)];
             ledger.create(record(&task_id), events).await.unwrap();
             ids.push(task_id);
@@ -1976,7 +1961,7 @@ mod tests {
             let read = ledger.get_for_reply(task_id).unwrap().expect("read back");
             assert!(matches!(read, ReplyTask::Stored(_)), "read from sled");
             assert_eq!(read.state().unwrap(), TaskState::Completed);
-            assert_eq!(decoded(&read).task.id, *task_id);
+            assert_eq!(decoded(read).task.id, *task_id);
         }
         ids.sort();
         for state in [Some(TaskState::Completed), None] {
@@ -1992,7 +1977,7 @@ mod tests {
                 ..ListQuery::default()
             };
             let page = ledger.list("owner", &query).unwrap();
-            for record in page.records.iter().map(decoded) {
+            for record in page.records.into_iter().map(decoded) {
                 let agent = if record.task.id == edited {
                     "edited"
                 } else {
@@ -2022,7 +2007,7 @@ mod tests {
             };
             let page = ledger.list("owner", &query).unwrap();
             assert_eq!(*total.get_or_insert(page.total_size), page.total_size);
-            seen.extend(page.records.iter().map(|r| decoded(r).task.id));
+            seen.extend(page.records.into_iter().map(|r| decoded(r).task.id.clone()));
             if page.next_page_token.is_empty() {
                 return (seen, page.total_size);
             }

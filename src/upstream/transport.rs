@@ -49,8 +49,12 @@ const MAX_IDLE: usize = 256;
 /// How often expired idle connections are closed.
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
 
-/// How long a connection whose answer came before its request was all
-/// sent may take to finish sending, and be kept.
+/// How long a connection not yet ready for another request when its
+/// exchange ends may take to be ready, and be kept; else it is closed. One
+/// whose exchange ended normally is ready at once. One whose agent answered
+/// before reading the whole request is never ready again in hyper 1, even
+/// once all of it is sent (a test shows it), so it is closed when this
+/// passes.
 const FINISH_SENDING: Duration = Duration::from_secs(5);
 
 /// HTTP/1.1 to one agent endpoint, every connection obeying the outbound
@@ -226,9 +230,8 @@ impl Pool {
         None
     }
 
-    /// Keeps a connection whose exchange is over for the next call. One
-    /// still sending its request (the agent answered before reading it
-    /// all) is kept once it is done, if that is soon; else it is closed.
+    /// Keeps a connection whose exchange is over for the next call, once it
+    /// is ready for one within [`FINISH_SENDING`]; else it is closed.
     fn give_back(self: &Arc<Self>, mut connection: Connection) {
         if connection.sender.is_ready() {
             self.keep(connection);
@@ -570,6 +573,72 @@ mod tests {
         .await
         .expect("the next call does not wait for the first connection");
         assert_eq!(next.unwrap().0.status.as_u16(), 200);
+    }
+
+    #[tokio::test]
+    async fn a_connection_answered_before_its_request_was_read_is_closed_when_sent() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const BODY: usize = 8 << 20;
+        // Each request is answered right after its head; its body is read
+        // (and dropped) after that. Each connection reports its close.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: Uri = format!("http://{}/", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let number = counter.fetch_add(1, Ordering::Relaxed);
+                let closed_tx = closed_tx.clone();
+                tokio::spawn(async move {
+                    let mut chunk = vec![0u8; 64 * 1024];
+                    // Body bytes still to come before the next head.
+                    let mut unread = 0usize;
+                    loop {
+                        let read = socket.read(&mut chunk).await.unwrap_or(0);
+                        if read == 0 {
+                            let _ = closed_tx.send((number, unread));
+                            return;
+                        }
+                        if unread >= read {
+                            unread -= read;
+                            continue;
+                        }
+                        let head = String::from_utf8_lossy(&chunk[unread..read]).to_string();
+                        let length = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length: "))
+                            .map_or(0, |n| n.trim().parse::<usize>().unwrap());
+                        let end = head.find("\r\n\r\n").unwrap() + 4;
+                        unread = length - (read - unread - end).min(length);
+                        let answer = "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                        socket.write_all(answer.as_bytes()).await.unwrap();
+                    }
+                });
+            }
+        });
+        let transport = Transport::new(&uri, &loopback_policy(), Duration::from_secs(5));
+        let large = Request::post(uri.clone())
+            .body(Full::new(Bytes::from(vec![b' '; BODY])))
+            .unwrap();
+        let (parts, _) = transport.call(large, &"test", 1024).await.unwrap();
+        assert_eq!(parts.status.as_u16(), 200);
+        let (parts, _) = transport.call(post(&uri), &"test", 1024).await.unwrap();
+        assert_eq!(parts.status.as_u16(), 200);
+        // hyper never makes such a connection ready again, even once its
+        // request is all sent: it is not lent, and is closed at
+        // FINISH_SENDING, with nothing of its request left unsent.
+        assert_eq!(accepted.load(Ordering::Relaxed), 2);
+        let first_closed =
+            tokio::time::timeout(FINISH_SENDING + Duration::from_secs(5), closed.recv())
+                .await
+                .expect("the first connection is closed")
+                .unwrap();
+        assert_eq!(first_closed, (0, 0));
+        assert_eq!(transport.pool.idle.lock().unwrap().len(), 1);
     }
 
     #[tokio::test]

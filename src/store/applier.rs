@@ -594,8 +594,8 @@ impl Applier {
             // Record buckets after the chunk's index keys, like records.
             let mut records = RecordBuckets::default();
             for plan in planned {
-                let own_key = !records.take(&plan);
-                self.apply_task(plan, &mut counts, own_key)?;
+                let home = records.take(&plan);
+                self.apply_task(plan, &mut counts, home)?;
             }
             records.write(&self.tree)?;
         }
@@ -658,13 +658,14 @@ impl Applier {
         }))
     }
 
-    /// Writes one planned task into sled, its record last, and notes its
-    /// counter changes. Its bucket entries are in already.
+    /// Writes one planned task into sled, its record last (unless its
+    /// `home` is a bucket, written with the others), and notes its counter
+    /// changes. Its bucket entries are in already.
     fn apply_task(
         &self,
         plan: TaskPlan<'_>,
         counts: &mut CounterDeltas,
-        own_key: bool,
+        home: RecordHome,
     ) -> Result<(), LedgerError> {
         let tree = &self.tree;
         let TaskPlan {
@@ -710,7 +711,7 @@ impl Applier {
                 tree.insert(keys::child(parent, task_id), &[])?;
             }
         }
-        if !own_key {
+        if home == RecordHome::Bucket {
             return Ok(());
         }
         match &pending.encoded {
@@ -756,6 +757,15 @@ const BUCKET_RECORDS_MAX: usize = 4;
 /// segment to a file of its own, and a leaf holds up to 17 values.
 const BUCKET_BYTES_MAX: usize = 6 * 1024;
 
+/// Where an applied task's record goes in sled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RecordHome {
+    /// A key of its own (`keys::task`).
+    OwnKey,
+    /// A bucket shared with tasks of its creation millisecond.
+    Bucket,
+}
+
 /// The records of one chunk that go into record buckets instead of keys of
 /// their own, by bucket prefix (creation millisecond).
 #[derive(Default)]
@@ -766,27 +776,27 @@ struct RecordBuckets<'a> {
 impl<'a> RecordBuckets<'a> {
     /// Takes `plan`'s record if it belongs in a bucket: a task this write
     /// creates in sled, finished (its record changes no more), small, with
-    /// a UUIDv7 id.
-    fn take(&mut self, plan: &TaskPlan<'a>) -> bool {
+    /// a UUIDv7 id. Returns where the record goes.
+    fn take(&mut self, plan: &TaskPlan<'a>) -> RecordHome {
         let pending = plan.pending;
         if plan.before.is_some() || !pending.record.task.status.state.is_terminal() {
-            return false;
+            return RecordHome::OwnKey;
         }
         let Some(encoded) = &pending.encoded else {
-            return false;
+            return RecordHome::OwnKey;
         };
         let json = encoded.json.get().as_bytes();
         if json.len() > BUCKET_BYTES_MAX {
-            return false;
+            return RecordHome::OwnKey;
         }
         let Some(prefix) = keys::record_bucket_prefix(plan.task_id) else {
-            return false;
+            return RecordHome::OwnKey;
         };
         self.by_prefix
             .entry(prefix)
             .or_default()
             .push((plan.task_id, json));
-        true
+        RecordHome::Bucket
     }
 
     /// Writes the buckets, each keyed by its prefix and its first id.

@@ -2,14 +2,12 @@
 //! and shapes the reply as JSON or as an SSE stream.
 
 use super::envelope::{RpcRequest, decode_params, error_body, success_body};
-use super::sse::sse_response;
+use super::sse::{sse_response, sse_single};
 use crate::error::GatewayError;
 use crate::gateway::{CallContext, Gateway, SendOutcome};
 use crate::protocol::{AgentCard, StreamResponse, methods};
-use crate::store::hub::LedgerEvent;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use futures::stream::StreamExt;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use std::sync::Arc;
@@ -52,15 +50,9 @@ pub async fn dispatch(
         },
         methods::SEND_STREAMING_MESSAGE => match decode_params(params) {
             Ok(req) => match gateway.send_streaming_message(ctx, req).await {
-                Ok(SendOutcome::Message(message)) => sse_response(
-                    id.to_owned(),
-                    futures::stream::iter([Arc::new(LedgerEvent::new(
-                        String::new(),
-                        0,
-                        StreamResponse::Message(message),
-                    ))])
-                    .boxed(),
-                ),
+                Ok(SendOutcome::Message(message)) => {
+                    sse_single(id, &StreamResponse::Message(message))
+                }
                 Ok(SendOutcome::Task(events)) => sse_response(id.to_owned(), events.into_stream()),
                 Err(err) => error_reply(Some(id), &err),
             },

@@ -7,6 +7,7 @@
 
 use super::envelope::success_body;
 use crate::error::GatewayError;
+use crate::protocol::StreamResponse;
 use crate::store::hub::LedgerEvent;
 use axum::body::{Body, Bytes};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
@@ -30,7 +31,7 @@ pub fn sse_response(id: Box<RawValue>, events: BoxStream<'static, Arc<LedgerEven
         (events, keep_alive, id),
         |(mut events, mut keep_alive, id)| async move {
             let frame = tokio::select! {
-                event = events.next() => data_frame(&id, &*event?),
+                event = events.next() => data_frame(&id, event?.json()),
                 _ = keep_alive.tick() => Bytes::from_static(b":\n\n"),
             };
             keep_alive.reset();
@@ -47,10 +48,23 @@ pub fn sse_response(id: Box<RawValue>, events: BoxStream<'static, Arc<LedgerEven
         .into_response()
 }
 
+/// An SSE response carrying `event` alone, wrapped with `id`: a send the
+/// agent answered with a message, which is no task's event.
+pub fn sse_single(id: &RawValue, event: &StreamResponse) -> Response {
+    let json = serde_json::value::to_raw_value(event);
+    (
+        [
+            (CONTENT_TYPE, "text/event-stream"),
+            (CACHE_CONTROL, "no-cache"),
+        ],
+        data_frame(id, json.as_deref().map_err(ToString::to_string)),
+    )
+        .into_response()
+}
+
 /// `data: <JSON-RPC response>` and the blank line that ends the event.
-fn data_frame(id: &RawValue, event: &LedgerEvent) -> Bytes {
-    let encoded = event
-        .json()
+fn data_frame<E: std::fmt::Display>(id: &RawValue, event_json: Result<&RawValue, E>) -> Bytes {
+    let encoded = event_json
         .map_err(|e| GatewayError::Internal(format!("cannot encode event: {e}")))
         .and_then(|json| success_body(id, json));
     let body = match encoded {
@@ -67,14 +81,14 @@ fn data_frame(id: &RawValue, event: &LedgerEvent) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Message, Part, StreamResponse};
+    use crate::protocol::{Message, Part};
 
     #[test]
     fn a_frame_is_one_data_line_even_for_text_with_newlines() {
         let message = Message::agent(vec![Part::text("two\nlines")]);
         let event = LedgerEvent::new("t".into(), 1, StreamResponse::Message(message));
         let id = RawValue::from_string("7".into()).unwrap();
-        let frame = data_frame(&id, &event);
+        let frame = data_frame(&id, event.json());
         let text = std::str::from_utf8(&frame).unwrap();
         assert!(text.starts_with("data: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":"));
         assert!(text.ends_with("\n\n"));

@@ -112,9 +112,11 @@ impl EventHub {
         if self.watches.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == 0 {
             channels.retain(|_, channel| channel.sender.receiver_count() > 0);
         }
-        let channel = channels
-            .entry(task_id.to_string())
-            .or_insert_with(|| Channel::new(capacity));
+        // The id is copied only for a task's first channel.
+        if !channels.contains_key(task_id) {
+            channels.insert(task_id.to_string(), Channel::new(capacity));
+        }
+        let channel = channels.get_mut(task_id).expect("inserted above");
         if channel.capacity < capacity {
             *channel = Channel::new(capacity);
         }

@@ -10,7 +10,7 @@ use crate::error::GatewayError;
 use crate::protocol::StreamResponse;
 use crate::store::hub::LedgerEvent;
 use axum::body::{Body, Bytes};
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName};
 use axum::response::{IntoResponse, Response};
 use futures::stream::{BoxStream, StreamExt};
 use serde_json::value::RawValue;
@@ -20,6 +20,12 @@ use std::time::Duration;
 
 /// How often an idle stream sends a comment, so proxies keep it open.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// The headers of every SSE response.
+const SSE_HEADERS: [(HeaderName, &str); 2] = [
+    (CONTENT_TYPE, "text/event-stream"),
+    (CACHE_CONTROL, "no-cache"),
+];
 
 /// An SSE response carrying `events`, each wrapped with `id`. Each event's
 /// JSON is encoded once and shared by every stream that carries it.
@@ -38,28 +44,14 @@ pub fn sse_response(id: Box<RawValue>, events: BoxStream<'static, Arc<LedgerEven
             Some((Ok::<_, Infallible>(frame), (events, keep_alive, id)))
         },
     );
-    (
-        [
-            (CONTENT_TYPE, "text/event-stream"),
-            (CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(frames),
-    )
-        .into_response()
+    (SSE_HEADERS, Body::from_stream(frames)).into_response()
 }
 
 /// An SSE response carrying `event` alone, wrapped with `id`: a send the
 /// agent answered with a message, which is no task's event.
 pub fn sse_single(id: &RawValue, event: &StreamResponse) -> Response {
     let json = serde_json::value::to_raw_value(event);
-    (
-        [
-            (CONTENT_TYPE, "text/event-stream"),
-            (CACHE_CONTROL, "no-cache"),
-        ],
-        data_frame(id, json.as_deref().map_err(ToString::to_string)),
-    )
-        .into_response()
+    (SSE_HEADERS, data_frame(id, json.as_deref())).into_response()
 }
 
 /// `data: <JSON-RPC response>` and the blank line that ends the event.

@@ -112,15 +112,17 @@ impl EventHub {
         if self.watches.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == 0 {
             channels.retain(|_, channel| channel.sender.receiver_count() > 0);
         }
+        if let Some(channel) = channels.get_mut(task_id) {
+            if channel.capacity < capacity {
+                *channel = Channel::new(capacity);
+            }
+            return channel.sender.subscribe();
+        }
         // The id is copied only for a task's first channel.
-        if !channels.contains_key(task_id) {
-            channels.insert(task_id.to_string(), Channel::new(capacity));
-        }
-        let channel = channels.get_mut(task_id).expect("inserted above");
-        if channel.capacity < capacity {
-            *channel = Channel::new(capacity);
-        }
-        channel.sender.subscribe()
+        let channel = Channel::new(capacity);
+        let receiver = channel.sender.subscribe();
+        channels.insert(task_id.to_string(), channel);
+        receiver
     }
 
     /// Adds a callback that sees every durable event.

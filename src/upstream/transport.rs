@@ -51,11 +51,16 @@ const SWEEP_EVERY: Duration = Duration::from_secs(30);
 
 /// How long a connection not yet ready for another request when its
 /// exchange ends may take to be ready, and be kept; else it is closed. One
-/// whose exchange ended normally is ready at once. One whose agent answered
-/// before reading the whole request is never ready again in hyper 1, even
-/// once all of it is sent (a test shows it), so it is closed when this
-/// passes.
-const FINISH_SENDING: Duration = Duration::from_secs(5);
+/// whose exchange ended normally is ready at once, or nearly. One whose
+/// agent answered before reading the whole request may never be: hyper
+/// 1.12 can miss the wake-up when the last of the body leaves (a test saw
+/// it), so it is closed when this passes. Short under test, where only
+/// that bound matters.
+const FINISH_SENDING: Duration = if cfg!(test) {
+    Duration::from_millis(500)
+} else {
+    Duration::from_secs(5)
+};
 
 /// HTTP/1.1 to one agent endpoint, every connection obeying the outbound
 /// guard.
@@ -576,7 +581,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_connection_answered_before_its_request_was_read_is_closed_when_sent() {
+    async fn a_connection_answered_before_its_request_was_read_is_not_lent_until_all_sent() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         const BODY: usize = 8 << 20;
         // Each request is answered right after its head; its body is read
@@ -628,17 +633,29 @@ mod tests {
         assert_eq!(parts.status.as_u16(), 200);
         let (parts, _) = transport.call(post(&uri), &"test", 1024).await.unwrap();
         assert_eq!(parts.status.as_u16(), 200);
-        // hyper never makes such a connection ready again, even once its
-        // request is all sent: it is not lent, and is closed at
-        // FINISH_SENDING, with nothing of its request left unsent.
+        // Still sending when the second call came: not lent to it.
         assert_eq!(accepted.load(Ordering::Relaxed), 2);
-        let first_closed =
-            tokio::time::timeout(FINISH_SENDING + Duration::from_secs(5), closed.recv())
-                .await
-                .expect("the first connection is closed")
-                .unwrap();
-        assert_eq!(first_closed, (0, 0));
-        assert_eq!(transport.pool.idle.lock().unwrap().len(), 1);
+        // Once its request is all sent, it is either kept, or closed at
+        // FINISH_SENDING when hyper misses the wake-up (see there).
+        let settled = async {
+            loop {
+                if let Ok(first_closed) = closed.try_recv() {
+                    return Some(first_closed);
+                }
+                if transport.pool.idle.lock().unwrap().len() == 2 {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        match tokio::time::timeout(FINISH_SENDING + Duration::from_secs(5), settled).await {
+            Ok(Some(first_closed)) => {
+                assert_eq!(first_closed, (0, 0), "closed with its request all sent");
+                assert_eq!(transport.pool.idle.lock().unwrap().len(), 1);
+            }
+            Ok(None) => {}
+            Err(_) => panic!("the first connection is neither kept nor closed"),
+        }
     }
 
     #[tokio::test]

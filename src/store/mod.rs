@@ -173,41 +173,17 @@ pub enum ReplyTask {
 impl ReplyTask {
     /// The principal the task belongs to.
     pub fn owner(&self) -> Result<Cow<'_, str>, LedgerError> {
-        #[derive(Deserialize)]
-        struct RecordOwner<'a> {
-            #[serde(borrow)]
-            owner: Cow<'a, str>,
-        }
         Ok(match self {
             Self::Read(read) => Cow::Borrowed(&read.record.owner),
-            Self::Stored(stored) => serde_json::from_slice::<RecordOwner>(&stored.bytes)?.owner,
+            Self::Stored(stored) => stored.head()?.owner,
         })
     }
 
     /// The state the task is in.
     fn state(&self) -> Result<TaskState, LedgerError> {
-        #[derive(Deserialize)]
-        struct RecordHead {
-            task: TaskHead,
-        }
-        #[derive(Deserialize)]
-        struct TaskHead {
-            #[serde(default)]
-            status: StatusHead,
-        }
-        #[derive(Default, Deserialize)]
-        struct StatusHead {
-            #[serde(default)]
-            state: TaskState,
-        }
         Ok(match self {
             Self::Read(read) => read.record.task.status.state,
-            Self::Stored(stored) => {
-                serde_json::from_slice::<RecordHead>(&stored.bytes)?
-                    .task
-                    .status
-                    .state
-            }
+            Self::Stored(stored) => stored.head()?.task.status.state,
         })
     }
 
@@ -226,7 +202,33 @@ pub struct StoredRecord {
     bytes: sled::IVec,
 }
 
+/// What a reply checks of a stored record before shaping it: its owner and
+/// its task's state.
+#[derive(Deserialize)]
+struct StoredHead<'a> {
+    #[serde(borrow)]
+    owner: Cow<'a, str>,
+    task: StoredTaskHead,
+}
+
+#[derive(Deserialize)]
+struct StoredTaskHead {
+    #[serde(default)]
+    status: StoredStatusHead,
+}
+
+#[derive(Default, Deserialize)]
+struct StoredStatusHead {
+    #[serde(default)]
+    state: TaskState,
+}
+
 impl StoredRecord {
+    /// The record's owner and state, the rest skipped.
+    fn head(&self) -> Result<StoredHead<'_>, LedgerError> {
+        Ok(serde_json::from_slice(&self.bytes)?)
+    }
+
     /// The record's task, taken apart into its fields' JSON.
     pub fn task_json(&self) -> serde_json::Result<TaskJson<'_>> {
         #[derive(Deserialize)]
@@ -848,7 +850,7 @@ impl Ledger {
 
     /// Reads a task without copying a record that has writes pending.
     pub fn get_shared(&self, task_id: &str) -> Result<Option<Arc<TaskRecord>>, LedgerError> {
-        self.read_for_reply(task_id, None)?
+        self.get_for_reply(task_id)?
             .map(ReplyTask::into_record)
             .transpose()
     }

@@ -519,40 +519,70 @@ impl TaskJson<'_> {
     }
 }
 
-/// A [`TaskJson`] shaped for a reply, in [`Task`]'s field order.
+/// A task shaped for a reply, with one field list for both sources: a
+/// decoded [`Task`] ([`TaskView`]) and stored JSON ([`TaskJsonView`]).
+/// Each field is left out where [`Omit`] says its type is empty, so both
+/// serialize exactly as the [`Task`] that [`Task::view`] returns.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct TaskJsonView<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    id: Option<&'a RawValue>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    context_id: Option<&'a RawValue>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    status: Option<&'a RawValue>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    artifacts: Option<&'a RawValue>,
-    #[serde(skip_serializing_if = "<[&RawValue]>::is_empty")]
-    history: &'a [&'a RawValue],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    metadata: Option<&'a RawValue>,
+pub struct TaskShape<Text: Omit, Status: Omit, Artifacts: Omit, History: Omit, Metadata: Omit> {
+    #[serde(skip_serializing_if = "Omit::omit")]
+    id: Text,
+    #[serde(skip_serializing_if = "Omit::omit")]
+    context_id: Text,
+    #[serde(skip_serializing_if = "Omit::omit")]
+    status: Status,
+    #[serde(skip_serializing_if = "Omit::omit")]
+    artifacts: Artifacts,
+    #[serde(skip_serializing_if = "Omit::omit")]
+    history: History,
+    #[serde(skip_serializing_if = "Omit::omit")]
+    metadata: Metadata,
 }
 
-/// A task shaped for a reply, borrowed; serializes exactly as the [`Task`]
-/// that [`Task::view`] returns.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TaskView<'a> {
-    #[serde(skip_serializing_if = "str::is_empty")]
-    id: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    context_id: &'a str,
-    status: &'a TaskStatus,
-    #[serde(skip_serializing_if = "<[Artifact]>::is_empty")]
-    artifacts: &'a [Artifact],
-    #[serde(skip_serializing_if = "<[Message]>::is_empty")]
-    history: &'a [Message],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    metadata: Option<&'a Struct>,
+/// A task shaped for a reply, borrowed from a decoded [`Task`].
+pub type TaskView<'a> =
+    TaskShape<&'a str, &'a TaskStatus, &'a [Artifact], &'a [Message], Option<&'a Struct>>;
+
+/// A [`TaskJson`] shaped for a reply: each field its stored JSON.
+pub type TaskJsonView<'a> = TaskShape<
+    Option<&'a RawValue>,
+    Option<&'a RawValue>,
+    Option<&'a RawValue>,
+    &'a [&'a RawValue],
+    Option<&'a RawValue>,
+>;
+
+/// Whether a reply field is left out: ProtoJSON omits empty fields, and a
+/// stored task's JSON lacks the fields its encoding omitted.
+pub trait Omit {
+    /// The field is not written.
+    fn omit(&self) -> bool;
+}
+
+impl Omit for &str {
+    fn omit(&self) -> bool {
+        self.is_empty()
+    }
+}
+
+impl<T> Omit for &[T] {
+    fn omit(&self) -> bool {
+        self.is_empty()
+    }
+}
+
+impl<T> Omit for Option<T> {
+    fn omit(&self) -> bool {
+        self.is_none()
+    }
+}
+
+impl Omit for &TaskStatus {
+    /// A status is always written, as [`Task`] writes it.
+    fn omit(&self) -> bool {
+        false
+    }
 }
 
 /// `TaskStatusUpdateEvent`.

@@ -521,22 +521,31 @@ impl TaskJson<'_> {
 
 /// A task shaped for a reply, with one field list for both sources: a
 /// decoded [`Task`] ([`TaskView`]) and stored JSON ([`TaskJsonView`]).
-/// Each field is left out where [`Omit`] says its type is empty, so both
-/// serialize exactly as the [`Task`] that [`Task::view`] returns.
+/// Each field is left out where [`OmitInReply`] says its type is empty,
+/// and the fields are in [`Task`]'s order: a reply is either a task's
+/// JSON written as it is or one of these views, so both must serialize
+/// byte for byte as the [`Task`] that [`Task::view`] returns.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct TaskShape<Text: Omit, Status: Omit, Artifacts: Omit, History: Omit, Metadata: Omit> {
-    #[serde(skip_serializing_if = "Omit::omit")]
-    id: Text,
-    #[serde(skip_serializing_if = "Omit::omit")]
-    context_id: Text,
-    #[serde(skip_serializing_if = "Omit::omit")]
+pub struct TaskShape<Id, Status, Artifacts, History, Metadata>
+where
+    Id: OmitInReply,
+    Status: OmitInReply,
+    Artifacts: OmitInReply,
+    History: OmitInReply,
+    Metadata: OmitInReply,
+{
+    #[serde(skip_serializing_if = "OmitInReply::omit")]
+    id: Id,
+    #[serde(skip_serializing_if = "OmitInReply::omit")]
+    context_id: Id,
+    #[serde(skip_serializing_if = "OmitInReply::omit")]
     status: Status,
-    #[serde(skip_serializing_if = "Omit::omit")]
+    #[serde(skip_serializing_if = "OmitInReply::omit")]
     artifacts: Artifacts,
-    #[serde(skip_serializing_if = "Omit::omit")]
+    #[serde(skip_serializing_if = "OmitInReply::omit")]
     history: History,
-    #[serde(skip_serializing_if = "Omit::omit")]
+    #[serde(skip_serializing_if = "OmitInReply::omit")]
     metadata: Metadata,
 }
 
@@ -554,31 +563,49 @@ pub type TaskJsonView<'a> = TaskShape<
 >;
 
 /// Whether a reply field is left out: ProtoJSON omits empty fields, and a
-/// stored task's JSON lacks the fields its encoding omitted.
-pub trait Omit {
+/// stored task's JSON lacks the fields its encoding omitted. Sealed: it
+/// holds only for the field types of [`TaskShape`]'s two views.
+pub trait OmitInReply: sealed::Sealed {
     /// The field is not written.
     fn omit(&self) -> bool;
 }
 
-impl Omit for &str {
+mod sealed {
+    use super::{RawValue, Struct, TaskStatus};
+
+    pub trait Sealed {}
+    impl Sealed for &str {}
+    impl<T> Sealed for &[T] {}
+    impl Sealed for Option<&RawValue> {}
+    impl Sealed for Option<&Struct> {}
+    impl Sealed for &TaskStatus {}
+}
+
+impl OmitInReply for &str {
     fn omit(&self) -> bool {
         self.is_empty()
     }
 }
 
-impl<T> Omit for &[T] {
+impl<T> OmitInReply for &[T] {
     fn omit(&self) -> bool {
         self.is_empty()
     }
 }
 
-impl<T> Omit for Option<T> {
+impl OmitInReply for Option<&RawValue> {
     fn omit(&self) -> bool {
         self.is_none()
     }
 }
 
-impl Omit for &TaskStatus {
+impl OmitInReply for Option<&Struct> {
+    fn omit(&self) -> bool {
+        self.is_none()
+    }
+}
+
+impl OmitInReply for &TaskStatus {
     /// A status is always written, as [`Task`] writes it.
     fn omit(&self) -> bool {
         false
@@ -806,10 +833,10 @@ mod tests {
                     assert_eq!(
                         serde_json::to_string(&parts.view(history_length, include_artifacts))
                             .unwrap(),
-                        serde_json::to_string(
-                            &task.borrowed_view(history_length, include_artifacts)
-                        )
-                        .unwrap(),
+                        // `Task::view` serializes through `Task`, not the
+                        // shape both views share.
+                        serde_json::to_string(&task.view(history_length, include_artifacts))
+                            .unwrap(),
                         "{json} {history_length:?} {include_artifacts}"
                     );
                 }
@@ -839,10 +866,11 @@ mod tests {
         };
         for history_length in [None, Some(0), Some(2), Some(9), Some(-1)] {
             for include_artifacts in [true, false] {
+                // Compared as text: field order is part of the bytes.
                 assert_eq!(
-                    serde_json::to_value(task.borrowed_view(history_length, include_artifacts))
+                    serde_json::to_string(&task.borrowed_view(history_length, include_artifacts))
                         .unwrap(),
-                    serde_json::to_value(task.view(history_length, include_artifacts)).unwrap(),
+                    serde_json::to_string(&task.view(history_length, include_artifacts)).unwrap(),
                     "{history_length:?} {include_artifacts}"
                 );
             }

@@ -364,6 +364,7 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
     let mut pairs: Vec<(usize, LoadResult, LoadResult)> = Vec::new();
     let mut cpu_per_request: Option<anyhow::Result<f64>> = None;
     let mut reference = Vec::new();
+    let mut breakdown = Vec::new();
     for concurrency in settings.concurrencies {
         let direct_spec = unary_spec(
             settings,
@@ -375,13 +376,19 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
         progress(&format!("unary c={concurrency} direct"), &direct.summary());
         let through_spec = unary_spec(settings, baton.addr, concurrency, "/a2a");
         let mut ticks = Vec::new();
-        let through = load::run(&through_spec, || ticks.push(baton.cpu_ticks())).await;
+        let mut readings = Vec::new();
+        let through = load::run(&through_spec, || {
+            ticks.push(baton.cpu_ticks());
+            readings.push(WindowReading::take(baton.pid));
+        })
+        .await;
         progress(
             &format!("unary c={concurrency} through Baton"),
             &through.summary(),
         );
         if concurrency == settings.cpu_concurrency {
             let baton_cpu = cpu_micros(&ticks, &through, ticks_per_second);
+            breakdown = window_figures(&readings, &through, concurrency, ticks_per_second);
             reference =
                 reference_figures(bench, concurrency, &direct, &baton_cpu, ticks_per_second).await;
             cpu_per_request = Some(baton_cpu);
@@ -438,7 +445,88 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
             .budget(Budget::Max(1.0)),
         );
     }
+    figures.extend(breakdown);
     figures.extend(reference);
+    figures
+}
+
+/// Baton's threads and the machine's idle CPU at one edge of a window.
+struct WindowReading {
+    at: std::time::Instant,
+    threads: anyhow::Result<Vec<(u32, String, procfs::ThreadTimes)>>,
+    machine: anyhow::Result<(u64, u64)>,
+}
+
+impl WindowReading {
+    fn take(pid: u32) -> Self {
+        Self {
+            at: std::time::Instant::now(),
+            threads: procfs::threads(pid),
+            machine: procfs::machine_ticks(),
+        }
+    }
+}
+
+/// Where Baton's CPU went, thread group by thread group, and what the
+/// machine had left, over a measured window: what bounds the throughput.
+fn window_figures(
+    readings: &[WindowReading],
+    result: &LoadResult,
+    concurrency: usize,
+    ticks_per_second: f64,
+) -> Vec<Figure> {
+    let [before, after] = readings else {
+        return Vec::new();
+    };
+    let mut figures = Vec::new();
+    let window_ns = after.at.duration_since(before.at).as_nanos().max(1) as f64;
+    let requests = result.completed.max(1) as f64;
+    let micros = |ticks: u64| ticks as f64 / ticks_per_second / requests * 1e6;
+    let share = |ns: u64| 100.0 * ns as f64 / window_ns;
+    if let (Ok(then), Ok(now)) = (&before.threads, &after.threads) {
+        let groups = procfs::thread_groups_between(then, now);
+        // Said once, under the first of these figures.
+        let mut note = Some(
+            "a thread or pool of Baton's: its CPU per request, and the shares of the window \
+             it ran and it was runnable but waited for a core (schedstat)",
+        );
+        for (name, used) in groups {
+            let cpu = micros(used.user_ticks + used.system_ticks);
+            if cpu < 0.1 {
+                continue;
+            }
+            let figure = Figure::info(
+                format!("Baton CPU per request, c={concurrency}, thread {name} (/proc)"),
+                round2(cpu),
+                "µs",
+                format!(
+                    "{cpu:.1} µs ({:.1} user + {:.1} system); on a CPU {:.0} %, waiting {:.0} %",
+                    micros(used.user_ticks),
+                    micros(used.system_ticks),
+                    share(used.on_cpu_ns),
+                    share(used.waiting_ns),
+                ),
+            );
+            figures.push(match note.take() {
+                Some(note) => figure.note(note),
+                None => figure,
+            });
+        }
+    }
+    if let (Ok((idle_then, total_then)), Ok((idle_now, total_now))) =
+        (&before.machine, &after.machine)
+    {
+        let idle = idle_now.saturating_sub(*idle_then) as f64
+            / total_now.saturating_sub(*total_then).max(1) as f64;
+        figures.push(
+            Figure::number(
+                format!("machine idle during c={concurrency} through Baton (/proc/stat)"),
+                (idle * 100.0).round(),
+                "%",
+            )
+            .note("idle and I/O wait of all cores over the window: the CPU the load left"),
+        );
+    }
     figures
 }
 

@@ -11,15 +11,140 @@ pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
     parse_cpu_ticks(&stat).with_context(|| format!("unexpected /proc/{pid}/stat: {stat}"))
 }
 
-/// utime + stime from a `/proc/PID/stat` line. The command name may hold
-/// spaces and parentheses, so fields are counted after its last `)`.
+/// utime + stime from a `/proc/PID/stat` line.
 fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    let (user, system) = parse_user_system(stat)?;
+    Some(user + system)
+}
+
+/// utime and stime from a `/proc/PID/stat` line. The command name may hold
+/// spaces and parentheses, so fields are counted after its last `)`.
+fn parse_user_system(stat: &str) -> Option<(u64, u64)> {
     let after_name = &stat[stat.rfind(')')? + 1..];
     // After the name come field 3 (state) onwards; utime and stime are fields 14 and 15.
     let mut fields = after_name.split_whitespace().skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime + stime)
+    Some((utime, stime))
+}
+
+/// What one thread has used so far.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ThreadTimes {
+    /// User and system CPU, in clock ticks (`/proc/PID/task/TID/stat`).
+    pub user_ticks: u64,
+    pub system_ticks: u64,
+    /// Time on a CPU and time runnable but waiting for one, in ns
+    /// (`schedstat`): a thread that waits is short of a core, not of work.
+    pub on_cpu_ns: u64,
+    pub waiting_ns: u64,
+}
+
+impl ThreadTimes {
+    fn since(&self, before: &Self) -> Self {
+        Self {
+            user_ticks: self.user_ticks.saturating_sub(before.user_ticks),
+            system_ticks: self.system_ticks.saturating_sub(before.system_ticks),
+            on_cpu_ns: self.on_cpu_ns.saturating_sub(before.on_cpu_ns),
+            waiting_ns: self.waiting_ns.saturating_sub(before.waiting_ns),
+        }
+    }
+
+    fn add(&mut self, other: &Self) {
+        self.user_ticks += other.user_ticks;
+        self.system_ticks += other.system_ticks;
+        self.on_cpu_ns += other.on_cpu_ns;
+        self.waiting_ns += other.waiting_ns;
+    }
+}
+
+/// Every thread of a process now: thread id, name, times. A thread that
+/// ends while it is read is left out.
+pub fn threads(pid: u32) -> anyhow::Result<Vec<(u32, String, ThreadTimes)>> {
+    let dir = format!("/proc/{pid}/task");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
+        let path = entry?.path();
+        let Some(tid) = path
+            .file_name()
+            .and_then(|name| name.to_str()?.parse().ok())
+        else {
+            continue;
+        };
+        let read = |file: &str| std::fs::read_to_string(path.join(file)).ok();
+        let (Some(name), Some(stat), Some(schedstat)) =
+            (read("comm"), read("stat"), read("schedstat"))
+        else {
+            continue;
+        };
+        let (Some((user_ticks, system_ticks)), Some((on_cpu_ns, waiting_ns))) =
+            (parse_user_system(&stat), parse_schedstat(&schedstat))
+        else {
+            continue;
+        };
+        let times = ThreadTimes {
+            user_ticks,
+            system_ticks,
+            on_cpu_ns,
+            waiting_ns,
+        };
+        found.push((tid, name.trim().to_string(), times));
+    }
+    Ok(found)
+}
+
+/// Time on a CPU and time waiting to run, from a `schedstat` line.
+fn parse_schedstat(line: &str) -> Option<(u64, u64)> {
+    let mut fields = line.split_whitespace();
+    Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
+}
+
+/// A thread's group: its name without a trailing number (`sled-io-3` and
+/// `sled-io-5` are one group).
+pub fn thread_group(name: &str) -> &str {
+    name.trim_end_matches(|c: char| c.is_ascii_digit())
+        .trim_end_matches('-')
+}
+
+/// What each thread group used between two readings of [`threads`], in
+/// the order of their CPU, most first; threads in only one reading (born
+/// or ended between them) are left out.
+pub fn thread_groups_between(
+    before: &[(u32, String, ThreadTimes)],
+    after: &[(u32, String, ThreadTimes)],
+) -> Vec<(String, ThreadTimes)> {
+    let mut groups: Vec<(String, ThreadTimes)> = Vec::new();
+    for (tid, name, now) in after {
+        let Some((_, _, then)) = before.iter().find(|(t, _, _)| t == tid) else {
+            continue;
+        };
+        let used = now.since(then);
+        let group = thread_group(name);
+        match groups.iter_mut().find(|(g, _)| g == group) {
+            Some((_, total)) => total.add(&used),
+            None => groups.push((group.to_string(), used)),
+        }
+    }
+    groups.sort_by_key(|(_, t)| std::cmp::Reverse(t.user_ticks + t.system_ticks));
+    groups
+}
+
+/// The machine's CPU time so far, in clock ticks: idle (with I/O wait) and in all.
+pub fn machine_ticks() -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    parse_machine_ticks(&stat).context("unexpected /proc/stat")
+}
+
+/// Idle (idle + iowait) and total ticks from `/proc/stat`'s first line.
+fn parse_machine_ticks(stat: &str) -> Option<(u64, u64)> {
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .map(|t| t.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal; guest time is in user.
+    let total = ticks.iter().take(8).sum();
+    Some((ticks.get(3)? + ticks.get(4)?, total))
 }
 
 /// Clock ticks per second (`getconf CLK_TCK`; 100 on Linux if that fails).
@@ -112,5 +237,41 @@ mod tests {
     fn cpu_ticks_skip_a_name_with_spaces() {
         let stat = "42 (my (odd) name) S 1 42 42 0 -1 4194560 100 0 0 0 250 37 0 0 20 0 4 0 1 1 1";
         assert_eq!(parse_cpu_ticks(stat), Some(287));
+    }
+
+    #[test]
+    fn thread_groups_sum_a_pools_threads_and_skip_threads_in_one_reading() {
+        let times = |user, system, on_cpu, waiting| ThreadTimes {
+            user_ticks: user,
+            system_ticks: system,
+            on_cpu_ns: on_cpu,
+            waiting_ns: waiting,
+        };
+        let before = vec![
+            (1, "tokio-rt-worker".to_string(), times(10, 5, 100, 10)),
+            (2, "sled-io-0".to_string(), times(1, 1, 10, 1)),
+            (3, "sled-io-1".to_string(), times(2, 2, 20, 2)),
+            (4, "ended".to_string(), times(9, 9, 90, 9)),
+        ];
+        let after = vec![
+            (1, "tokio-rt-worker".to_string(), times(40, 15, 400, 60)),
+            (2, "sled-io-0".to_string(), times(2, 3, 30, 2)),
+            (3, "sled-io-1".to_string(), times(3, 4, 40, 4)),
+            (5, "born".to_string(), times(7, 7, 70, 7)),
+        ];
+        assert_eq!(
+            thread_groups_between(&before, &after),
+            vec![
+                ("tokio-rt-worker".to_string(), times(30, 10, 300, 50)),
+                ("sled-io".to_string(), times(2, 4, 40, 3)),
+            ]
+        );
+    }
+
+    #[test]
+    fn schedstat_and_machine_ticks_are_read() {
+        assert_eq!(parse_schedstat("123 45 6\n"), Some((123, 45)));
+        let stat = "cpu  100 1 20 300 7 0 5 2 0 0\ncpu0 50 0 10 150 3 0 2 1 0 0\n";
+        assert_eq!(parse_machine_ticks(stat), Some((307, 435)));
     }
 }

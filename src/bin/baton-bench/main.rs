@@ -377,9 +377,12 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
         let through_spec = unary_spec(settings, baton.addr, concurrency, "/a2a");
         let mut ticks = Vec::new();
         let mut readings = Vec::new();
+        let reads_threads = concurrency == settings.cpu_concurrency;
         let through = load::run(&through_spec, || {
             ticks.push(baton.cpu_ticks());
-            readings.push(WindowReading::take(baton.pid));
+            if reads_threads {
+                readings.push(WindowReading::take(baton.pid));
+            }
         })
         .await;
         progress(
@@ -453,8 +456,8 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
 /// Baton's threads and the machine's idle CPU at one edge of a window.
 struct WindowReading {
     at: std::time::Instant,
-    threads: anyhow::Result<Vec<(u32, String, procfs::ThreadTimes)>>,
-    machine: anyhow::Result<(u64, u64)>,
+    threads: anyhow::Result<Vec<procfs::ThreadReading>>,
+    machine: anyhow::Result<procfs::MachineTicks>,
 }
 
 impl WindowReading {
@@ -475,57 +478,71 @@ fn window_figures(
     concurrency: usize,
     ticks_per_second: f64,
 ) -> Vec<Figure> {
-    let [before, after] = readings else {
-        return Vec::new();
+    let by_thread = format!("Baton CPU time per request by thread, c={concurrency} (/proc)");
+    let idle_name = format!("machine idle during c={concurrency} through Baton (/proc/stat)");
+    let ([before, after], true) = (readings, result.completed > 0) else {
+        let why = "no readings of the window, or no request completed in it";
+        return vec![
+            Figure::unavailable(by_thread, "µs", why),
+            Figure::unavailable(idle_name, "%", why),
+        ];
     };
     let mut figures = Vec::new();
     let window_ns = after.at.duration_since(before.at).as_nanos().max(1) as f64;
-    let requests = result.completed.max(1) as f64;
+    let requests = result.completed as f64;
     let micros = |ticks: u64| ticks as f64 / ticks_per_second / requests * 1e6;
     let share = |ns: u64| 100.0 * ns as f64 / window_ns;
-    if let (Ok(then), Ok(now)) = (&before.threads, &after.threads) {
-        let groups = procfs::thread_groups_between(then, now);
-        // Said once, under the first of these figures.
-        let mut note = Some(
-            "a thread or pool of Baton's: its CPU per request, and the shares of the window \
-             it ran and it was runnable but waited for a core (schedstat)",
-        );
-        for (name, used) in groups {
-            let cpu = micros(used.user_ticks + used.system_ticks);
-            if cpu < 0.1 {
-                continue;
-            }
-            let figure = Figure::info(
-                format!("Baton CPU per request, c={concurrency}, thread {name} (/proc)"),
-                round2(cpu),
-                "µs",
-                format!(
-                    "{cpu:.1} µs ({:.1} user + {:.1} system); on a CPU {:.0} %, waiting {:.0} %",
-                    micros(used.user_ticks),
-                    micros(used.system_ticks),
-                    share(used.on_cpu_ns),
-                    share(used.waiting_ns),
-                ),
+    match (&before.threads, &after.threads) {
+        (Ok(then), Ok(now)) => {
+            // The first row carries the note that explains them all.
+            let mut note = Some(
+                "each of Baton's thread groups (a pool's threads summed; groups under \
+                 0.1 µs left out): user and system CPU per request, and the time its threads \
+                 ran and were runnable but waited for a core (schedstat), as % of one core",
             );
-            figures.push(match note.take() {
-                Some(note) => figure.note(note),
-                None => figure,
-            });
+            for group in procfs::thread_groups_between(then, now) {
+                let used = &group.used;
+                let cpu = micros(used.user_ticks + used.system_ticks);
+                if cpu < 0.1 {
+                    continue;
+                }
+                let threads = match group.threads {
+                    1 => String::new(),
+                    n => format!(", {n} threads"),
+                };
+                let figure = Figure::info(
+                    format!(
+                        "Baton CPU time per request, c={concurrency}, thread {}{threads} (/proc)",
+                        group.name
+                    ),
+                    round2(cpu),
+                    "µs",
+                    format!(
+                        "{cpu:.1} µs ({:.1} user + {:.1} system); on a CPU {:.0} %, waiting {:.0} %",
+                        micros(used.user_ticks),
+                        micros(used.system_ticks),
+                        share(used.on_cpu_ns),
+                        share(used.waiting_ns),
+                    ),
+                );
+                figures.push(match note.take() {
+                    Some(note) => figure.note(note),
+                    None => figure,
+                });
+            }
         }
+        (Err(err), _) | (_, Err(err)) => figures.push(Figure::failed(by_thread, "µs", None, err)),
     }
-    if let (Ok((idle_then, total_then)), Ok((idle_now, total_now))) =
-        (&before.machine, &after.machine)
-    {
-        let idle = idle_now.saturating_sub(*idle_then) as f64
-            / total_now.saturating_sub(*total_then).max(1) as f64;
-        figures.push(
-            Figure::number(
-                format!("machine idle during c={concurrency} through Baton (/proc/stat)"),
-                (idle * 100.0).round(),
-                "%",
-            )
-            .note("idle and I/O wait of all cores over the window: the CPU the load left"),
-        );
+    match (&before.machine, &after.machine) {
+        (Ok(then), Ok(now)) => {
+            let idle = now.idle.saturating_sub(then.idle) as f64
+                / now.total.saturating_sub(then.total).max(1) as f64;
+            figures.push(
+                Figure::number(idle_name, (idle * 100.0).round(), "%")
+                    .note("idle and I/O wait of all cores over the window: the CPU the load left"),
+            );
+        }
+        (Err(err), _) | (_, Err(err)) => figures.push(Figure::failed(idle_name, "%", None, err)),
     }
     figures
 }

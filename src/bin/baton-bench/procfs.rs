@@ -1,5 +1,6 @@
-//! What `/proc` tells about a process (CPU time, resident memory) and about
-//! the machine the figures were taken on. Linux only, like the budgets.
+//! What `/proc` tells about a process (CPU time, resident memory, its
+//! threads' CPU and run-queue waits) and about the machine the figures were
+//! taken on (its idle CPU). Linux only, like the budgets.
 
 use anyhow::Context as _;
 use serde::Serialize;
@@ -31,12 +32,14 @@ fn parse_user_system(stat: &str) -> Option<(u64, u64)> {
 /// What one thread has used so far.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ThreadTimes {
-    /// User and system CPU, in clock ticks (`/proc/PID/task/TID/stat`).
+    /// User CPU, in clock ticks (`/proc/PID/task/TID/stat`).
     pub user_ticks: u64,
+    /// System CPU, in clock ticks.
     pub system_ticks: u64,
-    /// Time on a CPU and time runnable but waiting for one, in ns
-    /// (`schedstat`): a thread that waits is short of a core, not of work.
+    /// Time on a CPU, in ns (`schedstat`).
     pub on_cpu_ns: u64,
+    /// Time runnable but waiting for a CPU, in ns (`schedstat`): a thread
+    /// that waits is short of a core, not of work.
     pub waiting_ns: u64,
 }
 
@@ -58,9 +61,20 @@ impl ThreadTimes {
     }
 }
 
-/// Every thread of a process now: thread id, name, times. A thread that
-/// ends while it is read is left out.
-pub fn threads(pid: u32) -> anyhow::Result<Vec<(u32, String, ThreadTimes)>> {
+/// One thread of a process, read at one moment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThreadReading {
+    /// Thread id.
+    pub tid: u32,
+    /// Thread name (`comm`).
+    pub name: String,
+    /// What it has used so far.
+    pub times: ThreadTimes,
+}
+
+/// Every thread of a process now. A thread that ends while it is read is
+/// left out; a kernel without scheduler statistics reads zero waits.
+pub fn threads(pid: u32) -> anyhow::Result<Vec<ThreadReading>> {
     let dir = format!("/proc/{pid}/task");
     let mut found = Vec::new();
     for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
@@ -72,23 +86,26 @@ pub fn threads(pid: u32) -> anyhow::Result<Vec<(u32, String, ThreadTimes)>> {
             continue;
         };
         let read = |file: &str| std::fs::read_to_string(path.join(file)).ok();
-        let (Some(name), Some(stat), Some(schedstat)) =
-            (read("comm"), read("stat"), read("schedstat"))
-        else {
+        let (Some(name), Some((user_ticks, system_ticks))) = (
+            read("comm"),
+            read("stat").as_deref().and_then(parse_user_system),
+        ) else {
             continue;
         };
-        let (Some((user_ticks, system_ticks)), Some((on_cpu_ns, waiting_ns))) =
-            (parse_user_system(&stat), parse_schedstat(&schedstat))
-        else {
-            continue;
-        };
-        let times = ThreadTimes {
-            user_ticks,
-            system_ticks,
-            on_cpu_ns,
-            waiting_ns,
-        };
-        found.push((tid, name.trim().to_string(), times));
+        let (on_cpu_ns, waiting_ns) = read("schedstat")
+            .as_deref()
+            .and_then(parse_schedstat)
+            .unwrap_or_default();
+        found.push(ThreadReading {
+            tid,
+            name: name.trim().to_string(),
+            times: ThreadTimes {
+                user_ticks,
+                system_ticks,
+                on_cpu_ns,
+                waiting_ns,
+            },
+        });
     }
     Ok(found)
 }
@@ -106,45 +123,75 @@ pub fn thread_group(name: &str) -> &str {
         .trim_end_matches('-')
 }
 
-/// What each thread group used between two readings of [`threads`], in
-/// the order of their CPU, most first; threads in only one reading (born
-/// or ended between them) are left out.
+/// What one group of threads used between two readings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThreadGroup {
+    /// The threads' name, without a trailing number.
+    pub name: String,
+    /// How many of its threads were in the later reading.
+    pub threads: usize,
+    /// What they used, summed.
+    pub used: ThreadTimes,
+}
+
+/// What each thread group used between two readings of [`threads`], most
+/// CPU first. A thread born in between counts from zero; one that ended in
+/// between is not in the later reading, so its last part is not counted.
 pub fn thread_groups_between(
-    before: &[(u32, String, ThreadTimes)],
-    after: &[(u32, String, ThreadTimes)],
-) -> Vec<(String, ThreadTimes)> {
-    let mut groups: Vec<(String, ThreadTimes)> = Vec::new();
-    for (tid, name, now) in after {
-        let Some((_, _, then)) = before.iter().find(|(t, _, _)| t == tid) else {
-            continue;
+    before: &[ThreadReading],
+    after: &[ThreadReading],
+) -> Vec<ThreadGroup> {
+    let mut groups: Vec<ThreadGroup> = Vec::new();
+    for thread in after {
+        let used = match before.iter().find(|b| b.tid == thread.tid) {
+            Some(then) => thread.times.since(&then.times),
+            None => thread.times.clone(),
         };
-        let used = now.since(then);
-        let group = thread_group(name);
-        match groups.iter_mut().find(|(g, _)| g == group) {
-            Some((_, total)) => total.add(&used),
-            None => groups.push((group.to_string(), used)),
+        let name = thread_group(&thread.name);
+        match groups.iter_mut().find(|g| g.name == name) {
+            Some(group) => {
+                group.threads += 1;
+                group.used.add(&used);
+            }
+            None => groups.push(ThreadGroup {
+                name: name.to_string(),
+                threads: 1,
+                used,
+            }),
         }
     }
-    groups.sort_by_key(|(_, t)| std::cmp::Reverse(t.user_ticks + t.system_ticks));
+    groups.sort_by_key(|g| std::cmp::Reverse(g.used.user_ticks + g.used.system_ticks));
     groups
 }
 
-/// The machine's CPU time so far, in clock ticks: idle (with I/O wait) and in all.
-pub fn machine_ticks() -> anyhow::Result<(u64, u64)> {
+/// The machine's CPU time so far, in clock ticks (`/proc/stat`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MachineTicks {
+    /// Idle and waiting for I/O.
+    pub idle: u64,
+    /// All of it.
+    pub total: u64,
+}
+
+/// Reads [`MachineTicks`] now.
+pub fn machine_ticks() -> anyhow::Result<MachineTicks> {
     let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
     parse_machine_ticks(&stat).context("unexpected /proc/stat")
 }
 
-/// Idle (idle + iowait) and total ticks from `/proc/stat`'s first line.
-fn parse_machine_ticks(stat: &str) -> Option<(u64, u64)> {
+/// [`MachineTicks`] from `/proc/stat`'s first line.
+fn parse_machine_ticks(stat: &str) -> Option<MachineTicks> {
     let line = stat.lines().next()?.strip_prefix("cpu ")?;
     let ticks: Vec<u64> = line
         .split_whitespace()
         .map(|t| t.parse().ok())
         .collect::<Option<_>>()?;
-    // user nice system idle iowait irq softirq steal; guest time is in user.
-    let total = ticks.iter().take(8).sum();
-    Some((ticks.get(3)? + ticks.get(4)?, total))
+    // user nice system idle iowait irq softirq steal; the guest fields
+    // after them are already counted in user and nice.
+    Some(MachineTicks {
+        idle: ticks.get(3)? + ticks.get(4)?,
+        total: ticks.iter().take(8).sum(),
+    })
 }
 
 /// Clock ticks per second (`getconf CLK_TCK`; 100 on Linux if that fails).
@@ -240,30 +287,46 @@ mod tests {
     }
 
     #[test]
-    fn thread_groups_sum_a_pools_threads_and_skip_threads_in_one_reading() {
+    fn user_and_system_ticks_are_fields_14_and_15() {
+        let stat = "42 (my (odd) name) S 1 42 42 0 -1 4194560 100 0 0 0 250 37 0 0 20 0 4 0 1 1 1";
+        assert_eq!(parse_user_system(stat), Some((250, 37)));
+    }
+
+    #[test]
+    fn thread_groups_sum_a_pools_threads_and_count_a_new_thread_from_zero() {
         let times = |user, system, on_cpu, waiting| ThreadTimes {
             user_ticks: user,
             system_ticks: system,
             on_cpu_ns: on_cpu,
             waiting_ns: waiting,
         };
+        let reading = |tid, name: &str, times| ThreadReading {
+            tid,
+            name: name.into(),
+            times,
+        };
         let before = vec![
-            (1, "tokio-rt-worker".to_string(), times(10, 5, 100, 10)),
-            (2, "sled-io-0".to_string(), times(1, 1, 10, 1)),
-            (3, "sled-io-1".to_string(), times(2, 2, 20, 2)),
-            (4, "ended".to_string(), times(9, 9, 90, 9)),
+            reading(1, "tokio-rt-worker", times(10, 5, 100, 10)),
+            reading(2, "sled-io-0", times(1, 1, 10, 1)),
+            reading(3, "sled-io-1", times(2, 2, 20, 2)),
+            reading(4, "ended", times(9, 9, 90, 9)),
         ];
         let after = vec![
-            (1, "tokio-rt-worker".to_string(), times(40, 15, 400, 60)),
-            (2, "sled-io-0".to_string(), times(2, 3, 30, 2)),
-            (3, "sled-io-1".to_string(), times(3, 4, 40, 4)),
-            (5, "born".to_string(), times(7, 7, 70, 7)),
+            reading(1, "tokio-rt-worker", times(40, 15, 400, 60)),
+            reading(2, "sled-io-0", times(2, 3, 30, 2)),
+            reading(3, "sled-io-1", times(3, 4, 40, 4)),
+            reading(5, "sled-io-2", times(1, 0, 5, 0)),
         ];
+        let group = |name: &str, threads, used| ThreadGroup {
+            name: name.into(),
+            threads,
+            used,
+        };
         assert_eq!(
             thread_groups_between(&before, &after),
             vec![
-                ("tokio-rt-worker".to_string(), times(30, 10, 300, 50)),
-                ("sled-io".to_string(), times(2, 4, 40, 3)),
+                group("tokio-rt-worker", 1, times(30, 10, 300, 50)),
+                group("sled-io", 3, times(3, 4, 45, 3)),
             ]
         );
     }
@@ -271,7 +334,14 @@ mod tests {
     #[test]
     fn schedstat_and_machine_ticks_are_read() {
         assert_eq!(parse_schedstat("123 45 6\n"), Some((123, 45)));
-        let stat = "cpu  100 1 20 300 7 0 5 2 0 0\ncpu0 50 0 10 150 3 0 2 1 0 0\n";
-        assert_eq!(parse_machine_ticks(stat), Some((307, 435)));
+        // guest and guest_nice (the last two) are already in user and nice.
+        let stat = "cpu  100 1 20 300 7 0 5 2 40 3\ncpu0 50 0 10 150 3 0 2 1 20 1\n";
+        assert_eq!(
+            parse_machine_ticks(stat),
+            Some(MachineTicks {
+                idle: 307,
+                total: 435
+            })
+        );
     }
 }

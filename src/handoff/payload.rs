@@ -10,7 +10,8 @@
 //!   relative to the payload object (`/decisions/0/reason`); a missing field is
 //!   named by the pointer it would have, and data that is not an object at all
 //!   is reported at `""`. The gateway answers such a payload with a REJECTED
-//!   task whose status part ([`status_part`], reason [`SCHEMA_INVALID`])
+//!   task whose status part ([`status_part`], reason
+//!   [`SCHEMA_INVALID`](super::reasons::SCHEMA_INVALID))
 //!   carries `detail.violations`.
 //! - Exactly one of `to` and `toSkill`: with neither, the violation names
 //!   `/to`; with both, it names `/toSkill`.

@@ -52,7 +52,7 @@ pub enum LedgerError {
 }
 
 /// A gateway task as stored: the A2A task plus what the gateway knows of it.
-/// It is written through [`RecordJson`].
+/// It is written through `RecordJson`, the one definition of its JSON.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskRecord {

@@ -1530,6 +1530,41 @@ mod tests {
         }
     }
 
+    /// A thread's nice value, from `/proc/self/task/TID/stat` (field 19).
+    fn nice_of(thread_id: i32) -> i32 {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{thread_id}/stat")).unwrap();
+        let after_name = &stat[stat.rfind(')').unwrap() + 1..];
+        after_name
+            .split_whitespace()
+            .nth(16)
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_flusher_runs_at_its_higher_priority_where_the_process_may_raise_one() {
+        // Whether this process may raise a thread's priority, tried on a
+        // thread of its own.
+        let permitted = std::thread::spawn(|| {
+            let me = rustix::thread::gettid();
+            rustix::process::setpriority_process(Some(me), flusher::FLUSHER_NICE).is_ok()
+        })
+        .join()
+        .unwrap();
+        let own_nice = nice_of(rustix::thread::gettid().as_raw_nonzero().get());
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        let flusher = ledger.flusher.thread_id().expect("the flusher's thread id");
+        let expected = if permitted {
+            flusher::FLUSHER_NICE
+        } else {
+            own_nice
+        };
+        assert_eq!(nice_of(flusher), expected, "permitted: {permitted}");
+        ledger.close();
+    }
+
     #[test]
     fn a_record_written_with_its_task_encoded_apart_reads_back_whole() {
         for record in [record("t1"), full_record()] {

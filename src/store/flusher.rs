@@ -10,7 +10,7 @@ use super::applier::Applier;
 use super::durable::DurableMark;
 use super::hub::{EventHub, LedgerEvent};
 use super::wal::Segment;
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 #[derive(Default)]
@@ -27,12 +27,14 @@ struct Pending {
     stop: bool,
 }
 
-/// The nice value the flusher thread asks for. Every writer waits on its
-/// syncs, and on a busy machine a woken flusher waited for a core about
-/// twice as long as it ran. Measured on the 2-core VM (README, round 18),
-/// -10 gave 8–9 % more blocking sends per second at concurrency 16 and a
-/// lower p99 at concurrency 1. Without the privilege (`CAP_SYS_NICE`, or an
-/// `RLIMIT_NICE` that allows it) the flusher keeps the process's priority.
+/// The nice value the flusher thread asks for, unless it runs higher
+/// already. Every writer waits on its syncs, and on a busy machine a woken
+/// flusher waited for a core about twice as long as it ran. Measured on the
+/// 2-core VM (README, round 18): the p99 at concurrency 1 fell in six of
+/// six alternated pairs, throughput at concurrency 16 moved within the
+/// noise, and the p999 at concurrency 16 rose. Without the privilege
+/// (`CAP_SYS_NICE`, or an `RLIMIT_NICE` that allows it) the flusher keeps
+/// the process's priority.
 pub const FLUSHER_NICE: i32 = -10;
 
 /// The group-commit flusher of one write-ahead log.
@@ -41,8 +43,9 @@ pub struct Flusher {
     wake: Condvar,
     durable: Arc<DurableMark>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// The flusher thread's id, set once it has asked for its priority.
-    thread_id: OnceLock<i32>,
+    /// The flusher thread's id (Linux), for a test of its priority.
+    #[cfg(test)]
+    thread_id: Option<i32>,
 }
 
 impl Flusher {
@@ -55,33 +58,37 @@ impl Flusher {
         hub: Arc<EventHub>,
         applier: Arc<Applier>,
     ) -> Arc<Self> {
+        // The thread has its priority before anything is written, and it
+        // gets its flusher once the flusher knows the thread's id.
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (flusher_tx, flusher_rx) = std::sync::mpsc::channel::<Arc<Self>>();
+        let handle = std::thread::Builder::new()
+            .name("baton-flusher".into())
+            .spawn(move || {
+                let _ = started_tx.send(raise_priority());
+                if let Ok(flusher) = flusher_rx.recv() {
+                    flusher.run(segment, hub, applier);
+                }
+            })
+            .expect("spawn flusher thread");
+        let thread_id = started.recv().ok().flatten();
+        tracing::debug!(?thread_id, "ledger log flusher started");
         let flusher = Arc::new(Self {
             pending: Mutex::new(Pending::default()),
             wake: Condvar::new(),
             durable,
-            thread: Mutex::new(None),
-            thread_id: OnceLock::new(),
+            #[cfg(test)]
+            thread_id,
+            thread: Mutex::new(Some(handle)),
         });
-        let worker = flusher.clone();
-        let (started_tx, started) = std::sync::mpsc::channel();
-        let handle = std::thread::Builder::new()
-            .name("baton-flusher".into())
-            .spawn(move || {
-                let _ = worker.thread_id.set(raise_priority());
-                let _ = started_tx.send(());
-                worker.run(segment, hub, applier)
-            })
-            .expect("spawn flusher thread");
-        *flusher.thread.lock().expect("flusher lock") = Some(handle);
-        // Returned once the thread has its priority, so that a caller may
-        // check it (a few microseconds).
-        let _ = started.recv();
+        let _ = flusher_tx.send(flusher.clone());
         flusher
     }
 
-    /// The flusher thread's id.
-    pub fn thread_id(&self) -> Option<i32> {
-        self.thread_id.get().copied()
+    /// The flusher thread's id (Linux).
+    #[cfg(test)]
+    pub(crate) fn thread_id(&self) -> Option<i32> {
+        self.thread_id
     }
 
     fn run(&self, mut segment: Segment, hub: Arc<EventHub>, applier: Arc<Applier>) {
@@ -175,16 +182,27 @@ impl Flusher {
     }
 }
 
-/// Asks for [`FLUSHER_NICE`] for the calling thread (on Linux a nice value
-/// is a thread's own); returns the thread's id.
-fn raise_priority() -> i32 {
+/// Asks for [`FLUSHER_NICE`] for the calling thread unless it runs at a
+/// higher priority already (on Linux a nice value is a thread's own);
+/// returns the thread's id.
+#[cfg(target_os = "linux")]
+fn raise_priority() -> Option<i32> {
+    use rustix::process::{getpriority_process, setpriority_process};
     let thread_id = rustix::thread::gettid();
-    if let Err(err) = rustix::process::setpriority_process(Some(thread_id), FLUSHER_NICE) {
+    let runs_lower = getpriority_process(Some(thread_id)).is_ok_and(|nice| nice > FLUSHER_NICE);
+    if runs_lower && let Err(err) = setpriority_process(Some(thread_id), FLUSHER_NICE) {
         tracing::info!(
             %err,
             nice = FLUSHER_NICE,
-            "the ledger's log flusher keeps the process's priority (a higher one needs CAP_SYS_NICE)"
+            "the ledger's log flusher keeps the process's priority \
+             (a higher one needs CAP_SYS_NICE or an RLIMIT_NICE that allows it)"
         );
     }
-    thread_id.as_raw_nonzero().get()
+    Some(thread_id.as_raw_nonzero().get())
+}
+
+/// Elsewhere the flusher keeps the process's priority.
+#[cfg(not(target_os = "linux"))]
+fn raise_priority() -> Option<i32> {
+    None
 }

@@ -1531,6 +1531,7 @@ mod tests {
     }
 
     /// A thread's nice value, from `/proc/self/task/TID/stat` (field 19).
+    #[cfg(target_os = "linux")]
     fn nice_of(thread_id: i32) -> i32 {
         let stat = std::fs::read_to_string(format!("/proc/self/task/{thread_id}/stat")).unwrap();
         let after_name = &stat[stat.rfind(')').unwrap() + 1..];
@@ -1542,6 +1543,7 @@ mod tests {
             .unwrap()
     }
 
+    #[cfg(target_os = "linux")]
     #[test]
     fn the_flusher_runs_at_its_higher_priority_where_the_process_may_raise_one() {
         // Whether this process may raise a thread's priority, tried on a
@@ -1552,17 +1554,48 @@ mod tests {
         })
         .join()
         .unwrap();
+        // The flusher starts at the nice of the thread that opens the ledger.
         let own_nice = nice_of(rustix::thread::gettid().as_raw_nonzero().get());
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::open(dir.path()).unwrap();
         let flusher = ledger.flusher.thread_id().expect("the flusher's thread id");
+        // Never lowered: a flusher already higher keeps its priority.
         let expected = if permitted {
-            flusher::FLUSHER_NICE
+            own_nice.min(flusher::FLUSHER_NICE)
         } else {
             own_nice
         };
         assert_eq!(nice_of(flusher), expected, "permitted: {permitted}");
         ledger.close();
+    }
+
+    /// A flusher started from a thread already above [`flusher::FLUSHER_NICE`]
+    /// keeps its priority (raising a thread's nice needs no privilege, so a
+    /// plain `setpriority` would lower it).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_flusher_above_its_priority_is_not_lowered() {
+        let may_go_higher = std::thread::spawn(|| {
+            let me = rustix::thread::gettid();
+            rustix::process::setpriority_process(Some(me), flusher::FLUSHER_NICE - 5).is_ok()
+        })
+        .join()
+        .unwrap();
+        if !may_go_higher {
+            // Unprivileged: no thread here can run above the flusher's nice.
+            return;
+        }
+        std::thread::spawn(|| {
+            let me = rustix::thread::gettid();
+            rustix::process::setpriority_process(Some(me), flusher::FLUSHER_NICE - 5).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let ledger = Ledger::open(dir.path()).unwrap();
+            let flusher = ledger.flusher.thread_id().expect("the flusher's thread id");
+            assert_eq!(nice_of(flusher), flusher::FLUSHER_NICE - 5);
+            ledger.close();
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

@@ -10,7 +10,7 @@ use super::applier::Applier;
 use super::durable::DurableMark;
 use super::hub::{EventHub, LedgerEvent};
 use super::wal::Segment;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 #[derive(Default)]
@@ -43,9 +43,8 @@ pub struct Flusher {
     wake: Condvar,
     durable: Arc<DurableMark>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// The flusher thread's id (Linux), for a test of its priority.
-    #[cfg(test)]
-    thread_id: Option<i32>,
+    /// The flusher thread's id (Linux): the thread whose priority was raised.
+    thread_id: OnceLock<i32>,
 }
 
 impl Flusher {
@@ -58,37 +57,35 @@ impl Flusher {
         hub: Arc<EventHub>,
         applier: Arc<Applier>,
     ) -> Arc<Self> {
-        // The thread has its priority before anything is written, and it
-        // gets its flusher once the flusher knows the thread's id.
-        let (started_tx, started) = std::sync::mpsc::channel();
-        let (flusher_tx, flusher_rx) = std::sync::mpsc::channel::<Arc<Self>>();
-        let handle = std::thread::Builder::new()
-            .name("baton-flusher".into())
-            .spawn(move || {
-                let _ = started_tx.send(raise_priority());
-                if let Ok(flusher) = flusher_rx.recv() {
-                    flusher.run(segment, hub, applier);
-                }
-            })
-            .expect("spawn flusher thread");
-        let thread_id = started.recv().ok().flatten();
-        tracing::debug!(?thread_id, "ledger log flusher started");
         let flusher = Arc::new(Self {
             pending: Mutex::new(Pending::default()),
             wake: Condvar::new(),
             durable,
-            #[cfg(test)]
-            thread_id,
-            thread: Mutex::new(Some(handle)),
+            thread: Mutex::new(None),
+            thread_id: OnceLock::new(),
         });
-        let _ = flusher_tx.send(flusher.clone());
+        let worker = flusher.clone();
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let handle = std::thread::Builder::new()
+            .name("baton-flusher".into())
+            .spawn(move || {
+                let _ = started_tx.send(raise_priority());
+                worker.run(segment, hub, applier)
+            })
+            .expect("spawn flusher thread");
+        *flusher.thread.lock().expect("flusher lock") = Some(handle);
+        // Returned once the thread has asked for its priority (microseconds),
+        // so that the id names a thread whose priority is settled.
+        if let Ok(Some(thread_id)) = started.recv() {
+            let _ = flusher.thread_id.set(thread_id);
+        }
         flusher
     }
 
     /// The flusher thread's id (Linux).
     #[cfg(test)]
     pub(crate) fn thread_id(&self) -> Option<i32> {
-        self.thread_id
+        self.thread_id.get().copied()
     }
 
     fn run(&self, mut segment: Segment, hub: Arc<EventHub>, applier: Arc<Applier>) {

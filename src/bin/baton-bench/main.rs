@@ -377,10 +377,10 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
         let through_spec = unary_spec(settings, baton.addr, concurrency, "/a2a");
         let mut ticks = Vec::new();
         let mut readings = Vec::new();
-        let reads_threads = concurrency == settings.cpu_concurrency;
+        let at_cpu_concurrency = concurrency == settings.cpu_concurrency;
         let through = load::run(&through_spec, || {
             ticks.push(baton.cpu_ticks());
-            if reads_threads {
+            if at_cpu_concurrency {
                 readings.push(WindowReading::take(baton.pid));
             }
         })
@@ -389,7 +389,7 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
             &format!("unary c={concurrency} through Baton"),
             &through.summary(),
         );
-        if concurrency == settings.cpu_concurrency {
+        if at_cpu_concurrency {
             let baton_cpu = cpu_micros(&ticks, &through, ticks_per_second);
             breakdown = window_figures(&readings, &through, concurrency, ticks_per_second);
             reference =

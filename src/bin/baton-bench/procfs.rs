@@ -21,12 +21,23 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
 /// utime and stime from a `/proc/PID/stat` line. The command name may hold
 /// spaces and parentheses, so fields are counted after its last `)`.
 fn parse_user_system(stat: &str) -> Option<(u64, u64)> {
-    let after_name = &stat[stat.rfind(')')? + 1..];
+    let after_name = &stat[stat_name_end(stat)? + 1..];
     // After the name come field 3 (state) onwards; utime and stime are fields 14 and 15.
     let mut fields = after_name.split_whitespace().skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
     Some((utime, stime))
+}
+
+/// Where a `/proc/PID/stat` line's command name ends: at its last `)`.
+fn stat_name_end(stat: &str) -> Option<usize> {
+    stat.rfind(')')
+}
+
+/// The command name of a `/proc/PID/stat` line, between its first `(` and
+/// its last `)`.
+fn parse_stat_name(stat: &str) -> Option<&str> {
+    stat.get(stat.find('(')? + 1..stat_name_end(stat)?)
 }
 
 /// What one thread has used so far.
@@ -66,7 +77,7 @@ impl ThreadTimes {
 pub struct ThreadReading {
     /// Thread id.
     pub tid: u32,
-    /// Thread name (`comm`).
+    /// Thread name (`comm`, as `stat` holds it).
     pub name: String,
     /// What it has used so far.
     pub times: ThreadTimes,
@@ -86,10 +97,13 @@ pub fn threads(pid: u32) -> anyhow::Result<Vec<ThreadReading>> {
             continue;
         };
         let read = |file: &str| std::fs::read_to_string(path.join(file)).ok();
-        let (Some(name), Some((user_ticks, system_ticks))) = (
-            read("comm"),
-            read("stat").as_deref().and_then(parse_user_system),
-        ) else {
+        // The name comes from `stat` too: one read fewer per thread.
+        let Some(stat) = read("stat") else {
+            continue;
+        };
+        let (Some(name), Some((user_ticks, system_ticks))) =
+            (parse_stat_name(&stat), parse_user_system(&stat))
+        else {
             continue;
         };
         let (on_cpu_ns, waiting_ns) = read("schedstat")
@@ -98,7 +112,7 @@ pub fn threads(pid: u32) -> anyhow::Result<Vec<ThreadReading>> {
             .unwrap_or_default();
         found.push(ThreadReading {
             tid,
-            name: name.trim().to_string(),
+            name: name.to_string(),
             times: ThreadTimes {
                 user_ticks,
                 system_ticks,
@@ -118,7 +132,7 @@ fn parse_schedstat(line: &str) -> Option<(u64, u64)> {
 
 /// A thread's group: its name without a trailing number (`sled-io-3` and
 /// `sled-io-5` are one group).
-pub fn thread_group(name: &str) -> &str {
+fn thread_group(name: &str) -> &str {
     name.trim_end_matches(|c: char| c.is_ascii_digit())
         .trim_end_matches('-')
 }
@@ -290,6 +304,7 @@ mod tests {
     fn user_and_system_ticks_are_fields_14_and_15() {
         let stat = "42 (my (odd) name) S 1 42 42 0 -1 4194560 100 0 0 0 250 37 0 0 20 0 4 0 1 1 1";
         assert_eq!(parse_user_system(stat), Some((250, 37)));
+        assert_eq!(parse_stat_name(stat), Some("my (odd) name"));
     }
 
     #[test]

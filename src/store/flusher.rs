@@ -186,11 +186,15 @@ impl Flusher {
 fn raise_priority() -> Option<i32> {
     use rustix::process::{getpriority_process, setpriority_process};
     let thread_id = rustix::thread::gettid();
-    let runs_lower = getpriority_process(Some(thread_id)).is_ok_and(|nice| nice > FLUSHER_NICE);
-    if runs_lower && let Err(err) = setpriority_process(Some(thread_id), FLUSHER_NICE) {
+    let wanted = getpriority_process(Some(thread_id))
+        .ok()
+        .and_then(priority_to_ask);
+    if let Some(nice) = wanted
+        && let Err(err) = setpriority_process(Some(thread_id), nice)
+    {
         tracing::info!(
             %err,
-            nice = FLUSHER_NICE,
+            nice,
             "the ledger's log flusher keeps the process's priority \
              (a higher one needs CAP_SYS_NICE or an RLIMIT_NICE that allows it)"
         );
@@ -198,8 +202,32 @@ fn raise_priority() -> Option<i32> {
     Some(thread_id.as_raw_nonzero().get())
 }
 
+/// The nice value a flusher running at `current` asks for: [`FLUSHER_NICE`],
+/// unless it runs there or higher already (a lower nice value is a higher
+/// priority, and raising the value needs no privilege, so asking blindly
+/// would lower it).
+#[cfg(any(target_os = "linux", test))]
+fn priority_to_ask(current: i32) -> Option<i32> {
+    (current > FLUSHER_NICE).then_some(FLUSHER_NICE)
+}
+
 /// Elsewhere the flusher keeps the process's priority.
 #[cfg(not(target_os = "linux"))]
 fn raise_priority() -> Option<i32> {
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flusher_asks_for_its_priority_only_to_go_higher() {
+        for lower in [19, 0, FLUSHER_NICE + 1] {
+            assert_eq!(priority_to_ask(lower), Some(FLUSHER_NICE), "from {lower}");
+        }
+        for settled in [FLUSHER_NICE, FLUSHER_NICE - 5, -20] {
+            assert_eq!(priority_to_ask(settled), None, "from {settled}");
+        }
+    }
 }

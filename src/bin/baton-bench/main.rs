@@ -378,9 +378,12 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
         let mut ticks = Vec::new();
         let mut readings = Vec::new();
         let at_cpu_concurrency = concurrency == settings.cpu_concurrency;
+        // By thread wherever requests overlap: where they do not, no
+        // thread is busy for long.
+        let by_thread = concurrency > 1;
         let through = load::run(&through_spec, || {
             ticks.push(baton.cpu_ticks());
-            if at_cpu_concurrency {
+            if by_thread {
                 readings.push(WindowReading::take(baton.pid));
             }
         })
@@ -389,9 +392,16 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
             &format!("unary c={concurrency} through Baton"),
             &through.summary(),
         );
+        if by_thread {
+            breakdown.extend(window_figures(
+                &readings,
+                &through,
+                concurrency,
+                ticks_per_second,
+            ));
+        }
         if at_cpu_concurrency {
             let baton_cpu = cpu_micros(&ticks, &through, ticks_per_second);
-            breakdown = window_figures(&readings, &through, concurrency, ticks_per_second);
             reference =
                 reference_figures(bench, concurrency, &direct, &baton_cpu, ticks_per_second).await;
             cpu_per_request = Some(baton_cpu);
@@ -453,10 +463,12 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
     figures
 }
 
-/// Baton's threads and the machine's idle CPU at one edge of a window.
+/// Baton's threads, the bench's own (the load's client and the upstream
+/// agent) and the machine's idle CPU at one edge of a window.
 struct WindowReading {
     at: std::time::Instant,
     threads: anyhow::Result<Vec<procfs::ThreadReading>>,
+    bench_threads: anyhow::Result<Vec<procfs::ThreadReading>>,
     machine: anyhow::Result<procfs::MachineTicks>,
 }
 
@@ -465,6 +477,7 @@ impl WindowReading {
         Self {
             at: std::time::Instant::now(),
             threads: procfs::threads(pid),
+            bench_threads: procfs::threads(std::process::id()),
             machine: procfs::machine_ticks(),
         }
     }
@@ -488,51 +501,26 @@ fn window_figures(
         ];
     };
     let mut figures = Vec::new();
-    let window_ns = after.at.duration_since(before.at).as_nanos().max(1) as f64;
-    let requests = result.completed as f64;
-    let micros = |ticks: u64| ticks as f64 / ticks_per_second / requests * 1e6;
-    let share = |ns: u64| 100.0 * ns as f64 / window_ns;
-    match (&before.threads, &after.threads) {
-        (Ok(then), Ok(now)) => {
-            // The first row carries the note that explains them all.
-            let mut note = Some(
-                "each of Baton's thread groups (a pool's threads summed; groups under \
-                 0.1 µs left out): user and system CPU per request, and the time its threads \
-                 ran and were runnable but waited for a core (schedstat), as % of one core",
-            );
-            for group in procfs::thread_groups_between(then, now) {
-                let used = &group.used;
-                let cpu = micros(used.user_ticks + used.system_ticks);
-                if cpu < 0.1 {
-                    continue;
-                }
-                let threads = match group.threads {
-                    1 => String::new(),
-                    n => format!(", {n} threads"),
-                };
-                let figure = Figure::info(
-                    format!(
-                        "Baton CPU time per request, c={concurrency}, thread {}{threads} (/proc)",
-                        group.name
-                    ),
-                    round2(cpu),
-                    "µs",
-                    format!(
-                        "{cpu:.1} µs ({:.1} user + {:.1} system); on a CPU {:.0} %, waiting {:.0} %",
-                        micros(used.user_ticks),
-                        micros(used.system_ticks),
-                        share(used.on_cpu_ns),
-                        share(used.waiting_ns),
-                    ),
-                );
-                figures.push(match note.take() {
-                    Some(note) => figure.note(note),
-                    None => figure,
-                });
-            }
-        }
-        (Err(err), _) | (_, Err(err)) => figures.push(Figure::failed(by_thread, "µs", None, err)),
-    }
+    let rows = ThreadRows {
+        concurrency,
+        ticks_per_micro_per_request: ticks_per_second * result.completed as f64 / 1e6,
+        window_ns: after.at.duration_since(before.at).as_nanos().max(1) as f64,
+    };
+    rows.push(
+        &mut figures,
+        "Baton",
+        (&before.threads, &after.threads),
+        "each of Baton's thread groups (a pool's threads summed; groups under \
+         0.1 µs left out): user and system CPU per request, and the time its threads \
+         ran and were runnable but waited for a core (schedstat), as % of one core",
+    );
+    rows.push(
+        &mut figures,
+        "bench",
+        (&before.bench_threads, &after.bench_threads),
+        "the same for the bench's own threads: the load's client and the upstream \
+         agent, which share the machine with Baton",
+    );
     match (&before.machine, &after.machine) {
         (Ok(then), Ok(now)) => {
             let idle = now.idle.saturating_sub(then.idle) as f64
@@ -545,6 +533,79 @@ fn window_figures(
         (Err(err), _) | (_, Err(err)) => figures.push(Figure::failed(idle_name, "%", None, err)),
     }
     figures
+}
+
+/// One window's rows by thread: [`ThreadRows::push`] adds a process's.
+struct ThreadRows {
+    concurrency: usize,
+    /// Clock ticks in one µs of CPU per request over the window.
+    ticks_per_micro_per_request: f64,
+    window_ns: f64,
+}
+
+impl ThreadRows {
+    fn micros(&self, ticks: u64) -> f64 {
+        ticks as f64 / self.ticks_per_micro_per_request
+    }
+
+    /// `ns` as % of one core over the window.
+    fn share(&self, ns: u64) -> f64 {
+        100.0 * ns as f64 / self.window_ns
+    }
+
+    /// A row per thread group of `process` between two readings; the first
+    /// carries `note`, which explains them all.
+    fn push(
+        &self,
+        figures: &mut Vec<Figure>,
+        process: &str,
+        readings: (
+            &anyhow::Result<Vec<procfs::ThreadReading>>,
+            &anyhow::Result<Vec<procfs::ThreadReading>>,
+        ),
+        note: &'static str,
+    ) {
+        let concurrency = self.concurrency;
+        let (then, now) = match readings {
+            (Ok(then), Ok(now)) => (then, now),
+            (Err(err), _) | (_, Err(err)) => {
+                let name = format!("{process} CPU time per request by thread, c={concurrency}");
+                figures.push(Figure::failed(name, "µs", None, err));
+                return;
+            }
+        };
+        let mut note = Some(note);
+        for group in procfs::thread_groups_between(then, now) {
+            let used = &group.used;
+            let cpu = self.micros(used.user_ticks + used.system_ticks);
+            if cpu < 0.1 {
+                continue;
+            }
+            let threads = match group.threads {
+                1 => String::new(),
+                n => format!(", {n} threads"),
+            };
+            let figure = Figure::info(
+                format!(
+                    "{process} CPU time per request, c={concurrency}, thread {}{threads} (/proc)",
+                    group.name
+                ),
+                round2(cpu),
+                "µs",
+                format!(
+                    "{cpu:.1} µs ({:.1} user + {:.1} system); on a CPU {:.0} %, waiting {:.0} %",
+                    self.micros(used.user_ticks),
+                    self.micros(used.system_ticks),
+                    self.share(used.on_cpu_ns),
+                    self.share(used.waiting_ns),
+                ),
+            );
+            figures.push(match note.take() {
+                Some(note) => figure.note(note),
+                None => figure,
+            });
+        }
+    }
 }
 
 /// CPU time per completed request between two readings of clock ticks.
@@ -958,4 +1019,57 @@ fn round2(value: f64) -> f64 {
 
 fn round3(value: f64) -> f64 {
     (value * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use procfs::{ThreadReading, ThreadTimes};
+
+    fn thread(tid: u32, name: &str, user_ticks: u64, on_cpu_ns: u64) -> ThreadReading {
+        ThreadReading {
+            tid,
+            name: name.into(),
+            times: ThreadTimes {
+                user_ticks,
+                system_ticks: 0,
+                on_cpu_ns,
+                waiting_ns: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn rows_by_thread_give_cpu_per_request_and_shares_of_the_window() {
+        // 100 ticks/s over 1 000 requests in a 1 s window: a tick is 10 µs
+        // per request, and 0.5 s on a CPU is 50 %.
+        let rows = ThreadRows {
+            concurrency: 64,
+            ticks_per_micro_per_request: 100.0 * 1_000.0 / 1e6,
+            window_ns: 1e9,
+        };
+        let before = Ok(vec![thread(1, "worker", 10, 0), thread(2, "idle", 5, 0)]);
+        let after = Ok(vec![
+            thread(1, "worker", 13, 500_000_000),
+            thread(2, "idle", 5, 0),
+        ]);
+        let mut figures = Vec::new();
+        rows.push(&mut figures, "Baton", (&before, &after), "the note");
+        // The idle thread used nothing in the window: no row.
+        assert_eq!(figures.len(), 1);
+        let row = &figures[0];
+        assert_eq!(
+            row.figure,
+            "Baton CPU time per request, c=64, thread worker (/proc)"
+        );
+        assert_eq!(row.value, Some(30.0));
+        assert!(row.measured.contains("on a CPU 50 %"), "{}", row.measured);
+        assert_eq!(row.note.as_deref(), Some("the note"));
+
+        let failed = Err(anyhow::anyhow!("gone"));
+        let mut figures = Vec::new();
+        rows.push(&mut figures, "bench", (&before, &failed), "the note");
+        assert_eq!(figures.len(), 1);
+        assert_eq!(figures[0].value, None);
+    }
 }

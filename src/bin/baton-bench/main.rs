@@ -396,6 +396,7 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
             breakdown.extend(window_figures(
                 &readings,
                 &through,
+                direct.throughput(),
                 concurrency,
                 ticks_per_second,
             ));
@@ -426,7 +427,7 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
         figures.push(if *concurrency == 1 {
             figure
         } else {
-            figure.budget(Budget::Min(0.22))
+            figure.budget(Budget::Min(UNARY_RATIO_BUDGET))
         });
     }
     let cpu_name = format!(
@@ -483,11 +484,15 @@ impl WindowReading {
     }
 }
 
+/// The least unary throughput through Baton, as a share of direct (issue 5).
+const UNARY_RATIO_BUDGET: f64 = 0.22;
+
 /// Where Baton's CPU went, thread group by thread group, and what the
 /// machine had left, over a measured window: what bounds the throughput.
 fn window_figures(
     readings: &[WindowReading],
     result: &LoadResult,
+    direct_throughput: f64,
     concurrency: usize,
     ticks_per_second: f64,
 ) -> Vec<Figure> {
@@ -506,7 +511,7 @@ fn window_figures(
         ticks_per_micro_per_request: ticks_per_second * result.completed as f64 / 1e6,
         window_ns: after.at.duration_since(before.at).as_nanos().max(1) as f64,
     };
-    rows.push(
+    let baton = rows.push(
         &mut figures,
         "Baton",
         (&before.threads, &after.threads),
@@ -514,13 +519,23 @@ fn window_figures(
          0.1 µs left out): user and system CPU per request, and the time its threads \
          ran and were runnable but waited for a core (schedstat), as % of one core",
     );
-    rows.push(
+    let bench = rows.push(
         &mut figures,
         "bench",
         (&before.bench_threads, &after.bench_threads),
         "the same for the bench's own threads: the load's client and the upstream \
          agent, which share the machine with Baton",
     );
+    if let (Some(baton), Some(bench)) = (baton, bench) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        figures.extend(bound_figures(
+            concurrency,
+            direct_throughput,
+            cores,
+            &baton,
+            &bench,
+        ));
+    }
     match (&before.machine, &after.machine) {
         (Ok(then), Ok(now)) => {
             let idle = now.idle.saturating_sub(then.idle) as f64
@@ -532,6 +547,73 @@ fn window_figures(
         }
         (Err(err), _) | (_, Err(err)) => figures.push(Figure::failed(idle_name, "%", None, err)),
     }
+    figures
+}
+
+/// What one process's threads used per request over a window.
+#[derive(Debug, PartialEq)]
+struct ProcessUse {
+    /// All its threads, µs of CPU per request.
+    micros: f64,
+    /// Its tokio runtime workers: µs of CPU per request, and how many.
+    workers: Option<(f64, usize)>,
+}
+
+/// The two bounds on unary throughput that the by-thread rows imply: what
+/// Baton's runtime workers could serve if never idle nor waiting, and the
+/// CPU per request the machine leaves Baton at the budget's throughput
+/// once the bench's own client and upstream are served.
+fn bound_figures(
+    concurrency: usize,
+    direct_throughput: f64,
+    cores: usize,
+    baton: &ProcessUse,
+    bench: &ProcessUse,
+) -> Vec<Figure> {
+    let mut figures = Vec::new();
+    if let Some((micros, workers)) = baton.workers {
+        let ceiling = workers as f64 * 1e6 / micros.max(1e-9);
+        let ratio = ceiling / direct_throughput.max(1e-9);
+        let on = match workers {
+            1 => "1 worker".to_string(),
+            n => format!("{n} workers"),
+        };
+        figures.push(
+            Figure::info(
+                format!(
+                    "Baton's ceiling with its runtime workers always on a CPU, c={concurrency}"
+                ),
+                ceiling.round(),
+                "req/s",
+                format!(
+                    "{ceiling:.0} req/s, {ratio:.2} of direct ({micros:.1} µs per request on \
+                     {on})"
+                ),
+            )
+            .note(
+                "what the workers' CPU per request allows if they never idle nor wait for a core",
+            ),
+        );
+    }
+    let target = UNARY_RATIO_BUDGET * direct_throughput;
+    let per_request = cores as f64 * 1e6 / target.max(1e-9);
+    let left = per_request - bench.micros;
+    figures.push(
+        Figure::info(
+            format!(
+                "CPU per request the machine leaves Baton at {UNARY_RATIO_BUDGET} of direct, \
+                 c={concurrency}"
+            ),
+            round2(left),
+            "µs",
+            format!(
+                "{left:.1} µs with every core busy ({per_request:.1} µs per request in all, \
+                 {:.1} to the bench's client and upstream); Baton used {:.1}",
+                bench.micros, baton.micros
+            ),
+        )
+        .note("cores over the budget's throughput, less the bench's own CPU per request"),
+    );
     figures
 }
 
@@ -554,7 +636,8 @@ impl ThreadRows {
     }
 
     /// A row per thread group of `process` between two readings; the first
-    /// carries `note`, which explains them all.
+    /// carries `note`, which explains them all. Returns what the process
+    /// used, unless a reading failed.
     fn push(
         &self,
         figures: &mut Vec<Figure>,
@@ -564,20 +647,28 @@ impl ThreadRows {
             &anyhow::Result<Vec<procfs::ThreadReading>>,
         ),
         note: &'static str,
-    ) {
+    ) -> Option<ProcessUse> {
         let concurrency = self.concurrency;
         let (then, now) = match readings {
             (Ok(then), Ok(now)) => (then, now),
             (Err(err), _) | (_, Err(err)) => {
                 let name = format!("{process} CPU time per request by thread, c={concurrency}");
                 figures.push(Figure::failed(name, "µs", None, err));
-                return;
+                return None;
             }
+        };
+        let mut used_by_all = ProcessUse {
+            micros: 0.0,
+            workers: None,
         };
         let mut note = Some(note);
         for group in procfs::thread_groups_between(then, now) {
             let used = &group.used;
             let cpu = self.micros(used.user_ticks + used.system_ticks);
+            used_by_all.micros += cpu;
+            if group.name == RUNTIME_WORKER {
+                used_by_all.workers = Some((cpu, group.threads));
+            }
             if cpu < 0.1 {
                 continue;
             }
@@ -605,8 +696,12 @@ impl ThreadRows {
                 None => figure,
             });
         }
+        Some(used_by_all)
     }
 }
+
+/// The name of tokio's runtime worker threads.
+const RUNTIME_WORKER: &str = "tokio-rt-worker";
 
 /// CPU time per completed request between two readings of clock ticks.
 fn cpu_micros(
@@ -1054,7 +1149,14 @@ mod tests {
             thread(2, "idle", 5, 0),
         ]);
         let mut figures = Vec::new();
-        rows.push(&mut figures, "Baton", (&before, &after), "the note");
+        let used = rows.push(&mut figures, "Baton", (&before, &after), "the note");
+        assert_eq!(
+            used,
+            Some(ProcessUse {
+                micros: 30.0,
+                workers: None
+            })
+        );
         // The idle thread used nothing in the window: no row.
         assert_eq!(figures.len(), 1);
         let row = &figures[0];
@@ -1068,8 +1170,62 @@ mod tests {
 
         let failed = Err(anyhow::anyhow!("gone"));
         let mut figures = Vec::new();
-        rows.push(&mut figures, "bench", (&before, &failed), "the note");
+        let used = rows.push(&mut figures, "bench", (&before, &failed), "the note");
+        assert_eq!(used, None);
         assert_eq!(figures.len(), 1);
         assert_eq!(figures[0].value, None);
+
+        // The runtime's workers are summed as one group and named apart.
+        let before = Ok(vec![thread(1, RUNTIME_WORKER, 0, 0)]);
+        let after = Ok(vec![
+            thread(1, RUNTIME_WORKER, 2, 0),
+            thread(3, RUNTIME_WORKER, 1, 0),
+        ]);
+        let used = rows.push(&mut Vec::new(), "Baton", (&before, &after), "the note");
+        assert_eq!(
+            used,
+            Some(ProcessUse {
+                micros: 30.0,
+                workers: Some((30.0, 2))
+            })
+        );
+    }
+
+    #[test]
+    fn the_bounds_follow_from_cpu_per_request_and_the_direct_rate() {
+        // Round 19's c=64 window: 135 230 req/s direct on 2 cores.
+        let baton = ProcessUse {
+            micros: 49.8,
+            workers: Some((36.8, 1)),
+        };
+        let bench = ProcessUse {
+            micros: 19.7,
+            workers: None,
+        };
+        let figures = bound_figures(64, 135_230.0, 2, &baton, &bench);
+        assert_eq!(figures.len(), 2);
+        // 1 s / 36.8 µs.
+        assert_eq!(figures[0].value, Some(27_174.0));
+        assert!(
+            figures[0].measured.contains("0.20 of direct"),
+            "{}",
+            figures[0].measured
+        );
+        // 2 s / (0.22 × 135 230) − 19.7 µs.
+        assert_eq!(figures[1].value, Some(47.53));
+        assert!(
+            figures[1].measured.ends_with("Baton used 49.8"),
+            "{}",
+            figures[1].measured
+        );
+
+        let no_workers = ProcessUse {
+            workers: None,
+            ..baton
+        };
+        assert_eq!(
+            bound_figures(64, 135_230.0, 2, &no_workers, &bench).len(),
+            1
+        );
     }
 }

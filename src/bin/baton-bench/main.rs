@@ -378,8 +378,8 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
         let mut ticks = Vec::new();
         let mut readings = Vec::new();
         let at_cpu_concurrency = concurrency == settings.cpu_concurrency;
-        // By thread wherever requests overlap: where they do not, no
-        // thread is busy for long.
+        // By thread where requests overlap: one at a time, no thread
+        // bounds the throughput, the round trip does.
         let by_thread = concurrency > 1;
         let through = load::run(&through_spec, || {
             ticks.push(baton.cpu_ticks());
@@ -496,10 +496,11 @@ fn window_figures(
     concurrency: usize,
     ticks_per_second: f64,
 ) -> Vec<Figure> {
-    let by_thread = format!("Baton CPU time per request by thread, c={concurrency} (/proc)");
     let idle_name = format!("machine idle during c={concurrency} through Baton (/proc/stat)");
     let ([before, after], true) = (readings, result.completed > 0) else {
-        let why = "no readings of the window, or no request completed in it";
+        let by_thread = by_thread_name("Baton", concurrency);
+        let why = "no readings of the window, or no request completed in it (so no rows \
+                   by thread, nor the bounds they imply)";
         return vec![
             Figure::unavailable(by_thread, "µs", why),
             Figure::unavailable(idle_name, "%", why),
@@ -508,13 +509,15 @@ fn window_figures(
     let mut figures = Vec::new();
     let rows = ThreadRows {
         concurrency,
-        ticks_per_micro_per_request: ticks_per_second * result.completed as f64 / 1e6,
+        requests: result.completed as f64,
+        ticks_per_second,
         window_ns: after.at.duration_since(before.at).as_nanos().max(1) as f64,
     };
     let baton = rows.push(
         &mut figures,
         "Baton",
-        (&before.threads, &after.threads),
+        &before.threads,
+        &after.threads,
         "each of Baton's thread groups (a pool's threads summed; groups under \
          0.1 µs left out): user and system CPU per request, and the time its threads \
          ran and were runnable but waited for a core (schedstat), as % of one core",
@@ -522,16 +525,19 @@ fn window_figures(
     let bench = rows.push(
         &mut figures,
         "bench",
-        (&before.bench_threads, &after.bench_threads),
-        "the same for the bench's own threads: the load's client and the upstream \
-         agent, which share the machine with Baton",
+        &before.bench_threads,
+        &after.bench_threads,
+        "the same for the bench's own threads (its load client and upstream agent), \
+         which share the machine with Baton",
     );
     if let (Some(baton), Some(bench)) = (baton, bench) {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // Baton runs with its default workers: the bench clears its BATON_*.
+        let workers = baton::config::default_workers();
         figures.extend(bound_figures(
             concurrency,
             direct_throughput,
-            cores,
+            (cores, workers),
             &baton,
             &bench,
         ));
@@ -550,28 +556,36 @@ fn window_figures(
     figures
 }
 
+/// The row that stands for all of `process`'s rows by thread when they
+/// cannot be read.
+fn by_thread_name(process: &str, concurrency: usize) -> String {
+    format!("{process} CPU time per request by thread, c={concurrency} (/proc)")
+}
+
 /// What one process's threads used per request over a window.
 #[derive(Debug, PartialEq)]
 struct ProcessUse {
     /// All its threads, µs of CPU per request.
-    micros: f64,
-    /// Its tokio runtime workers: µs of CPU per request, and how many.
-    workers: Option<(f64, usize)>,
+    cpu_micros_per_request: f64,
+    /// Its tokio runtime's threads (workers, and any blocking thread that
+    /// ran in the window), µs of CPU per request.
+    runtime_micros_per_request: Option<f64>,
 }
 
 /// The two bounds on unary throughput that the by-thread rows imply: what
-/// Baton's runtime workers could serve if never idle nor waiting, and the
-/// CPU per request the machine leaves Baton at the budget's throughput
-/// once the bench's own client and upstream are served.
+/// Baton's `workers` runtime workers could serve if never idle nor waiting,
+/// and the CPU per request the machine's `cores` leave Baton at the budget's
+/// throughput once the bench's own threads (its load client and upstream)
+/// are served.
 fn bound_figures(
     concurrency: usize,
     direct_throughput: f64,
-    cores: usize,
+    (cores, workers): (usize, usize),
     baton: &ProcessUse,
     bench: &ProcessUse,
 ) -> Vec<Figure> {
     let mut figures = Vec::new();
-    if let Some((micros, workers)) = baton.workers {
+    if let Some(micros) = baton.runtime_micros_per_request {
         let ceiling = workers as f64 * 1e6 / micros.max(1e-9);
         let ratio = ceiling / direct_throughput.max(1e-9);
         let on = match workers {
@@ -597,7 +611,7 @@ fn bound_figures(
     }
     let target = UNARY_RATIO_BUDGET * direct_throughput;
     let per_request = cores as f64 * 1e6 / target.max(1e-9);
-    let left = per_request - bench.micros;
+    let left = per_request - bench.cpu_micros_per_request;
     figures.push(
         Figure::info(
             format!(
@@ -608,8 +622,8 @@ fn bound_figures(
             "µs",
             format!(
                 "{left:.1} µs with every core busy ({per_request:.1} µs per request in all, \
-                 {:.1} to the bench's client and upstream); Baton used {:.1}",
-                bench.micros, baton.micros
+                 {:.1} to the bench's threads); Baton used {:.1}",
+                bench.cpu_micros_per_request, baton.cpu_micros_per_request
             ),
         )
         .note("cores over the budget's throughput, less the bench's own CPU per request"),
@@ -617,17 +631,23 @@ fn bound_figures(
     figures
 }
 
+/// The name tokio gives its runtime's threads, workers and blocking ones
+/// alike, unless told otherwise (Baton does not name them).
+const RUNTIME_THREAD: &str = "tokio-rt-worker";
+
 /// One window's rows by thread: [`ThreadRows::push`] adds a process's.
 struct ThreadRows {
     concurrency: usize,
-    /// Clock ticks in one µs of CPU per request over the window.
-    ticks_per_micro_per_request: f64,
+    /// Requests completed in the window.
+    requests: f64,
+    ticks_per_second: f64,
     window_ns: f64,
 }
 
 impl ThreadRows {
+    /// `ticks` of CPU as µs per request.
     fn micros(&self, ticks: u64) -> f64 {
-        ticks as f64 / self.ticks_per_micro_per_request
+        ticks as f64 * 1e6 / (self.ticks_per_second * self.requests)
     }
 
     /// `ns` as % of one core over the window.
@@ -642,32 +662,34 @@ impl ThreadRows {
         &self,
         figures: &mut Vec<Figure>,
         process: &str,
-        readings: (
-            &anyhow::Result<Vec<procfs::ThreadReading>>,
-            &anyhow::Result<Vec<procfs::ThreadReading>>,
-        ),
+        before: &anyhow::Result<Vec<procfs::ThreadReading>>,
+        after: &anyhow::Result<Vec<procfs::ThreadReading>>,
         note: &'static str,
     ) -> Option<ProcessUse> {
         let concurrency = self.concurrency;
-        let (then, now) = match readings {
+        let (then, now) = match (before, after) {
             (Ok(then), Ok(now)) => (then, now),
             (Err(err), _) | (_, Err(err)) => {
-                let name = format!("{process} CPU time per request by thread, c={concurrency}");
-                figures.push(Figure::failed(name, "µs", None, err));
+                figures.push(Figure::failed(
+                    by_thread_name(process, concurrency),
+                    "µs",
+                    None,
+                    err,
+                ));
                 return None;
             }
         };
         let mut used_by_all = ProcessUse {
-            micros: 0.0,
-            workers: None,
+            cpu_micros_per_request: 0.0,
+            runtime_micros_per_request: None,
         };
         let mut note = Some(note);
         for group in procfs::thread_groups_between(then, now) {
             let used = &group.used;
             let cpu = self.micros(used.user_ticks + used.system_ticks);
-            used_by_all.micros += cpu;
-            if group.name == RUNTIME_WORKER {
-                used_by_all.workers = Some((cpu, group.threads));
+            used_by_all.cpu_micros_per_request += cpu;
+            if group.name == RUNTIME_THREAD {
+                used_by_all.runtime_micros_per_request = Some(cpu);
             }
             if cpu < 0.1 {
                 continue;
@@ -699,9 +721,6 @@ impl ThreadRows {
         Some(used_by_all)
     }
 }
-
-/// The name of tokio's runtime worker threads.
-const RUNTIME_WORKER: &str = "tokio-rt-worker";
 
 /// CPU time per completed request between two readings of clock ticks.
 fn cpu_micros(
@@ -1140,69 +1159,61 @@ mod tests {
         // per request, and 0.5 s on a CPU is 50 %.
         let rows = ThreadRows {
             concurrency: 64,
-            ticks_per_micro_per_request: 100.0 * 1_000.0 / 1e6,
+            requests: 1_000.0,
+            ticks_per_second: 100.0,
             window_ns: 1e9,
         };
-        let before = Ok(vec![thread(1, "worker", 10, 0), thread(2, "idle", 5, 0)]);
-        let after = Ok(vec![
-            thread(1, "worker", 13, 500_000_000),
+        let before = Ok(vec![
+            thread(1, RUNTIME_THREAD, 10, 0),
             thread(2, "idle", 5, 0),
         ]);
+        let after = Ok(vec![
+            thread(1, RUNTIME_THREAD, 13, 500_000_000),
+            thread(2, "idle", 5, 0),
+            thread(3, "flusher", 1, 0),
+        ]);
         let mut figures = Vec::new();
-        let used = rows.push(&mut figures, "Baton", (&before, &after), "the note");
+        let used = rows.push(&mut figures, "Baton", &before, &after, "the note");
         assert_eq!(
             used,
             Some(ProcessUse {
-                micros: 30.0,
-                workers: None
+                cpu_micros_per_request: 40.0,
+                runtime_micros_per_request: Some(30.0),
             })
         );
-        // The idle thread used nothing in the window: no row.
-        assert_eq!(figures.len(), 1);
+        // The idle thread used nothing in the window: no row for it.
+        assert_eq!(figures.len(), 2);
         let row = &figures[0];
         assert_eq!(
             row.figure,
-            "Baton CPU time per request, c=64, thread worker (/proc)"
+            format!("Baton CPU time per request, c=64, thread {RUNTIME_THREAD} (/proc)")
         );
         assert_eq!(row.value, Some(30.0));
         assert!(row.measured.contains("on a CPU 50 %"), "{}", row.measured);
         assert_eq!(row.note.as_deref(), Some("the note"));
+        assert_eq!(figures[1].note, None);
 
         let failed = Err(anyhow::anyhow!("gone"));
         let mut figures = Vec::new();
-        let used = rows.push(&mut figures, "bench", (&before, &failed), "the note");
+        let used = rows.push(&mut figures, "bench", &before, &failed, "the note");
         assert_eq!(used, None);
         assert_eq!(figures.len(), 1);
+        assert_eq!(figures[0].figure, by_thread_name("bench", 64));
         assert_eq!(figures[0].value, None);
-
-        // The runtime's workers are summed as one group and named apart.
-        let before = Ok(vec![thread(1, RUNTIME_WORKER, 0, 0)]);
-        let after = Ok(vec![
-            thread(1, RUNTIME_WORKER, 2, 0),
-            thread(3, RUNTIME_WORKER, 1, 0),
-        ]);
-        let used = rows.push(&mut Vec::new(), "Baton", (&before, &after), "the note");
-        assert_eq!(
-            used,
-            Some(ProcessUse {
-                micros: 30.0,
-                workers: Some((30.0, 2))
-            })
-        );
     }
 
     #[test]
     fn the_bounds_follow_from_cpu_per_request_and_the_direct_rate() {
         // Round 19's c=64 window: 135 230 req/s direct on 2 cores.
         let baton = ProcessUse {
-            micros: 49.8,
-            workers: Some((36.8, 1)),
+            cpu_micros_per_request: 49.8,
+            runtime_micros_per_request: Some(36.8),
         };
         let bench = ProcessUse {
-            micros: 19.7,
-            workers: None,
+            cpu_micros_per_request: 19.7,
+            runtime_micros_per_request: Some(8.9),
         };
-        let figures = bound_figures(64, 135_230.0, 2, &baton, &bench);
+        let figures = bound_figures(64, 135_230.0, (2, 1), &baton, &bench);
         assert_eq!(figures.len(), 2);
         // 1 s / 36.8 µs.
         assert_eq!(figures[0].value, Some(27_174.0));
@@ -1218,13 +1229,16 @@ mod tests {
             "{}",
             figures[1].measured
         );
+        // Two workers serve twice as many at the same CPU per request.
+        let two = bound_figures(64, 135_230.0, (2, 2), &baton, &bench);
+        assert_eq!(two[0].value, Some(54_348.0));
 
-        let no_workers = ProcessUse {
-            workers: None,
+        let no_runtime = ProcessUse {
+            runtime_micros_per_request: None,
             ..baton
         };
         assert_eq!(
-            bound_figures(64, 135_230.0, 2, &no_workers, &bench).len(),
+            bound_figures(64, 135_230.0, (2, 1), &no_runtime, &bench).len(),
             1
         );
     }

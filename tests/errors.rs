@@ -923,6 +923,24 @@ async fn ids_keep_their_json_type() {
     baton.stop().await;
 }
 
+/// `POST /a2a` takes a short way past the router (server `FrontDoor`); any
+/// other method or path still reaches the router and its answers.
+#[tokio::test]
+async fn only_a_post_to_the_gateway_path_skips_the_router() {
+    let baton = baton().start().await;
+    let body = || rpc(json!("g"), "GetTask", json!({"id": "x"}));
+    let get = baton.http.get(baton.url("/a2a")).send().await.unwrap();
+    assert_eq!(get.status().as_u16(), 405);
+    let wire = post(&baton, "/a2a/more", body(), &STANDARD_HEADERS).await;
+    assert_eq!(wire.status, 404, "{}", wire.describe());
+    assert_eq!(wire.body, Some(json!({"error": "not found"})));
+    for path in ["/a2a", "/a2a/", "/a2a?A2A-Version=1.0"] {
+        let wire = post(&baton, path, body(), &STANDARD_HEADERS).await;
+        must(check_a2a(&wire, -32001, "TASK_NOT_FOUND").map_err(|e| format!("{path}: {e}")));
+    }
+    baton.stop().await;
+}
+
 #[tokio::test]
 async fn only_oversized_bodies_and_unknown_agents_leave_http_200() {
     let baton = baton().max_body_bytes(1024).start().await;

@@ -923,18 +923,28 @@ async fn ids_keep_their_json_type() {
     baton.stop().await;
 }
 
-/// `POST /a2a` takes a short way past the router (server `FrontDoor`); any
-/// other method or path still reaches the router and its answers.
+/// JSON-RPC posts take a short way past the router (server `FrontDoor`);
+/// any other method or path still reaches the router and its answers.
 #[tokio::test]
-async fn only_a_post_to_the_gateway_path_skips_the_router() {
+async fn only_json_rpc_posts_skip_the_router() {
     let baton = baton().start().await;
     let body = || rpc(json!("g"), "GetTask", json!({"id": "x"}));
-    let get = baton.http.get(baton.url("/a2a")).send().await.unwrap();
-    assert_eq!(get.status().as_u16(), 405);
+    for path in ["/a2a", "/agents/scenario/a2a"] {
+        let get = baton.http.get(baton.url(path)).send().await.unwrap();
+        assert_eq!(get.status().as_u16(), 405, "{path}");
+    }
     let wire = post(&baton, "/a2a/more", body(), &STANDARD_HEADERS).await;
     assert_eq!(wire.status, 404, "{}", wire.describe());
     assert_eq!(wire.body, Some(json!({"error": "not found"})));
-    for path in ["/a2a", "/a2a/", "/a2a?A2A-Version=1.0"] {
+    for path in [
+        "/a2a",
+        "/a2a/",
+        "/a2a?A2A-Version=1.0",
+        "/agents/scenario/a2a",
+        "/agents/scenario/a2a/",
+        // Percent-encoded ids are left to the router, which decodes them.
+        "/agents/sc%65nario/a2a",
+    ] {
         let wire = post(&baton, path, body(), &STANDARD_HEADERS).await;
         must(check_a2a(&wire, -32001, "TASK_NOT_FOUND").map_err(|e| format!("{path}: {e}")));
     }

@@ -102,13 +102,14 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The router, with a short way in for `POST /a2a`, the path every relayed
-/// call takes: that call goes straight to its handler, past the route
-/// lookup, the route's per-request clone and boxed futures, the copy of the
-/// headers axum's extractor makes, and the trace layer's clock reads (4 %
-/// of a relayed send's instructions, README). It keeps the layer's
-/// `request` span, not its debug events. Every other request goes through
-/// the router, which serves `/a2a` the same way.
+/// The router, with a short way in for JSON-RPC calls (`POST /a2a` and
+/// `POST /agents/{id}/a2a`), the paths every relayed call takes: such a
+/// call goes straight to its handler, past the route lookup, the route's
+/// per-request clone and boxed futures, the copy of the headers axum's
+/// extractor makes, and the trace layer's clock reads (4 % of a relayed
+/// send's instructions, README). It keeps the layer's `request` span, not
+/// its debug events. Every other request goes through the router, which
+/// serves those paths the same way.
 #[derive(Clone)]
 struct FrontDoor {
     router: Router,
@@ -128,11 +129,13 @@ impl tower_service::Service<Request> for FrontDoor {
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        let gateway_rpc =
-            request.method() == Method::POST && matches!(request.uri().path(), "/a2a" | "/a2a/");
-        if !gateway_rpc {
+        let endpoint = match request.method() {
+            &Method::POST => rpc_endpoint(request.uri().path()),
+            _ => None,
+        };
+        let Some(endpoint) = endpoint else {
             return Box::pin(self.router.call(request));
-        }
+        };
         let (parts, body) = request.into_parts();
         let span = tracing::debug_span!(
             "request",
@@ -140,10 +143,39 @@ impl tower_service::Service<Request> for FrontDoor {
             uri = %parts.uri,
             version = ?parts.version,
         );
-        let query = parts.uri.query().map(str::to_string);
-        let reply = serve_rpc(self.state.clone(), None, query, parts.headers, body);
-        Box::pin(async move { Ok(reply.await) }.instrument(span))
+        let (state, query) = (self.state.clone(), parts.uri.query().map(str::to_string));
+        let reply = async move {
+            Ok(match endpoint {
+                RpcEndpoint::Gateway => serve_rpc(state, None, query, parts.headers, body).await,
+                RpcEndpoint::Agent(id) => {
+                    serve_agent_rpc(state, id, query, parts.headers, body).await
+                }
+            })
+        };
+        Box::pin(reply.instrument(span))
     }
+}
+
+/// A JSON-RPC endpoint the front door serves itself.
+#[derive(Debug, PartialEq)]
+enum RpcEndpoint {
+    /// `/a2a`: the gateway's.
+    Gateway,
+    /// `/agents/{id}/a2a`: one agent's, as published cards name it.
+    Agent(String),
+}
+
+/// The JSON-RPC endpoint `path` names, with or without a trailing slash;
+/// `None` for anything else, and for an agent id that is percent-encoded
+/// (the router decodes it).
+fn rpc_endpoint(path: &str) -> Option<RpcEndpoint> {
+    let path = path.strip_suffix('/').unwrap_or(path);
+    if path == "/a2a" {
+        return Some(RpcEndpoint::Gateway);
+    }
+    let id = path.strip_prefix("/agents/")?.strip_suffix("/a2a")?;
+    let plain = !id.is_empty() && !id.contains(['/', '%']);
+    plain.then(|| RpcEndpoint::Agent(id.to_string()))
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then drains open
@@ -320,6 +352,17 @@ async fn rpc_agent(
     State(state): State<AppState>,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    serve_agent_rpc(state, id, query, headers, body).await
+}
+
+/// A JSON-RPC call on one agent's endpoint (`/agents/{id}/a2a`).
+async fn serve_agent_rpc(
+    state: AppState,
+    id: String,
+    query: Option<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -569,6 +612,32 @@ async fn serve_rpc(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_front_door_takes_only_json_rpc_endpoints() {
+        assert_eq!(rpc_endpoint("/a2a"), Some(RpcEndpoint::Gateway));
+        assert_eq!(rpc_endpoint("/a2a/"), Some(RpcEndpoint::Gateway));
+        for path in ["/agents/billing/a2a", "/agents/billing/a2a/"] {
+            assert_eq!(
+                rpc_endpoint(path),
+                Some(RpcEndpoint::Agent("billing".into())),
+                "{path}"
+            );
+        }
+        for path in [
+            "/",
+            "/a2a//",
+            "/a2a/more",
+            "/registry",
+            "/agents//a2a",
+            "/agents/a/b/a2a",
+            "/agents/b%69lling/a2a",
+            "/agents/billing/.well-known/agent-card.json",
+            "/agents/billing",
+        ] {
+            assert_eq!(rpc_endpoint(path), None, "{path}");
+        }
+    }
 
     #[test]
     fn versions() {

@@ -924,31 +924,44 @@ async fn ids_keep_their_json_type() {
 }
 
 /// JSON-RPC posts take a short way past the router (server `FrontDoor`);
-/// any other method or path still reaches the router and its answers.
+/// any other method or path still reaches the router and its answers, and
+/// the router alone answers JSON-RPC posts as the front door does.
 #[tokio::test]
-async fn only_json_rpc_posts_skip_the_router() {
-    let baton = baton().start().await;
-    let body = || rpc(json!("g"), "GetTask", json!({"id": "x"}));
-    for path in ["/a2a", "/agents/scenario/a2a"] {
-        let get = baton.http.get(baton.url(path)).send().await.unwrap();
-        assert_eq!(get.status().as_u16(), 405, "{path}");
-    }
-    let wire = post(&baton, "/a2a/more", body(), &STANDARD_HEADERS).await;
-    assert_eq!(wire.status, 404, "{}", wire.describe());
-    assert_eq!(wire.body, Some(json!({"error": "not found"})));
-    for path in [
-        "/a2a",
-        "/a2a/",
-        "/a2a?A2A-Version=1.0",
-        "/agents/scenario/a2a",
-        "/agents/scenario/a2a/",
-        // Percent-encoded ids are left to the router, which decodes them.
-        "/agents/sc%65nario/a2a",
+async fn json_rpc_posts_are_answered_alike_with_or_without_the_front_door() {
+    for (label, builder) in [
+        ("front door", baton()),
+        ("router only", baton().router_only()),
     ] {
-        let wire = post(&baton, path, body(), &STANDARD_HEADERS).await;
-        must(check_a2a(&wire, -32001, "TASK_NOT_FOUND").map_err(|e| format!("{path}: {e}")));
+        let baton = builder.start().await;
+        let body = || rpc(json!("g"), "GetTask", json!({"id": "x"}));
+        for path in ["/a2a", "/agents/scenario/a2a"] {
+            let get = baton.http.get(baton.url(path)).send().await.unwrap();
+            assert_eq!(get.status().as_u16(), 405, "{label} {path}");
+            assert_eq!(get.headers()["allow"], "POST", "{label} {path}");
+        }
+        let wire = post(&baton, "/a2a/more", body(), &STANDARD_HEADERS).await;
+        assert_eq!(wire.status, 404, "{label}: {}", wire.describe());
+        assert_eq!(wire.body, Some(json!({"error": "not found"})));
+        let unversioned = [("content-type", "application/json")];
+        for (path, headers) in [
+            ("/a2a", &STANDARD_HEADERS[..]),
+            ("/a2a/", &STANDARD_HEADERS[..]),
+            ("/a2a?A2A-Version=1.0", &unversioned[..]),
+            ("/agents/scenario/a2a", &STANDARD_HEADERS[..]),
+            ("/agents/scenario/a2a/", &STANDARD_HEADERS[..]),
+            // Percent-encoded ids are left to the router, which decodes them.
+            ("/agents/sc%65nario/a2a", &STANDARD_HEADERS[..]),
+        ] {
+            let wire = post(&baton, path, body(), headers).await;
+            must(
+                check_a2a(&wire, -32001, "TASK_NOT_FOUND")
+                    .map_err(|e| format!("{label} {path}: {e}")),
+            );
+        }
+        let wire = post(&baton, "/agents/nope/a2a", body(), &STANDARD_HEADERS).await;
+        must(check_bad_request(&wire, 404, None).map_err(|e| format!("{label}: {e}")));
+        baton.stop().await;
     }
-    baton.stop().await;
 }
 
 #[tokio::test]

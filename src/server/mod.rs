@@ -1,5 +1,6 @@
-//! The HTTP surface: the router, the JSON-RPC endpoints, card publication,
-//! health, and graceful shutdown.
+//! The HTTP surface: the router and the front door that takes JSON-RPC
+//! calls past it, the JSON-RPC endpoints, card publication, health, and
+//! graceful shutdown.
 
 use crate::auth::{KeyStore, Principal, WWW_AUTHENTICATE};
 use crate::error::GatewayError;
@@ -103,17 +104,19 @@ pub fn app(state: AppState) -> Router {
 }
 
 /// The router, with a short way in for JSON-RPC calls (`POST /a2a` and
-/// `POST /agents/{id}/a2a`), the paths every relayed call takes: such a
+/// `POST /agents/{id}/a2a`), the paths every relayed call takes. Such a
 /// call goes straight to its handler, past the route lookup, the route's
 /// per-request clone and boxed futures, the copy of the headers axum's
-/// extractor makes, and the trace layer's clock reads (4 % of a relayed
-/// send's instructions, README). It keeps the layer's `request` span, not
-/// its debug events. Every other request goes through the router, which
-/// serves those paths the same way.
+/// extractor makes, and the trace layer and its clock reads: together 4 %
+/// of a relayed send's instructions (README). It gets a `request` span of
+/// its own (target `baton::server`, around building the reply, not around
+/// streaming it), without the layer's debug events. Every other request
+/// goes through the router, as does an agent id that is percent-encoded.
 #[derive(Clone)]
 struct FrontDoor {
     router: Router,
-    state: AppState,
+    /// Shared: hyper clones the service for every request.
+    state: Arc<AppState>,
 }
 
 impl tower_service::Service<Request> for FrontDoor {
@@ -125,13 +128,16 @@ impl tower_service::Service<Request> for FrontDoor {
         &mut self,
         _: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<(), Self::Error>> {
+        // The router is always ready too (axum 0.8), so `call` may skip
+        // asking it.
         std::task::Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        let endpoint = match request.method() {
-            &Method::POST => rpc_endpoint(request.uri().path()),
-            _ => None,
+        let endpoint = if request.method() == Method::POST {
+            rpc_endpoint(request.uri().path())
+        } else {
+            None
         };
         let Some(endpoint) = endpoint else {
             return Box::pin(self.router.call(request));
@@ -143,12 +149,13 @@ impl tower_service::Service<Request> for FrontDoor {
             uri = %parts.uri,
             version = ?parts.version,
         );
-        let (state, query) = (self.state.clone(), parts.uri.query().map(str::to_string));
+        let state = self.state.clone();
+        let query = parts.uri.query().map(str::to_string);
         let reply = async move {
             Ok(match endpoint {
-                RpcEndpoint::Gateway => serve_rpc(state, None, query, parts.headers, body).await,
+                RpcEndpoint::Gateway => serve_rpc(&state, None, query, parts.headers, body).await,
                 RpcEndpoint::Agent(id) => {
-                    serve_agent_rpc(state, id, query, parts.headers, body).await
+                    serve_agent_rpc(&state, id, query, parts.headers, body).await
                 }
             })
         };
@@ -178,8 +185,9 @@ fn rpc_endpoint(path: &str) -> Option<RpcEndpoint> {
     plain.then(|| RpcEndpoint::Agent(id.to_string()))
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then drains open
-/// connections for at most `grace` (SSE streams end at once).
+/// Serves `app`, behind its front door for JSON-RPC calls, on `listener`
+/// until `shutdown` resolves, then drains open connections for at most
+/// `grace` (SSE streams end at once).
 pub async fn run(
     listener: tokio::net::TcpListener,
     state: AppState,
@@ -188,12 +196,13 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let gateway = state.gateway.clone();
     let stop = gateway.shutdown.clone();
-    // `into_make_service`: each connection shares the router. Served as a bare
-    // `Router`, axum 0.8 copies the whole route table for every connection and
-    // drops it at close, which showed as ~28 % of the CPU of a 1 000-stream fan-out.
+    // `into_make_service`: each connection shares the service and its router.
+    // Served as a bare `Router`, axum 0.8 copies the whole route table for
+    // every connection and drops it at close, which showed as ~28 % of the CPU
+    // of a 1 000-stream fan-out.
     let front = FrontDoor {
         router: app(state.clone()),
-        state,
+        state: Arc::new(state),
     };
     let service = axum::ServiceExt::<Request>::into_make_service(front);
     let server = axum::serve(listener, service).with_graceful_shutdown(async move {
@@ -345,7 +354,7 @@ async fn rpc_gateway(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    serve_rpc(state, None, query, headers, body).await
+    serve_rpc(&state, None, query, headers, body).await
 }
 
 async fn rpc_agent(
@@ -355,12 +364,12 @@ async fn rpc_agent(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    serve_agent_rpc(state, id, query, headers, body).await
+    serve_agent_rpc(&state, id, query, headers, body).await
 }
 
 /// A JSON-RPC call on one agent's endpoint (`/agents/{id}/a2a`).
 async fn serve_agent_rpc(
-    state: AppState,
+    state: &AppState,
     id: String,
     query: Option<String>,
     headers: HeaderMap,
@@ -521,13 +530,13 @@ async fn read_rpc_body(
 }
 
 async fn serve_rpc(
-    state: AppState,
+    state: &AppState,
     path_agent: Option<String>,
     query: Option<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (principal, body) = match accept_rpc(&state, &headers, body).await {
+    let (principal, body) = match accept_rpc(state, &headers, body).await {
         Ok(accepted) => accepted,
         Err(response) => return response,
     };
@@ -624,6 +633,11 @@ mod tests {
                 "{path}"
             );
         }
+        // As the router reads `/agents/{id}/a2a`.
+        assert_eq!(
+            rpc_endpoint("/agents/a2a/a2a"),
+            Some(RpcEndpoint::Agent("a2a".into()))
+        );
         for path in [
             "/",
             "/a2a//",
@@ -634,6 +648,9 @@ mod tests {
             "/agents/b%69lling/a2a",
             "/agents/billing/.well-known/agent-card.json",
             "/agents/billing",
+            "/agents/a2a",
+            "//a2a",
+            "/agents/billing/a2a//",
         ] {
             assert_eq!(rpc_endpoint(path), None, "{path}");
         }

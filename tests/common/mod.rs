@@ -38,6 +38,7 @@ pub struct BatonBuilder {
     api_keys: Option<String>,
     routing: baton::handoff::routing::RoutingRules,
     tune: Option<Box<Tune>>,
+    router_only: bool,
 }
 
 fn directory_secured(registry: &Registry, keys: &KeyStore) {
@@ -59,6 +60,7 @@ pub fn baton() -> BatonBuilder {
         },
         api_keys: None,
         routing: Default::default(),
+        router_only: false,
         tune: None,
     }
 }
@@ -120,6 +122,13 @@ impl BatonBuilder {
         self
     }
 
+    /// Serves `server::app`, the router alone, instead of `server::run`,
+    /// whose front door takes JSON-RPC calls past it.
+    pub fn router_only(mut self) -> Self {
+        self.router_only = true;
+        self
+    }
+
     /// Starts Baton on 127.0.0.1:0.
     pub async fn start(self) -> TestBaton {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -169,17 +178,24 @@ impl BatonBuilder {
             },
         );
         let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(async move {
-            server::run(
+        let stopped = async move {
+            let _ = stopped.await;
+        };
+        let server = if self.router_only {
+            let router = server::app(state).into_make_service();
+            tokio::spawn(async move {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(stopped)
+                    .await
+            })
+        } else {
+            tokio::spawn(server::run(
                 listener,
                 state,
-                async move {
-                    let _ = stopped.await;
-                },
+                stopped,
                 Duration::from_secs(2),
-            )
-            .await
-        });
+            ))
+        };
         TestBaton {
             base,
             http: reqwest::Client::new(),

@@ -484,7 +484,13 @@ fn peek_tenant(params: &serde_json::value::RawValue) -> String {
         #[serde(default)]
         tenant: Option<String>,
     }
-    serde_json::from_str::<TenantOnly>(params.get())
+    // Most calls name no tenant: text with neither the key nor an escape
+    // (which could spell the key another way) has none, unparsed.
+    let text = params.get();
+    if !text.contains("\"tenant\"") && !text.contains('\\') {
+        return String::new();
+    }
+    serde_json::from_str::<TenantOnly>(text)
         .ok()
         .and_then(|t| t.tenant)
         .unwrap_or_default()
@@ -621,6 +627,24 @@ async fn serve_rpc(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tenant_is_read_however_the_params_spell_it() {
+        let tenant_of = |params: &str| {
+            peek_tenant(&serde_json::value::RawValue::from_string(params.into()).unwrap())
+        };
+        assert_eq!(tenant_of(r#"{"message":{"parts":[{"text":"hi"}]}}"#), "");
+        assert_eq!(tenant_of(r#"{"id":"t","tenant":"billing"}"#), "billing");
+        // The key escaped, or "tenant" only inside a value.
+        assert_eq!(tenant_of(r#"{"tena\u006et":"billing"}"#), "billing");
+        assert_eq!(
+            tenant_of(r#"{"message":{"parts":[{"text":"\"tenant\""}]}}"#),
+            ""
+        );
+        assert_eq!(tenant_of(r#"{"tenant":null}"#), "");
+        // Not an object: no tenant.
+        assert_eq!(tenant_of("[1]"), "");
+    }
 
     #[test]
     fn the_front_door_takes_only_json_rpc_endpoints() {

@@ -196,13 +196,17 @@ impl UpstreamClient {
             AgentError::Unreachable(format!("{}: {reason}", self.label(method)))
         })?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let body = serde_json::to_vec(&Envelope {
+        // Sized for a typical call, which then never regrows (`to_vec`
+        // starts at 128 bytes and doubles, copying at each step).
+        let mut body = Vec::with_capacity(REQUEST_BODY_CAPACITY);
+        let envelope = Envelope {
             jsonrpc: "2.0",
             id,
             method,
             params,
-        })
-        .map_err(|e| AgentError::Failed(format!("cannot encode {method} params: {e}")))?;
+        };
+        serde_json::to_writer(&mut body, &envelope)
+            .map_err(|e| AgentError::Failed(format!("cannot encode {method} params: {e}")))?;
         // Built in place rather than through `http::request::Builder`, whose
         // fallible steps move the request's parts at each header. Static
         // names and values: a name given as text is copied, and a custom
@@ -644,6 +648,10 @@ fn parse_result<T: A2aResult>(label: &dyn Display, result: Value) -> Result<T, A
     parsed.check().map_err(invalid)?;
     Ok(parsed)
 }
+
+/// Bytes first reserved for a call's body: a relayed short text message
+/// with its handoff control takes ~400.
+const REQUEST_BODY_CAPACITY: usize = 1024;
 
 /// The handoff control of a forwarded message as HTTP headers (trace
 /// context with a new span, `Baton-Hops`, `Baton-Chain`, `Baton-Deadline`),

@@ -38,6 +38,9 @@ pub const VERSION_HEADER_NAME: HeaderName = HeaderName::from_static("a2a-version
 pub const JSONRPC_BINDING: &str = "JSONRPC";
 const APPLICATION_JSON: &str = "application/json";
 const EVENT_STREAM: &str = "text/event-stream";
+/// Bytes first reserved for a call's body: a relayed short text message
+/// with its handoff control takes ~400.
+const REQUEST_BODY_CAPACITY: usize = 1024;
 /// How much of a bad body an error message quotes.
 const SNIPPET_CHARS: usize = 160;
 
@@ -648,10 +651,6 @@ fn parse_result<T: A2aResult>(label: &dyn Display, result: Value) -> Result<T, A
     parsed.check().map_err(invalid)?;
     Ok(parsed)
 }
-
-/// Bytes first reserved for a call's body: a relayed short text message
-/// with its handoff control takes ~400.
-const REQUEST_BODY_CAPACITY: usize = 1024;
 
 /// The handoff control of a forwarded message as HTTP headers (trace
 /// context with a new span, `Baton-Hops`, `Baton-Chain`, `Baton-Deadline`),

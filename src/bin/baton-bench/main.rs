@@ -647,7 +647,7 @@ struct ThreadRows {
 impl ThreadRows {
     /// `ticks` of CPU as µs per request.
     fn micros(&self, ticks: u64) -> f64 {
-        ticks as f64 * 1e6 / (self.ticks_per_second * self.requests)
+        micros_per_request(ticks, self.ticks_per_second, self.requests)
     }
 
     /// `ns` as % of one core over the window.
@@ -722,6 +722,11 @@ impl ThreadRows {
     }
 }
 
+/// `ticks` of CPU time spread over `requests`, in µs each.
+fn micros_per_request(ticks: u64, ticks_per_second: f64, requests: f64) -> f64 {
+    ticks as f64 * 1e6 / (ticks_per_second * requests)
+}
+
 /// CPU time per completed request between two readings of clock ticks.
 fn cpu_micros(
     ticks: &[anyhow::Result<u64>],
@@ -729,9 +734,11 @@ fn cpu_micros(
     ticks_per_second: f64,
 ) -> anyhow::Result<f64> {
     match ticks {
-        [Ok(before), Ok(after)] if result.completed > 0 => {
-            Ok((after - before) as f64 / ticks_per_second / result.completed as f64 * 1e6)
-        }
+        [Ok(before), Ok(after)] if result.completed > 0 => Ok(micros_per_request(
+            after - before,
+            ticks_per_second,
+            result.completed as f64,
+        )),
         _ => Err(anyhow::anyhow!(
             "no CPU reading or no completed request: {ticks:?}"
         )),

@@ -670,9 +670,12 @@ impl Gateway {
             handoff: handoff.payload.is_some(),
             skill: handoff.skill.clone(),
         };
-        // Boxed: the driver's future is large, and spawning moves it whole.
+        // Boxed before spawning: boxed inside the spawned block, the driver's
+        // future also kept a slot of its full size in the task (rustc keeps a
+        // moved-from temporary's storage until the end of its statement).
+        let run = Box::pin(driver.run(turn, start));
         tokio::spawn(async move {
-            Box::pin(driver.run(turn, start)).await;
+            run.await;
             let _ = done_tx.send(true);
         });
         Ok(Begun::Started(Started {

@@ -611,9 +611,8 @@ async fn serve_rpc(
         incoming: crate::handoff::control::Incoming::read(&headers, None),
         pinned,
     };
-    // Boxed: dispatch's future holds the state of every method (~9 KB), and
-    // unboxed it was copied whole each time the handler's future moved.
-    let mut response = Box::pin(dispatch(&state.gateway, &ctx, request, extended_card))
+    // dispatch boxes the method's future, sized for that method alone.
+    let mut response = dispatch(&state.gateway, &ctx, request, extended_card)
         .instrument(tracing::debug_span!("rpc", agent = %agent_id))
         .await;
     if !extensions.is_empty()

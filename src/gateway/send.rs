@@ -670,9 +670,9 @@ impl Gateway {
             handoff: handoff.payload.is_some(),
             skill: handoff.skill.clone(),
         };
-        // Boxed before spawning: boxed inside the spawned block, the driver's
-        // future also kept a slot of its full size in the task (rustc keeps a
-        // moved-from temporary's storage until the end of its statement).
+        // Boxed before spawning, so the task holds only the box (32 bytes, not
+        // the 848 of the driver and its turn): the driver's future is large, and
+        // spawning moves it whole.
         let run = Box::pin(driver.run(turn, start));
         tokio::spawn(async move {
             run.await;

@@ -714,12 +714,15 @@ const UNMARKED_FORMAT: u32 = 1;
 /// Refuses a ledger of a later format rather than misreading it, and marks
 /// a new ledger with this build's format and an unmarked one with its own.
 fn check_format(tree: &sled::Tree) -> Result<(), LedgerError> {
+    check_format_as(tree, LEDGER_FORMAT, UNMARKED_FORMAT)
+}
+
+/// [`check_format`] for a build writing format `current`, where a ledger
+/// without a marker is of format `unmarked`: apart so that a test can tell
+/// the two markings apart while both formats are 1.
+fn check_format_as(tree: &sled::Tree, current: u32, unmarked: u32) -> Result<(), LedgerError> {
     let Some(value) = tree.get(keys::format())? else {
-        let format = if tree.is_empty() {
-            LEDGER_FORMAT
-        } else {
-            UNMARKED_FORMAT
-        };
+        let format = if tree.is_empty() { current } else { unmarked };
         tree.insert(keys::format(), &format.to_be_bytes())?;
         tree.flush()?;
         return Ok(());
@@ -727,9 +730,9 @@ fn check_format(tree: &sled::Tree) -> Result<(), LedgerError> {
     let format = <[u8; 4]>::try_from(value.as_ref())
         .map(u32::from_be_bytes)
         .map_err(|_| LedgerError::Format(format!("unreadable ledger format marker {value:?}")))?;
-    if format > LEDGER_FORMAT {
+    if format > current {
         return Err(LedgerError::Format(format!(
-            "ledger format {format} is later than this Baton's ({LEDGER_FORMAT}): \
+            "ledger format {format} is later than this Baton's ({current}): \
              run the Baton that wrote it, or a later one"
         )));
     }
@@ -1891,6 +1894,36 @@ mod tests {
         set_marker(dir.path(), Some(b"v2"));
         assert!(refusal(dir.path()).contains("unreadable"));
         assert_eq!(marker(dir.path()), Some(b"v2".to_vec()));
+    }
+
+    #[test]
+    fn a_new_ledger_and_an_unmarked_one_get_different_markers() {
+        let (current, unmarked) = (3, 2);
+        let dir = tempfile::tempdir().unwrap();
+        let (_db, tree) = raw_tree(dir.path());
+        let marker = || {
+            let value = tree.get(keys::format()).unwrap().unwrap();
+            u32::from_be_bytes(value.as_ref().try_into().unwrap())
+        };
+
+        check_format_as(&tree, current, unmarked).unwrap();
+        assert_eq!(marker(), current, "an empty tree is a new ledger");
+        check_format_as(&tree, current, unmarked).expect("this build's own format opens");
+
+        tree.clear().unwrap();
+        tree.insert(b"t/some-task", b"{}").unwrap();
+        check_format_as(&tree, current, unmarked).unwrap();
+        assert_eq!(marker(), unmarked, "data without a marker predates it");
+
+        // An earlier format opens and keeps its marker; a later one is refused.
+        check_format_as(&tree, current, unmarked).unwrap();
+        assert_eq!(marker(), unmarked);
+        tree.insert(keys::format(), &(current + 1).to_be_bytes())
+            .unwrap();
+        assert!(matches!(
+            check_format_as(&tree, current, unmarked),
+            Err(LedgerError::Format(_))
+        ));
     }
 
     #[tokio::test]

@@ -670,16 +670,12 @@ impl Gateway {
             handoff: handoff.payload.is_some(),
             skill: handoff.skill.clone(),
         };
-        // Boxed before spawning, so the task holds only the box (tens of bytes,
-        // not the 848 of the driver and its turn): the driver's future is
-        // large, and spawning moves it whole.
+        // Boxed before spawning, so the task holds only the box (32 bytes, not
+        // the 848 of the driver and its turn): the driver's future is large, and
+        // spawning moves it whole.
         let run = Box::pin(driver.run(turn, start));
-        // The driver writes to the ledger; under load the log's flusher waits
-        // for writers at work to gather bigger groups.
-        let writer = self.ledger.writer();
         tokio::spawn(async move {
             run.await;
-            drop(writer);
             let _ = done_tx.send(true);
         });
         Ok(Begun::Started(Started {

@@ -4,18 +4,14 @@
 //!
 //! Why a thread: `flush_async` from many tokio tasks stalls under load, and one
 //! sync per writer caps durable writes at a few thousand per second (see
-//! STYLE.md). One flusher turns N concurrent writers into one sync. Under
-//! load it waits up to 150 µs for a group of eight, when enough writers are
-//! at work to fill it: a sync costs CPU whatever its size.
+//! STYLE.md). One flusher turns N concurrent writers into one sync.
 
 use super::applier::Applier;
 use super::durable::DurableMark;
 use super::hub::{EventHub, LedgerEvent};
 use super::wal::Segment;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 #[derive(Default)]
 struct Pending {
@@ -28,40 +24,7 @@ struct Pending {
     /// The flusher is waiting for writes: only then does a writer wake it
     /// (a condvar notify is a syscall even with no one waiting).
     idle: bool,
-    /// While the flusher gathers a group: the write that completes it,
-    /// whose writer wakes the flusher.
-    gather_until: Option<u64>,
     stop: bool,
-}
-
-/// How many writes a gathered group waits for, and for how long at most.
-/// On the 2-core VM a sync cost the flusher 34–52 µs of CPU whatever its
-/// size, a third of it the disk's notification to the hypervisor, with
-/// 3–5 writes per sync under load (README, round 20).
-const GATHER_WRITES: u64 = 8;
-const GATHER_WAIT: Duration = Duration::from_micros(150);
-
-/// Whether the flusher, about to sync `pending` writes right after making a
-/// group of `last_group` durable, should first wait for the group to grow to
-/// [`GATHER_WRITES`]: only under load (the last group had company) and only
-/// while enough writers are at work elsewhere to fill it (`in_flight`, the
-/// writers announced with [`Flusher::writer`]). A few clients can never fill
-/// a group, and each of their writes would wait the whole [`GATHER_WAIT`].
-fn worth_gathering(pending: u64, last_group: u64, in_flight: usize) -> bool {
-    last_group >= 2
-        && pending < GATHER_WRITES
-        && (in_flight as u64).saturating_sub(pending) >= GATHER_WRITES
-}
-
-/// A writer at work that will write to the ledger before long (a running
-/// task's driver); the flusher waits for such writers to gather a group.
-/// Counted until dropped.
-pub struct InFlightWriter(Arc<AtomicUsize>);
-
-impl Drop for InFlightWriter {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// The nice value the flusher thread asks for, unless it runs higher
@@ -82,8 +45,6 @@ pub struct Flusher {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The flusher thread's id (Linux): the thread whose priority was raised.
     thread_id: OnceLock<i32>,
-    /// Writers announced with [`Flusher::writer`] and not yet dropped.
-    in_flight: Arc<AtomicUsize>,
 }
 
 impl Flusher {
@@ -102,7 +63,6 @@ impl Flusher {
             durable,
             thread: Mutex::new(None),
             thread_id: OnceLock::new(),
-            in_flight: Arc::new(AtomicUsize::new(0)),
         });
         let worker = flusher.clone();
         let (started_tx, started) = std::sync::mpsc::channel();
@@ -128,20 +88,9 @@ impl Flusher {
         self.thread_id.get().copied()
     }
 
-    /// Announces a writer at work, counted until the guard is dropped.
-    pub fn writer(&self) -> InFlightWriter {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlightWriter(self.in_flight.clone())
-    }
-
     fn run(&self, mut segment: Segment, hub: Arc<EventHub>, applier: Arc<Applier>) {
-        // A gathering wait is ~150 µs: the default timer slack (50 µs) would
-        // add a third to it.
-        #[cfg(target_os = "linux")]
-        let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1_000));
         // Reused between rounds so steady state allocates nothing here.
         let mut frames = Vec::new();
-        let mut last_group = 0;
         loop {
             let (target, events) = {
                 // std Mutex: held only to swap buffers, never across I/O.
@@ -154,25 +103,8 @@ impl Flusher {
                 if pending.stop && pending.written == self.durable.get() {
                     return;
                 }
-                let durable = self.durable.get();
-                let in_flight = self.in_flight.load(Ordering::Relaxed);
-                if !pending.stop
-                    && worth_gathering(pending.written - durable, last_group, in_flight)
-                {
-                    let complete = durable + GATHER_WRITES;
-                    pending.gather_until = Some(complete);
-                    pending = self
-                        .wake
-                        .wait_timeout_while(pending, GATHER_WAIT, |p| {
-                            p.written < complete && !p.stop
-                        })
-                        .expect("flusher lock")
-                        .0;
-                    pending.gather_until = None;
-                }
-                last_group = pending.written - durable;
-                // Otherwise no linger: writers that arrive during this sync
-                // form the next group, and at low load a wait is only latency.
+                // No linger for stragglers: writers that arrive during this
+                // sync form the next group, so groups grow with load anyway.
                 frames.clear();
                 std::mem::swap(&mut frames, &mut pending.frames);
                 (pending.written, std::mem::take(&mut pending.events))
@@ -215,9 +147,7 @@ impl Flusher {
             queue(pending.written, &events);
             pending.frames.extend_from_slice(frames);
             pending.events.extend(events);
-            let completes_group = pending.gather_until == Some(pending.written);
-            let wake = std::mem::take(&mut pending.idle) || completes_group;
-            (pending.written, wake)
+            (pending.written, std::mem::take(&mut pending.idle))
         };
         // Woken after the unlock: woken under it, the flusher would block
         // at once on the lock this thread still holds, and need a second
@@ -299,20 +229,5 @@ mod tests {
         for settled in [FLUSHER_NICE, FLUSHER_NICE - 5, -20] {
             assert_eq!(priority_to_ask(settled), None, "from {settled}");
         }
-    }
-
-    #[test]
-    fn a_group_is_gathered_only_under_load_and_with_writers_to_fill_it() {
-        // One client: its last write had the group to itself.
-        assert!(!worth_gathering(1, 1, 1));
-        assert!(!worth_gathering(0, 1, 64));
-        // A few clients: everyone who could write is pending already.
-        assert!(!worth_gathering(2, 2, 2));
-        assert!(!worth_gathering(3, 4, 10));
-        // Under load, with writers at work elsewhere to fill the group.
-        assert!(worth_gathering(3, 3, 16));
-        assert!(worth_gathering(0, 2, GATHER_WRITES as usize));
-        // Full already.
-        assert!(!worth_gathering(GATHER_WRITES, 5, 64));
     }
 }

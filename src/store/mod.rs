@@ -828,13 +828,6 @@ impl Ledger {
         })
     }
 
-    /// Announces a writer at work (a running task's driver), counted until
-    /// the guard is dropped: under load the log's flusher waits for such
-    /// writers to gather bigger groups (see [`flusher`]).
-    pub fn writer(&self) -> flusher::InFlightWriter {
-        self.flusher.writer()
-    }
-
     /// Where durable events are fanned out.
     pub fn hub(&self) -> &Arc<EventHub> {
         &self.hub
@@ -1624,36 +1617,6 @@ mod tests {
         ] {
             assert!(minimal.get(absent).is_none(), "{absent} written");
         }
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn writes_announced_but_never_made_delay_a_group_only_briefly() {
-        // Many writers at work, two of them writing: the flusher may wait for
-        // a bigger group, but never for writers that do not come.
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Arc::new(Ledger::open(dir.path()).unwrap());
-        let announced: Vec<_> = (0..64).map(|_| ledger.writer()).collect();
-        let rounds = async {
-            for round in 0..50 {
-                let pair = ["a", "b"].map(|side| {
-                    let ledger = ledger.clone();
-                    tokio::spawn(async move {
-                        ledger
-                            .create(record(&format!("{side}{round}")), vec![])
-                            .await
-                    })
-                });
-                for write in pair {
-                    write.await.unwrap().unwrap();
-                }
-            }
-        };
-        tokio::time::timeout(std::time::Duration::from_secs(20), rounds)
-            .await
-            .expect("every write durable within the gathering bound");
-        drop(announced);
-        assert!(ledger.get("b49").unwrap().is_some());
-        ledger.close();
     }
 
     #[tokio::test]

@@ -611,10 +611,11 @@ async fn serve_rpc(
         incoming: crate::handoff::control::Incoming::read(&headers, None),
         pinned,
     };
-    // dispatch boxes the method's future, sized for that method alone.
-    let mut response = dispatch(&state.gateway, &ctx, request, extended_card)
-        .instrument(tracing::debug_span!("rpc", agent = %agent_id))
-        .await;
+    // dispatch boxes the method's future, sized for that method alone, and
+    // answers the methods that need no waiting at once: both in the span.
+    let span = tracing::debug_span!("rpc", agent = %agent_id);
+    let answer = span.in_scope(|| dispatch(&state.gateway, &ctx, request, extended_card));
+    let mut response = answer.instrument(span).await;
     if !extensions.is_empty()
         && let Ok(value) = HeaderValue::from_str(&extensions.join(","))
     {

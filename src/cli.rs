@@ -26,7 +26,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the gateway.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Manage agency API keys (only their hashes are stored).
     Keys(KeysArgs),
     /// Register, list, search, get and remove agents on a running Baton.

@@ -2,6 +2,7 @@
 //! over an optional `baton.toml`, over defaults. Every bad setting is reported
 //! at once.
 
+use crate::tls::ClientTls;
 use ipnet::IpNet;
 use serde::Deserialize;
 use std::net::{IpAddr, SocketAddr};
@@ -26,6 +27,10 @@ pub struct ServeArgs {
     /// Internal networks Baton may connect to (CIDRs or IPs, comma-separated).
     #[arg(long, env = "BATON_ALLOW_UPSTREAM", value_delimiter = ',')]
     pub allow_upstream: Option<Vec<String>>,
+    /// PEM file of extra CA certificates to trust for https agents, cards
+    /// and webhooks, besides the built-in web PKI roots.
+    #[arg(long, env = "BATON_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
     /// Configuration file (default ./baton.toml if present).
     #[arg(long, env = "BATON_CONFIG")]
     pub config: Option<PathBuf>,
@@ -84,6 +89,7 @@ pub struct FileConfig {
     public_url: Option<String>,
     default_agent: Option<String>,
     allow_upstream: Option<Vec<String>>,
+    tls_ca: Option<PathBuf>,
     max_body_bytes: Option<usize>,
     log_format: Option<String>,
     shutdown_grace_secs: Option<u64>,
@@ -123,6 +129,8 @@ pub struct Config {
     pub default_agent: String,
     /// Internal networks allowed for outbound connections.
     pub allow_upstream: Vec<IpNet>,
+    /// The roots outbound `https` connections are verified against.
+    pub tls: ClientTls,
     /// Request body cap.
     pub max_body_bytes: usize,
     /// Log format.
@@ -255,6 +263,14 @@ impl Config {
             .filter_map(|s| parse_network(s).map_err(|e| errors.push(e)).ok())
             .collect();
 
+        let tls = match args.tls_ca.clone().or(file.tls_ca) {
+            Some(path) => ClientTls::with_ca_file(&path).unwrap_or_else(|err| {
+                errors.push(format!("tls-ca: {err}"));
+                ClientTls::default()
+            }),
+            None => ClientTls::default(),
+        };
+
         let max_body_bytes = args
             .max_body_bytes
             .or(file.max_body_bytes)
@@ -328,6 +344,7 @@ impl Config {
             public_url,
             default_agent,
             allow_upstream,
+            tls,
             max_body_bytes,
             log_format,
             shutdown_grace: Duration::from_secs(
@@ -460,10 +477,17 @@ mod tests {
             default_agent: Some("ghost".into()),
             allow_upstream: Some(vec!["not-a-net".into()]),
             log_format: Some("xml".into()),
+            tls_ca: Some("no-such-ca.pem".into()),
             ..ServeArgs::default()
         };
         let err = Config::load(&args, &["echo"]).unwrap_err();
-        assert_eq!(err.0.len(), 4, "{err}");
+        assert_eq!(err.0.len(), 5, "{err}");
+        assert!(
+            err.0
+                .iter()
+                .any(|e| e.starts_with("tls-ca: cannot read the TLS CA file no-such-ca.pem")),
+            "{err}"
+        );
     }
 
     #[test]

@@ -91,6 +91,7 @@ pub async fn run(
 
     let policy = OutboundPolicy {
         allow: config.allow_upstream.clone(),
+        tls: config.tls.clone(),
     };
     let push = PushDispatcher::start(&ledger, policy.clone(), PushSettings::default());
     let shutdown = CancellationToken::new();

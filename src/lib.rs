@@ -45,4 +45,5 @@ pub mod schema_support;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 pub mod upstream;

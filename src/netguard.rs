@@ -3,16 +3,19 @@
 //! (`--allow-upstream`). Checked after DNS resolution, in the HTTP client's
 //! resolver, so a name cannot smuggle a private address past it.
 
+use crate::tls::ClientTls;
 use ipnet::IpNet;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-/// Which outbound addresses are allowed.
+/// Which outbound addresses are allowed, and which TLS servers trusted.
 #[derive(Clone, Debug, Default)]
 pub struct OutboundPolicy {
     /// Networks allowed even though they are internal.
     pub allow: Vec<IpNet>,
+    /// The roots `https` servers are verified against.
+    pub tls: ClientTls,
 }
 
 impl OutboundPolicy {
@@ -48,7 +51,8 @@ impl OutboundPolicy {
     /// sits in the resolver, redirects are not followed, and no proxy is used
     /// (a proxy would resolve names itself, past the guard).
     pub fn client_builder(&self) -> reqwest::ClientBuilder {
-        reqwest::Client::builder()
+        self.tls
+            .apply(reqwest::Client::builder())
             .dns_resolver(Arc::new(GuardedResolver {
                 policy: self.clone(),
             }))
@@ -205,6 +209,7 @@ mod tests {
         assert!(policy.permits("93.184.216.34".parse().unwrap()));
         let loopback = OutboundPolicy {
             allow: vec!["127.0.0.0/8".parse().unwrap()],
+            ..OutboundPolicy::default()
         };
         assert!(loopback.permits("127.0.0.1".parse().unwrap()));
         assert!(!loopback.permits("10.0.0.1".parse().unwrap()));

@@ -21,6 +21,7 @@ use std::time::Duration;
 fn loopback() -> OutboundPolicy {
     OutboundPolicy {
         allow: vec!["127.0.0.0/8".parse().unwrap()],
+        ..OutboundPolicy::default()
     }
 }
 

@@ -101,10 +101,9 @@ impl CardFetcher {
         self.policy.check_url(&url).map_err(FetchError::Refused)?;
         let started = Instant::now();
         let unreachable = |err: reqwest::Error| {
-            let reason = match std::error::Error::source(&err) {
-                Some(source) => format!("{err}: {source}"),
-                None => err.to_string(),
-            };
+            // The whole chain: the cause (refused, a certificate not
+            // trusted) is often several errors down.
+            let reason = crate::upstream::error_chain(&err);
             // The guard refuses in the resolver; say so plainly.
             if reason.contains("--allow-upstream") {
                 FetchError::Refused(reason)

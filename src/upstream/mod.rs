@@ -24,6 +24,7 @@ mod transport;
 
 pub use client::{UpstreamClient, UpstreamStream};
 pub use remote::RemoteAgent;
+pub use transport::error_chain;
 
 use std::time::Duration;
 

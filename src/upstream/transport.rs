@@ -15,7 +15,8 @@
 //! sweeper closes those idle past 90 s. hyper-util's pooled client, which
 //! streams and anything else use, cost ~8 k instructions more per call
 //! (its pool key hashing, checkout future, request extensions, and its
-//! connection task's extra layers).
+//! connection task's extra layers). `https` endpoints go over hyper-util's
+//! client through rustls, verified against [`OutboundPolicy::tls`].
 
 use crate::agents::AgentError;
 use crate::netguard::{GuardedNames, OutboundPolicy};
@@ -25,6 +26,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper::header::{HOST, HeaderValue};
 use hyper::{Request, Response, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -67,7 +69,7 @@ const FINISH_SENDING: Duration = if cfg!(test) {
 pub struct Transport {
     /// hyper-util's pooled client: streams, and endpoints the direct pool
     /// does not take.
-    client: Client<HttpConnector<GuardedNames>, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector<GuardedNames>>, Full<Bytes>>,
     connector: HttpConnector<GuardedNames>,
     /// The endpoint as the direct pool sends to it (`http` URLs only).
     direct: Option<Endpoint>,
@@ -130,11 +132,18 @@ impl Transport {
         connector.set_keepalive(Some(KEEPALIVE));
         connector.set_keepalive_interval(Some(KEEPALIVE));
         connector.set_keepalive_retries(Some(3));
+        // The TLS layer takes `https` URLs; the direct pool stays on `http`.
+        connector.enforce_http(false);
+        let https = HttpsConnectorBuilder::new()
+            .with_tls_config(rustls::ClientConfig::clone(&policy.tls.config()))
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector.clone());
         let client = Client::builder(TokioExecutor::new())
             // The timer lets the pool close idle connections in the background.
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE)
-            .build(connector.clone());
+            .build(https);
         Self {
             client,
             connector,
@@ -498,6 +507,7 @@ mod tests {
     fn loopback_policy() -> OutboundPolicy {
         OutboundPolicy {
             allow: vec!["127.0.0.0/8".parse().unwrap()],
+            ..OutboundPolicy::default()
         }
     }
 

@@ -39,6 +39,7 @@ pub struct BatonBuilder {
     routing: baton::handoff::routing::RoutingRules,
     tune: Option<Box<Tune>>,
     router_only: bool,
+    tls: baton::tls::ClientTls,
 }
 
 fn directory_secured(registry: &Registry, keys: &KeyStore) {
@@ -61,6 +62,7 @@ pub fn baton() -> BatonBuilder {
         api_keys: None,
         routing: Default::default(),
         router_only: false,
+        tls: baton::tls::ClientTls::default(),
         tune: None,
     }
 }
@@ -129,6 +131,12 @@ impl BatonBuilder {
         self
     }
 
+    /// Verifies `https` agents, cards and webhooks with `tls`'s roots.
+    pub fn tls(mut self, tls: baton::tls::ClientTls) -> Self {
+        self.tls = tls;
+        self
+    }
+
     /// Starts Baton on 127.0.0.1:0.
     pub async fn start(self) -> TestBaton {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -139,6 +147,7 @@ impl BatonBuilder {
             } else {
                 Vec::new()
             },
+            tls: self.tls,
         };
         let push = PushDispatcher::start(&ledger, policy.clone(), self.push_settings);
         let shutdown_token = CancellationToken::new();

@@ -202,6 +202,30 @@ async fn every_acknowledged_write_survives_a_sigkill() {
 }
 
 #[tokio::test]
+async fn a_message_nested_as_deep_as_a_request_may_be_survives_a_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = BatonProcess::start(dir.path());
+    // The deepest data part the params of a request may carry (serde_json
+    // counts 128 levels from the params); the ledger nests it deeper.
+    let depth = 120;
+    let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    let mut message = user_message(&message_id("tck-input-required"), "deep");
+    message["parts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"data": serde_json::from_str::<serde_json::Value>(&deep).unwrap()}));
+    let sent = first.call("SendMessage", json!({"message": message})).await;
+    let task_id = sent["task"]["id"].as_str().unwrap().to_string();
+    let before = first.call("GetTask", json!({"id": task_id})).await;
+    first.kill();
+
+    let second = BatonProcess::start(dir.path());
+    assert_eq!(second.call("GetTask", json!({"id": task_id})).await, before);
+    let resumed = answer(&second, &task_id).await;
+    assert_eq!(resumed["task"]["status"]["state"], "TASK_STATE_COMPLETED");
+}
+
+#[tokio::test]
 async fn sigterm_closes_streams_and_exits_within_the_grace_period() {
     let dir = tempfile::tempdir().unwrap();
     let mut baton = BatonProcess::start(dir.path());

@@ -635,7 +635,7 @@ impl Applier {
             None
         } else {
             match stored_record(&self.tree, task_id, None)? {
-                Some(bytes) => Some(serde_json::from_slice(&bytes)?),
+                Some(bytes) => Some(super::decode_stored(&bytes)?),
                 None => None,
             }
         };
@@ -1217,7 +1217,7 @@ fn decode_intent(mut intent: &[u8]) -> Vec<(String, Vec<Vec<u8>>)> {
 fn remove_stale_index_keys(tree: &sled::Tree, intent: &[u8]) -> Result<(), LedgerError> {
     for (task_id, added) in decode_intent(intent) {
         let current = match stored_record(tree, &task_id, None)? {
-            Some(bytes) => serde_json::from_slice::<AppliedHead>(&bytes)?.index_keys(),
+            Some(bytes) => super::decode_stored::<AppliedHead>(&bytes)?.index_keys(),
             None => Vec::new(),
         };
         for key in added.into_iter().filter(|key| !current.contains(key)) {

@@ -191,7 +191,7 @@ impl ReplyTask {
     pub fn into_record(self) -> Result<Arc<TaskRecord>, LedgerError> {
         match self {
             Self::Read(read) => Ok(read.record),
-            Self::Stored(stored) => Ok(Arc::new(serde_json::from_slice(&stored.bytes)?)),
+            Self::Stored(stored) => Ok(Arc::new(decode_stored(&stored.bytes)?)),
         }
     }
 }
@@ -226,7 +226,7 @@ struct StoredStatusHead {
 impl StoredRecord {
     /// The record's owner and state, the rest skipped.
     fn head(&self) -> Result<StoredHead<'_>, LedgerError> {
-        Ok(serde_json::from_slice(&self.bytes)?)
+        Ok(decode_stored(&self.bytes)?)
     }
 
     /// The record's task, taken apart into its fields' JSON.
@@ -236,7 +236,7 @@ impl StoredRecord {
             #[serde(borrow)]
             task: TaskJson<'a>,
         }
-        Ok(serde_json::from_slice::<RecordTask>(&self.bytes)?.task)
+        Ok(decode_stored::<RecordTask>(&self.bytes)?.task)
     }
 }
 
@@ -1098,9 +1098,9 @@ impl Ledger {
             let first = u64::from_be_bytes(seq_bytes);
             // A chunk is a JSON array; ledgers written before chunks hold one event a key.
             let chunk: Vec<StreamResponse> = if value.first() == Some(&b'[') {
-                serde_json::from_slice(&value)?
+                decode_stored(&value)?
             } else {
-                vec![serde_json::from_slice(&value)?]
+                vec![decode_stored(&value)?]
             };
             for (offset, event) in chunk.into_iter().enumerate() {
                 let event_seq = first + offset as u64;
@@ -1247,7 +1247,7 @@ impl Ledger {
         config_id: &str,
     ) -> Result<Option<TaskPushNotificationConfig>, LedgerError> {
         match self.read_raw(&keys::push_config(task_id, config_id))? {
-            Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
+            Some(bytes) => Ok(Some(decode_stored(&bytes)?)),
             None => Ok(None),
         }
     }
@@ -1261,7 +1261,7 @@ impl Ledger {
         // than applying them here.
         self.scan_raw(&keys::push_prefix(task_id))?
             .values()
-            .map(|value| Ok(serde_json::from_slice(value)?))
+            .map(|value| Ok(decode_stored(value)?))
             .collect()
     }
 
@@ -1310,7 +1310,7 @@ impl Ledger {
         let ticket = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
             if let Some(existing) = self.read_raw(&db_key)? {
-                return Ok(Some(serde_json::from_slice(&existing)?));
+                return Ok(Some(decode_stored(&existing)?));
             }
             self.log_raw(&mut frames, db_key, Some(serde_json::to_vec(record)?))?
         };
@@ -1348,7 +1348,7 @@ impl Ledger {
     pub fn agents<T: serde::de::DeserializeOwned>(&self) -> Result<Vec<T>, LedgerError> {
         self.scan_raw(&keys::agent(""))?
             .values()
-            .map(|value| Ok(serde_json::from_slice(value)?))
+            .map(|value| Ok(decode_stored(value)?))
             .collect()
     }
 
@@ -1364,7 +1364,7 @@ impl Ledger {
         key: &str,
     ) -> Result<Option<IdempotencyRecord>, LedgerError> {
         match self.read_raw(&keys::idempotency(owner, key))? {
-            Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
+            Some(bytes) => Ok(Some(decode_stored(&bytes)?)),
             None => Ok(None),
         }
     }
@@ -1386,6 +1386,20 @@ impl Drop for Ledger {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// Decodes JSON the ledger wrote (log frames, records, event chunks, raw
+/// values) without serde_json's nesting limit of 128. A write wraps what
+/// was accepted, itself decoded within that limit from a request or an
+/// agent's answer, a few levels deeper: under the limit an acknowledged
+/// write could fail to read back. Nothing else bounds the depth, and
+/// nothing else is needed: only the ledger's own writes come here.
+pub(crate) fn decode_stored<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> serde_json::Result<T> {
+    let mut decoder = serde_json::Deserializer::from_slice(bytes);
+    decoder.disable_recursion_limit();
+    let value = T::deserialize(&mut decoder)?;
+    decoder.end()?;
+    Ok(value)
 }
 
 /// Maps keyed by task ids, which Baton mints: looked up several times per
@@ -1839,6 +1853,53 @@ mod tests {
         let db = while_locked(|| sled::open(dir), |err| matches!(err, sled::Error::Io(_))).unwrap();
         let tree = db.open_tree("ledger").unwrap();
         (db, tree)
+    }
+
+    /// A record whose message has a data part as deep as a request's params
+    /// may carry one: the record, and its log frame, nest it deeper than
+    /// serde_json's default limit of 128.
+    fn deeply_nested(task_id: &str) -> TaskRecord {
+        let mut data = serde_json::json!("leaf");
+        for _ in 0..124 {
+            data = serde_json::Value::Array(vec![data]);
+        }
+        let mut record = record(task_id);
+        record.task.history.push(crate::protocol::Message {
+            message_id: "m1".into(),
+            parts: vec![crate::protocol::Part::data(data)],
+            ..crate::protocol::Message::default()
+        });
+        record
+    }
+
+    #[tokio::test]
+    async fn a_record_nested_as_deep_as_accepted_input_reads_back_from_the_log_and_from_sled() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = deeply_nested("t1");
+        let ledger = paused(dir.path());
+        let working = status("t1", TaskState::Working);
+        ledger.create(written.clone(), vec![working]).await.unwrap();
+        // Durable in the log only: the applier never ran.
+        ledger.close();
+        drop(ledger);
+
+        // Replayed from the log at start-up.
+        let ledger = reopen(dir.path());
+        let replayed = ledger.get("t1").unwrap().expect("replayed from the log");
+        assert_eq!(replayed.task.history, written.task.history);
+        ledger.close();
+        drop(ledger);
+
+        // Read from sled, and written again (a write reads the record first).
+        let ledger = reopen(dir.path());
+        let stored = ledger.get("t1").unwrap().expect("read from sled");
+        assert_eq!(stored.task.history, written.task.history);
+        let completed = status("t1", TaskState::Completed);
+        ledger
+            .update("t1", |_| Ok::<_, LedgerError>(vec![completed]))
+            .await
+            .unwrap();
+        ledger.close();
     }
 
     #[tokio::test]

@@ -121,32 +121,46 @@ pub fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
     Ok(found)
 }
 
-/// Reads every whole frame of the segments in `dir`, in order.
+/// Reads every whole frame of the segments in `dir`, in order. A frame
+/// that is short, fails its checksum or does not decode ends the log, later
+/// segments included: what follows it must not be applied over the hole.
 pub fn read_all(dir: &Path) -> io::Result<Vec<Entry>> {
     let mut entries = Vec::new();
-    for (_, path) in segments(dir)? {
-        let bytes = std::fs::read(&path)?;
+    let segments = segments(dir)?;
+    for (index, (_, path)) in segments.iter().enumerate() {
+        let bytes = std::fs::read(path)?;
         let mut at = 0;
-        while let Some(header) = bytes.get(at..at + HEADER) {
+        let ended = loop {
+            let Some(header) = bytes.get(at..at + HEADER) else {
+                break None;
+            };
             let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
             let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
             if len == 0 {
-                break; // the zero-filled space after the last frame
+                break None; // the zero-filled space after the last frame
             }
             let Some(payload) = bytes.get(at + HEADER..at + HEADER + len) else {
-                break; // torn tail
+                break Some("a torn frame".to_string());
             };
             if crc32fast::hash(payload) != crc {
-                break;
+                break Some("a frame failing its checksum".to_string());
             }
-            match serde_json::from_slice(payload) {
+            match super::decode_stored(payload) {
                 Ok(entry) => entries.push(entry),
-                Err(err) => {
-                    tracing::error!(%err, path = %path.display(), "undecodable ledger log frame; stopping replay there");
-                    break;
-                }
+                Err(err) => break Some(format!("an undecodable frame ({err})")),
             }
             at += HEADER + len;
+        };
+        if let Some(why) = ended {
+            // A crash tears only the last frame written, so a torn frame with
+            // segments after it means the log was damaged.
+            let later = segments.len() - index - 1;
+            if later > 0 {
+                tracing::error!(path = %path.display(), later, "the ledger log ends at {why}; later segments are not replayed");
+            } else {
+                tracing::warn!(path = %path.display(), "the ledger log ends at {why}");
+            }
+            break;
         }
     }
     Ok(entries)
@@ -270,6 +284,29 @@ mod tests {
         assert_eq!(entries.len(), 2);
         assert!(matches!(&entries[0], Entry::Put { key, value } if key == b"k1" && value == b"v1"));
         assert!(matches!(&entries[1], Entry::Remove { key } if key == b"k2"));
+    }
+
+    #[test]
+    fn a_damaged_frame_ends_the_log_later_segments_included() {
+        let dir = tempfile::tempdir().unwrap();
+        let put = |frames: &mut Vec<u8>, key: &[u8]| {
+            encode(frames, &EntryRef::Put { key, value: b"v" }).unwrap();
+        };
+        let mut first = Segment::create(dir.path(), 1).unwrap();
+        let mut frames = Vec::new();
+        put(&mut frames, b"k1");
+        let damaged_at = frames.len() + HEADER;
+        put(&mut frames, b"k2");
+        frames[damaged_at] ^= 0xff;
+        first.append_durably(&frames).unwrap();
+        let mut second = Segment::create(dir.path(), 2).unwrap();
+        let mut later = Vec::new();
+        put(&mut later, b"k3");
+        second.append_durably(&later).unwrap();
+
+        let entries = read_all(dir.path()).unwrap();
+        assert_eq!(entries.len(), 1, "only what precedes the damage");
+        assert!(matches!(&entries[0], Entry::Put { key, .. } if key == b"k1"));
     }
 
     #[test]

@@ -46,9 +46,11 @@ pub struct TaskReply {
 impl TaskReply {
     /// `record`'s task with at most `history_length` recent messages.
     pub fn new(record: Arc<TaskRecord>, history_length: Option<i32>) -> Self {
+        // A record at hand was written durably (or read as such).
         let read = ReadTask {
             record,
             task_json: None,
+            ticket: 0,
         };
         Self::read(ReplyTask::Read(read), history_length, true)
     }
@@ -237,8 +239,9 @@ impl Gateway {
             .ok_or_else(|| GatewayError::TaskNotFound(task_id.to_string()))
     }
 
-    /// A task of the caller's, read for a reply.
-    fn owned_reply(
+    /// A task of the caller's, read for a reply once what it shows is
+    /// durable.
+    async fn owned_reply(
         &self,
         ctx: &CallContext,
         task_id: &str,
@@ -246,6 +249,7 @@ impl Gateway {
     ) -> Result<TaskReply, GatewayError> {
         match self.ledger.get_for_reply(task_id)? {
             Some(task) if task.owner()? == ctx.principal => {
+                self.ledger.until_durable(task.ticket()).await;
                 Ok(TaskReply::read(task, history_length, true))
             }
             _ => Err(GatewayError::TaskNotFound(task_id.to_string())),
@@ -253,7 +257,7 @@ impl Gateway {
     }
 
     /// `GetTask`.
-    pub fn get_task(
+    pub async fn get_task(
         &self,
         ctx: &CallContext,
         req: GetTaskRequest,
@@ -262,11 +266,11 @@ impl Gateway {
         check_required(&req.id, "id", &mut violations);
         check_history_length(req.history_length, "historyLength", &mut violations);
         finish(violations)?;
-        self.owned_reply(ctx, &req.id, req.history_length)
+        self.owned_reply(ctx, &req.id, req.history_length).await
     }
 
     /// `ListTasks`.
-    pub fn list_tasks(
+    pub async fn list_tasks(
         &self,
         ctx: &CallContext,
         req: ListTasksRequest,
@@ -305,6 +309,8 @@ impl Gateway {
             page_token,
         };
         let page = self.ledger.list(&ctx.principal, &query)?;
+        let newest = page.records.iter().map(ReplyTask::ticket).max();
+        self.ledger.until_durable(newest.unwrap_or(0)).await;
         let include_artifacts = req.include_artifacts.unwrap_or(false);
         Ok(ListTasksResponse {
             tasks: page
@@ -619,5 +625,102 @@ impl Gateway {
                 running.remove(task_id);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netguard::OutboundPolicy;
+    use crate::push::PushSettings;
+
+    fn status(state: TaskState) -> StreamResponse {
+        StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+            task_id: "t1".into(),
+            context_id: "c1".into(),
+            status: TaskStatus::now(state, None),
+            ..TaskStatusUpdateEvent::default()
+        })
+    }
+
+    fn state_of(reply: &impl serde::Serialize) -> String {
+        let json = serde_json::to_value(reply).unwrap();
+        json["status"]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// A write is readable before it is durable (the overlay has it at
+    /// once), but GetTask shows it only once it is. (A listing waits for
+    /// the writes pending when it starts to be applied, durable first.)
+    #[tokio::test]
+    async fn replies_show_a_write_only_once_it_is_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Arc::new(Ledger::open(dir.path()).unwrap());
+        let record = TaskRecord {
+            task: Task {
+                id: "t1".into(),
+                context_id: "c1".into(),
+                ..Task::default()
+            },
+            owner: "alice".into(),
+            agent: "echo".into(),
+            ..TaskRecord::default()
+        };
+        ledger
+            .create(record, vec![status(TaskState::Working)])
+            .await
+            .unwrap();
+        let push =
+            PushDispatcher::start(&ledger, OutboundPolicy::default(), PushSettings::default());
+        let directory = Arc::new(Directory::new("http://localhost", false));
+        let settings = GatewaySettings::default();
+        let gateway = Gateway::new(
+            ledger.clone(),
+            directory,
+            push,
+            settings,
+            CancellationToken::new(),
+        );
+        let ctx = CallContext {
+            principal: "alice".into(),
+            agent_id: "echo".into(),
+            idempotency_key: None,
+            incoming: Default::default(),
+            pinned: false,
+        };
+
+        let hold = ledger.hold_log();
+        let writer = tokio::spawn({
+            let ledger = ledger.clone();
+            async move {
+                let completed = vec![status(TaskState::Completed)];
+                ledger
+                    .update("t1", |_| Ok::<_, LedgerError>(completed))
+                    .await
+            }
+        });
+        while ledger.get("t1").unwrap().unwrap().task.status.state != TaskState::Completed {
+            tokio::task::yield_now().await;
+        }
+        let get = gateway.get_task(
+            &ctx,
+            GetTaskRequest {
+                id: "t1".into(),
+                ..GetTaskRequest::default()
+            },
+        );
+        tokio::pin!(get);
+        let patience = Duration::from_millis(100);
+        assert!(
+            tokio::time::timeout(patience, &mut get).await.is_err(),
+            "GetTask waited"
+        );
+
+        drop(hold);
+        assert_eq!(state_of(&get.await.unwrap()), "TASK_STATE_COMPLETED");
+        writer.await.unwrap().unwrap();
+        ledger.close();
     }
 }

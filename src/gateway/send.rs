@@ -112,7 +112,9 @@ impl Gateway {
             self.wait_settled(&started.task_id, Some(&mut started.driver_done))
                 .await;
         }
-        let reply = self.owned_reply(ctx, &started.task_id, config.history_length)?;
+        let reply = self
+            .owned_reply(ctx, &started.task_id, config.history_length)
+            .await?;
         Ok(SendReply::Task(reply))
     }
 
@@ -181,8 +183,10 @@ impl Gateway {
         if !config.return_immediately {
             self.wait_settled(&earlier.task_id, None).await;
         }
-        let record = self.owned_task(ctx, &earlier.task_id)?;
-        Ok(SendReply::task(record, config))
+        let reply = self
+            .owned_reply(ctx, &earlier.task_id, config.history_length)
+            .await?;
+        Ok(SendReply::Task(reply))
     }
 
     /// Resolves a direct handoff (DESIGN.md §3.3): a message with a payload
@@ -939,6 +943,7 @@ mod tests {
                 let read = crate::store::ReadTask {
                     record: record.clone(),
                     task_json: Some(task_json.clone()),
+                    ticket: 0,
                 };
                 let reply = SendReply::Task(TaskReply::read(
                     crate::store::ReplyTask::Read(read),

@@ -69,14 +69,14 @@ pub fn dispatch<'a>(
             }),
             Err(err) => answered(error_reply(Some(id), &err)),
         },
-        methods::GET_TASK => answered(ok(
-            id,
-            decode_params(params).and_then(|req| gateway.get_task(ctx, req)),
-        )),
-        methods::LIST_TASKS => answered(ok(
-            id,
-            decode_params(params).and_then(|req| gateway.list_tasks(ctx, req)),
-        )),
+        methods::GET_TASK => match decode_params(params) {
+            Ok(req) => Box::pin(async move { ok(id, gateway.get_task(ctx, req).await) }),
+            Err(err) => answered(error_reply(Some(id), &err)),
+        },
+        methods::LIST_TASKS => match decode_params(params) {
+            Ok(req) => Box::pin(async move { ok(id, gateway.list_tasks(ctx, req).await) }),
+            Err(err) => answered(error_reply(Some(id), &err)),
+        },
         methods::CANCEL_TASK => match decode_params(params) {
             Ok(req) => Box::pin(async move { ok(id, gateway.cancel_task(ctx, req).await) }),
             Err(err) => answered(error_reply(Some(id), &err)),

@@ -64,6 +64,9 @@ pub struct PendingTask {
     /// Whether the set holds the task's creation: sled cannot hold the task
     /// yet, unless an application of this set was cut short.
     created: bool,
+    /// The log ticket of the write that made `record` (0: durable already,
+    /// as a replayed write is).
+    ticket: u64,
 }
 
 /// Writes not yet in sled.
@@ -92,6 +95,7 @@ impl PendingSet {
         encoded: Option<Encoded>,
         events: &[Arc<LedgerEvent>],
         created: bool,
+        ticket: u64,
     ) {
         self.task_writes += 1;
         match self.tasks.entry(record.task.id.clone()) {
@@ -100,6 +104,7 @@ impl PendingSet {
                 pending.record = record;
                 pending.encoded = encoded;
                 pending.events.extend_from_slice(events);
+                pending.ticket = ticket;
             }
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(PendingTask {
@@ -107,6 +112,7 @@ impl PendingSet {
                     encoded,
                     events: events.to_vec(),
                     created,
+                    ticket,
                 });
             }
         }
@@ -132,7 +138,7 @@ impl PendingSet {
                         })
                         .collect();
                     // sled may hold what the log does: nothing counts as new.
-                    set.add_task(Arc::new(*record), None, &events, false);
+                    set.add_task(Arc::new(*record), None, &events, false, 0);
                 }
             }
         }
@@ -343,7 +349,9 @@ impl Applier {
         let wake = {
             let mut overlay = self.overlay.lock().expect("applier lock");
             let wake = overlay.pending.is_empty();
-            overlay.pending.add_task(record, encoded, events, created);
+            overlay
+                .pending
+                .add_task(record, encoded, events, created, ticket);
             overlay.pending.last_ticket = ticket;
             wake
         };
@@ -427,6 +435,7 @@ impl Applier {
             set.tasks.get(task_id).map(|p| ReadTask {
                 record: p.record.clone(),
                 task_json: p.encoded.as_ref().map(|e| e.task_json.clone()),
+                ticket: p.ticket,
             })
         };
         in_set(&overlay.pending)
@@ -1532,8 +1541,8 @@ mod tests {
         let created = stored("t1", TaskState::Working, 1);
         let moved = stored("t2", TaskState::InputRequired, 2);
         let mut cut_short = PendingSet::default();
-        cut_short.add_task(Arc::new(created.clone()), None, &[], true);
-        cut_short.add_task(Arc::new(moved.clone()), None, &[], false);
+        cut_short.add_task(Arc::new(created.clone()), None, &[], true, 0);
+        cut_short.add_task(Arc::new(moved.clone()), None, &[], false, 0);
         let indexed: Vec<_> = cut_short
             .tasks
             .iter()

@@ -25,6 +25,18 @@ struct Pending {
     /// (a condvar notify is a syscall even with no one waiting).
     idle: bool,
     stop: bool,
+    /// Tests hold the log's syncs ([`Flusher::hold`]).
+    #[cfg(test)]
+    held: bool,
+}
+
+impl Pending {
+    fn held(&self) -> bool {
+        #[cfg(test)]
+        return self.held;
+        #[cfg(not(test))]
+        false
+    }
 }
 
 /// The nice value the flusher thread asks for, unless it runs higher
@@ -88,6 +100,14 @@ impl Flusher {
         self.thread_id.get().copied()
     }
 
+    /// Holds the log's syncs until the guard is dropped: writes are noted
+    /// (and readable) but none becomes durable. A sync under way finishes.
+    #[cfg(test)]
+    pub(crate) fn hold(self: &Arc<Self>) -> LogHold {
+        self.pending.lock().expect("flusher lock").held = true;
+        LogHold(self.clone())
+    }
+
     fn run(&self, mut segment: Segment, hub: Arc<EventHub>, applier: Arc<Applier>) {
         // Reused between rounds so steady state allocates nothing here.
         let mut frames = Vec::new();
@@ -95,7 +115,7 @@ impl Flusher {
             let (target, events) = {
                 // std Mutex: held only to swap buffers, never across I/O.
                 let mut pending = self.pending.lock().expect("flusher lock");
-                while pending.written == self.durable.get() && !pending.stop {
+                while (pending.written == self.durable.get() || pending.held()) && !pending.stop {
                     pending.idle = true;
                     pending = self.wake.wait(pending).expect("flusher lock");
                 }
@@ -176,6 +196,18 @@ impl Flusher {
         if let Some(handle) = self.thread.lock().expect("flusher lock").take() {
             let _ = handle.join();
         }
+    }
+}
+
+/// See [`Flusher::hold`].
+#[cfg(test)]
+pub(crate) struct LogHold(Arc<Flusher>);
+
+#[cfg(test)]
+impl Drop for LogHold {
+    fn drop(&mut self) {
+        self.0.pending.lock().expect("flusher lock").held = false;
+        self.0.wake.notify_one();
     }
 }
 

@@ -158,6 +158,10 @@ pub struct ReadTask {
     pub record: Arc<TaskRecord>,
     /// `record.task` as JSON, written by the ledger's write.
     pub task_json: Option<Arc<RawValue>>,
+    /// The log ticket of the write that made the record. A read sees a
+    /// write before it is durable; no one may be shown it before
+    /// ([`Ledger::until_durable`]). 0 for a record known to be durable.
+    pub ticket: u64,
 }
 
 /// A task read for a reply (`GetTask`, `ListTasks`): a record in sled is
@@ -185,6 +189,14 @@ impl ReplyTask {
             Self::Read(read) => read.record.task.status.state,
             Self::Stored(stored) => stored.head()?.task.status.state,
         })
+    }
+
+    /// The log ticket that makes this read durable (see [`ReadTask::ticket`]).
+    pub fn ticket(&self) -> u64 {
+        match self {
+            Self::Read(read) => read.ticket,
+            Self::Stored(_) => 0,
+        }
     }
 
     /// The whole record, decoded.
@@ -785,6 +797,13 @@ impl Ledger {
         Self::open_with_applier(dir, ApplierStart::Running)
     }
 
+    /// Holds the log's syncs until the guard is dropped (see
+    /// [`Flusher::hold`]).
+    #[cfg(test)]
+    pub(crate) fn hold_log(&self) -> flusher::LogHold {
+        self.flusher.hold()
+    }
+
     /// Opens the ledger with its applier thread stopped, so a test decides
     /// when pending writes reach sled (`apply_pending`), not a timer.
     #[cfg(test)]
@@ -937,6 +956,13 @@ impl Ledger {
         };
         self.wait_written(ticket).await;
         Ok(record)
+    }
+
+    /// Waits until the log write with `ticket` is durable: a reply shaped
+    /// from a read waits for the read's ticket, so that it never shows
+    /// state a crash could still take back. At once when it is durable.
+    pub async fn until_durable(&self, ticket: u64) {
+        self.flusher.wait_durable(ticket).await;
     }
 
     /// Waits until the write with `ticket` is durable; call it once the

@@ -467,3 +467,64 @@ async fn typed_artifacts_are_checked_against_the_return_schema() {
     );
     gateway.stop().await;
 }
+
+/// Works until canceled, and never answers a CancelTask.
+struct UnresponsiveAgent(baton::protocol::AgentCard);
+
+#[async_trait::async_trait]
+impl baton::agents::Agent for UnresponsiveAgent {
+    fn card(&self) -> &baton::protocol::AgentCard {
+        &self.0
+    }
+
+    async fn execute(
+        &self,
+        _: baton::agents::AgentRequest,
+        events: baton::agents::AgentEvents,
+    ) -> Result<(), baton::agents::AgentError> {
+        events
+            .status(baton::protocol::TaskState::Working, None)
+            .await;
+        std::future::pending().await
+    }
+
+    async fn cancel(
+        &self,
+        _: &baton::protocol::Task,
+        _: Option<&baton::agents::UpstreamRef>,
+    ) -> Result<(), baton::agents::AgentError> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test]
+async fn a_deadline_fails_the_task_at_once_even_when_the_agent_ignores_the_cancel() {
+    let card = common::agents::card("unresponsive");
+    let gateway = baton()
+        .agent("unresponsive", UnresponsiveAgent(card))
+        .start()
+        .await;
+    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(300);
+    let mut message = user_message(&message_id("d"), "work");
+    message["metadata"] = json!({"urn:baton:handoff:v1": {
+        "deadline": baton::protocol::wire::format_timestamp(&deadline)
+    }});
+    let reply = gateway
+        .call_at(
+            "/agents/unresponsive/a2a",
+            "SendMessage",
+            json!({"message": message, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let task_id = reply.result()["task"]["id"].as_str().unwrap().to_string();
+    let failed = gateway
+        .wait_for_state("/a2a", &task_id, "TASK_STATE_FAILED")
+        .await;
+    assert_eq!(reason(&failed), "DEADLINE_EXCEEDED", "{failed}");
+    let late = chrono::Utc::now() - deadline;
+    assert!(
+        late < chrono::Duration::seconds(1),
+        "failed {late} after the deadline"
+    );
+    gateway.stop().await;
+}

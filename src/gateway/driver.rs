@@ -730,10 +730,16 @@ impl Gateway {
 
 /// Tells the agent to stop and fails the task with `DEADLINE_EXCEEDED`.
 async fn expire_task(gateway: &Gateway, agent: &AgentEntry, task_id: &str) {
-    if let Ok(Some(record)) = gateway.ledger.get(task_id) {
-        if record.task.status.state.is_terminal() {
-            return;
-        }
+    let record = match gateway.ledger.get_shared(task_id) {
+        Ok(Some(record)) if record.task.status.state.is_terminal() => return,
+        Ok(record) => record,
+        Err(_) => None,
+    };
+    // FAILED at the deadline, and CancelTask sent at the same time (DESIGN.md
+    // §3.4): an agent that does not answer, often why the deadline passed,
+    // must not hold the failure up for its request timeout.
+    let cancel = async {
+        let Some(record) = record else { return };
         if let Err(err) = agent
             .agent
             .cancel(&record.task, record.upstream.as_ref())
@@ -741,9 +747,10 @@ async fn expire_task(gateway: &Gateway, agent: &AgentEntry, task_id: &str) {
         {
             tracing::warn!(task_id, %err, "agent did not confirm the cancel at the deadline");
         }
-    }
+    };
     let reason = status_part(reasons::DEADLINE_EXCEEDED, serde_json::json!({}));
-    settle_task(gateway, task_id, TaskState::Failed, vec![reason]).await;
+    let fail = settle_task(gateway, task_id, TaskState::Failed, vec![reason]);
+    tokio::join!(cancel, fail);
 }
 
 /// Moves a task to `state` (unless it is terminal already) with a status

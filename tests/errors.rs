@@ -974,6 +974,22 @@ async fn only_oversized_bodies_and_unknown_agents_leave_http_200() {
     must(check_error(&wire, 413, -32600));
     assert_eq!(id_of(&wire), Value::Null);
 
+    // A body that cannot be read (a broken chunked encoding) is a bad
+    // request, not an oversized one.
+    let mut socket = tokio::net::TcpStream::connect(baton.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let broken = "POST /a2a HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+                  A2A-Version: 1.0\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n{}\r\n0\r\n\r\n";
+    tokio::io::AsyncWriteExt::write_all(&mut socket, broken.as_bytes())
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    let read = tokio::io::AsyncReadExt::read_to_string(&mut socket, &mut answer);
+    let _ = tokio::time::timeout(WAIT, read).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("-32600"), "{answer}");
+
     // An unknown agent path: 404 with a JSON-RPC -32602 body.
     let wire = call(
         &baton,

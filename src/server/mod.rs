@@ -376,6 +376,11 @@ async fn serve_agent_rpc(
     body: Body,
 ) -> Response {
     if state.gateway.agent(&id).is_none() {
+        // A call without a valid key is 401 whatever it names (DESIGN.md
+        // §6), so that no one learns which agents exist without a key.
+        if let Err(response) = state.authenticate(&headers) {
+            return response;
+        }
         let error = GatewayError::invalid_field("agent", format!("no agent {id:?} is registered"));
         return json_reply(
             StatusCode::NOT_FOUND,
@@ -515,14 +520,21 @@ async fn read_rpc_body(
     body: Body,
 ) -> Result<axum::body::Bytes, Response> {
     let limit = state.settings.max_body_bytes;
-    let Ok(body) = axum::body::to_bytes(body, limit).await else {
-        let error = GatewayError::InvalidRequest(format!(
-            "request body exceeds the limit of {limit} bytes"
-        ));
-        return Err(json_reply(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            crate::jsonrpc::error_body(None, &error),
-        ));
+    let body = match axum::body::to_bytes(body, limit).await {
+        Ok(body) => body,
+        Err(err) => {
+            let cause = err.into_inner();
+            let (status, why) = if cause.is::<http_body_util::LengthLimitError>() {
+                let why = format!("request body exceeds the limit of {limit} bytes");
+                (StatusCode::PAYLOAD_TOO_LARGE, why)
+            } else {
+                // A broken chunked encoding, or a connection lost mid-body.
+                let why = format!("request body could not be read: {cause}");
+                (StatusCode::BAD_REQUEST, why)
+            };
+            let error = GatewayError::InvalidRequest(why);
+            return Err(json_reply(status, crate::jsonrpc::error_body(None, &error)));
+        }
     };
     if !is_json_content_type(headers) {
         let error = GatewayError::ContentTypeNotSupported(

@@ -317,23 +317,33 @@ impl Applier {
                 self.checkpoint(segments.into_iter().map(|(_, path)| path).collect());
                 return;
             }
-            if !retired.is_empty() {
-                self.checkpoint(retired);
+            if !retired.is_empty() && !self.checkpoint(retired) {
+                // Retried after a pause, before any segment retired since.
+                std::thread::sleep(Duration::from_millis(100));
             }
         }
     }
 
-    /// Flushes sled, then deletes log segments whose writes it now holds.
-    fn checkpoint(&self, segments: Vec<PathBuf>) {
-        if let Err(err) = self.db.flush() {
-            tracing::error!(%err, "ledger checkpoint flush failed; keeping the log");
-            return;
-        }
-        for path in segments {
-            if let Err(err) = std::fs::remove_file(&path) {
-                tracing::warn!(%err, path = %path.display(), "could not delete a checkpointed log segment");
+    /// Flushes sled, then deletes log segments whose writes it now holds,
+    /// oldest first; false if some are kept. Those go back to be retried
+    /// ahead of any segment retired since: a segment left behind a deleted
+    /// later one would, after a crash, replay its raw writes (which carry
+    /// no version) over newer ones.
+    fn checkpoint(&self, segments: Vec<PathBuf>) -> bool {
+        let kept = match self.db.flush() {
+            Ok(_) => delete_in_order(segments, |path| std::fs::remove_file(path)),
+            Err(err) => {
+                tracing::error!(%err, "ledger checkpoint flush failed; keeping the log");
+                segments
             }
+        };
+        if kept.is_empty() {
+            return true;
         }
+        let mut overlay = self.overlay.lock().expect("applier lock");
+        let later = std::mem::replace(&mut overlay.retired, kept);
+        overlay.retired.extend(later);
+        false
     }
 
     /// Queues a task write with the log ticket it will get (call under the
@@ -737,6 +747,26 @@ impl Applier {
         if let Some(handle) = self.thread.lock().expect("applier lock").take() {
             let _ = handle.join();
         }
+    }
+}
+
+/// Deletes `segments` in order with `remove` until one fails; returns that
+/// one and those after it. A segment already gone counts as deleted.
+fn delete_in_order(
+    segments: Vec<PathBuf>,
+    mut remove: impl FnMut(&std::path::Path) -> std::io::Result<()>,
+) -> Vec<PathBuf> {
+    let failed = segments.iter().position(|path| match remove(path) {
+        Ok(()) => false,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => false,
+        Err(err) => {
+            tracing::error!(%err, path = %path.display(), "could not delete a checkpointed log segment; keeping it and those after it");
+            true
+        }
+    });
+    match failed {
+        Some(at) => segments[at..].to_vec(),
+        None => Vec::new(),
     }
 }
 
@@ -1334,6 +1364,26 @@ mod tests {
         queue_created(applier, Arc::new(next));
         applier.apply_pending().unwrap();
         assert_eq!(Arc::strong_count(first), 1, "freed with its set");
+    }
+
+    #[test]
+    fn segments_are_deleted_in_order_and_kept_from_the_first_that_fails() {
+        let paths: Vec<PathBuf> = ["1.log", "2.log", "3.log", "4.log"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        let mut tried = Vec::new();
+        let kept = delete_in_order(paths.clone(), |path| {
+            tried.push(path.to_path_buf());
+            match path.to_str() {
+                Some("1.log") => Err(std::io::ErrorKind::NotFound.into()),
+                Some("3.log") => Err(std::io::ErrorKind::PermissionDenied.into()),
+                _ => Ok(()),
+            }
+        });
+        assert_eq!(kept, paths[2..], "the failed segment and those after it");
+        assert_eq!(tried, paths[..3], "none deleted past the failure");
+        assert!(delete_in_order(paths, |_| Ok(())).is_empty());
     }
 
     #[test]

@@ -210,8 +210,11 @@ impl Segment {
             allocated: 0,
         };
         segment.preallocate(0)?;
-        // The new file's directory entry must be durable before frames in it count.
+        // The new file's directory entry must be durable before frames in it
+        // count, and so must the directory's own (it may be new too).
         File::open(dir)?.sync_all()?;
+        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+        File::open(parent.unwrap_or(Path::new(".")))?.sync_all()?;
         Ok(segment)
     }
 

@@ -643,6 +643,42 @@ mod tests {
         })
     }
 
+    /// A gateway over `ledger` with the built-in agents.
+    fn gateway_over(ledger: &Arc<Ledger>) -> Arc<Gateway> {
+        let push =
+            PushDispatcher::start(ledger, OutboundPolicy::default(), PushSettings::default());
+        let directory = Arc::new(Directory::new("http://localhost", false));
+        for handle in crate::agents::builtin_agents() {
+            let policy = crate::registry::directory::AgentPolicy::default();
+            directory.upsert(
+                &handle.id,
+                "local",
+                handle.agent,
+                policy,
+                chrono::Utc::now(),
+            );
+        }
+        let settings = GatewaySettings::default();
+        Gateway::new(
+            ledger.clone(),
+            directory,
+            push,
+            settings,
+            CancellationToken::new(),
+        )
+    }
+
+    /// alice calling `echo`, with `idempotency_key`.
+    fn alice(idempotency_key: Option<&str>) -> CallContext {
+        CallContext {
+            principal: "alice".into(),
+            agent_id: "echo".into(),
+            idempotency_key: idempotency_key.map(str::to_string),
+            incoming: Default::default(),
+            pinned: true,
+        }
+    }
+
     fn state_of(reply: &impl serde::Serialize) -> String {
         let json = serde_json::to_value(reply).unwrap();
         json["status"]["state"]
@@ -672,24 +708,8 @@ mod tests {
             .create(record, vec![status(TaskState::Working)])
             .await
             .unwrap();
-        let push =
-            PushDispatcher::start(&ledger, OutboundPolicy::default(), PushSettings::default());
-        let directory = Arc::new(Directory::new("http://localhost", false));
-        let settings = GatewaySettings::default();
-        let gateway = Gateway::new(
-            ledger.clone(),
-            directory,
-            push,
-            settings,
-            CancellationToken::new(),
-        );
-        let ctx = CallContext {
-            principal: "alice".into(),
-            agent_id: "echo".into(),
-            idempotency_key: None,
-            incoming: Default::default(),
-            pinned: false,
-        };
+        let gateway = gateway_over(&ledger);
+        let ctx = alice(None);
 
         let hold = ledger.hold_log();
         let writer = tokio::spawn({
@@ -721,6 +741,41 @@ mod tests {
         drop(hold);
         assert_eq!(state_of(&get.await.unwrap()), "TASK_STATE_COMPLETED");
         writer.await.unwrap().unwrap();
+        ledger.close();
+    }
+
+    /// A caller that hangs up while its idempotent send waits on the log
+    /// drops the request's future; the send still ends, so a retry with the
+    /// same key is answered, not held on a claim that no task ever fills.
+    #[tokio::test]
+    async fn a_send_whose_caller_hung_up_still_ends_for_its_idempotency_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Arc::new(Ledger::open(dir.path()).unwrap());
+        let gateway = gateway_over(&ledger);
+        let ctx = alice(Some("key-1"));
+        let request = || SendMessageRequest {
+            message: Some(Message {
+                message_id: "m1".into(),
+                role: Role::User,
+                parts: vec![Part::text("hi")],
+                ..Message::default()
+            }),
+            ..SendMessageRequest::default()
+        };
+
+        let hold = ledger.hold_log();
+        let send = gateway.send_message(&ctx, request());
+        let patience = Duration::from_millis(100);
+        assert!(
+            tokio::time::timeout(patience, send).await.is_err(),
+            "the claim waited on the log"
+        );
+        drop(hold);
+
+        // Under the 5 s an unfilled claim is waited for before a retry fails.
+        let retry = gateway.send_message(&ctx, request());
+        let answered = tokio::time::timeout(Duration::from_secs(3), retry).await;
+        answered.expect("answered in time").expect("answered");
         ledger.close();
     }
 }

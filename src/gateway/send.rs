@@ -97,7 +97,7 @@ impl Gateway {
         let config = req.configuration.clone().unwrap_or_default();
         // A blocking send watches its task only if the ledger does not show it
         // settled once the agent's first answer is in (`wait_settled`).
-        let mut started = match self.start(ctx, req, false, |_, _| ()).await? {
+        let mut started = match self.start_to_the_end(ctx, req, false, |_, _| ()).await? {
             Begun::Started(started) => started,
             Begun::Replay(earlier) => return self.replay_send(ctx, earlier, &config).await,
             Begun::Settled(record) => return Ok(SendReply::task(record, &config)),
@@ -124,7 +124,10 @@ impl Gateway {
         ctx: &CallContext,
         req: SendMessageRequest,
     ) -> Result<SendOutcome, GatewayError> {
-        let mut started = match self.start(ctx, req, true, EventHub::watch).await? {
+        let mut started = match self
+            .start_to_the_end(ctx, req, true, EventHub::watch)
+            .await?
+        {
             Begun::Started(started) => started,
             Begun::Settled(record) => {
                 let watcher = self.ledger.hub().watch(&record.task.id);
@@ -423,6 +426,40 @@ impl Gateway {
         self.ledger
             .get_shared(task_id)
             .is_ok_and(|record| record.is_some_and(|r| r.task.status.state.is_settled()))
+    }
+
+    /// [`Gateway::start`], run to its end even if the caller hangs up (hyper
+    /// then drops the request's future). A start awaits ledger writes only
+    /// for an idempotency claim, a push config or a handoff's acceptance;
+    /// dropped part way, it would leave the key claimed for a task that never
+    /// comes, or an accepted handoff with no driver. Those run in a task of
+    /// their own; a plain send, which awaits nothing there, runs in place.
+    async fn start_to_the_end<W, F>(
+        self: &Arc<Self>,
+        ctx: &CallContext,
+        req: SendMessageRequest,
+        streaming: bool,
+        watch: F,
+    ) -> Result<Begun<W>, GatewayError>
+    where
+        W: Send + 'static,
+        F: FnOnce(&EventHub, &str) -> W + Send + 'static,
+    {
+        let awaits = ctx.idempotency_key.is_some()
+            || req
+                .configuration
+                .as_ref()
+                .is_some_and(|c| c.task_push_notification_config.is_some())
+            || req.message.as_ref().and_then(find_payload).is_some();
+        if !awaits {
+            return self.start(ctx, req, streaming, watch).await;
+        }
+        let gateway = self.clone();
+        let ctx = ctx.clone();
+        let start = async move { gateway.start(&ctx, req, streaming, watch).await };
+        tokio::spawn(start)
+            .await
+            .map_err(|err| GatewayError::Internal(format!("starting the send failed: {err}")))?
     }
 
     /// Validates a send, resolves a continuation, claims the idempotency key

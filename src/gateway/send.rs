@@ -79,6 +79,11 @@ struct Started<W> {
     driver_done: watch::Receiver<bool>,
 }
 
+/// A start run in a task of its own that panicked or was cancelled.
+fn start_failed(err: tokio::task::JoinError) -> GatewayError {
+    GatewayError::Internal(format!("starting the send failed: {err}"))
+}
+
 fn fingerprint(agent_id: &str, message: &Message) -> String {
     let mut hasher = Sha256::new();
     hasher.update(agent_id.as_bytes());
@@ -97,7 +102,13 @@ impl Gateway {
         let config = req.configuration.clone().unwrap_or_default();
         // A blocking send watches its task only if the ledger does not show it
         // settled once the agent's first answer is in (`wait_settled`).
-        let mut started = match self.start_to_the_end(ctx, req, false, |_, _| ()).await? {
+        let begun = if Self::start_must_finish(ctx, &req) {
+            let started = self.spawn_start(ctx, req, false, |_, _| ());
+            started.await.map_err(start_failed)?
+        } else {
+            self.start(ctx, req, false, |_, _| ()).await
+        };
+        let mut started = match begun? {
             Begun::Started(started) => started,
             Begun::Replay(earlier) => return self.replay_send(ctx, earlier, &config).await,
             Begun::Settled(record) => return Ok(SendReply::task(record, &config)),
@@ -124,10 +135,13 @@ impl Gateway {
         ctx: &CallContext,
         req: SendMessageRequest,
     ) -> Result<SendOutcome, GatewayError> {
-        let mut started = match self
-            .start_to_the_end(ctx, req, true, EventHub::watch)
-            .await?
-        {
+        let begun = if Self::start_must_finish(ctx, &req) {
+            let started = self.spawn_start(ctx, req, true, EventHub::watch);
+            started.await.map_err(start_failed)?
+        } else {
+            self.start(ctx, req, true, EventHub::watch).await
+        };
+        let mut started = match begun? {
             Begun::Started(started) => started,
             Begun::Settled(record) => {
                 let watcher = self.ledger.hub().watch(&record.task.id);
@@ -428,38 +442,40 @@ impl Gateway {
             .is_ok_and(|record| record.is_some_and(|r| r.task.status.state.is_settled()))
     }
 
-    /// [`Gateway::start`], run to its end even if the caller hangs up (hyper
-    /// then drops the request's future). A start awaits ledger writes only
-    /// for an idempotency claim, a push config or a handoff's acceptance;
-    /// dropped part way, it would leave the key claimed for a task that never
-    /// comes, or an accepted handoff with no driver. Those run in a task of
-    /// their own; a plain send, which awaits nothing there, runs in place.
-    async fn start_to_the_end<W, F>(
+    /// Whether [`Gateway::start`] must run to its end even if the caller
+    /// hangs up (hyper then drops the request's future). A start awaits
+    /// ledger writes only for an idempotency claim, a push config or a
+    /// handoff's acceptance; dropped part way, it would leave the key claimed
+    /// for a task that never comes, or an accepted handoff with no driver.
+    /// Those run in a task of their own ([`Gateway::spawn_start`]); a plain
+    /// send, which awaits nothing there, runs in place.
+    fn start_must_finish(ctx: &CallContext, req: &SendMessageRequest) -> bool {
+        ctx.idempotency_key.is_some()
+            || req
+                .configuration
+                .as_ref()
+                .is_some_and(|c| c.task_push_notification_config.is_some())
+            || req.message.as_ref().and_then(find_payload).is_some()
+    }
+
+    /// Runs [`Gateway::start`] in a task of its own. A plain function, so that the spawned future is built here and kept in
+    /// no caller's state: every send's future is boxed and copied whole, and
+    /// a slot for it there cost each send ~8 k instructions of copying
+    /// (callgrind).
+    fn spawn_start<W, F>(
         self: &Arc<Self>,
         ctx: &CallContext,
         req: SendMessageRequest,
         streaming: bool,
         watch: F,
-    ) -> Result<Begun<W>, GatewayError>
+    ) -> tokio::task::JoinHandle<Result<Begun<W>, GatewayError>>
     where
         W: Send + 'static,
         F: FnOnce(&EventHub, &str) -> W + Send + 'static,
     {
-        let awaits = ctx.idempotency_key.is_some()
-            || req
-                .configuration
-                .as_ref()
-                .is_some_and(|c| c.task_push_notification_config.is_some())
-            || req.message.as_ref().and_then(find_payload).is_some();
-        if !awaits {
-            return self.start(ctx, req, streaming, watch).await;
-        }
         let gateway = self.clone();
         let ctx = ctx.clone();
-        let start = async move { gateway.start(&ctx, req, streaming, watch).await };
-        tokio::spawn(start)
-            .await
-            .map_err(|err| GatewayError::Internal(format!("starting the send failed: {err}")))?
+        tokio::spawn(async move { gateway.start(&ctx, req, streaming, watch).await })
     }
 
     /// Validates a send, resolves a continuation, claims the idempotency key

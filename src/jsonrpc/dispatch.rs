@@ -50,7 +50,7 @@ pub fn dispatch<'a>(
     let params = request.params;
     let answered =
         |response: Response| -> BoxFuture<'a, Response> { Box::pin(std::future::ready(response)) };
-    match request.method {
+    match &*request.method {
         methods::SEND_MESSAGE => match decode_params(params) {
             Ok(req) => Box::pin(async move { ok(id, gateway.send_message(ctx, req).await) }),
             Err(err) => answered(error_reply(Some(id), &err)),

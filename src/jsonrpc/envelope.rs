@@ -5,14 +5,15 @@ use crate::error::GatewayError;
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use std::borrow::Cow;
 
 /// A parsed request: the id verbatim, the method, and the raw params.
 #[derive(Debug)]
 pub struct RpcRequest<'a> {
     /// The id as it appeared (string, number or null).
     pub id: &'a RawValue,
-    /// The method name.
-    pub method: &'a str,
+    /// The method name (borrowed unless written with escapes).
+    pub method: Cow<'a, str>,
     /// The params object (`{}` when absent or null).
     pub params: &'a RawValue,
 }
@@ -45,6 +46,16 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
 
 fn empty_params() -> &'static RawValue {
     serde_json::from_str::<&RawValue>("{}").expect("literal is valid JSON")
+}
+
+/// A JSON string's text: borrowed, unless escapes had to be decoded.
+fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+    match serde_json::from_str::<&str>(raw.get()) {
+        Ok(text) => Some(Cow::Borrowed(text)),
+        Err(_) => serde_json::from_str::<String>(raw.get())
+            .ok()
+            .map(Cow::Owned),
+    }
 }
 
 /// Parses the envelope of one JSON-RPC request.
@@ -85,17 +96,18 @@ pub fn parse_request(body: &[u8]) -> Result<RpcRequest<'_>, EnvelopeError<'_>> {
             }
         },
     };
-    if envelope.jsonrpc.map(RawValue::get) != Some("\"2.0\"") {
+    // Compared as written first; `"2\u002e0"` is "2.0" too.
+    let version = envelope.jsonrpc;
+    if version.map(RawValue::get) != Some("\"2.0\"")
+        && version.and_then(json_str).as_deref() != Some("2.0")
+    {
         return fail(
             Some(id),
             GatewayError::InvalidRequest("jsonrpc must be exactly \"2.0\"".into()),
         );
     }
-    let method = match envelope
-        .method
-        .map(|m| serde_json::from_str::<&str>(m.get()))
-    {
-        Some(Ok(method)) if !method.is_empty() => method,
+    let method = match envelope.method.map(json_str) {
+        Some(Some(method)) if !method.is_empty() => method,
         Some(_) => {
             return fail(
                 Some(id),
@@ -219,6 +231,22 @@ mod tests {
         assert_eq!(
             code("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"GetTask\",\"params\":[1]}"),
             -32602
+        );
+    }
+
+    #[test]
+    fn a_method_and_version_written_with_escapes_are_read_as_meant() {
+        let body = br#"{"jsonrpc":"2\u002e0","id":1,"method":"Send\u004dessage"}"#;
+        let request = parse_request(body).unwrap();
+        assert_eq!(request.method, "SendMessage");
+        let plain = parse_request(br#"{"jsonrpc":"2.0","id":1,"method":"GetTask"}"#).unwrap();
+        assert!(
+            matches!(plain.method, Cow::Borrowed("GetTask")),
+            "no copy without escapes"
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2\u002e1","id":1,"method":"GetTask"}"#),
+            -32600
         );
     }
 

@@ -35,7 +35,7 @@ fn reply<T: Serialize>(request: &RpcRequest<'_>, result: Result<T, GatewayError>
 /// Serves one registry request for `principal`.
 pub async fn dispatch(registry: &Registry, principal: &str, request: RpcRequest<'_>) -> Response {
     let params = request.params;
-    match request.method {
+    match &*request.method {
         methods::REGISTER_AGENT => {
             let result = match decode_params::<RegisterParams>(params) {
                 Ok(p) => registry

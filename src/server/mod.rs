@@ -586,7 +586,7 @@ async fn serve_rpc(
         .map_or(&gateway_card.card, |p| &p.card.card);
     let extensions = activated_extensions(&headers, card);
     let is_send = matches!(
-        request.method,
+        &*request.method,
         methods::SEND_MESSAGE | methods::SEND_STREAMING_MESSAGE
     );
     if is_send && let Err(error) = check_required_extensions(card, &extensions) {

@@ -9,7 +9,7 @@ mod common;
 use baton::netguard::OutboundPolicy;
 use baton::protocol::AgentCard;
 use baton::tls::ClientTls;
-use baton::upstream::{RemoteAgent, UpstreamSettings};
+use baton::upstream::RemoteAgent;
 use common::agents::card;
 use common::*;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
@@ -18,7 +18,6 @@ use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 use tokio_rustls::TlsAcceptor;
 
 /// A test CA and the certificate it signed for `localhost` and 127.0.0.1.
@@ -118,16 +117,6 @@ fn policy(tls: ClientTls) -> OutboundPolicy {
     }
 }
 
-fn settings() -> UpstreamSettings {
-    UpstreamSettings {
-        request_timeout: Duration::from_secs(3),
-        stream_idle_timeout: Duration::from_secs(5),
-        poll_initial: Duration::from_millis(20),
-        poll_max: Duration::from_millis(200),
-        ..UpstreamSettings::default()
-    }
-}
-
 fn https_card(url: String, streaming: bool) -> AgentCard {
     let mut card = card("remote");
     card.supported_interfaces[0].url = url;
@@ -138,7 +127,7 @@ fn https_card(url: String, streaming: bool) -> AgentCard {
 /// A gateway whose default agent is the upstream's `scenario` behind `front`.
 async fn gateway_to(front: &TlsFront, tls: ClientTls, streaming: bool) -> TestBaton {
     let card = https_card(front.url("/agents/scenario/a2a"), streaming);
-    let agent = RemoteAgent::from_card(card, &policy(tls.clone()), settings()).unwrap();
+    let agent = RemoteAgent::from_card(card, &policy(tls.clone()), fast_upstream()).unwrap();
     baton()
         .tls(tls)
         .agent("remote", agent)

@@ -27,13 +27,7 @@ fn loopback() -> OutboundPolicy {
 
 /// Short timeouts and quick polls, so failures show fast.
 fn fast() -> UpstreamSettings {
-    UpstreamSettings {
-        request_timeout: Duration::from_secs(3),
-        stream_idle_timeout: Duration::from_secs(5),
-        poll_initial: Duration::from_millis(20),
-        poll_max: Duration::from_millis(200),
-        ..UpstreamSettings::default()
-    }
+    fast_upstream()
 }
 
 /// The card `upstream` publishes for `agent`, declaring streaming or not.

@@ -46,6 +46,18 @@ fn directory_secured(registry: &Registry, keys: &KeyStore) {
     registry.directory().set_secured(!keys.is_open());
 }
 
+/// Upstream settings with short timeouts and quick polls, so that tests
+/// against remote agents fail fast.
+pub fn fast_upstream() -> baton::upstream::UpstreamSettings {
+    baton::upstream::UpstreamSettings {
+        request_timeout: Duration::from_secs(3),
+        stream_idle_timeout: Duration::from_secs(5),
+        poll_initial: Duration::from_millis(20),
+        poll_max: Duration::from_millis(200),
+        ..baton::upstream::UpstreamSettings::default()
+    }
+}
+
 /// A builder with the built-in agents, `echo` as default, push on and
 /// loopback webhooks allowed.
 pub fn baton() -> BatonBuilder {

@@ -680,3 +680,59 @@ async fn one_trace_id_reaches_the_third_agent_of_a_chain() {
     }
     gateway.stop().await;
 }
+
+/// Reports an artifact of its own and, in the same breath, hands the task
+/// to `echo`.
+struct ReportThenTransfer(baton::protocol::AgentCard);
+
+#[async_trait::async_trait]
+impl baton::agents::Agent for ReportThenTransfer {
+    fn card(&self) -> &baton::protocol::AgentCard {
+        &self.0
+    }
+
+    async fn execute(
+        &self,
+        _: baton::agents::AgentRequest,
+        events: baton::agents::AgentEvents,
+    ) -> Result<(), baton::agents::AgentError> {
+        let report = baton::protocol::Artifact {
+            artifact_id: "triage-notes".into(),
+            parts: vec![Part::text("the charge was made twice")],
+            ..baton::protocol::Artifact::default()
+        };
+        events.artifact(report).await;
+        let mut transfer = Part::data(payload("reporter", json!({"to": "echo"}), json!({})));
+        transfer.media_type = HANDOFF.into();
+        let message = baton::protocol::Message::agent(vec![transfer]);
+        events.status(TaskState::Completed, Some(message)).await;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_transfer_keeps_the_artifacts_reported_with_it() {
+    let card = common::agents::card("reporter");
+    let gateway = baton()
+        .agent("reporter", ReportThenTransfer(card))
+        .start()
+        .await;
+    let task = send(
+        &gateway,
+        "/agents/reporter/a2a",
+        user_message(&message_id("t"), "please sort out my refund"),
+    )
+    .await;
+    let task_id = task["id"].as_str().unwrap();
+    let task = gateway
+        .wait_for_state("/a2a", task_id, "TASK_STATE_COMPLETED")
+        .await;
+    let artifacts: Vec<&str> = task["artifacts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["artifactId"].as_str())
+        .collect();
+    assert!(artifacts.contains(&"triage-notes"), "{task}");
+    gateway.stop().await;
+}

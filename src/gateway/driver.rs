@@ -361,10 +361,23 @@ impl Driver {
             if let Some(offer) = find_transfer(&batch, &agent.id) {
                 execution.abort();
                 let bound = last_bound(&batch);
+                // Results the source reported with its transfer are the
+                // task's; the event that carried the payload is spent.
+                let reported: Vec<StreamResponse> = batch
+                    .into_iter()
+                    .filter(|event| match event {
+                        AgentEvent::Artifact { artifact, .. } => {
+                            find_data(&artifact.parts, HANDOFF_MEDIA_TYPE).is_none()
+                        }
+                        _ => false,
+                    })
+                    .filter_map(|event| to_stream_event(event, &self.task_id, &self.context_id))
+                    .collect();
                 if !self.created {
-                    let snapshot = self.snapshot(user_message.take());
+                    let mut events = vec![self.snapshot(user_message.take())];
+                    events.extend(reported);
                     let hop = first_hop(agent, hop_kind);
-                    match self.create(agent, hop, bound, vec![snapshot]).await {
+                    match self.create(agent, hop, bound, events).await {
                         Ok(_) => {
                             self.created = true;
                             send_first(&mut self.first_tx, First::Task(None));
@@ -374,13 +387,15 @@ impl Driver {
                             return TurnEnd::Settled;
                         }
                     }
-                } else if let Some(bound) = bound {
+                } else if bound.is_some() || !reported.is_empty() {
                     let _ = self
                         .gateway
                         .ledger
                         .update(&self.task_id, |record| {
-                            record.upstream = Some(bound);
-                            Ok::<_, GatewayError>(Vec::new())
+                            if bound.is_some() {
+                                record.upstream = bound;
+                            }
+                            Ok::<_, GatewayError>(reported)
                         })
                         .await;
                 }

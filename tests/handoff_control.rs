@@ -468,40 +468,11 @@ async fn typed_artifacts_are_checked_against_the_return_schema() {
     gateway.stop().await;
 }
 
-/// Works until canceled, and never answers a CancelTask.
-struct UnresponsiveAgent(baton::protocol::AgentCard);
-
-#[async_trait::async_trait]
-impl baton::agents::Agent for UnresponsiveAgent {
-    fn card(&self) -> &baton::protocol::AgentCard {
-        &self.0
-    }
-
-    async fn execute(
-        &self,
-        _: baton::agents::AgentRequest,
-        events: baton::agents::AgentEvents,
-    ) -> Result<(), baton::agents::AgentError> {
-        events
-            .status(baton::protocol::TaskState::Working, None)
-            .await;
-        std::future::pending().await
-    }
-
-    async fn cancel(
-        &self,
-        _: &baton::protocol::Task,
-        _: Option<&baton::agents::UpstreamRef>,
-    ) -> Result<(), baton::agents::AgentError> {
-        std::future::pending().await
-    }
-}
-
 #[tokio::test]
 async fn a_deadline_fails_the_task_at_once_even_when_the_agent_ignores_the_cancel() {
     let card = common::agents::card("unresponsive");
     let gateway = baton()
-        .agent("unresponsive", UnresponsiveAgent(card))
+        .agent("unresponsive", common::agents::UnresponsiveAgent(card))
         .start()
         .await;
     let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(300);

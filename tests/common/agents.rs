@@ -1,5 +1,6 @@
 //! Agents for tests: one that waits to be released, ones that fail, one
-//! that reports a burst of artifacts, and cards with chosen capabilities.
+//! that never answers a cancel, one that reports a burst of artifacts, and
+//! cards with chosen capabilities.
 
 use async_trait::async_trait;
 use baton::agents::{Agent, AgentError, AgentEvents, AgentRequest};
@@ -94,6 +95,29 @@ impl Agent for FailingAgent {
 
     async fn execute(&self, _: AgentRequest, _: AgentEvents) -> Result<(), AgentError> {
         Err(AgentError::Failed("the model backend is down".into()))
+    }
+}
+
+/// Works until canceled, and never answers a CancelTask.
+pub struct UnresponsiveAgent(pub AgentCard);
+
+#[async_trait]
+impl Agent for UnresponsiveAgent {
+    fn card(&self) -> &AgentCard {
+        &self.0
+    }
+
+    async fn execute(&self, _: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+        events.status(TaskState::Working, None).await;
+        std::future::pending().await
+    }
+
+    async fn cancel(
+        &self,
+        _: &baton::protocol::Task,
+        _: Option<&baton::agents::UpstreamRef>,
+    ) -> Result<(), AgentError> {
+        std::future::pending().await
     }
 }
 

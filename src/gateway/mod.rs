@@ -778,4 +778,57 @@ mod tests {
         answered.expect("answered in time").expect("answered");
         ledger.close();
     }
+
+    /// A repeated send replays the first one's direct reply from the ledger,
+    /// where it may not be durable yet: the replay waits until it is.
+    #[tokio::test]
+    async fn a_replayed_direct_reply_is_shown_only_once_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Arc::new(Ledger::open(dir.path()).unwrap());
+        let gateway = gateway_over(&ledger);
+        let ctx = alice(Some("key-2"));
+        let message = Message {
+            message_id: "m2".into(),
+            role: Role::User,
+            parts: vec![Part::text("hi")],
+            ..Message::default()
+        };
+        let first = store::IdempotencyRecord {
+            fingerprint: send::fingerprint("echo", &message),
+            task_id: "t-first".into(),
+            message: Some(Message::agent(vec![Part::text("hello")])),
+        };
+
+        let hold = ledger.hold_log();
+        let writer = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.complete_idempotency("alice", "key-2", &first).await }
+        });
+        while ledger
+            .claim_idempotency_peek("alice", "key-2")
+            .unwrap()
+            .is_none()
+        {
+            tokio::task::yield_now().await;
+        }
+        let request = SendMessageRequest {
+            message: Some(message),
+            ..SendMessageRequest::default()
+        };
+        let replay = gateway.send_message(&ctx, request);
+        tokio::pin!(replay);
+        let patience = Duration::from_millis(100);
+        assert!(
+            tokio::time::timeout(patience, &mut replay).await.is_err(),
+            "the replay waited"
+        );
+
+        drop(hold);
+        match replay.await.unwrap() {
+            SendReply::Message(reply) => assert_eq!(reply.text(), "hello"),
+            SendReply::Task(_) => panic!("a task instead of the first send's reply"),
+        }
+        writer.await.unwrap().unwrap();
+        ledger.close();
+    }
 }

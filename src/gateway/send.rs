@@ -84,7 +84,7 @@ fn start_failed(err: tokio::task::JoinError) -> GatewayError {
     GatewayError::Internal(format!("starting the send failed: {err}"))
 }
 
-fn fingerprint(agent_id: &str, message: &Message) -> String {
+pub(super) fn fingerprint(agent_id: &str, message: &Message) -> String {
     let mut hasher = Sha256::new();
     hasher.update(agent_id.as_bytes());
     hasher.update([0]);
@@ -154,6 +154,8 @@ impl Gateway {
             }
             Begun::Replay(earlier) => {
                 if let Some(message) = earlier.message {
+                    // Read from the ledger, maybe before it was durable.
+                    self.ledger.sync().await;
                     return Ok(SendOutcome::Message(message));
                 }
                 // Watch before reading, so no event falls between the two.
@@ -195,6 +197,9 @@ impl Gateway {
         config: &SendMessageConfiguration,
     ) -> Result<SendReply, GatewayError> {
         if let Some(message) = earlier.message {
+            // Read from the ledger, maybe before it was durable; a replay is
+            // rare enough to wait for everything written so far.
+            self.ledger.sync().await;
             return Ok(SendReply::Message(message));
         }
         if !config.return_immediately {

@@ -53,21 +53,10 @@ impl ClientTls {
     /// Trusts the web PKI and the PEM certificates in `pem` besides; the
     /// error says what is wrong with them.
     pub fn with_ca_pem(pem: &[u8]) -> Result<Self, String> {
-        let extra = CertificateDer::pem_slice_iter(pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|err| format!("holds a PEM block that does not parse: {err}"))?;
-        if extra.is_empty() {
-            return Err("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into());
-        }
-        let mut roots = web_pki_roots();
-        for certificate in extra.iter().cloned() {
-            roots
-                .add(certificate)
-                .map_err(|err| format!("holds a certificate that is not a usable root: {err}"))?;
-        }
+        let (roots, extra_roots) = roots_with(pem)?;
         Ok(Self {
             config: Arc::new(config_with(roots)),
-            extra_roots: extra.len(),
+            extra_roots,
         })
     }
 
@@ -104,6 +93,25 @@ impl std::fmt::Debug for ClientTls {
     }
 }
 
+/// The web PKI's roots and the PEM certificates in `pem`, and how many
+/// those were.
+fn roots_with(pem: &[u8]) -> Result<(rustls::RootCertStore, usize), String> {
+    let extra = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| format!("holds a PEM block that does not parse: {err}"))?;
+    if extra.is_empty() {
+        return Err("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into());
+    }
+    let count = extra.len();
+    let mut roots = web_pki_roots();
+    for certificate in extra {
+        roots
+            .add(certificate)
+            .map_err(|err| format!("holds a certificate that is not a usable root: {err}"))?;
+    }
+    Ok((roots, count))
+}
+
 fn web_pki_roots() -> rustls::RootCertStore {
     rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
@@ -138,6 +146,8 @@ mod tests {
         let web_pki = webpki_roots::TLS_SERVER_ROOTS.len();
         assert_eq!(ClientTls::default().extra_roots, 0);
         assert!(web_pki > 100, "Mozilla's roots are built in");
+        let (roots, _) = roots_with(ca_pem().as_bytes()).unwrap();
+        assert_eq!(roots.len(), web_pki + 1, "the web PKI and the CA");
     }
 
     #[test]

@@ -102,6 +102,14 @@ impl TlsFront {
     }
 }
 
+/// A test CA, an upstream Baton, and a TLS front for it signed by the CA.
+async fn upstream_behind_tls() -> (TestPki, TestBaton, TlsFront) {
+    let pki = TestPki::new();
+    let upstream = baton().start().await;
+    let front = TlsFront::start(&pki, backend_of(&upstream)).await;
+    (pki, upstream, front)
+}
+
 fn backend_of(baton: &TestBaton) -> SocketAddr {
     baton
         .base
@@ -138,9 +146,7 @@ async fn gateway_to(front: &TlsFront, tls: ClientTls, streaming: bool) -> TestBa
 
 #[tokio::test]
 async fn an_https_agent_is_called_over_tls_verified_against_the_given_ca() {
-    let pki = TestPki::new();
-    let upstream = baton().start().await;
-    let front = TlsFront::start(&pki, backend_of(&upstream)).await;
+    let (pki, upstream, front) = upstream_behind_tls().await;
     for streaming in [false, true] {
         let before = front.handshakes();
         let gateway = gateway_to(&front, pki.trusted(), streaming).await;
@@ -167,9 +173,7 @@ async fn an_https_agent_is_called_over_tls_verified_against_the_given_ca() {
 
 #[tokio::test]
 async fn a_card_is_fetched_over_tls_by_url() {
-    let pki = TestPki::new();
-    let upstream = baton().start().await;
-    let front = TlsFront::start(&pki, backend_of(&upstream)).await;
+    let (pki, upstream, front) = upstream_behind_tls().await;
     let gateway = baton().tls(pki.trusted()).start().await;
     let card_url = front.url("/agents/scenario/.well-known/agent-card.json");
     let reply = gateway
@@ -188,9 +192,7 @@ async fn a_card_is_fetched_over_tls_by_url() {
 
 #[tokio::test]
 async fn a_server_whose_certificate_is_not_trusted_is_refused() {
-    let pki = TestPki::new();
-    let upstream = baton().start().await;
-    let front = TlsFront::start(&pki, backend_of(&upstream)).await;
+    let (_pki, upstream, front) = upstream_behind_tls().await;
 
     // The web PKI alone does not know the test CA.
     let gateway = gateway_to(&front, ClientTls::default(), false).await;

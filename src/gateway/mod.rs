@@ -668,6 +668,43 @@ mod tests {
         )
     }
 
+    /// A ledger in `dir` and a gateway over it.
+    fn open_gateway(dir: &std::path::Path) -> (Arc<Ledger>, Arc<Gateway>) {
+        let ledger = Arc::new(Ledger::open(dir).unwrap());
+        let gateway = gateway_over(&ledger);
+        (ledger, gateway)
+    }
+
+    /// A user's message saying "hi".
+    fn hi(message_id: &str) -> Message {
+        Message {
+            message_id: message_id.into(),
+            role: Role::User,
+            parts: vec![Part::text("hi")],
+            ..Message::default()
+        }
+    }
+
+    /// Waits, at most 5 s, until `noted` holds: a write noted but held
+    /// from the log is readable at once.
+    async fn until_noted(mut noted: impl FnMut() -> bool) {
+        let wait = async {
+            while !noted() {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .expect("the write is noted");
+    }
+
+    /// Whether `answer` is still pending after 100 ms.
+    async fn still_waiting(answer: impl std::future::Future) -> bool {
+        tokio::time::timeout(Duration::from_millis(100), answer)
+            .await
+            .is_err()
+    }
+
     /// alice calling `echo`, with `idempotency_key`.
     fn alice(idempotency_key: Option<&str>) -> CallContext {
         CallContext {
@@ -693,7 +730,7 @@ mod tests {
     #[tokio::test]
     async fn replies_show_a_write_only_once_it_is_durable() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = Arc::new(Ledger::open(dir.path()).unwrap());
+        let (ledger, gateway) = open_gateway(dir.path());
         let record = TaskRecord {
             task: Task {
                 id: "t1".into(),
@@ -708,7 +745,6 @@ mod tests {
             .create(record, vec![status(TaskState::Working)])
             .await
             .unwrap();
-        let gateway = gateway_over(&ledger);
         let ctx = alice(None);
 
         let hold = ledger.hold_log();
@@ -721,9 +757,10 @@ mod tests {
                     .await
             }
         });
-        while ledger.get("t1").unwrap().unwrap().task.status.state != TaskState::Completed {
-            tokio::task::yield_now().await;
-        }
+        until_noted(|| {
+            ledger.get("t1").unwrap().unwrap().task.status.state == TaskState::Completed
+        })
+        .await;
         let get = gateway.get_task(
             &ctx,
             GetTaskRequest {
@@ -732,11 +769,7 @@ mod tests {
             },
         );
         tokio::pin!(get);
-        let patience = Duration::from_millis(100);
-        assert!(
-            tokio::time::timeout(patience, &mut get).await.is_err(),
-            "GetTask waited"
-        );
+        assert!(still_waiting(&mut get).await, "GetTask waited");
 
         drop(hold);
         assert_eq!(state_of(&get.await.unwrap()), "TASK_STATE_COMPLETED");
@@ -750,26 +783,16 @@ mod tests {
     #[tokio::test]
     async fn a_send_whose_caller_hung_up_still_ends_for_its_idempotency_key() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = Arc::new(Ledger::open(dir.path()).unwrap());
-        let gateway = gateway_over(&ledger);
+        let (ledger, gateway) = open_gateway(dir.path());
         let ctx = alice(Some("key-1"));
         let request = || SendMessageRequest {
-            message: Some(Message {
-                message_id: "m1".into(),
-                role: Role::User,
-                parts: vec![Part::text("hi")],
-                ..Message::default()
-            }),
+            message: Some(hi("m1")),
             ..SendMessageRequest::default()
         };
 
         let hold = ledger.hold_log();
         let send = gateway.send_message(&ctx, request());
-        let patience = Duration::from_millis(100);
-        assert!(
-            tokio::time::timeout(patience, send).await.is_err(),
-            "the claim waited on the log"
-        );
+        assert!(still_waiting(send).await, "the claim waited on the log");
         drop(hold);
 
         // Under the 5 s an unfilled claim is waited for before a retry fails.
@@ -784,15 +807,9 @@ mod tests {
     #[tokio::test]
     async fn a_replayed_direct_reply_is_shown_only_once_durable() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = Arc::new(Ledger::open(dir.path()).unwrap());
-        let gateway = gateway_over(&ledger);
+        let (ledger, gateway) = open_gateway(dir.path());
         let ctx = alice(Some("key-2"));
-        let message = Message {
-            message_id: "m2".into(),
-            role: Role::User,
-            parts: vec![Part::text("hi")],
-            ..Message::default()
-        };
+        let message = hi("m2");
         let first = store::IdempotencyRecord {
             fingerprint: send::fingerprint("echo", &message),
             task_id: "t-first".into(),
@@ -804,24 +821,20 @@ mod tests {
             let ledger = ledger.clone();
             async move { ledger.complete_idempotency("alice", "key-2", &first).await }
         });
-        while ledger
-            .claim_idempotency_peek("alice", "key-2")
-            .unwrap()
-            .is_none()
-        {
-            tokio::task::yield_now().await;
-        }
+        until_noted(|| {
+            ledger
+                .claim_idempotency_peek("alice", "key-2")
+                .unwrap()
+                .is_some()
+        })
+        .await;
         let request = SendMessageRequest {
             message: Some(message),
             ..SendMessageRequest::default()
         };
         let replay = gateway.send_message(&ctx, request);
         tokio::pin!(replay);
-        let patience = Duration::from_millis(100);
-        assert!(
-            tokio::time::timeout(patience, &mut replay).await.is_err(),
-            "the replay waited"
-        );
+        assert!(still_waiting(&mut replay).await, "the replay waited");
 
         drop(hold);
         match replay.await.unwrap() {

@@ -20,6 +20,8 @@ use crate::protocol::*;
 use crate::registry::AgentEntry;
 use crate::store::hub::EventHub;
 use crate::store::{HopKind, HopRecord, IdempotencyRecord, TaskRecord};
+use futures::FutureExt as _;
+use futures::future::Either;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,13 +104,7 @@ impl Gateway {
         let config = req.configuration.clone().unwrap_or_default();
         // A blocking send watches its task only if the ledger does not show it
         // settled once the agent's first answer is in (`wait_settled`).
-        let begun = if Self::start_must_finish(ctx, &req) {
-            let started = self.spawn_start(ctx, req, false, |_, _| ());
-            started.await.map_err(start_failed)?
-        } else {
-            self.start(ctx, req, false, |_, _| ()).await
-        };
-        let mut started = match begun? {
+        let mut started = match self.begin(ctx, req, false, |_, _| ()).await? {
             Begun::Started(started) => started,
             Begun::Replay(earlier) => return self.replay_send(ctx, earlier, &config).await,
             Begun::Settled(record) => return Ok(SendReply::task(record, &config)),
@@ -135,13 +131,7 @@ impl Gateway {
         ctx: &CallContext,
         req: SendMessageRequest,
     ) -> Result<SendOutcome, GatewayError> {
-        let begun = if Self::start_must_finish(ctx, &req) {
-            let started = self.spawn_start(ctx, req, true, EventHub::watch);
-            started.await.map_err(start_failed)?
-        } else {
-            self.start(ctx, req, true, EventHub::watch).await
-        };
-        let mut started = match begun? {
+        let mut started = match self.begin(ctx, req, true, EventHub::watch).await? {
             Begun::Started(started) => started,
             Begun::Settled(record) => {
                 let watcher = self.ledger.hub().watch(&record.task.id);
@@ -447,40 +437,40 @@ impl Gateway {
             .is_ok_and(|record| record.is_some_and(|r| r.task.status.state.is_settled()))
     }
 
-    /// Whether [`Gateway::start`] must run to its end even if the caller
-    /// hangs up (hyper then drops the request's future). A start awaits
-    /// ledger writes only for an idempotency claim, a push config or a
-    /// handoff's acceptance; dropped part way, it would leave the key claimed
-    /// for a task that never comes, or an accepted handoff with no driver.
-    /// Those run in a task of their own ([`Gateway::spawn_start`]); a plain
-    /// send, which awaits nothing there, runs in place.
-    fn start_must_finish(ctx: &CallContext, req: &SendMessageRequest) -> bool {
-        ctx.idempotency_key.is_some()
-            || req
-                .configuration
-                .as_ref()
-                .is_some_and(|c| c.task_push_notification_config.is_some())
-            || req.message.as_ref().and_then(find_payload).is_some()
-    }
-
-    /// Runs [`Gateway::start`] in a task of its own. A plain function, so that the spawned future is built here and kept in
-    /// no caller's state: every send's future is boxed and copied whole, and
-    /// a slot for it there cost each send ~8 k instructions of copying
-    /// (callgrind).
-    fn spawn_start<W, F>(
-        self: &Arc<Self>,
-        ctx: &CallContext,
+    /// [`Gateway::start`], run to its end even if the caller hangs up (hyper
+    /// then drops the request's future). A start awaits ledger writes only
+    /// for an idempotency claim, a push config or a handoff's acceptance;
+    /// dropped part way, it would leave the key claimed for a task that never
+    /// comes, or an accepted handoff with no driver. Those run in a task of
+    /// their own; a plain send, which awaits nothing there, runs in place.
+    ///
+    /// A plain function returning the one future the send awaits: built in
+    /// an `async fn`, the spawned future kept a slot in every send's state,
+    /// which each send boxes and copies whole (~8 k instructions, callgrind).
+    fn begin<'a, W, F>(
+        self: &'a Arc<Self>,
+        ctx: &'a CallContext,
         req: SendMessageRequest,
         streaming: bool,
         watch: F,
-    ) -> tokio::task::JoinHandle<Result<Begun<W>, GatewayError>>
+    ) -> impl Future<Output = Result<Begun<W>, GatewayError>> + 'a
     where
         W: Send + 'static,
         F: FnOnce(&EventHub, &str) -> W + Send + 'static,
     {
+        let must_finish = ctx.idempotency_key.is_some()
+            || req
+                .configuration
+                .as_ref()
+                .is_some_and(|c| c.task_push_notification_config.is_some())
+            || req.message.as_ref().and_then(find_payload).is_some();
+        if !must_finish {
+            return Either::Right(self.start(ctx, req, streaming, watch));
+        }
         let gateway = self.clone();
         let ctx = ctx.clone();
-        tokio::spawn(async move { gateway.start(&ctx, req, streaming, watch).await })
+        let started = tokio::spawn(async move { gateway.start(&ctx, req, streaming, watch).await });
+        Either::Left(started.map(|joined| joined.map_err(start_failed)?))
     }
 
     /// Validates a send, resolves a continuation, claims the idempotency key

@@ -188,6 +188,7 @@ const PREALLOCATE: u64 = 1024 * 1024;
 impl Segment {
     /// Creates segment `number` in `dir` (and `dir` itself if needed).
     pub fn create(dir: &Path, number: u64) -> io::Result<Self> {
+        let new_dir = !dir.exists();
         std::fs::create_dir_all(dir)?;
         let path = segment_path(dir, number);
         let file = OpenOptions::new()
@@ -211,10 +212,13 @@ impl Segment {
         };
         segment.preallocate(0)?;
         // The new file's directory entry must be durable before frames in it
-        // count, and so must the directory's own (it may be new too).
+        // count, and so must a new directory's own entry (at the first start;
+        // a rotation has nothing more to sync).
         File::open(dir)?.sync_all()?;
-        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
-        File::open(parent.unwrap_or(Path::new(".")))?.sync_all()?;
+        if new_dir {
+            let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+            File::open(parent.unwrap_or(Path::new(".")))?.sync_all()?;
+        }
         Ok(segment)
     }
 

@@ -750,9 +750,11 @@ async fn expire_task(gateway: &Gateway, agent: &AgentEntry, task_id: &str) {
         Ok(record) => record,
         Err(_) => None,
     };
-    // FAILED at the deadline, and CancelTask sent at the same time (DESIGN.md
-    // §3.4): an agent that does not answer, often why the deadline passed,
-    // must not hold the failure up for its request timeout.
+    // FAILED at the deadline, and CancelTask sent at once (DESIGN.md §3.4).
+    // The agent's answer is awaited briefly first, so that an agent that
+    // answers has stopped before anyone sees FAILED; one that does not,
+    // often why the deadline passed, holds the failure up only that long,
+    // not for its request timeout.
     let cancel = async {
         let Some(record) = record else { return };
         if let Err(err) = agent
@@ -763,10 +765,21 @@ async fn expire_task(gateway: &Gateway, agent: &AgentEntry, task_id: &str) {
             tracing::warn!(task_id, %err, "agent did not confirm the cancel at the deadline");
         }
     };
+    tokio::pin!(cancel);
+    let answered = tokio::time::timeout(CANCEL_HEAD_START, &mut cancel)
+        .await
+        .is_ok();
     let reason = status_part(reasons::DEADLINE_EXCEEDED, serde_json::json!({}));
     let fail = settle_task(gateway, task_id, TaskState::Failed, vec![reason]);
-    tokio::join!(cancel, fail);
+    if answered {
+        fail.await;
+    } else {
+        tokio::join!(cancel, fail);
+    }
 }
+
+/// How long a deadline's FAILED waits for the agent to answer its CancelTask.
+const CANCEL_HEAD_START: Duration = Duration::from_millis(200);
 
 /// Moves a task to `state` (unless it is terminal already) with a status
 /// message of `parts`, and closes its current hop.

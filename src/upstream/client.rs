@@ -255,15 +255,16 @@ impl UpstreamClient {
             .http
             .call(request, &label, self.settings.max_body_bytes);
         let timeout = self.settings.request_timeout;
-        let (parts, body) = tokio::time::timeout(timeout, exchange)
+        let answer = tokio::time::timeout(timeout, exchange)
             .await
             .map_err(|_| AgentError::Timeout(format!("{label}: no answer within {timeout:?}")))??;
+        let content_type = answer.content_type.as_ref().and_then(|v| v.to_str().ok());
         decode_reply(
             &label,
             id,
-            parts.status,
-            content_type(&parts.headers),
-            &body,
+            answer.status,
+            content_type.unwrap_or(""),
+            &answer.body,
         )
     }
 

@@ -18,6 +18,7 @@
 //! retried (by polling), because the task lives on upstream regardless.
 
 pub mod client;
+mod http1;
 pub mod remote;
 mod sse;
 mod transport;

@@ -9,32 +9,37 @@
 //! proxy and no redirect following at this level, so neither can bypass
 //! the guard.
 //!
-//! Unary calls to an `http` endpoint go over a small pool of hyper's own
-//! HTTP/1 connections: a stack of idle senders, checked out and given back
-//! once the answer's body is read and the connection is ready again; a
-//! sweeper closes those idle past 90 s. hyper-util's pooled client, which
-//! streams and anything else use, cost ~8 k instructions more per call
-//! (its pool key hashing, checkout future, request extensions, and its
-//! connection task's extra layers). `https` endpoints go over hyper-util's
-//! client through rustls, verified against [`OutboundPolicy::tls`].
+//! Unary calls to an `http` endpoint go over a small pool of plain TCP
+//! connections, each exchange written and read by its caller
+//! ([`http1`](super::http1)): a stack of idle connections, checked out and
+//! given back once the answer is read and the request all sent; a sweeper
+//! closes those idle past 90 s or closed by the agent. hyper-util's pooled
+//! client, which streams and anything else use, cost ~8 k instructions more
+//! per call than hyper's own connections (its pool key hashing, checkout
+//! future, request extensions), and those ~15 k more than the caller's own
+//! exchange (a connection task, and channels to it each way). `https`
+//! endpoints go over hyper-util's client through rustls, verified against
+//! [`OutboundPolicy::tls`].
 
+use super::http1::{self, Answer, Failed, Outgoing};
 use crate::agents::AgentError;
 use crate::netguard::{GuardedNames, OutboundPolicy};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper::header::{HOST, HeaderValue};
-use hyper::{Request, Response, Uri};
+use hyper::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, TRANSFER_ENCODING};
+use hyper::{Request, Uri};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::collections::VecDeque;
 use std::fmt::Display;
+use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
 use tower_service::Service as _;
 
 /// TCP keepalive on agent connections, as reqwest sets it: a pooled
@@ -48,16 +53,16 @@ const POOL_IDLE: Duration = Duration::from_secs(90);
 /// Most idle connections kept to one endpoint.
 const MAX_IDLE: usize = 256;
 
+/// Room for a typical request's head, which then never regrows.
+const HEAD_CAPACITY: usize = 512;
+
 /// How often expired idle connections are closed.
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
 
-/// How long a connection not yet ready for another request when its
-/// exchange ends may take to be ready, and be kept; else it is closed. One
-/// whose exchange ended normally is ready at once, or nearly. One whose
-/// agent answered before reading the whole request may never be: hyper
-/// 1.12 can miss the wake-up when the last of the body leaves (a test saw
-/// it), so it is closed when this passes. Short under test, where only
-/// that bound matters.
+/// How long a connection whose agent answered before reading all of the
+/// request may take to send the rest, and be kept; else it is closed (an
+/// agent that refused a large request may never read it). Short under
+/// test, where only that bound matters.
 const FINISH_SENDING: Duration = if cfg!(test) {
     Duration::from_millis(500)
 } else {
@@ -97,27 +102,13 @@ impl std::fmt::Debug for Transport {
 struct Endpoint {
     /// Scheme and authority, for the connector.
     origin: Uri,
-    /// The request target in origin form (`/path?query`).
-    target: Uri,
-    host: HeaderValue,
-}
-
-/// A direct connection: its sender, and the task driving it, which is
-/// ended when Baton lets the connection go. hyper's task alone would stay
-/// blocked writing a request the agent stopped reading.
-struct Connection {
-    sender: http1::SendRequest<Full<Bytes>>,
-    task: tokio::task::AbortHandle,
-}
-
-impl Drop for Connection {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    /// What follows the method in every request's head: the target in
+    /// origin form (`/path?query`), the version and the Host line.
+    after_method: Box<[u8]>,
 }
 
 struct IdleConnection {
-    connection: Connection,
+    stream: TcpStream,
     since: Instant,
 }
 
@@ -166,50 +157,46 @@ impl Transport {
         request: Request<Full<Bytes>>,
         label: &(dyn Display + Sync),
         limit: usize,
-    ) -> Result<(hyper::http::response::Parts, Vec<u8>), AgentError> {
+    ) -> Result<Answer, AgentError> {
         let Some(endpoint) = &self.direct else {
             let response = self
                 .client
                 .request(request)
                 .await
                 .map_err(|e| failure(label, &e))?;
-            return read_answer(label, response, limit).await;
+            let (parts, body) = response.into_parts();
+            return Ok(Answer {
+                status: parts.status,
+                content_type: parts.headers.get(CONTENT_TYPE).cloned(),
+                body: read_body(label, body, limit).await?,
+            });
         };
-        let mut request = request;
-        *request.uri_mut() = endpoint.target.clone();
-        request.headers_mut().insert(HOST, endpoint.host.clone());
+        let request = endpoint.encode(request);
         loop {
-            let (mut connection, pooled) = match self.pool.checkout() {
-                Some(connection) => (connection, true),
+            let (mut stream, pooled) = match self.pool.checkout() {
+                Some(stream) => (stream, true),
                 None => (self.connect(endpoint, label).await?, false),
             };
-            if let Err(err) = connection.sender.ready().await {
-                if pooled {
-                    continue;
+            match http1::exchange(&mut stream, &request, limit).await {
+                Ok(exchanged) => {
+                    if exchanged.reusable {
+                        self.pool.give_back(stream, request, exchanged.sent);
+                    }
+                    return Ok(exchanged.answer);
                 }
-                return Err(failure(label, &err));
-            }
-            match connection.sender.try_send_request(request).await {
-                Ok(response) => {
-                    let answer = read_answer(label, response, limit).await?;
-                    self.pool.give_back(connection);
-                    return Ok(answer);
-                }
-                Err(mut err) => match err.take_message() {
-                    // It never left: a pooled connection closed meanwhile.
-                    Some(unsent) if pooled => request = unsent,
-                    _ => return Err(failure(label, err.error())),
-                },
+                // It never left: a pooled connection closed meanwhile.
+                Err(Failed::Unsent(_)) if pooled => {}
+                Err(failed) => return Err(agent_error(label, limit, failed)),
             }
         }
     }
 
-    /// A new connection through the guarded connector, driven by its own task.
+    /// A new connection through the guarded connector.
     async fn connect(
         &self,
         endpoint: &Endpoint,
         label: &(dyn Display + Sync),
-    ) -> Result<Connection, AgentError> {
+    ) -> Result<TcpStream, AgentError> {
         let mut connector = self.connector.clone();
         std::future::poll_fn(|cx| connector.poll_ready(cx))
             .await
@@ -218,54 +205,62 @@ impl Transport {
             .call(endpoint.origin.clone())
             .await
             .map_err(|e| failure(label, &e))?;
-        let (sender, connection) = http1::handshake(io).await.map_err(|e| failure(label, &e))?;
-        let task = tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(%err, "agent connection ended");
-            }
-        })
-        .abort_handle();
         if !self.sweeping.swap(true, Ordering::Relaxed) {
             tokio::spawn(Pool::sweep(Arc::downgrade(&self.pool)));
         }
-        Ok(Connection { sender, task })
+        Ok(io.into_inner())
+    }
+}
+
+/// A failed direct exchange as the agent error it is.
+fn agent_error(label: &(dyn Display + Sync), limit: usize, failed: Failed) -> AgentError {
+    match failed {
+        Failed::Unsent(err) | Failed::Io(err) => failure(label, &err),
+        Failed::Closed => AgentError::Unreachable(format!(
+            "{label}: the agent closed the connection before answering"
+        )),
+        Failed::TooLarge => {
+            AgentError::InvalidResponse(format!("{label}: the answer is larger than {limit} bytes"))
+        }
+        Failed::Malformed(why) => AgentError::InvalidResponse(format!("{label}: {why}")),
     }
 }
 
 impl Pool {
     /// The most recently used idle connection that is still open and young.
-    fn checkout(&self) -> Option<Connection> {
+    fn checkout(&self) -> Option<TcpStream> {
         let mut idle = self.idle.lock().expect("transport pool lock");
         while let Some(idle_connection) = idle.pop_back() {
             if idle_connection.usable(Instant::now()) {
-                return Some(idle_connection.connection);
+                return Some(idle_connection.stream);
             }
         }
         None
     }
 
-    /// Keeps a connection whose exchange is over for the next call, once it
-    /// is ready for one within [`FINISH_SENDING`]; else it is closed.
-    fn give_back(self: &Arc<Self>, mut connection: Connection) {
-        if connection.sender.is_ready() {
-            self.keep(connection);
-        } else if !connection.sender.is_closed() {
-            let pool = self.clone();
-            tokio::spawn(async move {
-                let ready = tokio::time::timeout(FINISH_SENDING, connection.sender.ready()).await;
-                if matches!(ready, Ok(Ok(()))) {
-                    pool.keep(connection);
-                }
-            });
+    /// Keeps a connection whose exchange is over for the next call, once
+    /// all of `request` has left, within [`FINISH_SENDING`]; else it is
+    /// closed.
+    fn give_back(self: &Arc<Self>, mut stream: TcpStream, request: Outgoing, sent: usize) {
+        if sent == request.len() {
+            self.keep(stream);
+            return;
         }
+        let pool = self.clone();
+        tokio::spawn(async move {
+            let finished = tokio::time::timeout(FINISH_SENDING, request.finish(&mut stream, sent));
+            if matches!(finished.await, Ok(Ok(()))) {
+                pool.keep(stream);
+            }
+        });
     }
 
     /// Keeps a connection, letting the oldest idle one go if the pool is full.
-    fn keep(&self, connection: Connection) {
+    fn keep(&self, stream: TcpStream) {
         let mut idle = self.idle.lock().expect("transport pool lock");
         let evicted = (idle.len() >= MAX_IDLE).then(|| idle.pop_front());
         idle.push_back(IdleConnection {
-            connection,
+            stream,
             since: Instant::now(),
         });
         drop(idle);
@@ -299,7 +294,7 @@ impl Pool {
 
 impl IdleConnection {
     fn usable(&self, now: Instant) -> bool {
-        !self.connection.sender.is_closed() && now.duration_since(self.since) < POOL_IDLE
+        now.duration_since(self.since) < POOL_IDLE && http1::is_open(&self.stream)
     }
 }
 
@@ -316,33 +311,40 @@ impl Endpoint {
             .path_and_query("/")
             .build()
             .ok()?;
-        let target = Uri::builder()
-            .path_and_query(uri.path_and_query().map_or("/", |p| p.as_str()))
-            .build()
-            .ok()?;
+        let target = uri.path_and_query().map_or("/", |p| p.as_str());
         // The port only when it is not the scheme's own, as clients write Host.
         let host = match uri.port_u16() {
-            Some(80) | None => HeaderValue::from_str(authority.host()),
-            Some(_) => HeaderValue::from_str(authority.as_str()),
-        }
-        .ok()?;
+            Some(80) | None => authority.host(),
+            Some(_) => authority.as_str(),
+        };
+        let after_method = format!(" {target} HTTP/1.1\r\nhost: {host}\r\n");
         Some(Self {
             origin,
-            target,
-            host,
+            after_method: after_method.into_bytes().into_boxed_slice(),
         })
     }
-}
 
-/// An answer's head and its whole body.
-async fn read_answer(
-    label: &(dyn Display + Sync),
-    response: Response<Incoming>,
-    limit: usize,
-) -> Result<(hyper::http::response::Parts, Vec<u8>), AgentError> {
-    let (parts, body) = response.into_parts();
-    let body = read_body(label, body, limit).await?;
-    Ok((parts, body))
+    /// `request` as it goes on the wire to this endpoint. Its body goes with
+    /// a Content-Length; the Host line is the endpoint's.
+    fn encode(&self, request: Request<Full<Bytes>>) -> Outgoing {
+        let (parts, body) = request.into_parts();
+        let body = body.into_inner().unwrap_or_default();
+        let mut head = Vec::with_capacity(HEAD_CAPACITY);
+        head.extend_from_slice(parts.method.as_str().as_bytes());
+        head.extend_from_slice(&self.after_method);
+        for (name, value) in &parts.headers {
+            // Framing is this client's to write.
+            if [HOST, CONTENT_LENGTH, TRANSFER_ENCODING, CONNECTION].contains(name) {
+                continue;
+            }
+            head.extend_from_slice(name.as_str().as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(value.as_bytes());
+            head.extend_from_slice(b"\r\n");
+        }
+        let _ = write!(head, "content-length: {}\r\n\r\n", body.len());
+        Outgoing { head, body }
+    }
 }
 
 /// A failed exchange as the agent error it is: a timeout anywhere in its
@@ -523,8 +525,11 @@ mod tests {
         let (uri, seen) = raw_agent(None).await;
         let transport = Transport::new(&uri, &loopback_policy(), Duration::from_secs(5));
         for _ in 0..3 {
-            let (parts, body) = transport.call(post(&uri), &"test", 1024).await.unwrap();
-            assert_eq!((parts.status.as_u16(), body.as_slice()), (200, &b"{}"[..]));
+            let answer = transport.call(post(&uri), &"test", 1024).await.unwrap();
+            assert_eq!(
+                (answer.status.as_u16(), answer.body.as_slice()),
+                (200, &b"{}"[..])
+            );
         }
         let seen = seen.lock().unwrap();
         assert_eq!(seen.connections, 1);
@@ -577,8 +582,8 @@ mod tests {
         let large = Request::post(uri.clone())
             .body(Full::new(Bytes::from(vec![b' '; 32 << 20])))
             .unwrap();
-        let (parts, _) = transport.call(large, &"test", 1024).await.unwrap();
-        assert_eq!(parts.status.as_u16(), 413);
+        let answer = transport.call(large, &"test", 1024).await.unwrap();
+        assert_eq!(answer.status.as_u16(), 413);
         // Were the first connection lent again, this would wait for its
         // request to be sent, which never happens.
         let next = tokio::time::timeout(
@@ -587,7 +592,7 @@ mod tests {
         )
         .await
         .expect("the next call does not wait for the first connection");
-        assert_eq!(next.unwrap().0.status.as_u16(), 200);
+        assert_eq!(next.unwrap().status.as_u16(), 200);
     }
 
     #[tokio::test]
@@ -639,10 +644,10 @@ mod tests {
         let large = Request::post(uri.clone())
             .body(Full::new(Bytes::from(vec![b' '; BODY])))
             .unwrap();
-        let (parts, _) = transport.call(large, &"test", 1024).await.unwrap();
-        assert_eq!(parts.status.as_u16(), 200);
-        let (parts, _) = transport.call(post(&uri), &"test", 1024).await.unwrap();
-        assert_eq!(parts.status.as_u16(), 200);
+        let answer = transport.call(large, &"test", 1024).await.unwrap();
+        assert_eq!(answer.status.as_u16(), 200);
+        let answer = transport.call(post(&uri), &"test", 1024).await.unwrap();
+        assert_eq!(answer.status.as_u16(), 200);
         // Still sending when the second call came: not lent to it.
         assert_eq!(accepted.load(Ordering::Relaxed), 2);
         // Once its request is all sent, it is either kept, or closed at
@@ -688,13 +693,22 @@ mod tests {
 
     #[test]
     fn only_http_endpoints_take_the_direct_pool() {
-        let endpoint = Endpoint::for_uri(&"http://agent.example/a2a?x=1".parse().unwrap()).unwrap();
-        assert_eq!(endpoint.target, "/a2a?x=1");
-        assert_eq!(endpoint.host, "agent.example");
-        let endpoint = Endpoint::for_uri(&"http://10.0.0.1:8080".parse().unwrap()).unwrap();
+        let head = |uri: &str| {
+            let endpoint = Endpoint::for_uri(&uri.parse().unwrap()).unwrap();
+            let request = Request::post(uri)
+                .header(HOST, "elsewhere")
+                .header(CONTENT_LENGTH, "7")
+                .header(hyper::header::ACCEPT, "application/json")
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .unwrap();
+            String::from_utf8(endpoint.encode(request).head).unwrap()
+        };
         assert_eq!(
-            (endpoint.target.to_string(), endpoint.host),
-            ("/".to_string(), HeaderValue::from_static("10.0.0.1:8080"))
+            head("http://agent.example/a2a?x=1"),
+            "POST /a2a?x=1 HTTP/1.1\r\nhost: agent.example\r\naccept: application/json\r\ncontent-length: 2\r\n\r\n"
+        );
+        assert!(
+            head("http://10.0.0.1:8080").starts_with("POST / HTTP/1.1\r\nhost: 10.0.0.1:8080\r\n")
         );
         assert!(Endpoint::for_uri(&"https://agent.example/".parse().unwrap()).is_none());
     }

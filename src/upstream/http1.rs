@@ -1,0 +1,522 @@
+//! One HTTP/1.1 exchange on a plain TCP connection to an agent, written and
+//! read by the calling task itself.
+//!
+//! Unary calls are on every relayed send. hyper's client drives each
+//! connection from a task of its own, so every call crossed two tasks and
+//! their channels each way (~15 k instructions of the connection's task per
+//! call, callgrind). Here the call writes its request and reads the answer
+//! on the socket directly: the head is parsed by `httparse` (hyper's own
+//! parser), bodies by Content-Length, chunked coding, or the connection's
+//! close. Streams and `https` stay on hyper.
+
+use hyper::http::{HeaderValue, StatusCode};
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::net::TcpStream;
+
+/// Most header lines an answer may have.
+const MAX_HEADERS: usize = 64;
+
+/// Longest answer head read before it is refused.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// First capacity of an answer's buffer: a typical answer's head and body
+/// arrive in one read.
+const ANSWER_CAPACITY: usize = 4096;
+
+/// An agent's whole answer to one call: all a caller reads of it.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub content_type: Option<HeaderValue>,
+    /// The body, decoded from its transfer coding.
+    pub body: Vec<u8>,
+}
+
+/// Why an exchange failed.
+#[derive(Debug)]
+pub enum Failed {
+    /// Not one byte of the request reached the connection, so it may be
+    /// sent again on another.
+    Unsent(io::Error),
+    /// The connection failed once the request had (partly) left.
+    Io(io::Error),
+    /// The connection closed before any of the answer arrived.
+    Closed,
+    /// The body is longer than the caller's limit.
+    TooLarge,
+    /// What came back is not HTTP/1.1 this client reads.
+    Malformed(String),
+}
+
+/// A finished exchange.
+#[derive(Debug)]
+pub struct Exchanged {
+    pub answer: Answer,
+    /// The agent keeps the connection open for another request.
+    pub reusable: bool,
+    /// How much of the request had left when the answer was complete; an
+    /// agent may answer before it read all of it.
+    pub sent: usize,
+}
+
+/// A request as it goes on the wire: its head and its body.
+#[derive(Debug)]
+pub struct Outgoing {
+    pub head: Vec<u8>,
+    pub body: bytes::Bytes,
+}
+
+impl Outgoing {
+    pub fn len(&self) -> usize {
+        self.head.len() + self.body.len()
+    }
+
+    /// The parts not yet sent once `sent` bytes have left.
+    fn rest(&self, sent: usize) -> [IoSlice<'_>; 2] {
+        let head = self.head.get(sent..).unwrap_or_default();
+        let body = &self.body[sent.saturating_sub(self.head.len())..];
+        [IoSlice::new(head), IoSlice::new(body)]
+    }
+
+    /// Writes what is left from `sent` on, as far as the socket takes it.
+    fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        stream: &mut (impl AsyncWrite + Unpin),
+        sent: &mut usize,
+    ) -> Poll<io::Result<()>> {
+        while *sent < self.len() {
+            let rest = self.rest(*sent);
+            match Pin::new(&mut *stream).poll_write_vectored(cx, &rest) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(written)) => *sent += written,
+                Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Sends what is left from `sent` on.
+    pub async fn finish(&self, stream: &mut TcpStream, mut sent: usize) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_send(cx, stream, &mut sent)).await
+    }
+}
+
+/// Sends `request` and reads the whole answer, at most `limit` bytes of
+/// body. The answer is read while the request is still being written: an
+/// agent may refuse a request before reading all of it.
+pub async fn exchange(
+    stream: &mut TcpStream,
+    request: &Outgoing,
+    limit: usize,
+) -> Result<Exchanged, Failed> {
+    let (mut reader, mut writer) = stream.split();
+    let mut sent = 0;
+    let mut write_failed = None;
+    let mut read = std::pin::pin!(read_answer(&mut reader, limit));
+    let outcome = std::future::poll_fn(|cx| {
+        if write_failed.is_none()
+            && let Poll::Ready(Err(err)) = request.poll_send(cx, &mut writer, &mut sent)
+        {
+            write_failed = Some(err);
+        }
+        match read.as_mut().poll(cx) {
+            Poll::Ready(read) => Poll::Ready(Some(read)),
+            // A connection that cannot take the request will not answer it.
+            Poll::Pending if write_failed.is_some() => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await;
+    match (outcome, write_failed) {
+        (Some(Ok((answer, keep_alive))), write_failed) => Ok(Exchanged {
+            answer,
+            reusable: keep_alive && write_failed.is_none(),
+            sent,
+        }),
+        // The agent's close is what failed the write: say why it failed.
+        (Some(Err(Failed::Closed)) | None, Some(err)) if sent == 0 => Err(Failed::Unsent(err)),
+        (Some(Err(Failed::Closed)) | None, Some(err)) => Err(Failed::Io(err)),
+        (Some(Err(failed)), _) => Err(failed),
+        (None, None) => unreachable!("the exchange ends with an answer or a failed write"),
+    }
+}
+
+/// How an answer's body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Framing {
+    Length(usize),
+    Chunked,
+    /// Until the agent closes the connection.
+    Close,
+}
+
+/// Reads one answer: skips interim (1xx) heads, then reads the body as the
+/// final head frames it. Also says whether the connection stays open.
+async fn read_answer(
+    reader: &mut (impl AsyncRead + Unpin),
+    limit: usize,
+) -> Result<(Answer, bool), Failed> {
+    let mut buffer = Vec::with_capacity(ANSWER_CAPACITY);
+    let mut start = 0;
+    loop {
+        if buffer.len() > start
+            && let Some(head) = parse_head(&buffer[start..])?
+        {
+            let body_start = start + head.length;
+            if head.status.is_informational() {
+                start = body_start;
+                continue;
+            }
+            let Head {
+                status,
+                content_type,
+                framing,
+                keep_alive,
+                ..
+            } = head;
+            let (body, exact) = read_body(reader, buffer, body_start, framing, limit).await?;
+            let answer = Answer {
+                status,
+                content_type,
+                body,
+            };
+            return Ok((answer, keep_alive && exact && framing != Framing::Close));
+        }
+        if buffer.len() - start > MAX_HEAD_BYTES {
+            return Err(Failed::Malformed(format!(
+                "the answer's head is longer than {MAX_HEAD_BYTES} bytes"
+            )));
+        }
+        if fill(reader, &mut buffer).await.map_err(Failed::Io)? == 0 {
+            return Err(if buffer.is_empty() {
+                Failed::Closed
+            } else {
+                Failed::Io(io::ErrorKind::UnexpectedEof.into())
+            });
+        }
+    }
+}
+
+/// An answer's head, as far as the client acts on it.
+struct Head {
+    status: StatusCode,
+    content_type: Option<HeaderValue>,
+    framing: Framing,
+    keep_alive: bool,
+    /// Its length in bytes, the blank line included.
+    length: usize,
+}
+
+/// The head at the start of `bytes`, or `None` until all of it is there.
+fn parse_head(bytes: &[u8]) -> Result<Option<Head>, Failed> {
+    let malformed = |why: String| Failed::Malformed(format!("the answer's head: {why}"));
+    let mut headers = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut response = httparse::Response::new(&mut []);
+    let length = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut response,
+        bytes,
+        &mut headers,
+    ) {
+        Ok(httparse::Status::Complete(length)) => length,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(err) => return Err(malformed(err.to_string())),
+    };
+    let code = response.code.unwrap_or_default();
+    let status = StatusCode::from_u16(code).map_err(|e| malformed(e.to_string()))?;
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        return Err(malformed("101 Switching Protocols to a POST".into()));
+    }
+    let mut content_type = None;
+    let mut content_length = None;
+    let mut chunked = None;
+    let mut close = response.version != Some(1);
+    for header in response.headers.iter() {
+        let name = header.name;
+        if name.eq_ignore_ascii_case("content-type") {
+            content_type = HeaderValue::from_bytes(header.value).ok();
+        } else if name.eq_ignore_ascii_case("content-length") {
+            let length = std::str::from_utf8(header.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .ok_or_else(|| malformed("an invalid Content-Length".into()))?;
+            if content_length.is_some_and(|earlier| earlier != length) {
+                return Err(malformed("two different Content-Lengths".into()));
+            }
+            content_length = Some(length);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            // Only the last coding says how the body ends.
+            let last = header
+                .value
+                .rsplit(|&b| b == b',')
+                .next()
+                .unwrap_or_default();
+            chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if name.eq_ignore_ascii_case("connection") {
+            close |= header
+                .value
+                .split(|&b| b == b',')
+                .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"));
+        }
+    }
+    let framing = if status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        Framing::Length(0)
+    } else {
+        match (chunked, content_length) {
+            (Some(true), _) => Framing::Chunked,
+            (Some(false), _) | (None, None) => Framing::Close,
+            (None, Some(length)) => Framing::Length(length),
+        }
+    };
+    // Both lengths given: the message is suspect (RFC 9112 §6.3), so the
+    // connection is not used again.
+    close |= chunked.is_some() && content_length.is_some();
+    Ok(Some(Head {
+        status,
+        content_type,
+        framing,
+        keep_alive: !close,
+        length,
+    }))
+}
+
+/// Reads the body that starts at `start` in `buffer` and returns it, and
+/// whether it ended exactly where the data read so far does (nothing more
+/// came with it, so the connection can take another request).
+async fn read_body(
+    reader: &mut (impl AsyncRead + Unpin),
+    mut buffer: Vec<u8>,
+    start: usize,
+    framing: Framing,
+    limit: usize,
+) -> Result<(Vec<u8>, bool), Failed> {
+    let eof = || Failed::Io(io::ErrorKind::UnexpectedEof.into());
+    match framing {
+        Framing::Length(length) => {
+            if length > limit {
+                return Err(Failed::TooLarge);
+            }
+            let end = start + length;
+            buffer.reserve(end.saturating_sub(buffer.len()));
+            while buffer.len() < end {
+                if fill(reader, &mut buffer).await.map_err(Failed::Io)? == 0 {
+                    return Err(eof());
+                }
+            }
+            let exact = buffer.len() == end;
+            buffer.truncate(end);
+            buffer.drain(..start);
+            Ok((buffer, exact))
+        }
+        Framing::Close => {
+            loop {
+                if buffer.len() - start > limit {
+                    return Err(Failed::TooLarge);
+                }
+                if fill(reader, &mut buffer).await.map_err(Failed::Io)? == 0 {
+                    break;
+                }
+            }
+            buffer.drain(..start);
+            Ok((buffer, false))
+        }
+        Framing::Chunked => {
+            let mut body = Vec::new();
+            let mut at = start;
+            loop {
+                let step = dechunk(&buffer[at..], &mut body, limit)?;
+                match step {
+                    Dechunked::Data(used) => at += used,
+                    Dechunked::End(used) => return Ok((body, at + used == buffer.len())),
+                    Dechunked::More => {
+                        if fill(reader, &mut buffer).await.map_err(Failed::Io)? == 0 {
+                            return Err(eof());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One step of chunked decoding.
+#[derive(Debug, PartialEq)]
+enum Dechunked {
+    /// A chunk of this many bytes (framing included) was decoded.
+    Data(usize),
+    /// The last chunk and the trailers, this many bytes, were read.
+    End(usize),
+    /// More bytes are needed.
+    More,
+}
+
+/// Decodes the chunk at the start of `bytes` into `body`.
+fn dechunk(bytes: &[u8], body: &mut Vec<u8>, limit: usize) -> Result<Dechunked, Failed> {
+    let malformed = || Failed::Malformed("the answer's chunked body is invalid".into());
+    let (size_line, size) = match httparse::parse_chunk_size(bytes) {
+        Ok(httparse::Status::Complete(found)) => found,
+        Ok(httparse::Status::Partial) => return Ok(Dechunked::More),
+        Err(_) => return Err(malformed()),
+    };
+    if size == 0 {
+        // Trailers, if any, end at an empty line; they carry nothing used.
+        let mut at = size_line;
+        loop {
+            let rest = &bytes[at..];
+            let Some(line) = rest.windows(2).position(|w| w == b"\r\n") else {
+                return Ok(Dechunked::More);
+            };
+            at += line + 2;
+            if line == 0 {
+                return Ok(Dechunked::End(at));
+            }
+        }
+    }
+    let size = usize::try_from(size).map_err(|_| Failed::TooLarge)?;
+    if body.len().saturating_add(size) > limit {
+        return Err(Failed::TooLarge);
+    }
+    let end = size_line + size;
+    if bytes.len() < end + 2 {
+        return Ok(Dechunked::More);
+    }
+    if &bytes[end..end + 2] != b"\r\n" {
+        return Err(malformed());
+    }
+    body.extend_from_slice(&bytes[size_line..end]);
+    Ok(Dechunked::Data(end + 2))
+}
+
+/// Reads once into `buffer`'s spare room, growing it when full; 0 at the
+/// end of the stream.
+async fn fill(reader: &mut (impl AsyncRead + Unpin), buffer: &mut Vec<u8>) -> io::Result<usize> {
+    if buffer.len() == buffer.capacity() {
+        buffer.reserve(buffer.capacity().max(ANSWER_CAPACITY));
+    }
+    reader.read_buf(buffer).await
+}
+
+/// Whether an idle connection is still open: the agent has not closed it
+/// nor sent anything unasked. Costs a system call only when the runtime
+/// saw the socket become readable.
+pub fn is_open(stream: &TcpStream) -> bool {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    match stream.poll_read_ready(&mut cx) {
+        Poll::Pending => true,
+        Poll::Ready(Err(_)) => false,
+        Poll::Ready(Ok(())) => {
+            let mut probe = [0u8; 1];
+            matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn answer_of(wire: &[u8]) -> Result<(Answer, bool), Failed> {
+        read_answer(&mut &wire[..], 1024).await
+    }
+
+    #[tokio::test]
+    async fn a_length_delimited_answer_keeps_the_connection() {
+        let (answer, keep) = answer_of(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+        )
+        .await
+        .unwrap();
+        assert_eq!(answer.status, StatusCode::OK);
+        assert_eq!(answer.content_type.unwrap(), "application/json");
+        assert_eq!(answer.body, b"{}");
+        assert!(keep);
+    }
+
+    #[tokio::test]
+    async fn interim_heads_are_skipped_and_chunks_joined() {
+        let wire = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nx-trailer: 1\r\n\r\n";
+        let (answer, keep) = answer_of(wire).await.unwrap();
+        assert_eq!(answer.body, b"abcde");
+        assert!(keep);
+    }
+
+    #[tokio::test]
+    async fn a_close_or_an_unframed_body_ends_the_connection() {
+        let (answer, keep) = answer_of(b"HTTP/1.1 200 OK\r\n\r\nto the end")
+            .await
+            .unwrap();
+        assert_eq!((answer.body.as_slice(), keep), (&b"to the end"[..], false));
+        let (_, keep) = answer_of(
+            b"HTTP/1.1 200 OK\r\nConnection: keep-alive, close\r\ncontent-length: 0\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        assert!(!keep);
+        let (_, keep) = answer_of(b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(!keep);
+        // Bytes after the answer were never asked for.
+        let (_, keep) = answer_of(b"HTTP/1.1 204 No Content\r\n\r\nextra")
+            .await
+            .unwrap();
+        assert!(!keep);
+    }
+
+    #[tokio::test]
+    async fn bad_answers_fail_by_their_fault() {
+        assert!(matches!(answer_of(b"").await, Err(Failed::Closed)));
+        assert!(matches!(
+            answer_of(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nab").await,
+            Err(Failed::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof
+        ));
+        assert!(matches!(
+            answer_of(b"HTTP/1.1 200 OK\r\ncontent-length: 2000\r\n\r\n").await,
+            Err(Failed::TooLarge)
+        ));
+        assert!(matches!(
+            answer_of(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n800\r\n").await,
+            Err(Failed::TooLarge)
+        ));
+        assert!(matches!(
+            answer_of(b"HTTP/1.1 200 OK\r\n\r\n").await.map(|(a, _)| a.body),
+            Ok(body) if body.is_empty()
+        ));
+        for wire in [
+            &b"SMTP ready\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nabc\r\n",
+            b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+        ] {
+            assert!(
+                matches!(answer_of(wire).await, Err(Failed::Malformed(_))),
+                "{}",
+                String::from_utf8_lossy(wire)
+            );
+        }
+    }
+
+    #[test]
+    fn the_rest_of_a_request_spans_head_and_body() {
+        let request = Outgoing {
+            head: b"head".to_vec(),
+            body: bytes::Bytes::from_static(b"body"),
+        };
+        let rest = |sent| {
+            let [head, body] = request.rest(sent);
+            [head.to_vec(), body.to_vec()]
+        };
+        assert_eq!(rest(0), [b"head".to_vec(), b"body".to_vec()]);
+        assert_eq!(rest(3), [b"d".to_vec(), b"body".to_vec()]);
+        assert_eq!(rest(6), [Vec::new(), b"dy".to_vec()]);
+    }
+}

@@ -9,20 +9,18 @@
 //! as the A2A object the method returns, with its required fields.
 
 use super::sse::{SseDecoder, SseEvent};
-use super::transport::{Transport, failure, next_chunk, read_body};
+use super::transport::{Call, Transport, failure, next_chunk, read_body};
 use super::{UpstreamConfigError, UpstreamSettings};
 use crate::agents::AgentError;
 use crate::handoff::control::Control;
 use crate::netguard::OutboundPolicy;
 use crate::protocol::{
-    AgentCard, CancelTaskRequest, GetTaskRequest, Message, PROTOCOL_VERSION, SendMessageRequest,
-    SendMessageResponse, StreamResponse, SubscribeToTaskRequest, Task, TaskState, methods,
+    AgentCard, CancelTaskRequest, GetTaskRequest, Message, SendMessageRequest, SendMessageResponse,
+    StreamResponse, SubscribeToTaskRequest, Task, TaskState, methods,
 };
-use bytes::Bytes;
-use http_body_util::Full;
+use hyper::StatusCode;
 use hyper::body::Incoming;
-use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
-use hyper::{Method, StatusCode};
+use hyper::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -59,8 +57,6 @@ pub struct UpstreamClient {
     http: Transport,
     policy: OutboundPolicy,
     url: reqwest::Url,
-    /// `url` as hyper takes it.
-    uri: hyper::Uri,
     /// Basic credentials the URL carried, if any.
     authorization: Option<HeaderValue>,
     tenant: String,
@@ -98,7 +94,6 @@ impl UpstreamClient {
             http: Transport::new(&uri, policy, settings.connect_timeout),
             policy: policy.clone(),
             url: bare,
-            uri,
             authorization,
             tenant: tenant.into(),
             settings,
@@ -186,18 +181,26 @@ impl UpstreamClient {
         }
     }
 
-    /// The request for one call: guard checked, envelope and headers set.
-    fn request<P: Serialize>(
-        &self,
+    /// The request for one call: guard checked, envelope encoded, headers
+    /// checked.
+    fn request<'a, P: Serialize>(
+        &'a self,
         method: &str,
         params: &P,
         accept: &'static str,
-        extra: &[(HeaderName, String)],
-    ) -> Result<(u64, hyper::Request<Full<Bytes>>), AgentError> {
+        extra: &'a [(HeaderName, String)],
+    ) -> Result<(u64, Call<'a>), AgentError> {
         // Resolvers never see IP literals, so those are checked here.
         self.policy.check_url(&self.url).map_err(|reason| {
             AgentError::Unreachable(format!("{}: {reason}", self.label(method)))
         })?;
+        // Header values go on the wire as they are: none may break a line.
+        if let Some((name, _)) = extra.iter().find(|(_, value)| !is_header_value(value)) {
+            return Err(AgentError::Failed(format!(
+                "{}: cannot build the {name} header: a control character in its value",
+                self.label(method)
+            )));
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // Sized for a typical call, which then never regrows (`to_vec`
         // starts at 128 bytes and doubles, copying at each step).
@@ -210,34 +213,13 @@ impl UpstreamClient {
         };
         serde_json::to_writer(&mut body, &envelope)
             .map_err(|e| AgentError::Failed(format!("cannot encode {method} params: {e}")))?;
-        // Built in place rather than through `http::request::Builder`, whose
-        // fallible steps move the request's parts at each header. Static
-        // names and values: a name given as text is copied, and a custom
-        // one (A2A's, Baton's) allocated, on every call.
-        let mut request = hyper::Request::new(Full::new(Bytes::from(body)));
-        *request.method_mut() = Method::POST;
-        *request.uri_mut() = self.uri.clone();
-        let headers = request.headers_mut();
-        headers.reserve(5 + extra.len());
-        headers.insert(
-            VERSION_HEADER_NAME,
-            HeaderValue::from_static(PROTOCOL_VERSION),
-        );
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static(APPLICATION_JSON));
-        headers.insert(ACCEPT, HeaderValue::from_static(accept));
-        for (name, value) in extra {
-            let value = HeaderValue::from_str(value).map_err(|e| {
-                AgentError::Failed(format!(
-                    "{}: cannot build the {name} header: {e}",
-                    self.label(method)
-                ))
-            })?;
-            headers.append(name.clone(), value);
-        }
-        if let Some(authorization) = &self.authorization {
-            headers.insert(AUTHORIZATION, authorization.clone());
-        }
-        Ok((id, request))
+        let call = Call {
+            body,
+            accept,
+            extra,
+            authorization: self.authorization.as_ref(),
+        };
+        Ok((id, call))
     }
 
     /// One unary call, its result parsed as `T`.
@@ -656,6 +638,15 @@ fn parse_result<T: A2aResult>(label: &dyn Display, result: Value) -> Result<T, A
 /// The handoff control of a forwarded message as HTTP headers (trace
 /// context with a new span, `Baton-Hops`, `Baton-Chain`, `Baton-Deadline`),
 /// for agents that read headers only.
+/// Whether `value` may be sent as a header value as it is: what
+/// `HeaderValue::from_str` accepts (visible ASCII, spaces and tabs, and
+/// bytes above ASCII), so never a line break.
+fn is_header_value(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| b == b'\t' || (b >= b' ' && b != 0x7f))
+}
+
 fn control_headers(request: &SendMessageRequest) -> Vec<(HeaderName, String)> {
     request
         .message
@@ -812,6 +803,35 @@ mod tests {
     }
 
     #[test]
+    fn a_header_value_that_would_break_its_line_is_refused() {
+        let policy = OutboundPolicy {
+            allow: vec!["127.0.0.0/8".parse().unwrap()],
+            ..OutboundPolicy::default()
+        };
+        let client = UpstreamClient::new(
+            "http://127.0.0.1:9/a2a",
+            "",
+            &policy,
+            UpstreamSettings::default(),
+        )
+        .unwrap();
+        let chain = HeaderName::from_static("x-chain");
+        let call = |value: &str| {
+            let extra = [(chain.clone(), value.to_string())];
+            client
+                .request("SendMessage", &json!({}), APPLICATION_JSON, &extra)
+                .map(|(_, call)| call.body.len())
+        };
+        assert!(call("a,b\tc é").is_ok());
+        for bad in ["a\r\nx-evil: 1", "a\nb", "a\u{0}b", "a\u{7f}"] {
+            assert!(
+                matches!(call(bad), Err(AgentError::Failed(why)) if why.contains("x-chain header")),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
     fn credentials_in_the_url_become_a_basic_header_and_leave_the_url() {
         let client = guarded_client("http://agent:p%40ss@127.0.0.1:9/a2a");
         let header = client.authorization.as_ref().unwrap();
@@ -819,7 +839,7 @@ mod tests {
         assert_eq!(header.to_str().unwrap(), "Basic YWdlbnQ6cEBzcw==");
         assert!(header.is_sensitive());
         assert_eq!(client.url().as_str(), "http://127.0.0.1:9/a2a");
-        assert_eq!(client.uri.to_string(), "http://127.0.0.1:9/a2a");
+        assert_eq!(client.http.uri().to_string(), "http://127.0.0.1:9/a2a");
     }
 
     #[test]

@@ -21,14 +21,16 @@
 //! endpoints go over hyper-util's client through rustls, verified against
 //! [`OutboundPolicy::tls`].
 
+use super::client::VERSION_HEADER_NAME;
 use super::http1::{self, Answer, Failed, Outgoing};
 use crate::agents::AgentError;
 use crate::netguard::{GuardedNames, OutboundPolicy};
+use crate::protocol::PROTOCOL_VERSION;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, TRANSFER_ENCODING};
-use hyper::{Request, Uri};
+use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderName, HeaderValue};
+use hyper::{Method, Request, Uri};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
@@ -76,6 +78,8 @@ pub struct Transport {
     /// does not take.
     client: Client<HttpsConnector<HttpConnector<GuardedNames>>, Full<Bytes>>,
     connector: HttpConnector<GuardedNames>,
+    /// The endpoint, as hyper's client takes it.
+    uri: Uri,
     /// The endpoint as the direct pool sends to it (`http` URLs only).
     direct: Option<Endpoint>,
     pool: Arc<Pool>,
@@ -138,15 +142,22 @@ impl Transport {
         Self {
             client,
             connector,
+            uri: uri.clone(),
             direct: Endpoint::for_uri(uri),
             pool: Arc::default(),
             sweeping: AtomicBool::new(false),
         }
     }
 
+    /// The endpoint.
+    #[cfg(test)]
+    pub fn uri(&self) -> &Uri {
+        &self.uri
+    }
+
     /// Sends a request whose answer streams (hyper-util's client).
-    pub fn stream(&self, request: Request<Full<Bytes>>) -> ResponseFuture {
-        self.client.request(request)
+    pub fn stream(&self, call: Call<'_>) -> ResponseFuture {
+        self.client.request(call.into_request(&self.uri))
     }
 
     /// One exchange: sends `request` and reads the whole answer, at most
@@ -154,14 +165,14 @@ impl Transport {
     /// connection had closed) is sent again on another.
     pub async fn call(
         &self,
-        request: Request<Full<Bytes>>,
+        call: Call<'_>,
         label: &(dyn Display + Sync),
         limit: usize,
     ) -> Result<Answer, AgentError> {
         let Some(endpoint) = &self.direct else {
             let response = self
                 .client
-                .request(request)
+                .request(call.into_request(&self.uri))
                 .await
                 .map_err(|e| failure(label, &e))?;
             let (parts, body) = response.into_parts();
@@ -171,7 +182,7 @@ impl Transport {
                 body: read_body(label, body, limit).await?,
             });
         };
-        let request = endpoint.encode(request);
+        let request = endpoint.encode(call);
         loop {
             let (mut stream, pooled) = match self.pool.checkout() {
                 Some(stream) => (stream, true),
@@ -324,26 +335,71 @@ impl Endpoint {
         })
     }
 
-    /// `request` as it goes on the wire to this endpoint. Its body goes with
-    /// a Content-Length; the Host line is the endpoint's.
-    fn encode(&self, request: Request<Full<Bytes>>) -> Outgoing {
-        let (parts, body) = request.into_parts();
-        let body = body.into_inner().unwrap_or_default();
+    /// `call` as it goes on the wire to this endpoint, its head written
+    /// straight from its fields (no `HeaderMap`). The body goes with a
+    /// Content-Length.
+    fn encode(&self, call: Call<'_>) -> Outgoing {
         let mut head = Vec::with_capacity(HEAD_CAPACITY);
-        head.extend_from_slice(parts.method.as_str().as_bytes());
+        head.extend_from_slice(b"POST");
         head.extend_from_slice(&self.after_method);
-        for (name, value) in &parts.headers {
-            // Framing is this client's to write.
-            if [HOST, CONTENT_LENGTH, TRANSFER_ENCODING, CONNECTION].contains(name) {
-                continue;
-            }
-            head.extend_from_slice(name.as_str().as_bytes());
+        call.for_each_header(|name, value| {
+            head.extend_from_slice(name.as_bytes());
             head.extend_from_slice(b": ");
-            head.extend_from_slice(value.as_bytes());
+            head.extend_from_slice(value);
             head.extend_from_slice(b"\r\n");
+        });
+        let _ = write!(head, "content-length: {}\r\n\r\n", call.body.len());
+        Outgoing {
+            head,
+            body: Bytes::from(call.body),
         }
-        let _ = write!(head, "content-length: {}\r\n\r\n", body.len());
-        Outgoing { head, body }
+    }
+}
+
+/// One call to an agent before it takes its transport's form: a POST of a
+/// JSON-RPC body with A2A's headers.
+pub struct Call<'a> {
+    pub body: Vec<u8>,
+    /// The media type asked for.
+    pub accept: &'static str,
+    /// Handoff control headers. The client checked their values: none has a
+    /// control character, so each goes on the wire as it is.
+    pub extra: &'a [(HeaderName, String)],
+    pub authorization: Option<&'a HeaderValue>,
+}
+
+impl Call<'_> {
+    /// Each of its headers, by name and value; Host and framing are the
+    /// transport's.
+    fn for_each_header(&self, mut header: impl FnMut(&str, &[u8])) {
+        header(VERSION_HEADER_NAME.as_str(), PROTOCOL_VERSION.as_bytes());
+        header(CONTENT_TYPE.as_str(), b"application/json");
+        header(ACCEPT.as_str(), self.accept.as_bytes());
+        for (name, value) in self.extra {
+            header(name.as_str(), value.as_bytes());
+        }
+        if let Some(authorization) = self.authorization {
+            header(AUTHORIZATION.as_str(), authorization.as_bytes());
+        }
+    }
+
+    /// The call as hyper's client sends it to `uri`.
+    fn into_request(self, uri: &Uri) -> Request<Full<Bytes>> {
+        let mut headers = hyper::HeaderMap::with_capacity(5 + self.extra.len());
+        self.for_each_header(|name, value| {
+            // Every name is valid, and every value was checked.
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_bytes(value),
+            ) {
+                headers.append(name, value);
+            }
+        });
+        let mut request = Request::new(Full::new(Bytes::from(self.body)));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = uri.clone();
+        *request.headers_mut() = headers;
+        request
     }
 }
 
@@ -513,11 +569,13 @@ mod tests {
         }
     }
 
-    fn post(uri: &Uri) -> Request<Full<Bytes>> {
-        Request::post(uri.clone())
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from_static(b"{}")))
-            .unwrap()
+    fn post(body: Vec<u8>) -> Call<'static> {
+        Call {
+            body,
+            accept: "application/json",
+            extra: &[],
+            authorization: None,
+        }
     }
 
     #[tokio::test]
@@ -525,7 +583,10 @@ mod tests {
         let (uri, seen) = raw_agent(None).await;
         let transport = Transport::new(&uri, &loopback_policy(), Duration::from_secs(5));
         for _ in 0..3 {
-            let answer = transport.call(post(&uri), &"test", 1024).await.unwrap();
+            let answer = transport
+                .call(post(b"{}".to_vec()), &"test", 1024)
+                .await
+                .unwrap();
             assert_eq!(
                 (answer.status.as_u16(), answer.body.as_slice()),
                 (200, &b"{}"[..])
@@ -546,7 +607,10 @@ mod tests {
         let (uri, seen) = raw_agent(Some(1)).await;
         let transport = Transport::new(&uri, &loopback_policy(), Duration::from_secs(5));
         for _ in 0..3 {
-            transport.call(post(&uri), &"test", 1024).await.unwrap();
+            transport
+                .call(post(b"{}".to_vec()), &"test", 1024)
+                .await
+                .unwrap();
             // Long enough for the connection to see the close.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -579,16 +643,14 @@ mod tests {
             }
         });
         let transport = Transport::new(&uri, &loopback_policy(), Duration::from_secs(5));
-        let large = Request::post(uri.clone())
-            .body(Full::new(Bytes::from(vec![b' '; 32 << 20])))
-            .unwrap();
+        let large = post(vec![b' '; 32 << 20]);
         let answer = transport.call(large, &"test", 1024).await.unwrap();
         assert_eq!(answer.status.as_u16(), 413);
         // Were the first connection lent again, this would wait for its
         // request to be sent, which never happens.
         let next = tokio::time::timeout(
             Duration::from_secs(3),
-            transport.call(post(&uri), &"test", 1024),
+            transport.call(post(b"{}".to_vec()), &"test", 1024),
         )
         .await
         .expect("the next call does not wait for the first connection");
@@ -641,12 +703,13 @@ mod tests {
             }
         });
         let transport = Transport::new(&uri, &loopback_policy(), Duration::from_secs(5));
-        let large = Request::post(uri.clone())
-            .body(Full::new(Bytes::from(vec![b' '; BODY])))
-            .unwrap();
+        let large = post(vec![b' '; BODY]);
         let answer = transport.call(large, &"test", 1024).await.unwrap();
         assert_eq!(answer.status.as_u16(), 200);
-        let answer = transport.call(post(&uri), &"test", 1024).await.unwrap();
+        let answer = transport
+            .call(post(b"{}".to_vec()), &"test", 1024)
+            .await
+            .unwrap();
         assert_eq!(answer.status.as_u16(), 200);
         // Still sending when the second call came: not lent to it.
         assert_eq!(accepted.load(Ordering::Relaxed), 2);
@@ -682,7 +745,7 @@ mod tests {
         drop(listener);
         let transport = Transport::new(&uri, &loopback_policy(), Duration::from_secs(5));
         let err = transport
-            .call(post(&uri), &"SendMessage to x", 1024)
+            .call(post(b"{}".to_vec()), &"SendMessage to x", 1024)
             .await
             .unwrap_err();
         assert!(
@@ -693,19 +756,23 @@ mod tests {
 
     #[test]
     fn only_http_endpoints_take_the_direct_pool() {
+        let extra = [(HeaderName::from_static("x-hops"), "1".to_string())];
+        let authorization = HeaderValue::from_static("Basic YQ==");
         let head = |uri: &str| {
             let endpoint = Endpoint::for_uri(&uri.parse().unwrap()).unwrap();
-            let request = Request::post(uri)
-                .header(HOST, "elsewhere")
-                .header(CONTENT_LENGTH, "7")
-                .header(hyper::header::ACCEPT, "application/json")
-                .body(Full::new(Bytes::from_static(b"{}")))
-                .unwrap();
-            String::from_utf8(endpoint.encode(request).head).unwrap()
+            let call = Call {
+                body: b"{}".to_vec(),
+                accept: "text/event-stream",
+                extra: &extra,
+                authorization: Some(&authorization),
+            };
+            String::from_utf8(endpoint.encode(call).head).unwrap()
         };
         assert_eq!(
             head("http://agent.example/a2a?x=1"),
-            "POST /a2a?x=1 HTTP/1.1\r\nhost: agent.example\r\naccept: application/json\r\ncontent-length: 2\r\n\r\n"
+            "POST /a2a?x=1 HTTP/1.1\r\nhost: agent.example\r\na2a-version: 1.0\r\n\
+             content-type: application/json\r\naccept: text/event-stream\r\nx-hops: 1\r\n\
+             authorization: Basic YQ==\r\ncontent-length: 2\r\n\r\n"
         );
         assert!(
             head("http://10.0.0.1:8080").starts_with("POST / HTTP/1.1\r\nhost: 10.0.0.1:8080\r\n")

@@ -241,9 +241,11 @@ fn parse_head(bytes: &[u8]) -> Result<Option<Head>, Failed> {
         if name.eq_ignore_ascii_case("content-type") {
             content_type = HeaderValue::from_bytes(header.value).ok();
         } else if name.eq_ignore_ascii_case("content-length") {
-            let length = std::str::from_utf8(header.value)
-                .ok()
-                .and_then(|v| v.trim().parse::<usize>().ok())
+            // Digits only: `parse` would also take a sign.
+            let digits = header.value.trim_ascii();
+            let length = (!digits.is_empty() && digits.iter().all(u8::is_ascii_digit))
+                .then(|| std::str::from_utf8(digits).ok()?.parse::<usize>().ok())
+                .flatten()
                 .ok_or_else(|| malformed("an invalid Content-Length".into()))?;
             if content_length.is_some_and(|earlier| earlier != length) {
                 return Err(malformed("two different Content-Lengths".into()));
@@ -337,6 +339,14 @@ async fn read_body(
                     Dechunked::Data(used) => at += used,
                     Dechunked::End(used) => return Ok((body, at + used == buffer.len())),
                     Dechunked::More => {
+                        // Only the chunk not yet decoded is kept; with its
+                        // framing (size line, extensions, trailers) it may
+                        // not grow past the limit by more than a head may.
+                        buffer.drain(..at);
+                        at = 0;
+                        if buffer.len() > limit.saturating_add(MAX_HEAD_BYTES) {
+                            return Err(Failed::TooLarge);
+                        }
                         if fill(reader, &mut buffer).await.map_err(Failed::Io)? == 0 {
                             return Err(eof());
                         }
@@ -486,6 +496,10 @@ mod tests {
             answer_of(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n800\r\n").await,
             Err(Failed::TooLarge)
         ));
+        // Trailers without end are framing without bound.
+        let mut endless = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n".to_vec();
+        endless.extend(b"x-trailer: 1\r\n".repeat(MAX_HEAD_BYTES / 8));
+        assert!(matches!(answer_of(&endless).await, Err(Failed::TooLarge)));
         assert!(matches!(
             answer_of(b"HTTP/1.1 200 OK\r\n\r\n").await.map(|(a, _)| a.body),
             Ok(body) if body.is_empty()
@@ -493,6 +507,7 @@ mod tests {
         for wire in [
             &b"SMTP ready\r\n\r\n"[..],
             b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: +2\r\n\r\n{}",
             b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nabc\r\n",
             b"HTTP/1.1 101 Switching Protocols\r\n\r\n",

@@ -10,10 +10,10 @@
 //! the guard.
 //!
 //! Unary calls to an `http` endpoint go over a small pool of plain TCP
-//! connections, each exchange written and read by its caller
-//! ([`http1`](super::http1)): a stack of idle connections, checked out and
-//! given back once the answer is read and the request all sent; a sweeper
-//! closes those idle past 90 s or closed by the agent. hyper-util's pooled
+//! connections, each exchange written and read by its caller ([`http1`]):
+//! a stack of idle connections, checked out and given back once the answer
+//! is read and the request all sent; a sweeper closes those idle past 90 s
+//! or closed by the agent. hyper-util's pooled
 //! client, which streams and anything else use, cost ~8 k instructions more
 //! per call than hyper's own connections (its pool key hashing, checkout
 //! future, request extensions), and those ~15 k more than the caller's own

@@ -1055,6 +1055,33 @@ fn send(message: Value) -> Value {
     json!({"message": message})
 }
 
+/// An array nested `depth` levels deep.
+fn nested(depth: usize) -> Value {
+    (1..depth).fold(json!([]), |inner, _| json!([inner]))
+}
+
+#[tokio::test]
+async fn the_deepest_data_taken_comes_back_in_replies_a_serde_client_reads() {
+    let baton = baton().start().await;
+    let deepest = nested(baton::gateway::validate::MAX_VALUE_DEPTH);
+    let params = send(msg(json!({"parts": [{"data": deepest}]})));
+    let wire = call(&baton, "/a2a", json!(1), "SendMessage", params).await;
+    let task = &wire.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    // The reply held the data at its full depth, and parsed with serde_json's
+    // default limit (`call` reads it so); so does GetTask's.
+    assert_eq!(task["history"][0]["parts"][0]["data"], deepest);
+    let wire = call(
+        &baton,
+        "/a2a",
+        json!(2),
+        "GetTask",
+        json!({"id": task["id"]}),
+    )
+    .await;
+    assert_eq!(wire.result()["history"][0]["parts"][0]["data"], deepest);
+}
+
 #[rustfmt::skip]
 fn bad_input_rows() -> Vec<Row> {
     const P: i64 = -32602;
@@ -1092,6 +1119,9 @@ fn bad_input_rows() -> Vec<Row> {
         row("SendMessage", send(msg(json!({"parts": [{"text": 5}]}))), P, Some("message.parts[0].text")),
         row("SendMessage", send(msg(json!({"parts": ["x"]}))), P, Some("message.parts[0]")),
         row("SendMessage", send(msg(json!({"metadata": "m"}))), P, Some("message.metadata")),
+        row("SendMessage", send(msg(json!({"parts": [{"data": nested(101)}]}))), P, Some("message.parts[0].data")),
+        row("SendMessage", send(msg(json!({"parts": [{"text": "x", "metadata": {"a": nested(100)}}]}))), P, Some("message.parts[0].metadata")),
+        row("SendMessage", send(msg(json!({"metadata": {"a": nested(100)}}))), P, Some("message.metadata")),
         row("SendMessage", json!({"message": msg(json!({})), "configuration": {"historyLength": -1}}), P, Some("configuration.historyLength")),
         row("SendMessage", json!({"message": msg(json!({})), "configuration": {"historyLength": 2147483648_i64}}), P, Some("configuration.historyLength")),
         row("SendMessage", json!({"message": msg(json!({})), "configuration": "blocking"}), P, Some("configuration")),

@@ -205,9 +205,10 @@ async fn every_acknowledged_write_survives_a_sigkill() {
 async fn a_message_nested_as_deep_as_a_request_may_be_survives_a_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let mut first = BatonProcess::start(dir.path());
-    // The deepest data part the params of a request may carry (serde_json
-    // counts 128 levels from the params); the ledger nests it deeper.
-    let depth = 120;
+    // The deepest data part a message may carry; the ledger nests it
+    // deeper. (An agent's answers may nest deeper still: the store's own
+    // tests read those back at serde_json's limit.)
+    let depth = baton::gateway::validate::MAX_VALUE_DEPTH;
     let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
     let mut message = user_message(&message_id("tck-input-required"), "deep");
     message["parts"]

@@ -10,6 +10,12 @@ pub const MAX_PAGE_SIZE: i32 = 100;
 /// `pageSize` when the caller sets none.
 pub const DEFAULT_PAGE_SIZE: i32 = 50;
 
+/// Deepest nesting of a message's `data` or `metadata` values Baton takes.
+/// Replies nest what they carry up to seven levels deeper than a request
+/// does (`result.task.history[].parts[].data`), and serde-based clients stop
+/// at 128 levels, so this leaves every reply readable.
+pub const MAX_VALUE_DEPTH: usize = 100;
+
 /// Checks a message sent by a client.
 pub fn check_message(message: &Message, path: &str, violations: &mut Vec<FieldViolation>) {
     if message.message_id.trim().is_empty() {
@@ -33,6 +39,38 @@ pub fn check_message(message: &Message, path: &str, violations: &mut Vec<FieldVi
     for (i, part) in message.parts.iter().enumerate() {
         check_part(part, path, i, violations);
     }
+    if let Some(metadata) = &message.metadata {
+        check_depth(metadata, || format!("{path}.metadata"), violations);
+    }
+}
+
+/// Checks that `object` (a `data` or `metadata` value) nests at most
+/// [`MAX_VALUE_DEPTH`] levels; `path` is written only for a violation.
+fn check_depth(
+    object: &serde_json::Map<String, serde_json::Value>,
+    path: impl FnOnce() -> String,
+    violations: &mut Vec<FieldViolation>,
+) {
+    if object_depth(object) > MAX_VALUE_DEPTH {
+        violations.push(FieldViolation::new(
+            path(),
+            format!("nests deeper than {MAX_VALUE_DEPTH} levels"),
+        ));
+    }
+}
+
+/// Levels of nesting in `object`, itself one. Recursion is bounded by the
+/// parser's own depth limit, which every request passed.
+fn object_depth(object: &serde_json::Map<String, serde_json::Value>) -> usize {
+    1 + object.values().map(value_depth).max().unwrap_or(0)
+}
+
+fn value_depth(value: &serde_json::Value) -> usize {
+    match value {
+        serde_json::Value::Object(object) => object_depth(object),
+        serde_json::Value::Array(items) => 1 + items.iter().map(value_depth).max().unwrap_or(0),
+        _ => 0,
+    }
 }
 
 /// Checks `path.parts[index]`; the path is written only for a violation.
@@ -44,6 +82,21 @@ fn check_part(part: &Part, path: &str, index: usize, violations: &mut Vec<FieldV
             format!("{path}.parts[{index}].url"),
             "must not be empty",
         ));
+    }
+    if let PartContent::Data(data) = &part.content
+        && value_depth(data) > MAX_VALUE_DEPTH
+    {
+        violations.push(FieldViolation::new(
+            format!("{path}.parts[{index}].data"),
+            format!("nests deeper than {MAX_VALUE_DEPTH} levels"),
+        ));
+    }
+    if let Some(metadata) = &part.metadata {
+        check_depth(
+            metadata,
+            || format!("{path}.parts[{index}].metadata"),
+            violations,
+        );
     }
 }
 

@@ -635,9 +635,6 @@ fn parse_result<T: A2aResult>(label: &dyn Display, result: Value) -> Result<T, A
     Ok(parsed)
 }
 
-/// The handoff control of a forwarded message as HTTP headers (trace
-/// context with a new span, `Baton-Hops`, `Baton-Chain`, `Baton-Deadline`),
-/// for agents that read headers only.
 /// Whether `value` may be sent as a header value as it is: what
 /// `HeaderValue::from_str` accepts (visible ASCII, spaces and tabs, and
 /// bytes above ASCII), so never a line break.
@@ -647,6 +644,9 @@ fn is_header_value(value: &str) -> bool {
         .all(|b| b == b'\t' || (b >= b' ' && b != 0x7f))
 }
 
+/// The handoff control of a forwarded message as HTTP headers (trace
+/// context with a new span, `Baton-Hops`, `Baton-Chain`, `Baton-Deadline`),
+/// for agents that read headers only.
 fn control_headers(request: &SendMessageRequest) -> Vec<(HeaderName, String)> {
     request
         .message

@@ -139,8 +139,10 @@ pub async fn exchange(
             reusable: keep_alive && write_failed.is_none(),
             sent,
         }),
+        // Nothing left: however the read ended (a close, a reset), the
+        // request never reached the agent.
+        (_, Some(err)) if sent == 0 => Err(Failed::Unsent(err)),
         // The agent's close is what failed the write: say why it failed.
-        (Some(Err(Failed::Closed)) | None, Some(err)) if sent == 0 => Err(Failed::Unsent(err)),
         (Some(Err(Failed::Closed)) | None, Some(err)) => Err(Failed::Io(err)),
         (Some(Err(failed)), _) => Err(failed),
         (None, None) => unreachable!("the exchange ends with an answer or a failed write"),
@@ -170,7 +172,10 @@ async fn read_answer(
         {
             let body_start = start + head.length;
             if head.status.is_informational() {
-                start = body_start;
+                // Dropped, so that interim heads without end stay bounded
+                // by the head limit (and the caller's timeout).
+                buffer.drain(..body_start);
+                start = 0;
                 continue;
             }
             let Head {
@@ -234,7 +239,7 @@ fn parse_head(bytes: &[u8]) -> Result<Option<Head>, Failed> {
     }
     let mut content_type = None;
     let mut content_length = None;
-    let mut chunked = None;
+    let mut chunked = false;
     let mut close = response.version != Some(1);
     for header in response.headers.iter() {
         let name = header.name;
@@ -252,13 +257,16 @@ fn parse_head(bytes: &[u8]) -> Result<Option<Head>, Failed> {
             }
             content_length = Some(length);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            // Only the last coding says how the body ends.
-            let last = header
-                .value
-                .rsplit(|&b| b == b',')
-                .next()
-                .unwrap_or_default();
-            chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            // Baton asks for no coding (no TE header) and undoes none but
+            // chunked: a body still compressed would pass for JSON that is
+            // not.
+            if !header.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                return Err(malformed(format!(
+                    "the transfer coding {:?} is not supported",
+                    String::from_utf8_lossy(header.value)
+                )));
+            }
+            chunked = true;
         } else if name.eq_ignore_ascii_case("connection") {
             close |= header
                 .value
@@ -273,14 +281,14 @@ fn parse_head(bytes: &[u8]) -> Result<Option<Head>, Failed> {
         Framing::Length(0)
     } else {
         match (chunked, content_length) {
-            (Some(true), _) => Framing::Chunked,
-            (Some(false), _) | (None, None) => Framing::Close,
-            (None, Some(length)) => Framing::Length(length),
+            (true, _) => Framing::Chunked,
+            (false, Some(length)) => Framing::Length(length),
+            (false, None) => Framing::Close,
         }
     };
     // Both lengths given: the message is suspect (RFC 9112 §6.3), so the
     // connection is not used again.
-    close |= chunked.is_some() && content_length.is_some();
+    close |= chunked && content_length.is_some();
     Ok(Some(Head {
         status,
         content_type,
@@ -371,9 +379,22 @@ enum Dechunked {
 /// Decodes the chunk at the start of `bytes` into `body`.
 fn dechunk(bytes: &[u8], body: &mut Vec<u8>, limit: usize) -> Result<Dechunked, Failed> {
     let malformed = || Failed::Malformed("the answer's chunked body is invalid".into());
+    // httparse reads a size line without digits as zero, the last chunk.
+    if bytes.first().is_some_and(|b| !b.is_ascii_hexdigit()) {
+        return Err(malformed());
+    }
+    // A size line, or the trailers, longer than a head may be is refused
+    // rather than scanned again at every read.
+    let more = |framing: usize| {
+        if framing > MAX_HEAD_BYTES {
+            Err(malformed())
+        } else {
+            Ok(Dechunked::More)
+        }
+    };
     let (size_line, size) = match httparse::parse_chunk_size(bytes) {
         Ok(httparse::Status::Complete(found)) => found,
-        Ok(httparse::Status::Partial) => return Ok(Dechunked::More),
+        Ok(httparse::Status::Partial) => return more(bytes.len()),
         Err(_) => return Err(malformed()),
     };
     if size == 0 {
@@ -382,7 +403,7 @@ fn dechunk(bytes: &[u8], body: &mut Vec<u8>, limit: usize) -> Result<Dechunked, 
         loop {
             let rest = &bytes[at..];
             let Some(line) = rest.windows(2).position(|w| w == b"\r\n") else {
-                return Ok(Dechunked::More);
+                return more(bytes.len());
             };
             at += line + 2;
             if line == 0 {
@@ -452,7 +473,7 @@ mod tests {
 
     #[tokio::test]
     async fn interim_heads_are_skipped_and_chunks_joined() {
-        let wire = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nx-trailer: 1\r\n\r\n";
+        let wire = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nx-trailer: 1\r\n\r\n";
         let (answer, keep) = answer_of(wire).await.unwrap();
         assert_eq!(answer.body, b"abcde");
         assert!(keep);
@@ -499,7 +520,10 @@ mod tests {
         // Trailers without end are framing without bound.
         let mut endless = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n".to_vec();
         endless.extend(b"x-trailer: 1\r\n".repeat(MAX_HEAD_BYTES / 8));
-        assert!(matches!(answer_of(&endless).await, Err(Failed::TooLarge)));
+        assert!(matches!(
+            answer_of(&endless).await,
+            Err(Failed::Malformed(_))
+        ));
         assert!(matches!(
             answer_of(b"HTTP/1.1 200 OK\r\n\r\n").await.map(|(a, _)| a.body),
             Ok(body) if body.is_empty()
@@ -511,6 +535,11 @@ mod tests {
             b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nabc\r\n",
             b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+            // A coding Baton would not undo.
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+            // A stray line between chunks is no last chunk.
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nab\r\n\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n;x\r\n\r\n",
         ] {
             assert!(
                 matches!(answer_of(wire).await, Err(Failed::Malformed(_))),
@@ -518,6 +547,25 @@ mod tests {
                 String::from_utf8_lossy(wire)
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_request_on_a_connection_the_agent_reset_never_left() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut stream = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        accepted.set_zero_linger().unwrap();
+        drop(accepted);
+        // The runtime has seen the reset: the read fails at once too.
+        stream.readable().await.unwrap();
+        let request = Outgoing {
+            head: b"POST / HTTP/1.1\r\ncontent-length: 2\r\n\r\n".to_vec(),
+            body: bytes::Bytes::from_static(b"{}"),
+        };
+        let failed = exchange(&mut stream, &request, 1024).await.unwrap_err();
+        assert!(matches!(failed, Failed::Unsent(_)), "{failed:?}");
     }
 
     #[test]

@@ -278,6 +278,71 @@ async fn an_agency_cannot_update_or_remove_another_agencys_agent() {
 }
 
 #[tokio::test]
+async fn credentials_in_an_agent_url_reach_the_agent_and_no_caller() {
+    let upstream = baton().start().await;
+    let gateway = baton().api_keys(KEYS).start().await;
+    let mut card = upstream_card(&upstream, "echo").await;
+    let url = card["supportedInterfaces"][0]["url"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let with_credentials = url.replacen("http://", "http://svc:S3cret@", 1);
+    card["supportedInterfaces"][0]["url"] = json!(with_credentials);
+
+    let registered = registry_as(
+        &gateway,
+        ACME,
+        "RegisterAgent",
+        json!({"id": "keyed-echo", "card": card}),
+    )
+    .await;
+    assert_eq!(registered.result()["agent"]["id"], "keyed-echo");
+    let shown = registered.result()["agent"]["card"]["supportedInterfaces"][0]["url"].clone();
+    assert_eq!(shown, json!(url), "the URL without its credentials");
+    // Not to its owner, nor to another agency, by any way of reading.
+    let replies = [
+        registered.body,
+        registry_as(&gateway, ACME, "GetAgent", json!({"id": "keyed-echo"}))
+            .await
+            .body,
+        registry_as(&gateway, GLOBEX, "GetAgent", json!({"id": "keyed-echo"}))
+            .await
+            .body,
+        registry_as(&gateway, GLOBEX, "SearchAgents", json!({}))
+            .await
+            .body,
+        get_with(&gateway, "/registry/agents", Some("Bearer KEY2"))
+            .await
+            .2,
+    ];
+    for reply in &replies {
+        assert!(reply.get("error").is_none(), "{reply}");
+        assert!(!reply.to_string().contains("S3cret"), "{reply}");
+    }
+    assert!(
+        replies[4]["agents"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+    );
+
+    // Baton still calls the agent with them.
+    let sent = rpc_as(
+        &gateway,
+        "/agents/keyed-echo/a2a",
+        ACME,
+        "SendMessage",
+        json!({"message": user_message(&message_id("keyed"), "hello")}),
+    )
+    .await;
+    assert_eq!(
+        sent.result()["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED",
+        "{}",
+        sent.body
+    );
+}
+
+#[tokio::test]
 async fn calls_without_a_valid_key_get_401_and_cards_stay_public() {
     let gateway = baton().api_keys(KEYS).start().await;
     let send = || json!({"message": user_message(&message_id("m"), "hi")});

@@ -25,10 +25,38 @@ pub mod methods {
     pub const SEARCH_AGENTS: &str = "SearchAgents";
 }
 
+/// A reply with credentials kept out of every URL in it (see
+/// [`hide_credentials`]).
 fn reply<T: Serialize>(request: &RpcRequest<'_>, result: Result<T, GatewayError>) -> Response {
-    match result.and_then(|value| success_body(request.id, &value)) {
+    let shown = result.and_then(|value| {
+        let mut shown = serde_json::to_value(value)
+            .map_err(|e| GatewayError::Internal(format!("cannot encode a registry reply: {e}")))?;
+        hide_credentials(&mut shown);
+        success_body(request.id, &shown)
+    });
+    match shown {
         Ok(body) => json_reply(StatusCode::OK, body),
         Err(err) => error_reply(Some(request.id), &err),
+    }
+}
+
+/// Removes the `user:password@` of every URL in `value`'s strings: a card
+/// URL or an agent interface may carry credentials, which Baton sends to
+/// the agent (as Basic auth) but shows no caller, its owner included. A
+/// health error quoting such a URL is cleaned the same way.
+pub fn hide_credentials(value: &mut serde_json::Value) {
+    static USERINFO: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s]*@").expect("a valid pattern")
+    });
+    match value {
+        serde_json::Value::String(text) => {
+            if let std::borrow::Cow::Owned(clean) = USERINFO.replace_all(text, "$1") {
+                *text = clean;
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(hide_credentials),
+        serde_json::Value::Object(object) => object.values_mut().for_each(hide_credentials),
+        _ => {}
     }
 }
 

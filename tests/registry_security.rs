@@ -628,6 +628,45 @@ async fn tasks_belong_to_the_principal_that_created_them() {
 }
 
 #[tokio::test]
+async fn a_card_registered_by_url_keeps_being_followed_as_it_changes() {
+    let upstream = baton().start().await;
+    let gateway = baton().start().await;
+    let served = std::sync::Arc::new(std::sync::Mutex::new(
+        upstream_card(&upstream, "echo").await,
+    ));
+    let card_server = served.clone();
+    let app = axum::Router::new().route(
+        "/card.json",
+        axum::routing::get(move || {
+            let card = card_server.lock().unwrap().clone();
+            async move { axum::Json(card) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let card_url = format!("http://{}/card.json", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let registered = registry_as(
+        &gateway,
+        ACME,
+        "RegisterAgent",
+        json!({"id": "followed", "cardUrl": card_url}),
+    )
+    .await;
+    assert_eq!(registered.result()["agent"]["cardUrl"], card_url.as_str());
+
+    for description in ["first change", "second change"] {
+        served.lock().unwrap()["description"] = json!(description);
+        tokio::time::timeout(WAIT, gateway.registry.check_health())
+            .await
+            .expect("health check in time");
+        let got = registry_as(&gateway, ACME, "GetAgent", json!({"id": "followed"})).await;
+        let agent = &got.result()["agent"];
+        assert_eq!(agent["card"]["description"], description, "{agent}");
+        assert_eq!(agent["cardUrl"], card_url.as_str(), "{agent}");
+    }
+}
+
+#[tokio::test]
 async fn health_checks_mark_agents_healthy_then_unhealthy() {
     let upstream = baton().start().await;
     let gateway = baton().start().await;

@@ -606,9 +606,11 @@ impl Registry {
                         && let Ok(card) = self.validator.validate(&fetched.json)
                         && card != record.card
                     {
+                        // By its URL again, which the record keeps following
+                        // (an inline card would make it a card of its own).
                         let params = RegisterParams {
                             id: Some(record.id.clone()),
-                            card: Some(fetched.json.clone()),
+                            card_url: record.card_url.clone(),
                             ..RegisterParams::default()
                         };
                         if let Err(err) = self.update(&record.owner, params).await {

@@ -60,6 +60,16 @@ pub struct Control {
     pub correlation_id: Option<String>,
 }
 
+/// A count as JSON may carry it (a number or a numeric string): negative is
+/// zero, beyond `u32` is `u32::MAX`, anything else zero.
+fn saturating_count(value: &serde_json::Value) -> u32 {
+    let number = match value {
+        serde_json::Value::String(text) => text.trim().parse::<f64>().ok(),
+        other => other.as_f64(),
+    };
+    number.map_or(0, |n| n.clamp(0.0, f64::from(u32::MAX)) as u32)
+}
+
 fn lenient_u32<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     let value = wire::int32(d)?;
     Ok(u32::try_from(value).unwrap_or(0))
@@ -117,7 +127,7 @@ impl Incoming {
                 .and_then(|v| serde_json::from_value(v.clone()).ok()),
             traceparent: header(TRACEPARENT_HEADER),
             tracestate: header(TRACESTATE_HEADER),
-            hops: header(HOPS_HEADER).and_then(|v| v.parse().ok()),
+            hops: header(HOPS_HEADER).map(|v| saturating_count(&serde_json::Value::String(v))),
             chain: header(CHAIN_HEADER).map(|v| {
                 v.split(',')
                     .map(str::trim)
@@ -264,11 +274,40 @@ impl Control {
         Self::entry(metadata)?.get("parentTaskId")?.as_str()
     }
 
-    /// Reads the control from a metadata object.
+    /// Reads the control from a metadata object. A field of the wrong type
+    /// counts as absent, not the whole control: another vendor's `null`
+    /// would otherwise reset the hops, chain and deadline that stop loops.
     pub fn read_from(metadata: Option<&wire::Struct>) -> Option<Self> {
         // Decoded from the borrowed value: read several times per request,
         // and cloning the value first allocated its whole tree each time.
-        Self::deserialize(Self::entry(metadata)?).ok()
+        let entry = Self::entry(metadata)?;
+        Self::deserialize(entry)
+            .ok()
+            .or_else(|| Self::read_field_by_field(entry))
+    }
+
+    /// What [`Control::read_from`] takes when one field does not decode:
+    /// every field that does. A count beyond range is as large as it can be,
+    /// so that a hop limit still holds.
+    fn read_field_by_field(entry: &serde_json::Value) -> Option<Self> {
+        let object = entry.as_object()?;
+        let text = |name: &str| object.get(name)?.as_str().map(str::to_string);
+        let count = |name: &str| object.get(name).map_or(0, saturating_count);
+        let chain = object.get("chain").and_then(|v| v.as_array()).map(|ids| {
+            ids.iter()
+                .filter_map(|id| id.as_str().map(str::to_string))
+                .collect()
+        });
+        Some(Self {
+            trace_id: text("traceId").unwrap_or_default(),
+            hops: count("hops"),
+            max_hops: count("maxHops"),
+            chain: chain.unwrap_or_default(),
+            deadline: text("deadline").and_then(|t| wire::parse_timestamp(&t).ok()),
+            parent_task_id: text("parentTaskId"),
+            handoff_id: text("handoffId"),
+            correlation_id: text("correlationId"),
+        })
     }
 
     /// The headers that carry this control to an agent.
@@ -291,6 +330,37 @@ mod tests {
 
     fn at(secs: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(secs, 0).unwrap()
+    }
+
+    #[test]
+    fn a_field_of_another_type_is_absent_and_the_rest_still_count() {
+        let metadata = |entry: serde_json::Value| {
+            wire::Struct::from_iter([(HANDOFF_EXTENSION.to_string(), entry)])
+        };
+        let read = |entry| Control::read_from(Some(&metadata(entry))).unwrap();
+        let control = read(serde_json::json!({
+            "traceId": null,
+            "hops": 3,
+            "chain": ["a", 7, "b"],
+            "deadline": "",
+            "correlationId": 42,
+            "handoffId": "h1",
+        }));
+        assert_eq!(control.trace_id, "");
+        assert_eq!(control.hops, 3);
+        assert_eq!(control.chain, ["a", "b"]);
+        assert_eq!((control.deadline, control.correlation_id), (None, None));
+        assert_eq!(control.handoff_id.as_deref(), Some("h1"));
+        // Counts beyond range hold the hop limit rather than reset it.
+        assert_eq!(read(serde_json::json!({"hops": 1e12})).hops, u32::MAX);
+        assert_eq!(
+            read(serde_json::json!({"hops": "99999999999"})).hops,
+            u32::MAX
+        );
+        assert_eq!(read(serde_json::json!({"hops": -2, "traceId": 5})).hops, 0);
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert(HOPS_HEADER, "99999999999".parse().unwrap());
+        assert_eq!(Incoming::read(&headers, None).hops, Some(u32::MAX));
     }
 
     #[test]

@@ -75,6 +75,32 @@ pub fn check_config(
             "is required",
         ));
     }
+    // They go out as header values: refused now rather than failing every
+    // delivery later.
+    let mut header_value = |field: &str, value: &str| {
+        if reqwest::header::HeaderValue::from_str(value).is_err() {
+            violations.push(FieldViolation::new(
+                format!("{prefix}{field}"),
+                "must not contain control characters (it is sent as an HTTP header)",
+            ));
+        }
+    };
+    header_value("token", &config.token);
+    if let Some(auth) = &config.authentication {
+        header_value("authentication.scheme", &auth.scheme);
+        header_value("authentication.credentials", &auth.credentials);
+    }
+}
+
+/// A webhook URL as logs show it: without credentials, query or fragment,
+/// which may carry secrets.
+fn shown_url(url: &reqwest::Url) -> String {
+    let mut shown = url.clone();
+    let _ = shown.set_username("");
+    let _ = shown.set_password(None);
+    shown.set_query(None);
+    shown.set_fragment(None);
+    shown.to_string()
 }
 
 /// Counters of push delivery.
@@ -192,13 +218,14 @@ impl Worker {
         let url = match reqwest::Url::parse(&config.url) {
             Ok(url) => url,
             Err(err) => {
-                tracing::warn!(url = %config.url, %err, "push config has an invalid URL");
+                tracing::warn!(task_id = %event.task_id, %err, "push config has an invalid URL");
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
                 return;
             }
         };
+        let shown = shown_url(&url);
         if let Err(reason) = self.policy.check_url(&url) {
-            tracing::warn!(task_id = %event.task_id, url = %config.url, %reason, "push delivery refused");
+            tracing::warn!(task_id = %event.task_id, url = %shown, %reason, "push delivery refused");
             self.stats.failed.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -227,11 +254,12 @@ impl Worker {
                 }
                 Ok(response) => {
                     let status = response.status();
-                    tracing::warn!(task_id = %event.task_id, url = %config.url, %status, attempt, "push delivery rejected");
+                    tracing::warn!(task_id = %event.task_id, url = %shown, %status, attempt, "push delivery rejected");
                     status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS
                 }
                 Err(err) => {
-                    tracing::warn!(task_id = %event.task_id, url = %config.url, %err, attempt, "push delivery failed");
+                    let err = err.without_url();
+                    tracing::warn!(task_id = %event.task_id, url = %shown, %err, attempt, "push delivery failed");
                     true
                 }
             };

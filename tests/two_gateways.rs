@@ -150,3 +150,43 @@ async fn hop_limits_and_cycles_hold_across_two_gateways() {
     relay.stop().await;
     x.stop().await;
 }
+
+#[tokio::test]
+async fn a_gateway_may_reach_an_agent_under_the_id_it_has_behind_the_other() {
+    // `billing` lives behind B; A publishes B's `billing` under the same id.
+    let billing = VendorAgent::start("billing", &["refunds"], |_| Reply::Complete {
+        text: Some("refunded behind B".into()),
+        artifacts: vec![],
+    })
+    .await
+    .unwrap();
+    let dir_a = tempfile::tempdir().unwrap();
+    let dir_b = tempfile::tempdir().unwrap();
+    let a = gateway(dir_a.path());
+    let b = gateway(dir_b.path());
+    register(&b, "billing", serde_json::to_value(billing.card()).unwrap()).await;
+    register(&a, "billing", published(&b, "billing").await).await;
+
+    // One agent reached through two gateways: two hops, no cycle.
+    let task = send(&a, "/agents/billing/a2a", "refund me", json!({})).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let seen = billing
+        .received()
+        .into_iter()
+        .find(|r| r.method == "SendMessage")
+        .expect("billing was reached through both gateways");
+    let control = &seen.params["message"]["metadata"]["urn:baton:handoff:v1"];
+    assert_eq!(control["chain"], json!(["billing"]));
+    assert_eq!(control["hops"], 2);
+
+    // Work that left the agent for another and comes back is a cycle still.
+    let task = send(
+        &a,
+        "/agents/billing/a2a",
+        "again",
+        json!({"urn:baton:handoff:v1": {"chain": ["billing", "triage"], "hops": 2}}),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
+    assert_eq!(reason(&task), "HANDOFF_CYCLE", "{task}");
+}

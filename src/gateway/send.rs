@@ -636,6 +636,13 @@ impl Gateway {
                 if handoff.handoff_id.is_some() {
                     merged.handoff_id = handoff.handoff_id.clone();
                 }
+                // A gateway that relays to this agent under the same id
+                // (its card points here) delivered it already: the same
+                // delivery one hop on, not a cycle. A handoff names its
+                // sender, so it is never taken for one.
+                if handoff.payload.is_none() && merged.chain.last() == Some(&agent_id) {
+                    merged.chain.pop();
+                }
                 // Who hands off: the payload's sender, else the agent that
                 // forwarded the call (the end of the chain it carries).
                 let source = handoff

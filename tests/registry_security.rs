@@ -278,6 +278,33 @@ async fn an_agency_cannot_update_or_remove_another_agencys_agent() {
 }
 
 #[tokio::test]
+async fn of_simultaneous_registrations_of_one_id_exactly_one_is_taken() {
+    let upstream = baton().start().await;
+    let gateway = baton().api_keys(KEYS).start().await;
+    let card = upstream_card(&upstream, "echo").await;
+    let attempts = (0..8).map(|n| {
+        let key = if n % 2 == 0 { ACME } else { GLOBEX };
+        registry_as(
+            &gateway,
+            key,
+            "RegisterAgent",
+            json!({"id": "contested", "card": card}),
+        )
+    });
+    let replies = futures::future::join_all(attempts).await;
+    let taken: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| r.body.get("result").is_some())
+        .collect();
+    let bodies: Vec<&Value> = replies.iter().map(|r| &r.body).collect();
+    assert_eq!(taken.len(), 1, "{bodies:?}");
+    // The one taken is the one kept.
+    let owner = taken[0].result()["agent"]["owner"].clone();
+    let got = registry_as(&gateway, ACME, "GetAgent", json!({"id": "contested"})).await;
+    assert_eq!(got.result()["agent"]["owner"], owner);
+}
+
+#[tokio::test]
 async fn credentials_in_an_agent_url_reach_the_agent_and_no_caller() {
     let upstream = baton().start().await;
     let gateway = baton().api_keys(KEYS).start().await;

@@ -146,6 +146,10 @@ pub struct Registry {
     connect: AgentFactory,
     // std RwLock: map operations only, never held across .await.
     records: RwLock<BTreeMap<String, AgentRecord>>,
+    /// Held from a change's check (the id free, the caller its owner) to
+    /// its write, so that two changes of one id cannot both pass the check.
+    /// Cards are fetched before it is taken.
+    changes: tokio::sync::Mutex<()>,
 }
 
 fn not_found(id: &str) -> GatewayError {
@@ -201,6 +205,7 @@ impl Registry {
             fetcher,
             connect,
             records: RwLock::new(BTreeMap::new()),
+            changes: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -395,6 +400,7 @@ impl Registry {
             check_id(id)?;
         }
         let (card, card_url) = self.resolve_card(&params).await?;
+        let _change = self.changes.lock().await;
         let id = match &params.id {
             Some(id) => id.clone(),
             None => {
@@ -441,8 +447,13 @@ impl Registry {
         let Some(id) = params.id.clone() else {
             return Err(GatewayError::invalid_field("id", "is required"));
         };
-        let existing = self.owned(owner, &id)?;
+        // Checked before the card is fetched, to fail fast, and again with
+        // the change held: it may have been deregistered (and the id taken)
+        // meanwhile.
+        self.owned(owner, &id)?;
         let (card, card_url) = self.resolve_card(&params).await?;
+        let _change = self.changes.lock().await;
+        let existing = self.owned(owner, &id)?;
         let mut params = params;
         params.skill_output_schemas = params
             .skill_output_schemas
@@ -521,6 +532,7 @@ impl Registry {
 
     /// `DeregisterAgent`: the caller's own agents only.
     pub async fn deregister(&self, owner: &str, id: &str) -> Result<(), GatewayError> {
+        let _change = self.changes.lock().await;
         self.owned(owner, id)?;
         self.ledger.delete_agent(id).await?;
         self.records.write().expect("registry lock").remove(id);

@@ -58,6 +58,14 @@ pub enum GatewayError {
     /// -32001.
     #[error("task not found: {0}")]
     TaskNotFound(String),
+    /// -32001 too: a push config the task does not have.
+    #[error("push config {config_id} of task {task_id} not found")]
+    PushConfigNotFound {
+        /// The task.
+        task_id: String,
+        /// The config asked for.
+        config_id: String,
+    },
     /// -32002.
     #[error("task {task_id} cannot be canceled in state {state}")]
     TaskNotCancelable {
@@ -165,7 +173,7 @@ impl GatewayError {
             Self::MethodNotFound(_) => -32601,
             Self::InvalidParams { .. } => -32602,
             Self::Internal(_) | Self::UpstreamUnreachable(_) | Self::UpstreamTimeout(_) => -32603,
-            Self::TaskNotFound(_) => -32001,
+            Self::TaskNotFound(_) | Self::PushConfigNotFound { .. } => -32001,
             Self::TaskNotCancelable { .. } => -32002,
             Self::PushNotificationNotSupported => -32003,
             Self::UnsupportedOperation(_) => -32004,
@@ -181,7 +189,7 @@ impl GatewayError {
     /// The `ErrorInfo.reason` of A2A errors (UPPER_SNAKE_CASE, no `Error` suffix).
     pub fn reason(&self) -> Option<&'static str> {
         Some(match self {
-            Self::TaskNotFound(_) => "TASK_NOT_FOUND",
+            Self::TaskNotFound(_) | Self::PushConfigNotFound { .. } => "TASK_NOT_FOUND",
             Self::TaskNotCancelable { .. } => "TASK_NOT_CANCELABLE",
             Self::PushNotificationNotSupported => "PUSH_NOTIFICATION_NOT_SUPPORTED",
             Self::UnsupportedOperation(_) => "UNSUPPORTED_OPERATION",
@@ -209,6 +217,9 @@ impl GatewayError {
     fn info_metadata(&self) -> Value {
         match self {
             Self::TaskNotFound(task_id) => json!({ "taskId": task_id }),
+            Self::PushConfigNotFound { task_id, config_id } => {
+                json!({ "taskId": task_id, "configId": config_id })
+            }
             Self::TaskNotCancelable { task_id, state } => {
                 json!({ "taskId": task_id, "state": state })
             }

@@ -347,6 +347,15 @@ async fn push_config_methods_success_paths() {
         )
         .await;
     assert_eq!(gone.code(), Some(-32001), "{}", gone.body);
+    // ErrorInfo names the task by its id, and the config.
+    let info = &gone.body["error"]["data"][0];
+    assert_eq!(info["reason"], "TASK_NOT_FOUND", "{}", gone.body);
+    assert_eq!(
+        info["metadata"],
+        json!({"taskId": task_id, "configId": "cfg-1"}),
+        "{}",
+        gone.body
+    );
     let listed = baton
         .call(
             "ListTaskPushNotificationConfigs",

@@ -514,11 +514,9 @@ impl Gateway {
         self.check_push_ref(ctx, &req)?;
         self.ledger
             .get_push_config(&req.task_id, &req.id)?
-            .ok_or_else(|| {
-                GatewayError::TaskNotFound(format!(
-                    "push config {} of task {}",
-                    req.id, req.task_id
-                ))
+            .ok_or_else(|| GatewayError::PushConfigNotFound {
+                task_id: req.task_id.clone(),
+                config_id: req.id.clone(),
             })
     }
 

@@ -335,7 +335,9 @@ async fn task_trace(
         Ok(report) => axum::Json(report).into_response(),
         Err(err) => {
             let status = match err {
-                GatewayError::TaskNotFound(_) => StatusCode::NOT_FOUND,
+                GatewayError::TaskNotFound(_) | GatewayError::PushConfigNotFound { .. } => {
+                    StatusCode::NOT_FOUND
+                }
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             };
             (

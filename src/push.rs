@@ -2,16 +2,20 @@
 //! `StreamResponse`, to each webhook configured for the task.
 //!
 //! Events enter a bounded queue per shard (a task always maps to the same
-//! shard, so its webhooks see its events in order). A full queue drops the
-//! notification and counts it rather than slowing the ledger. Failed
-//! deliveries (connection errors, 5xx, 429) are retried with exponential
-//! backoff; other 4xx answers are final.
+//! shard). The shard reads each event's configs and hands one notification
+//! per config to that webhook's own pipeline, which delivers in order: a
+//! webhook sees its task's events in order, and one that hangs delays only
+//! its own. A full queue drops the notification and counts it rather than
+//! slowing the ledger. Failed deliveries (connection errors, 5xx, 429) are
+//! retried with exponential backoff; other 4xx answers are final. A task
+//! holds at most [`MAX_CONFIGS_PER_TASK`] configs.
 
 use crate::error::FieldViolation;
 use crate::netguard::OutboundPolicy;
 use crate::protocol::TaskPushNotificationConfig;
 use crate::store::Ledger;
 use crate::store::hub::LedgerEvent;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -46,6 +50,9 @@ impl Default for PushSettings {
         }
     }
 }
+
+/// Most push configs one task may hold: each is notified of every event.
+pub const MAX_CONFIGS_PER_TASK: usize = 10;
 
 /// Checks a push config's fields; `prefix` names where it sits in the params.
 pub fn check_config(
@@ -179,10 +186,29 @@ struct Worker {
     stats: Arc<PushStats>,
 }
 
+/// One notification for one webhook.
+struct Notification {
+    config: TaskPushNotificationConfig,
+    event: Arc<LedgerEvent>,
+    body: bytes::Bytes,
+}
+
+/// Notifications one webhook may have waiting; more are dropped (counted).
+const WEBHOOK_QUEUE: usize = 256;
+
+/// How long a webhook's pipeline waits for its next notification before it
+/// ends (a later one starts a new pipeline).
+const WEBHOOK_IDLE: Duration = Duration::from_secs(60);
+
 impl Worker {
+    /// Reads each event's configs and hands one notification per config to
+    /// that webhook's own pipeline: a webhook that hangs delays its own
+    /// notifications (in order), never another's.
     async fn run(self, mut receiver: mpsc::Receiver<Arc<LedgerEvent>>) {
+        let worker = Arc::new(self);
+        let mut pipelines: HashMap<(String, String), mpsc::Sender<Notification>> = HashMap::new();
         while let Some(event) = receiver.recv().await {
-            let Some(ledger) = self.ledger.upgrade() else {
+            let Some(ledger) = worker.ledger.upgrade() else {
                 return;
             };
             let configs = match ledger.push_configs(&event.task_id) {
@@ -203,10 +229,67 @@ impl Worker {
                     continue;
                 }
             };
+            pipelines.retain(|_, pipeline| !pipeline.is_closed());
             for config in configs {
-                self.deliver(&config, &event, body.clone()).await;
+                let key = (config.task_id.clone(), config.id.clone());
+                let notification = Notification {
+                    config,
+                    event: event.clone(),
+                    body: body.clone(),
+                };
+                let pipeline = pipelines
+                    .entry(key)
+                    .or_insert_with(|| Worker::pipeline(&worker));
+                let refused = match pipeline.try_send(notification) {
+                    Ok(()) => None,
+                    // Ended idle since: a new one takes it.
+                    Err(mpsc::error::TrySendError::Closed(notification)) => {
+                        *pipeline = Worker::pipeline(&worker);
+                        pipeline.try_send(notification).err()
+                    }
+                    Err(full) => Some(full),
+                };
+                if refused.is_some() {
+                    worker.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(task_id = %event.task_id, seq = event.seq, "webhook queue full; notification dropped");
+                }
             }
         }
+    }
+
+    /// Starts a webhook's pipeline: its notifications delivered one after
+    /// another, until none comes for [`WEBHOOK_IDLE`].
+    fn pipeline(worker: &Arc<Self>) -> mpsc::Sender<Notification> {
+        let (sender, mut receiver) = mpsc::channel::<Notification>(WEBHOOK_QUEUE);
+        let worker = worker.clone();
+        tokio::spawn(async move {
+            let deliver = |notification: Notification| {
+                let worker = worker.clone();
+                async move {
+                    let Notification {
+                        config,
+                        event,
+                        body,
+                    } = notification;
+                    worker.deliver(&config, &event, body).await;
+                }
+            };
+            loop {
+                match tokio::time::timeout(WEBHOOK_IDLE, receiver.recv()).await {
+                    Ok(Some(notification)) => deliver(notification).await,
+                    Ok(None) => return,
+                    Err(_idle) => {
+                        // No more is taken; what is queued still goes out.
+                        receiver.close();
+                        while let Some(notification) = receiver.recv().await {
+                            deliver(notification).await;
+                        }
+                        return;
+                    }
+                }
+            }
+        });
+        sender
     }
 
     async fn deliver(

@@ -256,6 +256,51 @@ async fn complete_scenario_task(baton: &TestBaton, task_id: &str) {
 }
 
 #[tokio::test]
+async fn a_task_holds_ten_push_configs_and_a_hanging_webhook_holds_up_none_of_the_others() {
+    let receiver = Receiver::start().await;
+    // Takes connections (the kernel's backlog) and never answers.
+    let hanging = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hanging_url = format!("http://{}/hook", hanging.local_addr().unwrap());
+    let baton = baton().start().await;
+    let task_id = input_required_task(&baton).await;
+    let create = |id: String, url: String| {
+        let baton = &baton;
+        let task_id = task_id.clone();
+        async move {
+            baton
+                .call(
+                    "CreateTaskPushNotificationConfig",
+                    json!({"taskId": task_id, "id": id, "url": url}),
+                )
+                .await
+        }
+    };
+    // Sorted first, so that one at a time it would be delivered first.
+    let first = create("a-hanging".into(), hanging_url).await;
+    assert!(first.body.get("result").is_some(), "{}", first.body);
+    for n in 0..9 {
+        let made = create(format!("b-{n}"), receiver.url("/hook/b")).await;
+        assert!(made.body.get("result").is_some(), "{}", made.body);
+    }
+    let eleventh = create("c".into(), receiver.url("/hook/c")).await;
+    assert_eq!(eleventh.code(), Some(-32602), "{}", eleventh.body);
+    assert!(
+        eleventh.body.to_string().contains("taskId"),
+        "{}",
+        eleventh.body
+    );
+    // Replacing one of the ten is no eleventh.
+    let replaced = create("b-0".into(), receiver.url("/hook/b")).await;
+    assert!(replaced.body.get("result").is_some(), "{}", replaced.body);
+
+    // The completion reaches the nine others within WAIT, although the
+    // hanging webhook takes 10 s an attempt.
+    complete_scenario_task(&baton, &task_id).await;
+    let delivered = receiver.wait_terminal("/hook/b").await;
+    assert!(!delivered.is_empty());
+}
+
+#[tokio::test]
 async fn push_config_methods_success_paths() {
     let receiver = Receiver::start().await;
     let gated = GatedAgent::new();

@@ -485,6 +485,19 @@ impl Gateway {
         if config.id.is_empty() {
             config.id = uuid::Uuid::new_v4().to_string();
         }
+        // Every config of a task is notified of each of its events.
+        let held = self.ledger.push_configs(&config.task_id)?;
+        if held.len() >= crate::push::MAX_CONFIGS_PER_TASK && held.iter().all(|c| c.id != config.id)
+        {
+            return Err(GatewayError::invalid_field(
+                "taskId",
+                format!(
+                    "task {} holds {} push configs, the most a task may; delete one first",
+                    config.task_id,
+                    held.len()
+                ),
+            ));
+        }
         config.tenant.clear();
         self.ledger.put_push_config(&config).await?;
         Ok(config)

@@ -50,18 +50,29 @@ async fn health_checks(
     interval: Duration,
     shutdown: CancellationToken,
 ) {
-    let mut next_check = tokio::time::Instant::now() + interval;
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = shutdown.cancelled() => return,
+    // Apart: a health check waits on agents, and keys must not wait on it.
+    let secured = async {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            registry.directory().set_secured(!keys.is_open());
         }
-        registry.directory().set_secured(!keys.is_open());
-        if tokio::time::Instant::now() >= next_check {
-            registry.check_health().await;
-            next_check = tokio::time::Instant::now() + interval;
+    };
+    let checks = async {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            tokio::select! {
+                () = registry.check_health() => {}
+                _ = shutdown.cancelled() => return,
+            }
         }
-    }
+    };
+    tokio::join!(secured, checks);
 }
 
 /// Runs Baton until SIGTERM or Ctrl-C, then drains and closes the ledger.

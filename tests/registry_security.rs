@@ -694,6 +694,43 @@ async fn a_card_registered_by_url_keeps_being_followed_as_it_changes() {
 }
 
 #[tokio::test]
+async fn agents_that_never_answer_do_not_hold_each_others_health_checks_up() {
+    let upstream = baton().start().await;
+    let gateway = baton().start().await;
+    // Takes connections (the kernel's backlog) and never answers: each
+    // check waits the whole fetch timeout, 2 s in tests.
+    let hanging = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut card = upstream_card(&upstream, "echo").await;
+    card["supportedInterfaces"][0]["url"] =
+        json!(format!("http://{}/a2a", hanging.local_addr().unwrap()));
+    for n in 0..6 {
+        let id = format!("mute-{n}");
+        let registered = registry_as(
+            &gateway,
+            ACME,
+            "RegisterAgent",
+            json!({"id": id, "card": card}),
+        )
+        .await;
+        assert_eq!(registered.result()["agent"]["id"], id.as_str());
+    }
+    // One at a time, six would take 12 s.
+    tokio::time::timeout(WAIT, gateway.registry.check_health())
+        .await
+        .expect("the checks run side by side");
+    for n in 0..6 {
+        let got = registry_as(
+            &gateway,
+            ACME,
+            "GetAgent",
+            json!({"id": format!("mute-{n}")}),
+        )
+        .await;
+        assert_eq!(got.result()["agent"]["health"]["status"], "unhealthy");
+    }
+}
+
+#[tokio::test]
 async fn health_checks_mark_agents_healthy_then_unhealthy() {
     let upstream = baton().start().await;
     let gateway = baton().start().await;

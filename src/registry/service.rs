@@ -602,60 +602,71 @@ impl Registry {
             .filter(|record| !record.builtin)
             .cloned()
             .collect();
-        for record in remote {
-            let location = record.card_url.clone().or_else(|| {
-                let interface = record.card.supported_interfaces.first()?;
-                let url = reqwest::Url::parse(&interface.url).ok()?;
-                Some(url.origin().ascii_serialization())
-            });
-            let Some(location) = location else {
-                continue;
-            };
-            let now = Utc::now();
-            let health = match self.fetcher.fetch(&location).await {
-                Ok(fetched) => {
-                    if record.card_url.is_some()
-                        && let Ok(card) = self.validator.validate(&fetched.json)
-                        && card != record.card
-                    {
-                        // By its URL again, which the record keeps following
-                        // (an inline card would make it a card of its own).
-                        let params = RegisterParams {
-                            id: Some(record.id.clone()),
-                            card_url: record.card_url.clone(),
-                            ..RegisterParams::default()
-                        };
-                        if let Err(err) = self.update(&record.owner, params).await {
-                            tracing::warn!(agent = %record.id, %err, "changed card not taken");
-                        }
-                    }
-                    Health {
-                        status: HealthStatus::Healthy,
-                        last_checked: Some(now),
-                        latency_ms: Some(fetched.latency.as_millis() as u64),
-                        error: None,
+        // Side by side, a few at a time: one at a time, each agent that
+        // does not answer held every later check up for its fetch timeout.
+        use futures::StreamExt as _;
+        futures::stream::iter(remote)
+            .for_each_concurrent(HEALTH_CHECKS_AT_ONCE, |record| self.check_one(record))
+            .await;
+    }
+
+    /// Re-fetches one agent's card and records its health.
+    async fn check_one(&self, record: AgentRecord) {
+        let location = record.card_url.clone().or_else(|| {
+            let interface = record.card.supported_interfaces.first()?;
+            let url = reqwest::Url::parse(&interface.url).ok()?;
+            Some(url.origin().ascii_serialization())
+        });
+        let Some(location) = location else {
+            return;
+        };
+        let now = Utc::now();
+        let health = match self.fetcher.fetch(&location).await {
+            Ok(fetched) => {
+                if record.card_url.is_some()
+                    && let Ok(card) = self.validator.validate(&fetched.json)
+                    && card != record.card
+                {
+                    // By its URL again, which the record keeps following
+                    // (an inline card would make it a card of its own).
+                    let params = RegisterParams {
+                        id: Some(record.id.clone()),
+                        card_url: record.card_url.clone(),
+                        ..RegisterParams::default()
+                    };
+                    if let Err(err) = self.update(&record.owner, params).await {
+                        tracing::warn!(agent = %record.id, %err, "changed card not taken");
                     }
                 }
-                Err(err) => Health {
-                    status: HealthStatus::Unhealthy,
+                Health {
+                    status: HealthStatus::Healthy,
                     last_checked: Some(now),
-                    latency_ms: None,
-                    error: Some(err.to_string()),
-                },
-            };
-            self.directory
-                .set_healthy(&record.id, health.status != HealthStatus::Unhealthy);
-            if let Some(stored) = self
-                .records
-                .write()
-                .expect("registry lock")
-                .get_mut(&record.id)
-            {
-                stored.health = health;
+                    latency_ms: Some(fetched.latency.as_millis() as u64),
+                    error: None,
+                }
             }
+            Err(err) => Health {
+                status: HealthStatus::Unhealthy,
+                last_checked: Some(now),
+                latency_ms: None,
+                error: Some(err.to_string()),
+            },
+        };
+        self.directory
+            .set_healthy(&record.id, health.status != HealthStatus::Unhealthy);
+        if let Some(stored) = self
+            .records
+            .write()
+            .expect("registry lock")
+            .get_mut(&record.id)
+        {
+            stored.health = health;
         }
     }
 }
+
+/// How many agents' cards a health check fetches at once.
+const HEALTH_CHECKS_AT_ONCE: usize = 8;
 
 /// Whether a card matches every given search filter.
 fn matches_search(card: &AgentCard, id: &str, params: &SearchParams) -> bool {

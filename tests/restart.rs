@@ -391,3 +391,51 @@ async fn a_deadline_passed_while_stopped_ends_a_waiting_task_after_restart() {
     assert_eq!(asker.cancels().len(), 1, "the agent was told to stop");
     asker.stop().await;
 }
+
+#[tokio::test]
+async fn a_deregistered_id_stays_its_agencys_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = || {
+        BatonProcess::builder(dir.path())
+            .args(["--allow-upstream", "127.0.0.0/8,::1"])
+            .env("BATON_API_KEYS", "acme=KEY1,globex=KEY2")
+            .start()
+    };
+    let mut first = start();
+    let (status, card) = first
+        .get_json("/agents/echo/.well-known/agent-card.json")
+        .await;
+    assert!(status.is_success());
+    let register = json!({"id": "support", "card": card});
+    let made = first
+        .rpc_as("KEY1", "/registry", "RegisterAgent", register.clone())
+        .await;
+    assert_eq!(made["result"]["agent"]["owner"], "acme", "{made}");
+    let removed = first
+        .rpc_as(
+            "KEY1",
+            "/registry",
+            "DeregisterAgent",
+            json!({"id": "support"}),
+        )
+        .await;
+    assert_eq!(removed["result"], json!({}), "{removed}");
+    // acme's old tasks still name `support`: globex may not take it.
+    let taken = first
+        .rpc_as("KEY2", "/registry", "RegisterAgent", register.clone())
+        .await;
+    assert_eq!(taken["error"]["code"], -32602, "{taken}");
+    first.terminate();
+    assert!(first.wait_exit(WAIT).success());
+
+    let second = start();
+    let taken = second
+        .rpc_as("KEY2", "/registry", "RegisterAgent", register.clone())
+        .await;
+    assert_eq!(taken["error"]["code"], -32602, "{taken}");
+    // acme may take it again.
+    let again = second
+        .rpc_as("KEY1", "/registry", "RegisterAgent", register)
+        .await;
+    assert_eq!(again["result"]["agent"]["owner"], "acme", "{again}");
+}

@@ -150,6 +150,9 @@ pub struct Registry {
     /// its write, so that two changes of one id cannot both pass the check.
     /// Cards are fetched before it is taken.
     changes: tokio::sync::Mutex<()>,
+    /// Deregistered ids, by the agency that held them: only it may take one
+    /// again, since its old tasks still name the id.
+    retired: RwLock<std::collections::HashMap<String, String>>,
 }
 
 fn not_found(id: &str) -> GatewayError {
@@ -206,6 +209,7 @@ impl Registry {
             connect,
             records: RwLock::new(BTreeMap::new()),
             changes: tokio::sync::Mutex::new(()),
+            retired: RwLock::default(),
         }
     }
 
@@ -251,6 +255,8 @@ impl Registry {
 
     /// Routes to every agent registered in earlier runs; returns how many.
     pub fn load(&self) -> Result<usize, GatewayError> {
+        let retired = self.ledger.retired_agents()?;
+        self.retired.write().expect("registry lock").extend(retired);
         let stored: Vec<AgentRecord> = self.ledger.agents()?;
         let mut loaded = 0;
         for record in stored {
@@ -416,7 +422,7 @@ impl Registry {
                             format!("{base}-{n}")
                         }
                     })
-                    .find(|id| !records.contains_key(id))
+                    .find(|id| !records.contains_key(id) && !self.retired_by_another(id, owner))
                     .unwrap_or(base)
             }
         };
@@ -425,11 +431,12 @@ impl Registry {
             .read()
             .expect("registry lock")
             .contains_key(&id)
+            || self.retired_by_another(&id, owner)
         {
             return Err(GatewayError::invalid_field(
                 "id",
                 format!(
-                    "an agent {id:?} is already registered; choose another id, or UpdateAgent your own"
+                    "the agent id {id:?} is taken (registered, or once registered by another agency); choose another id, or UpdateAgent your own"
                 ),
             ));
         }
@@ -520,6 +527,15 @@ impl Registry {
     }
 
     /// An agent the caller owns; others' agents are reported as not found.
+    /// Whether another agency than `owner` deregistered `id`.
+    fn retired_by_another(&self, id: &str, owner: &str) -> bool {
+        self.retired
+            .read()
+            .expect("registry lock")
+            .get(id)
+            .is_some_and(|held_by| held_by != owner)
+    }
+
     fn owned(&self, owner: &str, id: &str) -> Result<AgentRecord, GatewayError> {
         self.records
             .read()
@@ -534,7 +550,11 @@ impl Registry {
     pub async fn deregister(&self, owner: &str, id: &str) -> Result<(), GatewayError> {
         let _change = self.changes.lock().await;
         self.owned(owner, id)?;
-        self.ledger.delete_agent(id).await?;
+        self.ledger.delete_agent(id, owner).await?;
+        self.retired
+            .write()
+            .expect("registry lock")
+            .insert(id.to_string(), owner.to_string());
         self.records.write().expect("registry lock").remove(id);
         self.directory.remove(id);
         tracing::info!(agent = id, owner, "agent removed");

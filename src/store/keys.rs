@@ -353,6 +353,12 @@ pub fn agent(agent_id: &str) -> Vec<u8> {
     join(&[b"g", agent_id.as_bytes()])
 }
 
+/// `gr` key of an agent id its agency deregistered, holding the agency;
+/// `retired_agent("")` is the prefix.
+pub fn retired_agent(agent_id: &str) -> Vec<u8> {
+    join(&[b"gr", agent_id.as_bytes()])
+}
+
 /// `ch` key linking a child task to its parent; `child(parent, "")` is the
 /// prefix of all the parent's children.
 pub fn child(parent_task_id: &str, child_task_id: &str) -> Vec<u8> {

@@ -1354,9 +1354,26 @@ impl Ledger {
             .await
     }
 
-    /// Deletes a registered agent durably.
-    pub async fn delete_agent(&self, agent_id: &str) -> Result<(), LedgerError> {
+    /// Deletes a registered agent durably, keeping which agency held its
+    /// id (written first: a crash between the two leaves the agent with a
+    /// record of its own agency, which changes nothing).
+    pub async fn delete_agent(&self, agent_id: &str, owner: &str) -> Result<(), LedgerError> {
+        let held_by = serde_json::to_vec(owner)?;
+        self.write_raw(keys::retired_agent(agent_id), Some(held_by))
+            .await?;
         self.write_raw(keys::agent(agent_id), None).await
+    }
+
+    /// Every deregistered agent id, with the agency that held it.
+    pub fn retired_agents(&self) -> Result<Vec<(String, String)>, LedgerError> {
+        let prefix = keys::retired_agent("");
+        self.scan_raw(&prefix)?
+            .iter()
+            .map(|(key, value)| {
+                let id = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
+                Ok((id, decode_stored(value)?))
+            })
+            .collect()
     }
 
     /// The ids of a task's child tasks (handoffs it started).

@@ -305,6 +305,42 @@ async fn of_simultaneous_registrations_of_one_id_exactly_one_is_taken() {
 }
 
 #[tokio::test]
+async fn an_agency_registers_at_most_its_share_of_agents() {
+    use baton::registry::service::{MAX_AGENTS_PER_AGENCY, RegisterParams};
+    let upstream = baton().start().await;
+    let gateway = baton().api_keys(KEYS).start().await;
+    let card = upstream_card(&upstream, "echo").await;
+    let params = |id: String| -> RegisterParams {
+        serde_json::from_value(json!({"id": id, "card": card})).unwrap()
+    };
+    for n in 0..MAX_AGENTS_PER_AGENCY {
+        gateway
+            .registry
+            .register("acme", params(format!("a-{n}")))
+            .await
+            .unwrap();
+    }
+    let over = registry_as(
+        &gateway,
+        ACME,
+        "RegisterAgent",
+        json!({"id": "one-more", "card": card}),
+    )
+    .await;
+    assert_eq!(over.code(), Some(-32602), "{}", over.body);
+    assert!(over.body.to_string().contains("at most"), "{}", over.body);
+    // Another agency's share is its own.
+    let other = registry_as(
+        &gateway,
+        GLOBEX,
+        "RegisterAgent",
+        json!({"id": "globex-1", "card": card}),
+    )
+    .await;
+    assert_eq!(other.result()["agent"]["owner"], "globex", "{}", other.body);
+}
+
+#[tokio::test]
 async fn credentials_in_an_agent_url_reach_the_agent_and_no_caller() {
     let upstream = baton().start().await;
     let gateway = baton().api_keys(KEYS).start().await;

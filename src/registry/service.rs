@@ -440,6 +440,21 @@ impl Registry {
                 ),
             ));
         }
+        let held = self
+            .records
+            .read()
+            .expect("registry lock")
+            .values()
+            .filter(|record| record.owner == owner && !record.builtin)
+            .count();
+        if held >= MAX_AGENTS_PER_AGENCY {
+            return Err(GatewayError::invalid_field(
+                "id",
+                format!(
+                    "an agency may register at most {MAX_AGENTS_PER_AGENCY} agents; deregister one first"
+                ),
+            ));
+        }
         let now = Utc::now();
         self.store(owner, &id, card, card_url, &params, now, now)
             .await
@@ -684,6 +699,10 @@ impl Registry {
         }
     }
 }
+
+/// Most agents one agency may have registered: each is re-fetched by every
+/// health check and listed in the gateway's card.
+pub const MAX_AGENTS_PER_AGENCY: usize = 1000;
 
 /// How many agents' cards a health check fetches at once.
 const HEALTH_CHECKS_AT_ONCE: usize = 8;

@@ -125,6 +125,8 @@ pub struct PushStats {
 #[derive(Clone)]
 pub struct PushDispatcher {
     shards: Arc<Vec<mpsc::Sender<Arc<LedgerEvent>>>>,
+    /// Where deliveries may go.
+    policy: OutboundPolicy,
     /// Delivery counters.
     pub stats: Arc<PushStats>,
 }
@@ -149,6 +151,7 @@ impl PushDispatcher {
         }
         let dispatcher = Self {
             shards: Arc::new(shards),
+            policy,
             stats,
         };
         let hook = dispatcher.clone();
@@ -160,6 +163,27 @@ impl PushDispatcher {
             }
         }));
         dispatcher
+    }
+
+    /// Checks a push config as [`check_config`] does, and its URL against
+    /// the outbound policy where an IP literal names the host: one that
+    /// would be refused at every delivery is refused now. (Names are checked
+    /// at delivery, after resolution.)
+    pub fn check_config(
+        &self,
+        config: &TaskPushNotificationConfig,
+        prefix: &str,
+        violations: &mut Vec<FieldViolation>,
+    ) {
+        check_config(config, prefix, violations);
+        if let Ok(url) = reqwest::Url::parse(&config.url)
+            && let Err(reason) = self.policy.check_url(&url)
+        {
+            violations.push(FieldViolation::new(
+                format!("{prefix}url"),
+                format!("is refused by the outbound policy: {reason}"),
+            ));
+        }
     }
 
     fn enqueue(&self, event: &Arc<LedgerEvent>) {

@@ -479,7 +479,7 @@ impl Gateway {
         self.check_push_enabled()?;
         let mut violations = Vec::new();
         check_required(&config.task_id, "taskId", &mut violations);
-        crate::push::check_config(&config, "", &mut violations);
+        self.push.check_config(&config, "", &mut violations);
         finish(violations)?;
         self.owned_task(ctx, &config.task_id)?;
         if config.id.is_empty() {

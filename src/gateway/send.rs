@@ -496,7 +496,7 @@ impl Gateway {
         );
         if let Some(push) = &config.task_push_notification_config {
             self.check_push_enabled()?;
-            crate::push::check_config(
+            self.push.check_config(
                 push,
                 "configuration.taskPushNotificationConfig.",
                 &mut violations,

@@ -71,7 +71,8 @@ impl OutboundPolicy {
 }
 
 /// Loopback, private, link-local, unspecified, multicast, CGNAT, ULA and the
-/// cloud metadata address.
+/// cloud metadata address. An IPv6 address that carries an IPv4 one (mapped,
+/// compatible, or the NAT64 prefix `64:ff9b::/96`) is judged by that.
 pub fn is_internal(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
@@ -88,7 +89,18 @@ pub fn is_internal(ip: IpAddr) -> bool {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return is_internal(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let segments = v6.segments();
+            // The low 32 bits.
+            let embedded = std::net::Ipv4Addr::from(u128::from(v6) as u32);
+            // NAT64's well-known prefix reaches the IPv4 address it ends in;
+            // the deprecated IPv4-compatible form (::a.b.c.d) too, but for
+            // `::` and `::1`, judged as IPv6 below.
+            let nat64 = segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0];
+            let compatible = segments[..6] == [0; 6] && u32::from(embedded) > 1;
+            if nat64 || compatible {
+                return is_internal(IpAddr::V4(embedded));
+            }
+            let first = segments[0];
             v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
@@ -202,11 +214,24 @@ mod tests {
             "192.168.0.1",
             "169.254.169.254",
             "::1",
+            "::",
             "fd00::1",
+            // IPv4 inside IPv6: NAT64, compatible, mapped.
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b::10.0.0.1",
+            "::10.0.0.1",
+            "::ffff:127.0.0.1",
         ] {
             assert!(!policy.permits(ip.parse().unwrap()), "{ip}");
         }
-        assert!(policy.permits("93.184.216.34".parse().unwrap()));
+        for ip in [
+            "93.184.216.34",
+            "64:ff9b::808:808",
+            "::8.8.8.8",
+            "2001:db8::1",
+        ] {
+            assert!(policy.permits(ip.parse().unwrap()), "{ip}");
+        }
         let loopback = OutboundPolicy {
             allow: vec!["127.0.0.0/8".parse().unwrap()],
             ..OutboundPolicy::default()

@@ -7,7 +7,7 @@ mod common;
 #[path = "common/process.rs"]
 mod process;
 
-use baton::demo::vendor::{Reply, VendorAgent};
+use baton::demo::vendor::{Received, Reply, VendorAgent};
 use baton::protocol::TaskState;
 use common::{message_id, reason, user_message};
 use process::BatonProcess;
@@ -34,6 +34,27 @@ async fn register(gateway: &BatonProcess, id: &str, card: Value) {
         .await;
 }
 
+/// An agent that completes every task with `text`.
+async fn completing(name: &str, skill: &str, text: &'static str) -> VendorAgent {
+    VendorAgent::start(name, &[skill], move |_| Reply::Complete {
+        text: Some(text.into()),
+        artifacts: vec![],
+    })
+    .await
+    .unwrap()
+}
+
+/// The first SendMessage `agent` received, and its handoff control.
+fn first_send(agent: &VendorAgent) -> (Received, Value) {
+    let seen = agent
+        .received()
+        .into_iter()
+        .find(|r| r.method == "SendMessage")
+        .expect("the agent was reached through both gateways");
+    let control = seen.params["message"]["metadata"]["urn:baton:handoff:v1"].clone();
+    (seen, control)
+}
+
 async fn send(gateway: &BatonProcess, path: &str, text: &str, metadata: Value) -> Value {
     let mut message = user_message(&message_id("g"), text);
     message["metadata"] = metadata;
@@ -47,12 +68,7 @@ async fn send(gateway: &BatonProcess, path: &str, text: &str, metadata: Value) -
 #[tokio::test]
 async fn hop_limits_and_cycles_hold_across_two_gateways() {
     // `x` lives behind A; `relay` behind B hands the work back toward A.
-    let x = VendorAgent::start("x", &["finish"], |_| Reply::Complete {
-        text: Some("finished behind A".into()),
-        artifacts: vec![],
-    })
-    .await
-    .unwrap();
+    let x = completing("x", "finish", "finished behind A").await;
     let relay = VendorAgent::start("relay", &["relay"], |turn| {
         let to = if turn.message.text().contains("cycle") {
             "back"
@@ -87,12 +103,7 @@ async fn hop_limits_and_cycles_hold_across_two_gateways() {
     // A → B → relay → back to A's x: three hops, within the default limit.
     let task = send(&a, "/agents/bgw/a2a", "please finish", json!({})).await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
-    let seen = x
-        .received()
-        .into_iter()
-        .find(|r| r.method == "SendMessage")
-        .expect("x was reached through both gateways");
-    let control = &seen.params["message"]["metadata"]["urn:baton:handoff:v1"];
+    let (seen, control) = first_send(&x);
     assert_eq!(control["chain"], json!(["bgw", "relay", "onward", "x"]));
     assert_eq!(control["hops"], 4);
     assert_eq!(seen.headers["baton-hops"], "4");
@@ -154,12 +165,7 @@ async fn hop_limits_and_cycles_hold_across_two_gateways() {
 #[tokio::test]
 async fn a_gateway_may_reach_an_agent_under_the_id_it_has_behind_the_other() {
     // `billing` lives behind B; A publishes B's `billing` under the same id.
-    let billing = VendorAgent::start("billing", &["refunds"], |_| Reply::Complete {
-        text: Some("refunded behind B".into()),
-        artifacts: vec![],
-    })
-    .await
-    .unwrap();
+    let billing = completing("billing", "refunds", "refunded behind B").await;
     let dir_a = tempfile::tempdir().unwrap();
     let dir_b = tempfile::tempdir().unwrap();
     let a = gateway(dir_a.path());
@@ -170,12 +176,7 @@ async fn a_gateway_may_reach_an_agent_under_the_id_it_has_behind_the_other() {
     // One agent reached through two gateways: two hops, no cycle.
     let task = send(&a, "/agents/billing/a2a", "refund me", json!({})).await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
-    let seen = billing
-        .received()
-        .into_iter()
-        .find(|r| r.method == "SendMessage")
-        .expect("billing was reached through both gateways");
-    let control = &seen.params["message"]["metadata"]["urn:baton:handoff:v1"];
+    let (_, control) = first_send(&billing);
     assert_eq!(control["chain"], json!(["billing"]));
     assert_eq!(control["hops"], 2);
 

@@ -55,7 +55,7 @@ impl Default for PushSettings {
 pub const MAX_CONFIGS_PER_TASK: usize = 10;
 
 /// Checks a push config's fields; `prefix` names where it sits in the params.
-pub fn check_config(
+fn check_fields(
     config: &TaskPushNotificationConfig,
     prefix: &str,
     violations: &mut Vec<FieldViolation>,
@@ -165,17 +165,17 @@ impl PushDispatcher {
         dispatcher
     }
 
-    /// Checks a push config as [`check_config`] does, and its URL against
-    /// the outbound policy where an IP literal names the host: one that
-    /// would be refused at every delivery is refused now. (Names are checked
-    /// at delivery, after resolution.)
+    /// Checks a push config's fields, and its URL against the outbound
+    /// policy where an IP literal names the host: one that would be refused
+    /// at every delivery is refused now. (Names are checked at delivery,
+    /// after resolution.) `prefix` names where it sits in the params.
     pub fn check_config(
         &self,
         config: &TaskPushNotificationConfig,
         prefix: &str,
         violations: &mut Vec<FieldViolation>,
     ) {
-        check_config(config, prefix, violations);
+        check_fields(config, prefix, violations);
         if let Ok(url) = reqwest::Url::parse(&config.url)
             && let Err(reason) = self.policy.check_url(&url)
         {
@@ -220,6 +220,9 @@ struct Notification {
 /// Notifications one webhook may have waiting; more are dropped (counted).
 const WEBHOOK_QUEUE: usize = 256;
 
+/// Fewest pipelines a shard holds before it lets go of idle ones.
+const PRUNE_AT_LEAST: usize = 64;
+
 /// How long a webhook's pipeline waits for its next notification before it
 /// ends (a later one starts a new pipeline).
 const WEBHOOK_IDLE: Duration = Duration::from_secs(60);
@@ -231,6 +234,9 @@ impl Worker {
     async fn run(self, mut receiver: mpsc::Receiver<Arc<LedgerEvent>>) {
         let worker = Arc::new(self);
         let mut pipelines: HashMap<(String, String), mpsc::Sender<Notification>> = HashMap::new();
+        // Pipelines that ended idle are let go when the map doubles, not
+        // looked over at every event.
+        let mut prune_at = PRUNE_AT_LEAST;
         while let Some(event) = receiver.recv().await {
             let Some(ledger) = worker.ledger.upgrade() else {
                 return;
@@ -253,7 +259,10 @@ impl Worker {
                     continue;
                 }
             };
-            pipelines.retain(|_, pipeline| !pipeline.is_closed());
+            if pipelines.len() >= prune_at {
+                pipelines.retain(|_, pipeline| !pipeline.is_closed());
+                prune_at = (pipelines.len() * 2).max(PRUNE_AT_LEAST);
+            }
             for config in configs {
                 let key = (config.task_id.clone(), config.id.clone());
                 let notification = Notification {
@@ -287,29 +296,17 @@ impl Worker {
         let (sender, mut receiver) = mpsc::channel::<Notification>(WEBHOOK_QUEUE);
         let worker = worker.clone();
         tokio::spawn(async move {
-            let deliver = |notification: Notification| {
-                let worker = worker.clone();
-                async move {
-                    let Notification {
+            loop {
+                match tokio::time::timeout(WEBHOOK_IDLE, receiver.recv()).await {
+                    Ok(Some(Notification {
                         config,
                         event,
                         body,
-                    } = notification;
-                    worker.deliver(&config, &event, body).await;
-                }
-            };
-            loop {
-                match tokio::time::timeout(WEBHOOK_IDLE, receiver.recv()).await {
-                    Ok(Some(notification)) => deliver(notification).await,
+                    })) => worker.deliver(&config, &event, body).await,
                     Ok(None) => return,
-                    Err(_idle) => {
-                        // No more is taken; what is queued still goes out.
-                        receiver.close();
-                        while let Some(notification) = receiver.recv().await {
-                            deliver(notification).await;
-                        }
-                        return;
-                    }
+                    // No more is taken; what is queued still goes out, then
+                    // `recv` ends the loop.
+                    Err(_idle) => receiver.close(),
                 }
             }
         });

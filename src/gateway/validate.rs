@@ -40,18 +40,18 @@ pub fn check_message(message: &Message, path: &str, violations: &mut Vec<FieldVi
         check_part(part, path, i, violations);
     }
     if let Some(metadata) = &message.metadata {
-        check_depth(metadata, || format!("{path}.metadata"), violations);
+        check_depth(
+            object_depth(metadata),
+            || format!("{path}.metadata"),
+            violations,
+        );
     }
 }
 
-/// Checks that `object` (a `data` or `metadata` value) nests at most
-/// [`MAX_VALUE_DEPTH`] levels; `path` is written only for a violation.
-fn check_depth(
-    object: &serde_json::Map<String, serde_json::Value>,
-    path: impl FnOnce() -> String,
-    violations: &mut Vec<FieldViolation>,
-) {
-    if object_depth(object) > MAX_VALUE_DEPTH {
+/// Checks that a `data` or `metadata` value nesting `depth` levels nests at
+/// most [`MAX_VALUE_DEPTH`]; `path` is written only for a violation.
+fn check_depth(depth: usize, path: impl FnOnce() -> String, violations: &mut Vec<FieldViolation>) {
+    if depth > MAX_VALUE_DEPTH {
         violations.push(FieldViolation::new(
             path(),
             format!("nests deeper than {MAX_VALUE_DEPTH} levels"),
@@ -83,20 +83,13 @@ fn check_part(part: &Part, path: &str, index: usize, violations: &mut Vec<FieldV
             "must not be empty",
         ));
     }
-    if let PartContent::Data(data) = &part.content
-        && value_depth(data) > MAX_VALUE_DEPTH
-    {
-        violations.push(FieldViolation::new(
-            format!("{path}.parts[{index}].data"),
-            format!("nests deeper than {MAX_VALUE_DEPTH} levels"),
-        ));
+    if let PartContent::Data(data) = &part.content {
+        let path = || format!("{path}.parts[{index}].data");
+        check_depth(value_depth(data), path, violations);
     }
     if let Some(metadata) = &part.metadata {
-        check_depth(
-            metadata,
-            || format!("{path}.parts[{index}].metadata"),
-            violations,
-        );
+        let path = || format!("{path}.parts[{index}].metadata");
+        check_depth(object_depth(metadata), path, violations);
     }
 }
 

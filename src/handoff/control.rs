@@ -63,10 +63,18 @@ pub struct Control {
 /// A count as JSON may carry it (a number or a numeric string): negative is
 /// zero, beyond `u32` is `u32::MAX`, anything else zero.
 fn saturating_count(value: &serde_json::Value) -> u32 {
-    let number = match value {
-        serde_json::Value::String(text) => text.trim().parse::<f64>().ok(),
-        other => other.as_f64(),
-    };
+    match value {
+        serde_json::Value::String(text) => saturating_count_text(text),
+        other => saturate(other.as_f64()),
+    }
+}
+
+/// [`saturating_count`] of a count written as text (a header's).
+fn saturating_count_text(text: &str) -> u32 {
+    saturate(text.trim().parse::<f64>().ok())
+}
+
+fn saturate(number: Option<f64>) -> u32 {
     number.map_or(0, |n| n.clamp(0.0, f64::from(u32::MAX)) as u32)
 }
 
@@ -127,7 +135,7 @@ impl Incoming {
                 .and_then(|v| serde_json::from_value(v.clone()).ok()),
             traceparent: header(TRACEPARENT_HEADER),
             tracestate: header(TRACESTATE_HEADER),
-            hops: header(HOPS_HEADER).map(|v| saturating_count(&serde_json::Value::String(v))),
+            hops: header(HOPS_HEADER).map(|v| saturating_count_text(&v)),
             chain: header(CHAIN_HEADER).map(|v| {
                 v.split(',')
                     .map(str::trim)

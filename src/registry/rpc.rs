@@ -28,16 +28,22 @@ pub mod methods {
 /// A reply with credentials kept out of every URL in it (see
 /// [`hide_credentials`]).
 fn reply<T: Serialize>(request: &RpcRequest<'_>, result: Result<T, GatewayError>) -> Response {
-    let shown = result.and_then(|value| {
-        let mut shown = serde_json::to_value(value)
-            .map_err(|e| GatewayError::Internal(format!("cannot encode a registry reply: {e}")))?;
-        hide_credentials(&mut shown);
-        success_body(request.id, &shown)
-    });
+    let shown = result
+        .and_then(shown)
+        .and_then(|value| success_body(request.id, &value));
     match shown {
         Ok(body) => json_reply(StatusCode::OK, body),
         Err(err) => error_reply(Some(request.id), &err),
     }
+}
+
+/// `value` as JSON with [`hide_credentials`] applied: what the registry
+/// shows of it.
+pub fn shown<T: Serialize>(value: T) -> Result<serde_json::Value, GatewayError> {
+    let mut shown = serde_json::to_value(value)
+        .map_err(|e| GatewayError::Internal(format!("cannot encode a registry reply: {e}")))?;
+    hide_credentials(&mut shown);
+    Ok(shown)
 }
 
 /// Removes the `user:password@` of every URL in `value`'s strings: a card

@@ -375,7 +375,12 @@ impl Registry {
                 ));
             }
         };
-        let card = self.validator.validate(&json).map_err(|violations| {
+        Ok((self.accept_card(&json)?, card_url))
+    }
+
+    /// A card as JSON, validated, and reachable over JSON-RPC.
+    fn accept_card(&self, json: &serde_json::Value) -> Result<AgentCard, GatewayError> {
+        let card = self.validator.validate(json).map_err(|violations| {
             GatewayError::invalid_fields(
                 violations
                     .into_iter()
@@ -383,17 +388,7 @@ impl Registry {
                     .collect(),
             )
         })?;
-        if !card
-            .supported_interfaces
-            .iter()
-            .any(|i| i.protocol_binding == "JSONRPC")
-        {
-            return Err(GatewayError::invalid_field(
-                "/card/supportedInterfaces",
-                "Baton reaches agents over JSON-RPC: declare a JSONRPC interface",
-            ));
-        }
-        Ok((card, card_url))
+        require_jsonrpc(card)
     }
 
     /// `RegisterAgent`.
@@ -474,8 +469,21 @@ impl Registry {
         // meanwhile.
         self.owned(owner, &id)?;
         let (card, card_url) = self.resolve_card(&params).await?;
+        self.update_to(owner, &id, params, card, card_url).await
+    }
+
+    /// Stores `card` as the caller's agent `id`, with `params` over what it
+    /// had.
+    async fn update_to(
+        &self,
+        owner: &str,
+        id: &str,
+        params: RegisterParams,
+        card: AgentCard,
+        card_url: Option<String>,
+    ) -> Result<AgentRecord, GatewayError> {
         let _change = self.changes.lock().await;
-        let existing = self.owned(owner, &id)?;
+        let existing = self.owned(owner, id)?;
         let mut params = params;
         params.skill_output_schemas = params
             .skill_output_schemas
@@ -486,7 +494,7 @@ impl Registry {
         params.allow_from = params.allow_from.or(existing.allow_from);
         self.store(
             owner,
-            &id,
+            id,
             card,
             card_url,
             &params,
@@ -662,14 +670,22 @@ impl Registry {
                     && let Ok(card) = self.validator.validate(&fetched.json)
                     && card != record.card
                 {
-                    // By its URL again, which the record keeps following
-                    // (an inline card would make it a card of its own).
-                    let params = RegisterParams {
-                        id: Some(record.id.clone()),
-                        card_url: record.card_url.clone(),
-                        ..RegisterParams::default()
+                    // The card just fetched, under the URL the record keeps
+                    // following (an inline card would be one of its own).
+                    let taken = match require_jsonrpc(card) {
+                        Ok(card) => {
+                            let params = RegisterParams {
+                                id: Some(record.id.clone()),
+                                ..RegisterParams::default()
+                            };
+                            let card_url = record.card_url.clone();
+                            self.update_to(&record.owner, &record.id, params, card, card_url)
+                                .await
+                                .map(drop)
+                        }
+                        Err(err) => Err(err),
                     };
-                    if let Err(err) = self.update(&record.owner, params).await {
+                    if let Err(err) = taken {
                         tracing::warn!(agent = %record.id, %err, "changed card not taken");
                     }
                 }
@@ -760,6 +776,21 @@ fn matches_search(card: &AgentCard, id: &str, params: &SearchParams) -> bool {
         }
     }
     true
+}
+
+/// `card`, if Baton can reach its agent: over JSON-RPC.
+fn require_jsonrpc(card: AgentCard) -> Result<AgentCard, GatewayError> {
+    if !card
+        .supported_interfaces
+        .iter()
+        .any(|i| i.protocol_binding == "JSONRPC")
+    {
+        return Err(GatewayError::invalid_field(
+            "/card/supportedInterfaces",
+            "Baton reaches agents over JSON-RPC: declare a JSONRPC interface",
+        ));
+    }
+    Ok(card)
 }
 
 #[cfg(test)]

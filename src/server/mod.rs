@@ -262,15 +262,12 @@ async fn registry_search(
     if let Err(response) = state.authenticate(&headers) {
         return response;
     }
-    let page = state.registry.search(&params).and_then(|page| {
-        serde_json::to_value(page)
-            .map_err(|e| GatewayError::Internal(format!("cannot encode the agents: {e}")))
-    });
+    let page = state
+        .registry
+        .search(&params)
+        .and_then(crate::registry::rpc::shown);
     match page {
-        Ok(mut page) => {
-            crate::registry::rpc::hide_credentials(&mut page);
-            axum::Json(page).into_response()
-        }
+        Ok(page) => axum::Json(page).into_response(),
         Err(err) => (
             StatusCode::BAD_REQUEST,
             axum::Json(serde_json::json!({"error": err.to_rpc_error()})),

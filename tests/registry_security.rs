@@ -1003,21 +1003,17 @@ async fn baton_agents_cli_end_to_end() {
 #[tokio::test]
 async fn an_unknown_agent_path_is_401_without_a_key_and_404_with_one() {
     let gateway = baton().api_keys(KEYS).start().await;
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}});
-    let client = reqwest::Client::new();
-    let post = |key: Option<&'static str>| {
-        let mut request = client
-            .post(gateway.url("/agents/nope/a2a"))
-            .header("content-type", "application/json")
-            .header("a2a-version", "1.0")
-            .body(body.to_string());
-        if let Some(key) = key {
-            request = request.bearer_auth(key);
+    let get = |authorization: Option<&'static str>| {
+        let gateway = &gateway;
+        async move {
+            let path = "/agents/nope/a2a";
+            rpc_with(gateway, path, authorization, "GetTask", json!({"id": "x"}))
+                .await
+                .status
         }
-        request.send()
     };
-    assert_eq!(post(None).await.unwrap().status(), 401);
-    assert_eq!(post(Some("not-a-key")).await.unwrap().status(), 401);
-    assert_eq!(post(Some(ACME)).await.unwrap().status(), 404);
+    assert_eq!(get(None).await, 401);
+    assert_eq!(get(Some("Bearer not-a-key")).await, 401);
+    assert_eq!(get(Some("Bearer KEY1")).await, 404);
     gateway.stop().await;
 }

@@ -25,11 +25,6 @@ fn loopback() -> OutboundPolicy {
     }
 }
 
-/// Short timeouts and quick polls, so failures show fast.
-fn fast() -> UpstreamSettings {
-    fast_upstream()
-}
-
 /// The card `upstream` publishes for `agent`, declaring streaming or not.
 async fn published_card(upstream: &TestBaton, agent: &str, streaming: bool) -> AgentCard {
     let url = upstream.url(&format!("/agents/{agent}/.well-known/agent-card.json"));
@@ -85,7 +80,7 @@ async fn blocking_send_is_forwarded_under_gateway_ids() {
     for streaming in [true, false] {
         let gateway = gateway_for(
             published_card(&upstream, "scenario", streaming).await,
-            fast(),
+            fast_upstream(),
         )
         .await;
         let first_id = message_id("tck-complete-task");
@@ -132,7 +127,11 @@ async fn blocking_send_is_forwarded_under_gateway_ids() {
 #[tokio::test]
 async fn streaming_send_is_relayed_with_gateway_ids() {
     let upstream = baton().start().await;
-    let gateway = gateway_for(published_card(&upstream, "scenario", true).await, fast()).await;
+    let gateway = gateway_for(
+        published_card(&upstream, "scenario", true).await,
+        fast_upstream(),
+    )
+    .await;
     let params = json!({"message": user_message(&message_id("tck-stream-001"), "go")});
     let reply = gateway
         .stream_at("/a2a", "SendStreamingMessage", params, 100)
@@ -166,8 +165,11 @@ async fn return_immediately_and_three_subscribers() {
     let gated = GatedAgent::new();
     let upstream = baton().agent("gated", gated.clone()).start().await;
     for streaming in [true, false] {
-        let gateway =
-            gateway_for(published_card(&upstream, "gated", streaming).await, fast()).await;
+        let gateway = gateway_for(
+            published_card(&upstream, "gated", streaming).await,
+            fast_upstream(),
+        )
+        .await;
         let params = json!({
             "message": user_message(&message_id("m"), "fan out"),
             "configuration": {"returnImmediately": true},
@@ -239,7 +241,7 @@ async fn direct_message_replies_pass_through() {
     for streaming in [true, false] {
         let gateway = gateway_for(
             published_card(&upstream, "scenario", streaming).await,
-            fast(),
+            fast_upstream(),
         )
         .await;
         let result = gateway
@@ -275,7 +277,7 @@ async fn input_required_resumes_the_upstream_task() {
     for streaming in [true, false] {
         let gateway = gateway_for(
             published_card(&upstream, "scenario", streaming).await,
-            fast(),
+            fast_upstream(),
         )
         .await;
         let first = gateway
@@ -349,7 +351,7 @@ async fn cancel_is_forwarded_to_the_upstream_task() {
     let upstream = baton().agent("gated", gated.clone()).start().await;
     for streaming in [true, false] {
         let card = published_card(&upstream, "gated", streaming).await;
-        let gateway = gateway_for(card.clone(), fast()).await;
+        let gateway = gateway_for(card.clone(), fast_upstream()).await;
         let params = json!({
             "message": user_message(&message_id("m"), "long job"),
             "configuration": {"returnImmediately": true},
@@ -370,7 +372,7 @@ async fn cancel_is_forwarded_to_the_upstream_task() {
         );
 
         // A second cancel of the upstream task is the upstream's to refuse.
-        let agent = remote(card, fast());
+        let agent = remote(card, fast_upstream());
         let task = Task {
             id: task_id.clone(),
             ..Task::default()
@@ -388,7 +390,11 @@ async fn cancel_is_forwarded_to_the_upstream_task() {
 #[tokio::test]
 async fn the_ledger_answers_when_the_upstream_is_gone() {
     let upstream = baton().start().await;
-    let gateway = gateway_for(published_card(&upstream, "scenario", true).await, fast()).await;
+    let gateway = gateway_for(
+        published_card(&upstream, "scenario", true).await,
+        fast_upstream(),
+    )
+    .await;
     let result = gateway
         .send_text(&message_id("tck-artifact-text"), "x", json!({}))
         .await;
@@ -449,7 +455,7 @@ async fn an_unreachable_upstream_is_reported_as_such() {
     let url = format!("http://{}/a2a", listener.local_addr().unwrap());
     drop(listener);
     for streaming in [true, false] {
-        let gateway = gateway_for(card_at(&url, streaming), fast()).await;
+        let gateway = gateway_for(card_at(&url, streaming), fast_upstream()).await;
         assert_upstream_fault(&send_to_gateway(&gateway).await, "UPSTREAM_UNREACHABLE");
         let listed = gateway.call("ListTasks", json!({})).await;
         assert_eq!(listed.result()["totalSize"], 0, "no task was created");
@@ -470,7 +476,7 @@ async fn a_silent_upstream_times_out() {
     });
     let settings = UpstreamSettings {
         request_timeout: Duration::from_millis(300),
-        ..fast()
+        ..fast_upstream()
     };
     for streaming in [true, false] {
         let gateway = gateway_for(card_at(&url, streaming), settings.clone()).await;
@@ -518,7 +524,7 @@ async fn fake_agent(
 #[tokio::test]
 async fn a_non_json_answer_is_an_invalid_agent_response() {
     let (url, _, server) = fake_agent(|_| ("text/html", "<html>Bad gateway</html>".into())).await;
-    expect_invalid_answer(&url, &[true, false], fast(), "not JSON").await;
+    expect_invalid_answer(&url, &[true, false], fast_upstream(), "not JSON").await;
     server.abort();
 }
 
@@ -553,7 +559,7 @@ async fn an_answer_over_the_size_limit_is_an_invalid_agent_response() {
 fn limited() -> UpstreamSettings {
     UpstreamSettings {
         max_body_bytes: 1024,
-        ..fast()
+        ..fast_upstream()
     }
 }
 
@@ -612,7 +618,7 @@ async fn an_answer_that_is_not_a2a_is_an_invalid_agent_response() {
     })
     .await;
     for streaming in [true, false] {
-        let gateway = gateway_for(card_at(&url, streaming), fast()).await;
+        let gateway = gateway_for(card_at(&url, streaming), fast_upstream()).await;
         assert_invalid_agent_response(&send_to_gateway(&gateway).await);
 
         // What the agent received: an A2A 1.0 request.
@@ -635,6 +641,26 @@ async fn an_answer_that_is_not_a2a_is_an_invalid_agent_response() {
             body["params"]["configuration"]["returnImmediately"].as_bool() == Some(true),
             !streaming
         );
+        gateway.stop().await;
+    }
+    server.abort();
+}
+
+#[tokio::test]
+async fn credentials_in_the_agent_url_are_sent_as_basic_authorization() {
+    let (url, seen, server) = fake_agent(|request| {
+        let id = &request["id"];
+        let body = json!({"jsonrpc": "2.0", "id": id, "result": {"bogus": true}});
+        ("application/json", body.to_string())
+    })
+    .await;
+    let with_credentials = url.replacen("http://", "http://svc:S3cret@", 1);
+    for streaming in [true, false] {
+        let gateway = gateway_for(card_at(&with_credentials, streaming), fast_upstream()).await;
+        send_to_gateway(&gateway).await;
+        let headers = seen.lock().unwrap().headers.clone().unwrap();
+        // base64("svc:S3cret")
+        assert_eq!(headers["authorization"], "Basic c3ZjOlMzY3JldA==");
         gateway.stop().await;
     }
     server.abort();
@@ -663,7 +689,7 @@ async fn an_upstream_error_passes_through_unchanged() {
     })
     .await;
     for streaming in [true, false] {
-        let gateway = gateway_for(card_at(&url, streaming), fast()).await;
+        let gateway = gateway_for(card_at(&url, streaming), fast_upstream()).await;
         let reply = send_to_gateway(&gateway).await;
         assert_eq!(reply.body["error"], agent_error(), "streaming={streaming}");
         gateway.stop().await;
@@ -680,7 +706,7 @@ async fn an_upstream_error_passes_through_unchanged() {
         )
     })
     .await;
-    let gateway = gateway_for(card_at(&url, true), fast()).await;
+    let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
     let reply = send_to_gateway(&gateway).await;
     assert_eq!(reply.body["error"], agent_error());
     gateway.stop().await;
@@ -714,7 +740,7 @@ async fn a_stream_that_ends_early_is_followed_by_polling() {
         }
     })
     .await;
-    let gateway = gateway_for(card_at(&url, true), fast()).await;
+    let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
     let result = gateway
         .send_text(&message_id("m"), "hello", json!({}))
         .await;
@@ -790,8 +816,14 @@ async fn recover_follows_a_running_upstream_task_to_its_end() {
         status: TaskStatus::now(TaskState::Working, None),
         ..Task::default()
     };
-    let streaming = remote(published_card(&upstream, "scenario", true).await, fast());
-    let polling = remote(published_card(&upstream, "scenario", false).await, fast());
+    let streaming = remote(
+        published_card(&upstream, "scenario", true).await,
+        fast_upstream(),
+    );
+    let polling = remote(
+        published_card(&upstream, "scenario", false).await,
+        fast_upstream(),
+    );
     let ((streamed, streamed_events), (polled, polled_events)) = tokio::join!(
         recover(&streaming, &task, Some(&up)),
         recover(&polling, &task, Some(&up)),

@@ -301,6 +301,56 @@ async fn a_task_holds_ten_push_configs_and_a_hanging_webhook_holds_up_none_of_th
     }
 }
 
+// Several workers, so that the creates can run at the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_creates_pass_the_ten_config_cap_no_more_than_ten_times() {
+    let receiver = Receiver::start().await;
+    let baton = baton().start().await;
+    let task_id = input_required_task(&baton).await;
+    let creates = (0..20).map(|n| {
+        let params =
+            json!({"taskId": task_id, "id": format!("c-{n}"), "url": receiver.url("/hook")});
+        baton.call("CreateTaskPushNotificationConfig", params)
+    });
+    let replies = futures::future::join_all(creates).await;
+    let made = replies.iter().filter(|r| r.body.get("result").is_some());
+    assert_eq!(made.count(), 10);
+    for refused in replies.iter().filter(|r| r.body.get("result").is_none()) {
+        assert_eq!(refused.code(), Some(-32602), "{}", refused.body);
+    }
+    let listed = baton
+        .call(
+            "ListTaskPushNotificationConfigs",
+            json!({"taskId": task_id}),
+        )
+        .await;
+    assert_eq!(listed.result()["configs"].as_array().unwrap().len(), 10);
+
+    // A send continuing the task may not add an eleventh inline; the
+    // message is not taken.
+    let mut message = user_message(&message_id("tck-complete-task"), "here you go");
+    message["taskId"] = json!(task_id);
+    let configuration = json!({"taskPushNotificationConfig": {"url": receiver.url("/hook")}});
+    let reply = baton
+        .call_at(
+            "/agents/scenario/a2a",
+            "SendMessage",
+            json!({"message": message, "configuration": configuration}),
+        )
+        .await;
+    assert_eq!(reply.code(), Some(-32602), "{}", reply.body);
+    let says = reply.body.to_string();
+    assert!(
+        says.contains("configuration.taskPushNotificationConfig"),
+        "{says}"
+    );
+    let task = baton.call("GetTask", json!({"id": task_id})).await;
+    assert_eq!(
+        task.result()["status"]["state"],
+        "TASK_STATE_INPUT_REQUIRED"
+    );
+}
+
 #[tokio::test]
 async fn push_config_methods_success_paths() {
     let receiver = Receiver::start().await;

@@ -485,22 +485,32 @@ impl Gateway {
         if config.id.is_empty() {
             config.id = uuid::Uuid::new_v4().to_string();
         }
-        // Every config of a task is notified of each of its events.
-        let held = self.ledger.push_configs(&config.task_id)?;
-        if held.len() >= crate::push::MAX_CONFIGS_PER_TASK && held.iter().all(|c| c.id != config.id)
-        {
-            return Err(GatewayError::invalid_field(
-                "taskId",
-                format!(
-                    "task {} holds {} push configs, the most a task may; delete one first",
-                    config.task_id,
-                    held.len()
-                ),
-            ));
-        }
         config.tenant.clear();
-        self.ledger.put_push_config(&config).await?;
+        self.store_push_config(&config, "taskId").await?;
         Ok(config)
+    }
+
+    /// Stores a push config unless it would be one more than a task may
+    /// hold ([`crate::push::MAX_CONFIGS_PER_TASK`]; each is notified of
+    /// every event): that is an invalid `field`.
+    pub(crate) async fn store_push_config(
+        &self,
+        config: &TaskPushNotificationConfig,
+        field: &str,
+    ) -> Result<(), GatewayError> {
+        let most = crate::push::MAX_CONFIGS_PER_TASK;
+        self.ledger
+            .put_push_config(config, most)
+            .await?
+            .map_err(|held| {
+                GatewayError::invalid_field(
+                    field,
+                    format!(
+                        "task {} holds {held} push configs, the most a task may; delete one first",
+                        config.task_id
+                    ),
+                )
+            })
     }
 
     /// Checks a reference to one push config: push on, both ids given, and

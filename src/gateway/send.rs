@@ -594,9 +594,10 @@ impl Gateway {
             if push.id.is_empty() {
                 push.id = uuid::Uuid::new_v4().to_string();
             }
-            if let Err(err) = self.ledger.put_push_config(&push).await {
+            let field = "configuration.taskPushNotificationConfig";
+            if let Err(err) = self.store_push_config(&push, field).await {
                 self.release_claim(ctx).await;
-                return Err(err.into());
+                return Err(err);
             }
         }
 

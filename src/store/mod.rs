@@ -1232,32 +1232,30 @@ impl Ledger {
         Ok(total)
     }
 
-    /// Stores a push config durably (replacing one with the same id).
+    /// Stores a push config durably, replacing one with the same id, unless
+    /// it would be a new one beside `most` its task holds already: then it
+    /// returns `Err(held)`. Counted and written under the write lock, so two
+    /// concurrent creates cannot both pass the cap.
     pub async fn put_push_config(
         &self,
         config: &TaskPushNotificationConfig,
-    ) -> Result<(), LedgerError> {
+        most: usize,
+    ) -> Result<Result<(), usize>, LedgerError> {
         let key = keys::push_config(&config.task_id, &config.id);
-        self.write_push_config(key, Some(serde_json::to_vec(config)?))
-            .await
-    }
-
-    /// Writes a push config key, keeping the count of stored configs.
-    async fn write_push_config(
-        &self,
-        key: Vec<u8>,
-        value: Option<Vec<u8>>,
-    ) -> Result<(), LedgerError> {
-        let stores = value.is_some();
-        self.write_raw_with(key, value, |key| {
-            match (self.read_raw(key)?.is_some(), stores) {
-                (false, true) => self.push_configs_stored.fetch_add(1, Ordering::Relaxed),
-                (true, false) => self.push_configs_stored.fetch_sub(1, Ordering::Relaxed),
-                _ => 0,
-            };
-            Ok(())
-        })
-        .await
+        let value = serde_json::to_vec(config)?;
+        let ticket = {
+            let mut frames = self.write_lock.lock().expect("ledger lock");
+            if self.read_raw(&key)?.is_none() {
+                let held = self.scan_raw(&keys::push_prefix(&config.task_id))?.len();
+                if held >= most {
+                    return Ok(Err(held));
+                }
+                self.push_configs_stored.fetch_add(1, Ordering::Relaxed);
+            }
+            self.log_raw(&mut frames, key, Some(value))?
+        };
+        self.wait_written(ticket).await;
+        Ok(Ok(()))
     }
 
     /// How many push configs the ledger holds, shared: push delivery skips
@@ -1320,8 +1318,14 @@ impl Ledger {
         task_id: &str,
         config_id: &str,
     ) -> Result<(), LedgerError> {
-        self.write_push_config(keys::push_config(task_id, config_id), None)
-            .await
+        let key = keys::push_config(task_id, config_id);
+        self.write_raw_with(key, None, |key| {
+            if self.read_raw(key)?.is_some() {
+                self.push_configs_stored.fetch_sub(1, Ordering::Relaxed);
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// Claims an idempotency key for a send. Returns the earlier record when

@@ -1017,3 +1017,63 @@ async fn an_unknown_agent_path_is_401_without_a_key_and_404_with_one() {
     assert_eq!(get(Some("Bearer KEY1")).await, 404);
     gateway.stop().await;
 }
+
+#[tokio::test]
+async fn a_handoff_names_as_its_sender_only_an_agent_of_the_callers_agency() {
+    let upstream = baton().start().await;
+    let gateway = baton().api_keys(KEYS).start().await;
+    let echo = upstream_card(&upstream, "echo").await;
+    // acme's intake; globex's billing takes handoffs from intake and from
+    // peer-intake, which no agency registered here.
+    let agents = [
+        (ACME, "intake", json!({})),
+        (
+            GLOBEX,
+            "billing",
+            json!({"allowFrom": ["intake", "peer-intake"]}),
+        ),
+    ];
+    for (key, id, extra) in agents {
+        let mut params = json!({"id": id, "card": echo});
+        merge(&mut params, extra);
+        let reply = registry_as(&gateway, key, "RegisterAgent", params).await;
+        assert!(reply.code().is_none(), "{}", reply.body);
+    }
+    let hand_off_as = |key: &'static str, from: &'static str| {
+        let payload = json!({
+            "handoffId": format!("hf_{}", message_id("x")),
+            "from": from,
+            "to": "billing",
+            "reason": "specialization",
+            "goal": "Refund the duplicate March charge.",
+            "summary": "The customer was charged twice for invoice INV-0342.",
+            "keyFacts": {"invoice": "INV-0342"},
+        });
+        let message = json!({
+            "messageId": message_id("h"),
+            "role": "ROLE_USER",
+            "parts": [{"data": payload, "mediaType": "application/vnd.baton.handoff.v1+json"}],
+        });
+        let gateway = &gateway;
+        async move {
+            let params = json!({"message": message});
+            let reply = rpc_as(gateway, "/a2a", key, "SendMessage", params).await;
+            reply.result()["task"].clone()
+        }
+    };
+
+    // globex cannot pass for acme's intake.
+    let task = hand_off_as(GLOBEX, "intake").await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
+    assert_eq!(reason(&task), "NOT_ALLOWED");
+    // acme can; so can a name no agency registered here (a peer
+    // gateway's agent), on the caller's word.
+    let task = hand_off_as(ACME, "intake").await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let task = hand_off_as(GLOBEX, "peer-intake").await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let task = hand_off_as(GLOBEX, "stranger").await;
+    assert_eq!(reason(&task), "NOT_ALLOWED", "not on the allow list");
+    gateway.stop().await;
+    upstream.stop().await;
+}

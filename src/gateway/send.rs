@@ -309,6 +309,37 @@ impl Gateway {
             .route(&input, &views, self.next_balance())
     }
 
+    /// The sender a call names (a payload's `from`, or the end of its chain)
+    /// is the caller's word. Where it decides something, a target keeping
+    /// an allow list, an agent registered here is taken as the sender only
+    /// from the agency that registered it: NOT_ALLOWED for any other
+    /// authenticated caller. A name not registered here (an agent behind a
+    /// peer gateway) stays the caller's word; without API keys no caller is
+    /// known, and none is checked.
+    fn claimed_source_refusal(
+        &self,
+        ctx: &CallContext,
+        source: Option<&str>,
+        target: &str,
+    ) -> Option<super::relay::Refusal> {
+        let source = source?;
+        let guarded = self
+            .agent(target)
+            .is_some_and(|entry| entry.policy.allow_from.is_some());
+        let foreign = |entry: Arc<AgentEntry>| entry.owner != ctx.principal;
+        let impersonated = guarded
+            && ctx.principal != crate::auth::ANONYMOUS
+            && self.agent(source).is_some_and(foreign);
+        impersonated.then(|| {
+            let detail = serde_json::json!({
+                "source": source,
+                "target": target,
+                "why": "the source is an agent registered by another agency",
+            });
+            (reasons::NOT_ALLOWED, detail)
+        })
+    }
+
     /// Records a task refused by policy: REJECTED at once, with the reason
     /// code in a status part, and never delivered.
     async fn reject<W>(
@@ -651,9 +682,13 @@ impl Gateway {
                     .as_ref()
                     .map(|p| p.from.clone())
                     .or_else(|| merged.chain.last().cloned());
-                let refusal = handoff.refusal.clone().or_else(|| {
-                    policy_refusal(&merged, &agent_id, agent.as_deref(), source.as_deref())
-                });
+                let refusal = handoff
+                    .refusal
+                    .clone()
+                    .or_else(|| self.claimed_source_refusal(ctx, source.as_deref(), &agent_id))
+                    .or_else(|| {
+                        policy_refusal(&merged, &agent_id, agent.as_deref(), source.as_deref())
+                    });
                 if let Some((reason, detail)) = refusal {
                     let delivered = merged.delivered_to(&agent_id);
                     delivered.write_into(&mut message.metadata);

@@ -26,50 +26,58 @@ pub const TRACEPARENT_HEADER: HeaderName = HeaderName::from_static("traceparent"
 /// W3C trace state, passed on unchanged.
 pub const TRACESTATE_HEADER: HeaderName = HeaderName::from_static("tracestate");
 
-/// The control metadata of one line of work.
+/// The control metadata of one line of work. Read leniently, field by
+/// field: a field of the wrong type counts as absent, not the whole control,
+/// since another vendor's `null` would otherwise reset the hops, chain and
+/// deadline that stop loops.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Control {
     /// W3C trace id, 32 lowercase hex digits.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::text")]
     pub trace_id: String,
     /// How many times a gateway has forwarded this line of work.
-    #[serde(default, deserialize_with = "lenient_u32")]
+    #[serde(default, deserialize_with = "lenient::count")]
     pub hops: u32,
     /// Largest `hops` allowed.
-    #[serde(default, deserialize_with = "lenient_u32")]
+    #[serde(default, deserialize_with = "lenient::count")]
     pub max_hops: u32,
     /// The agents that have held this line of work, last the current one.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::texts")]
     pub chain: Vec<String>,
     /// When the work must be done.
     #[serde(
         default,
-        with = "wire::opt_timestamp",
+        serialize_with = "wire::opt_timestamp::serialize",
+        deserialize_with = "lenient::timestamp",
         skip_serializing_if = "Option::is_none"
     )]
     pub deadline: Option<DateTime<Utc>>,
     /// The gateway task this one is a child of.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_text",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub parent_task_id: Option<String>,
     /// The handoff this work came from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_text",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub handoff_id: Option<String>,
     /// A caller's correlation id, passed on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_text",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub correlation_id: Option<String>,
 }
 
-/// A count as JSON may carry it (a number or a numeric string): negative is
-/// zero, beyond `u32` is `u32::MAX`, anything else zero.
-fn saturating_count(value: &serde_json::Value) -> u32 {
-    match value {
-        serde_json::Value::String(text) => saturating_count_text(text),
-        other => saturate(other.as_f64()),
-    }
-}
-
-/// [`saturating_count`] of a count written as text (a header's).
+/// A count written as text (a header's, or in JSON): negative is zero,
+/// beyond `u32` is `u32::MAX`, anything else zero.
 fn saturating_count_text(text: &str) -> u32 {
     saturate(text.trim().parse::<f64>().ok())
 }
@@ -78,9 +86,122 @@ fn saturate(number: Option<f64>) -> u32 {
     number.map_or(0, |n| n.clamp(0.0, f64::from(u32::MAX)) as u32)
 }
 
-fn lenient_u32<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
-    let value = wire::int32(d)?;
-    Ok(u32::try_from(value).unwrap_or(0))
+/// The control's field readers: each takes a value of another type as
+/// absent, and never fails.
+mod lenient {
+    use super::{saturate, saturating_count_text, wire};
+    use chrono::{DateTime, Utc};
+    use serde::Deserializer;
+    use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use std::fmt;
+
+    /// What one JSON value is, as far as the control cares.
+    enum Shape {
+        Text(String),
+        Number(f64),
+        /// An array, with the strings among its items.
+        Texts(Vec<String>),
+        Other,
+    }
+
+    /// Reads any value as a [`Shape`].
+    struct AnyShape;
+
+    impl<'de> DeserializeSeed<'de> for AnyShape {
+        type Value = Shape;
+
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Shape, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for AnyShape {
+        type Value = Shape;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_str<E>(self, text: &str) -> Result<Shape, E> {
+            Ok(Shape::Text(text.to_owned()))
+        }
+        fn visit_string<E>(self, text: String) -> Result<Shape, E> {
+            Ok(Shape::Text(text))
+        }
+        fn visit_i64<E>(self, n: i64) -> Result<Shape, E> {
+            Ok(Shape::Number(n as f64))
+        }
+        fn visit_u64<E>(self, n: u64) -> Result<Shape, E> {
+            Ok(Shape::Number(n as f64))
+        }
+        fn visit_f64<E>(self, n: f64) -> Result<Shape, E> {
+            Ok(Shape::Number(n))
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Shape, E> {
+            Ok(Shape::Other)
+        }
+        fn visit_unit<E>(self) -> Result<Shape, E> {
+            Ok(Shape::Other)
+        }
+        fn visit_none<E>(self) -> Result<Shape, E> {
+            Ok(Shape::Other)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Shape, D::Error> {
+            d.deserialize_any(self)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Shape, A::Error> {
+            let mut texts = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+            while let Some(item) = seq.next_element_seed(AnyShape)? {
+                if let Shape::Text(text) = item {
+                    texts.push(text);
+                }
+            }
+            Ok(Shape::Texts(texts))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(Shape::Other)
+        }
+    }
+
+    fn shape<'de, D: Deserializer<'de>>(d: D) -> Result<Shape, D::Error> {
+        d.deserialize_any(AnyShape)
+    }
+
+    /// A string, else `None`.
+    pub fn opt_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        Ok(match shape(d)? {
+            Shape::Text(text) => Some(text),
+            _ => None,
+        })
+    }
+
+    /// A string, else empty.
+    pub fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        Ok(opt_text(d)?.unwrap_or_default())
+    }
+
+    /// The strings of an array, its other items left out; else empty.
+    pub fn texts<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+        Ok(match shape(d)? {
+            Shape::Texts(texts) => texts,
+            _ => Vec::new(),
+        })
+    }
+
+    /// A count, as a number or a numeric string, saturated to `u32` so that
+    /// a hop limit still holds; anything else zero.
+    pub fn count<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        Ok(match shape(d)? {
+            Shape::Number(n) => saturate(Some(n)),
+            Shape::Text(text) => saturating_count_text(&text),
+            _ => 0,
+        })
+    }
+
+    /// An RFC 3339 timestamp, else `None`.
+    pub fn timestamp<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
+        Ok(opt_text(d)?.and_then(|text| wire::parse_timestamp(&text).ok()))
+    }
 }
 
 /// The limits that apply to a call: the gateway's, narrowed by the agent's.
@@ -282,40 +403,13 @@ impl Control {
         Self::entry(metadata)?.get("parentTaskId")?.as_str()
     }
 
-    /// Reads the control from a metadata object. A field of the wrong type
-    /// counts as absent, not the whole control: another vendor's `null`
-    /// would otherwise reset the hops, chain and deadline that stop loops.
+    /// Reads the control from a metadata object; a field of the wrong type
+    /// counts as absent (see [`Control`]), an entry that is not an object
+    /// as no control.
     pub fn read_from(metadata: Option<&wire::Struct>) -> Option<Self> {
         // Decoded from the borrowed value: read several times per request,
         // and cloning the value first allocated its whole tree each time.
-        let entry = Self::entry(metadata)?;
-        Self::deserialize(entry)
-            .ok()
-            .or_else(|| Self::read_field_by_field(entry))
-    }
-
-    /// What [`Control::read_from`] takes when one field does not decode:
-    /// every field that does. A count beyond range is as large as it can be,
-    /// so that a hop limit still holds.
-    fn read_field_by_field(entry: &serde_json::Value) -> Option<Self> {
-        let object = entry.as_object()?;
-        let text = |name: &str| object.get(name)?.as_str().map(str::to_string);
-        let count = |name: &str| object.get(name).map_or(0, saturating_count);
-        let chain = object.get("chain").and_then(|v| v.as_array()).map(|ids| {
-            ids.iter()
-                .filter_map(|id| id.as_str().map(str::to_string))
-                .collect()
-        });
-        Some(Self {
-            trace_id: text("traceId").unwrap_or_default(),
-            hops: count("hops"),
-            max_hops: count("maxHops"),
-            chain: chain.unwrap_or_default(),
-            deadline: text("deadline").and_then(|t| wire::parse_timestamp(&t).ok()),
-            parent_task_id: text("parentTaskId"),
-            handoff_id: text("handoffId"),
-            correlation_id: text("correlationId"),
-        })
+        Self::deserialize(Self::entry(metadata)?).ok()
     }
 
     /// The headers that carry this control to an agent.
@@ -366,6 +460,27 @@ mod tests {
             u32::MAX
         );
         assert_eq!(read(serde_json::json!({"hops": -2, "traceId": 5})).hops, 0);
+        // Every field wrong at once: each absent, none failing the others.
+        let control = read(serde_json::json!({
+            "traceId": ["x"],
+            "hops": "7",
+            "maxHops": {"n": 1},
+            "chain": "a,b",
+            "deadline": "2030-01-01T00:00:00.000Z",
+            "parentTaskId": true,
+            "handoffId": [["h"]],
+        }));
+        assert_eq!((control.trace_id.as_str(), control.hops), ("", 7));
+        assert_eq!((control.max_hops, control.chain.len()), (0, 0));
+        assert!(control.deadline.is_some());
+        assert_eq!((control.parent_task_id, control.handoff_id), (None, None));
+        let nested = read(serde_json::json!({"chain": [["a"], "b", {"c": "d"}, null]}));
+        assert_eq!(nested.chain, ["b"]);
+        // An entry that is not an object is no control.
+        assert_eq!(
+            Control::read_from(Some(&metadata(serde_json::json!("x")))),
+            None
+        );
         let mut headers = axum::http::HeaderMap::new();
         headers.insert(HOPS_HEADER, "99999999999".parse().unwrap());
         assert_eq!(Incoming::read(&headers, None).hops, Some(u32::MAX));

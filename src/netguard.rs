@@ -9,6 +9,16 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+/// `url` without its `user:password@`: credentials go out in an
+/// Authorization header, never in a request line, a message or a log.
+pub fn without_credentials(url: &reqwest::Url) -> reqwest::Url {
+    let mut bare = url.clone();
+    // Only URLs that cannot be a base refuse these; http(s) ones never do.
+    let _ = bare.set_username("");
+    let _ = bare.set_password(None);
+    bare
+}
+
 /// Which outbound addresses are allowed, and which TLS servers trusted.
 #[derive(Clone, Debug, Default)]
 pub struct OutboundPolicy {

@@ -102,9 +102,7 @@ fn check_fields(
 /// A webhook URL as logs show it: without credentials, query or fragment,
 /// which may carry secrets.
 fn shown_url(url: &reqwest::Url) -> String {
-    let mut shown = url.clone();
-    let _ = shown.set_username("");
-    let _ = shown.set_password(None);
+    let mut shown = crate::netguard::without_credentials(url);
     shown.set_query(None);
     shown.set_fragment(None);
     shown.to_string()

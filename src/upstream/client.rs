@@ -83,9 +83,7 @@ impl UpstreamClient {
         // Credentials in the URL go in an Authorization header, as reqwest
         // sent them, and never into messages or logs.
         let authorization = basic_authorization(&parsed);
-        let mut bare = parsed;
-        let _ = bare.set_username("");
-        let _ = bare.set_password(None);
+        let bare = crate::netguard::without_credentials(&parsed);
         let uri = bare
             .as_str()
             .parse()

@@ -1003,18 +1003,24 @@ async fn baton_agents_cli_end_to_end() {
 #[tokio::test]
 async fn an_unknown_agent_path_is_401_without_a_key_and_404_with_one() {
     let gateway = baton().api_keys(KEYS).start().await;
-    let get = |authorization: Option<&'static str>| {
-        let gateway = &gateway;
-        async move {
-            let path = "/agents/nope/a2a";
-            rpc_with(gateway, path, authorization, "GetTask", json!({"id": "x"}))
-                .await
-                .status
-        }
-    };
-    assert_eq!(get(None).await, 401);
-    assert_eq!(get(Some("Bearer not-a-key")).await, 401);
-    assert_eq!(get(Some("Bearer KEY1")).await, 404);
+    let acme = format!("Bearer {ACME}");
+    let expected = [
+        (None, 401),
+        (Some("Bearer not-a-key"), 401),
+        (Some(&*acme), 404),
+    ];
+    for (authorization, status) in expected {
+        let params = json!({"id": "x"});
+        let reply = rpc_with(
+            &gateway,
+            "/agents/nope/a2a",
+            authorization,
+            "GetTask",
+            params,
+        )
+        .await;
+        assert_eq!(reply.status, status, "{authorization:?}");
+    }
     gateway.stop().await;
 }
 
@@ -1023,15 +1029,15 @@ async fn a_handoff_names_as_its_sender_only_an_agent_of_the_callers_agency() {
     let upstream = baton().start().await;
     let gateway = baton().api_keys(KEYS).start().await;
     let echo = upstream_card(&upstream, "echo").await;
-    // acme's intake; globex's billing takes handoffs from intake and from
-    // peer-intake, which no agency registered here.
+    // acme's intake and retired-intake; globex's billing takes handoffs from
+    // those, from peer-intake (which no agency registered here) and from the
+    // built-in scenario agent; globex's open agent takes them from anyone.
+    let allowed = ["intake", "retired-intake", "peer-intake", "scenario"];
     let agents = [
         (ACME, "intake", json!({})),
-        (
-            GLOBEX,
-            "billing",
-            json!({"allowFrom": ["intake", "peer-intake"]}),
-        ),
+        (ACME, "retired-intake", json!({})),
+        (GLOBEX, "billing", json!({"allowFrom": allowed})),
+        (GLOBEX, "open", json!({})),
     ];
     for (key, id, extra) in agents {
         let mut params = json!({"id": id, "card": echo});
@@ -1039,41 +1045,77 @@ async fn a_handoff_names_as_its_sender_only_an_agent_of_the_callers_agency() {
         let reply = registry_as(&gateway, key, "RegisterAgent", params).await;
         assert!(reply.code().is_none(), "{}", reply.body);
     }
-    let hand_off_as = |key: &'static str, from: &'static str| {
+    let retired = json!({"id": "retired-intake"});
+    let reply = registry_as(&gateway, ACME, "DeregisterAgent", retired).await;
+    assert!(reply.code().is_none(), "{}", reply.body);
+
+    // A message to `path` as the agency holding `key`, with `part` and the
+    // handoff control `control`; the task it made.
+    let send = |key: &'static str, path: &'static str, part: Value, control: Value| {
+        let message = json!({
+            "messageId": message_id("h"),
+            "role": "ROLE_USER",
+            "parts": [part],
+            "metadata": {"urn:baton:handoff:v1": control},
+        });
+        let gateway = &gateway;
+        async move {
+            let params = json!({"message": message});
+            let reply = rpc_as(gateway, path, key, "SendMessage", params).await;
+            assert!(reply.code().is_none(), "{}", reply.body);
+            reply.result()["task"].clone()
+        }
+    };
+    let handoff = |from: &str, to: &str| {
         let payload = json!({
             "handoffId": format!("hf_{}", message_id("x")),
             "from": from,
-            "to": "billing",
+            "to": to,
             "reason": "specialization",
             "goal": "Refund the duplicate March charge.",
             "summary": "The customer was charged twice for invoice INV-0342.",
             "keyFacts": {"invoice": "INV-0342"},
         });
-        let message = json!({
-            "messageId": message_id("h"),
-            "role": "ROLE_USER",
-            "parts": [{"data": payload, "mediaType": "application/vnd.baton.handoff.v1+json"}],
-        });
-        let gateway = &gateway;
-        async move {
-            let params = json!({"message": message});
-            let reply = rpc_as(gateway, "/a2a", key, "SendMessage", params).await;
-            reply.result()["task"].clone()
-        }
+        json!({"data": payload, "mediaType": "application/vnd.baton.handoff.v1+json"})
     };
+    let state = |task: &Value| task["status"]["state"].as_str().unwrap_or("").to_string();
 
-    // globex cannot pass for acme's intake.
-    let task = hand_off_as(GLOBEX, "intake").await;
-    assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
-    assert_eq!(reason(&task), "NOT_ALLOWED");
-    // acme can; so can a name no agency registered here (a peer
-    // gateway's agent), on the caller's word.
-    let task = hand_off_as(ACME, "intake").await;
-    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
-    let task = hand_off_as(GLOBEX, "peer-intake").await;
-    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
-    let task = hand_off_as(GLOBEX, "stranger").await;
+    // globex cannot pass for acme's intake, nor for the agent acme
+    // deregistered; acme can pass for its own.
+    for from in ["intake", "retired-intake"] {
+        let task = send(GLOBEX, "/a2a", handoff(from, "billing"), json!({})).await;
+        assert_eq!(state(&task), "TASK_STATE_REJECTED", "{task}");
+        assert_eq!(reason(&task), "NOT_ALLOWED", "{task}");
+    }
+    let task = send(ACME, "/a2a", handoff("intake", "billing"), json!({})).await;
+    assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{task}");
+    // A name no agency holds here is the caller's word: a peer gateway's
+    // agent, and the operator's built-in scenario agent.
+    for from in ["peer-intake", "scenario"] {
+        let task = send(GLOBEX, "/a2a", handoff(from, "billing"), json!({})).await;
+        assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{from}: {task}");
+    }
+    let task = send(GLOBEX, "/a2a", handoff("stranger", "billing"), json!({})).await;
     assert_eq!(reason(&task), "NOT_ALLOWED", "not on the allow list");
+    // Where no allow list decides, the claim is not checked.
+    let task = send(GLOBEX, "/a2a", handoff("intake", "open"), json!({})).await;
+    assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{task}");
+    // The end of a chain the caller sends is a claim too.
+    let text = json!({"text": "forwarded"});
+    let chain = json!({"chain": ["intake"]});
+    let task = send(GLOBEX, "/agents/billing/a2a", text.clone(), chain).await;
+    assert_eq!(reason(&task), "NOT_ALLOWED", "{task}");
+    // Policy's own reasons come first: a cycle stays a cycle.
+    let cycle = json!({"chain": ["billing"]});
+    let task = send(GLOBEX, "/a2a", handoff("intake", "billing"), cycle).await;
+    assert_eq!(reason(&task), "HANDOFF_CYCLE", "{task}");
+    // The agent that held the parent task, by the ledger's record, is no
+    // claim: globex's task at acme's intake may go on to billing.
+    let parent = send(GLOBEX, "/agents/intake/a2a", text.clone(), json!({})).await;
+    assert_eq!(state(&parent), "TASK_STATE_COMPLETED", "{parent}");
+    let child = json!({"parentTaskId": parent["id"]});
+    let task = send(GLOBEX, "/agents/billing/a2a", text, child).await;
+    assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{task}");
     gateway.stop().await;
     upstream.stop().await;
 }

@@ -656,9 +656,16 @@ async fn credentials_in_the_agent_url_are_sent_as_basic_authorization() {
     .await;
     let with_credentials = url.replacen("http://", "http://svc:S3cret@", 1);
     for streaming in [true, false] {
+        // Each run reads only what its own send delivered.
+        *seen.lock().unwrap() = Seen::default();
         let gateway = gateway_for(card_at(&with_credentials, streaming), fast_upstream()).await;
         send_to_gateway(&gateway).await;
-        let headers = seen.lock().unwrap().headers.clone().unwrap();
+        let headers = seen
+            .lock()
+            .unwrap()
+            .headers
+            .clone()
+            .expect("the agent was called");
         // base64("svc:S3cret")
         assert_eq!(headers["authorization"], "Basic c3ZjOlMzY3JldA==");
         gateway.stop().await;

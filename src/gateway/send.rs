@@ -311,29 +311,37 @@ impl Gateway {
 
     /// The sender a call names (a payload's `from`, or the end of its chain)
     /// is the caller's word. Where it decides something, a target keeping
-    /// an allow list, an agent registered here is taken as the sender only
-    /// from the agency that registered it: NOT_ALLOWED for any other
-    /// authenticated caller. A name not registered here (an agent behind a
-    /// peer gateway) stays the caller's word; without API keys no caller is
-    /// known, and none is checked.
+    /// an allow list, an agent registered here, or deregistered since, is
+    /// taken as the sender only from the agency that registered it:
+    /// NOT_ALLOWED for any other authenticated caller. It stands when it is
+    /// `vouched`, the agent that held the parent task by the ledger's own
+    /// record. A name no agency holds here (an agent behind a peer gateway,
+    /// the operator's start-up and built-in agents, agents registered
+    /// before any key existed) stays the caller's word; without API keys no
+    /// caller is known, and none is checked.
     fn claimed_source_refusal(
         &self,
         ctx: &CallContext,
         source: Option<&str>,
-        target: &str,
+        target: Option<&AgentEntry>,
+        vouched: Option<&str>,
     ) -> Option<super::relay::Refusal> {
         let source = source?;
-        let guarded = self
-            .agent(target)
-            .is_some_and(|entry| entry.policy.allow_from.is_some());
-        let foreign = |entry: Arc<AgentEntry>| entry.owner != ctx.principal;
-        let impersonated = guarded
-            && ctx.principal != crate::auth::ANONYMOUS
-            && self.agent(source).is_some_and(foreign);
-        impersonated.then(|| {
+        let guarded = target.is_some_and(|entry| entry.policy.allow_from.is_some());
+        if !guarded || ctx.principal == crate::auth::ANONYMOUS || vouched == Some(source) {
+            return None;
+        }
+        let held_by = match self.agent(source) {
+            Some(entry) => Some(entry.owner.clone()),
+            None => self.ledger.retired_agent_owner(source).ok().flatten(),
+        };
+        let unverifiable = [crate::launch::LOCAL_OWNER, crate::auth::ANONYMOUS];
+        let foreign =
+            held_by.is_some_and(|owner| owner != ctx.principal && !unverifiable.contains(&&*owner));
+        foreign.then(|| {
             let detail = serde_json::json!({
                 "source": source,
-                "target": target,
+                "target": target.map(|entry| entry.id.as_str()),
                 "why": "the source is an agent registered by another agency",
             });
             (reasons::NOT_ALLOWED, detail)
@@ -682,12 +690,17 @@ impl Gateway {
                     .as_ref()
                     .map(|p| p.from.clone())
                     .or_else(|| merged.chain.last().cloned());
+                // The agent that held the parent task, by the ledger's record.
+                let vouched = lineage.as_ref().and_then(|l| l.chain.last());
                 let refusal = handoff
                     .refusal
                     .clone()
-                    .or_else(|| self.claimed_source_refusal(ctx, source.as_deref(), &agent_id))
                     .or_else(|| {
                         policy_refusal(&merged, &agent_id, agent.as_deref(), source.as_deref())
+                    })
+                    .or_else(|| {
+                        let (source, vouched) = (source.as_deref(), vouched.map(String::as_str));
+                        self.claimed_source_refusal(ctx, source, agent.as_deref(), vouched)
                     });
                 if let Some((reason, detail)) = refusal {
                     let delivered = merged.delivered_to(&agent_id);

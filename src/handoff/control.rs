@@ -409,7 +409,9 @@ impl Control {
     pub fn read_from(metadata: Option<&wire::Struct>) -> Option<Self> {
         // Decoded from the borrowed value: read several times per request,
         // and cloning the value first allocated its whole tree each time.
-        Self::deserialize(Self::entry(metadata)?).ok()
+        // serde's derive would also read an array, field by position.
+        let entry = Self::entry(metadata).filter(|entry| entry.is_object())?;
+        Self::deserialize(entry).ok()
     }
 
     /// The headers that carry this control to an agent.
@@ -477,10 +479,9 @@ mod tests {
         let nested = read(serde_json::json!({"chain": [["a"], "b", {"c": "d"}, null]}));
         assert_eq!(nested.chain, ["b"]);
         // An entry that is not an object is no control.
-        assert_eq!(
-            Control::read_from(Some(&metadata(serde_json::json!("x")))),
-            None
-        );
+        for not_object in [serde_json::json!("x"), serde_json::json!([5, 5])] {
+            assert_eq!(Control::read_from(Some(&metadata(not_object))), None);
+        }
         let mut headers = axum::http::HeaderMap::new();
         headers.insert(HOPS_HEADER, "99999999999".parse().unwrap());
         assert_eq!(Incoming::read(&headers, None).hops, Some(u32::MAX));

@@ -549,7 +549,6 @@ impl Registry {
         Ok(record)
     }
 
-    /// An agent the caller owns; others' agents are reported as not found.
     /// Whether another agency than `owner` deregistered `id`.
     fn retired_by_another(&self, id: &str, owner: &str) -> bool {
         self.retired
@@ -559,6 +558,7 @@ impl Registry {
             .is_some_and(|held_by| held_by != owner)
     }
 
+    /// An agent the caller owns; others' agents are reported as not found.
     fn owned(&self, owner: &str, id: &str) -> Result<AgentRecord, GatewayError> {
         self.records
             .read()

@@ -1036,20 +1036,8 @@ impl Ledger {
 
     /// Sets (`Some`) or removes (`None`) a raw key, durably.
     async fn write_raw(&self, key: Vec<u8>, value: Option<Vec<u8>>) -> Result<(), LedgerError> {
-        self.write_raw_with(key, value, |_| Ok(())).await
-    }
-
-    /// [`Ledger::write_raw`], running `under_lock` on the key first, under
-    /// the write lock, so that what it reads still holds when the write lands.
-    async fn write_raw_with(
-        &self,
-        key: Vec<u8>,
-        value: Option<Vec<u8>>,
-        under_lock: impl FnOnce(&[u8]) -> Result<(), LedgerError>,
-    ) -> Result<(), LedgerError> {
         let ticket = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
-            under_lock(&key)?;
             self.log_raw(&mut frames, key, value)?
         };
         self.wait_written(ticket).await;
@@ -1245,14 +1233,18 @@ impl Ledger {
         let value = serde_json::to_vec(config)?;
         let ticket = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
-            if self.read_raw(&key)?.is_none() {
+            let adds = self.read_raw(&key)?.is_none();
+            if adds {
                 let held = self.scan_raw(&keys::push_prefix(&config.task_id))?.len();
                 if held >= most {
                     return Ok(Err(held));
                 }
+            }
+            let ticket = self.log_raw(&mut frames, key, Some(value))?;
+            if adds {
                 self.push_configs_stored.fetch_add(1, Ordering::Relaxed);
             }
-            self.log_raw(&mut frames, key, Some(value))?
+            ticket
         };
         self.wait_written(ticket).await;
         Ok(Ok(()))
@@ -1319,13 +1311,17 @@ impl Ledger {
         config_id: &str,
     ) -> Result<(), LedgerError> {
         let key = keys::push_config(task_id, config_id);
-        self.write_raw_with(key, None, |key| {
-            if self.read_raw(key)?.is_some() {
+        let ticket = {
+            let mut frames = self.write_lock.lock().expect("ledger lock");
+            let removes = self.read_raw(&key)?.is_some();
+            let ticket = self.log_raw(&mut frames, key, None)?;
+            if removes {
                 self.push_configs_stored.fetch_sub(1, Ordering::Relaxed);
             }
-            Ok(())
-        })
-        .await
+            ticket
+        };
+        self.wait_written(ticket).await;
+        Ok(())
     }
 
     /// Claims an idempotency key for a send. Returns the earlier record when
@@ -1366,6 +1362,14 @@ impl Ledger {
         self.write_raw(keys::retired_agent(agent_id), Some(held_by))
             .await?;
         self.write_raw(keys::agent(agent_id), None).await
+    }
+
+    /// The agency that held `agent_id` when it was deregistered, if it was.
+    pub fn retired_agent_owner(&self, agent_id: &str) -> Result<Option<String>, LedgerError> {
+        match self.read_raw(&keys::retired_agent(agent_id))? {
+            Some(held_by) => Ok(Some(decode_stored(&held_by)?)),
+            None => Ok(None),
+        }
     }
 
     /// Every deregistered agent id, with the agency that held it.

@@ -35,20 +35,6 @@ fn reasons_in_history(task: &Value) -> Vec<String> {
         .collect()
 }
 
-fn payload(from: &str, target: Value, extra: Value) -> Value {
-    let mut payload = json!({
-        "handoffId": format!("hf_{}", message_id("x")),
-        "from": from,
-        "reason": "specialization",
-        "goal": "Refund the duplicate March charge.",
-        "summary": "The customer was charged twice for invoice INV-0342.",
-        "keyFacts": {"invoice": "INV-0342", "amount": 42.0},
-    });
-    merge(&mut payload, target);
-    merge(&mut payload, extra);
-    payload
-}
-
 fn handoff_message(payload: Value) -> Value {
     json!({
         "messageId": message_id("h"),
@@ -118,7 +104,11 @@ async fn a_direct_handoff_completes_with_a_typed_artifact_or_fails_the_schema() 
     let task = send(
         &gateway,
         "/a2a",
-        handoff_message(payload("triage", json!({"to": "billing"}), extra.clone())),
+        handoff_message(handoff_payload(
+            "triage",
+            json!({"to": "billing"}),
+            extra.clone(),
+        )),
     )
     .await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
@@ -128,7 +118,7 @@ async fn a_direct_handoff_completes_with_a_typed_artifact_or_fails_the_schema() 
     assert_eq!(control["chain"], json!(["billing"]));
 
     // The same handoff whose result breaks the schema fails with the violations.
-    let mut message = handoff_message(payload("triage", json!({"to": "billing"}), extra));
+    let mut message = handoff_message(handoff_payload("triage", json!({"to": "billing"}), extra));
     message["parts"]
         .as_array_mut()
         .unwrap()
@@ -149,7 +139,7 @@ async fn a_direct_handoff_completes_with_a_typed_artifact_or_fails_the_schema() 
 async fn a_transfer_keeps_one_task_and_follow_ups_reach_the_new_agent() {
     let gateway = baton().start().await;
     let triage = VendorAgent::start("triage", &["triage"], |_| Reply::Handoff {
-        payload: payload(
+        payload: handoff_payload(
             "triage",
             json!({"to": "billing"}),
             json!({"returnSchema": refund_schema(), "context": {"policy": "SUMMARY"}}),
@@ -251,7 +241,7 @@ async fn return_to_parent_delivers_the_result_and_the_source_finishes() {
     let triage = VendorAgent::start("triage", &["triage"], |turn| {
         if turn.task_id.is_none() {
             return Reply::Handoff {
-                payload: payload(
+                payload: handoff_payload(
                     "triage",
                     json!({"toSkill": "refund"}),
                     json!({"returnToParent": true, "returnSchema": refund_schema()}),
@@ -339,7 +329,7 @@ async fn transfers_are_refused_by_cycle_and_allow_list() {
             "billing"
         };
         Reply::Handoff {
-            payload: payload("triage", json!({"to": to}), json!({})),
+            payload: handoff_payload("triage", json!({"to": to}), json!({})),
             state: TaskState::Completed,
         }
     })
@@ -380,14 +370,22 @@ async fn transfers_are_refused_by_cycle_and_allow_list() {
     let task = send(
         &gateway,
         "/a2a",
-        handoff_message(payload("intake", json!({"to": "billing"}), json!({}))),
+        handoff_message(handoff_payload(
+            "intake",
+            json!({"to": "billing"}),
+            json!({}),
+        )),
     )
     .await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     let task = send(
         &gateway,
         "/a2a",
-        handoff_message(payload("stranger", json!({"to": "billing"}), json!({}))),
+        handoff_message(handoff_payload(
+            "stranger",
+            json!({"to": "billing"}),
+            json!({}),
+        )),
     )
     .await;
     assert_eq!(reason(&task), "NOT_ALLOWED");
@@ -414,7 +412,11 @@ async fn skill_output_schemas_type_results_of_handoffs_by_skill() {
     let task = send(
         &gateway,
         "/a2a",
-        handoff_message(payload("triage", json!({"toSkill": "refund"}), json!({}))),
+        handoff_message(handoff_payload(
+            "triage",
+            json!({"toSkill": "refund"}),
+            json!({}),
+        )),
     )
     .await;
     assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
@@ -444,7 +446,11 @@ async fn no_acknowledgement_is_retried_then_rerouted_by_skill() {
     let task = send(
         &gateway,
         "/agents/silent/a2a",
-        handoff_message(payload("triage", json!({"toSkill": "refund"}), json!({}))),
+        handoff_message(handoff_payload(
+            "triage",
+            json!({"toSkill": "refund"}),
+            json!({}),
+        )),
     )
     .await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
@@ -488,7 +494,11 @@ async fn an_exhausted_ladder_fails_or_escalates() {
     let task = send(
         &gateway,
         "/a2a",
-        handoff_message(payload("triage", json!({"toSkill": "refund"}), json!({}))),
+        handoff_message(handoff_payload(
+            "triage",
+            json!({"toSkill": "refund"}),
+            json!({}),
+        )),
     )
     .await;
     assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
@@ -513,7 +523,11 @@ async fn an_exhausted_ladder_fails_or_escalates() {
     let task = send(
         &gateway,
         "/a2a",
-        handoff_message(payload("triage", json!({"to": "silent"}), json!({}))),
+        handoff_message(handoff_payload(
+            "triage",
+            json!({"to": "silent"}),
+            json!({}),
+        )),
     )
     .await;
     assert_eq!(
@@ -533,7 +547,7 @@ async fn a_deadline_cancels_a_non_baton_target_within_a_second() {
         .unwrap();
     register(&gateway, "slow", &slow, json!({})).await;
     let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(1500);
-    let mut message = handoff_message(payload("triage", json!({"to": "slow"}), json!({})));
+    let mut message = handoff_message(handoff_payload("triage", json!({"to": "slow"}), json!({})));
     message["metadata"] = json!({"urn:baton:handoff:v1": {
         "deadline": deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
     }});
@@ -595,13 +609,13 @@ async fn a_deadline_also_ends_a_task_waiting_for_input() {
 async fn one_trace_id_reaches_the_third_agent_of_a_chain() {
     let gateway = baton().start().await;
     let triage = VendorAgent::start("triage", &["triage"], |_| Reply::Handoff {
-        payload: payload("triage", json!({"to": "billing"}), json!({})),
+        payload: handoff_payload("triage", json!({"to": "billing"}), json!({})),
         state: TaskState::Completed,
     })
     .await
     .unwrap();
     let billing = VendorAgent::start("billing", &["refund"], |_| Reply::Handoff {
-        payload: payload("billing", json!({"toSkill": "diagnose"}), json!({})),
+        payload: handoff_payload("billing", json!({"toSkill": "diagnose"}), json!({})),
         state: TaskState::Completed,
     })
     .await
@@ -702,7 +716,11 @@ impl baton::agents::Agent for ReportThenTransfer {
             ..baton::protocol::Artifact::default()
         };
         events.artifact(report).await;
-        let mut transfer = Part::data(payload("reporter", json!({"to": "echo"}), json!({})));
+        let mut transfer = Part::data(handoff_payload(
+            "reporter",
+            json!({"to": "echo"}),
+            json!({}),
+        ));
         transfer.media_type = HANDOFF.into();
         let message = baton::protocol::Message::agent(vec![transfer]);
         events.status(TaskState::Completed, Some(message)).await;

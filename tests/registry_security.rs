@@ -5,6 +5,8 @@
 
 mod common;
 
+use baton::handoff::payload::HANDOFF_MEDIA_TYPE;
+use baton::protocol::HANDOFF_EXTENSION;
 use common::agents::GatedAgent;
 use common::*;
 use serde_json::{Value, json};
@@ -1056,7 +1058,7 @@ async fn a_handoff_names_as_its_sender_only_an_agent_of_the_callers_agency() {
             "messageId": message_id("h"),
             "role": "ROLE_USER",
             "parts": [part],
-            "metadata": {"urn:baton:handoff:v1": control},
+            "metadata": {HANDOFF_EXTENSION: control},
         });
         let gateway = &gateway;
         async move {
@@ -1067,16 +1069,8 @@ async fn a_handoff_names_as_its_sender_only_an_agent_of_the_callers_agency() {
         }
     };
     let handoff = |from: &str, to: &str| {
-        let payload = json!({
-            "handoffId": format!("hf_{}", message_id("x")),
-            "from": from,
-            "to": to,
-            "reason": "specialization",
-            "goal": "Refund the duplicate March charge.",
-            "summary": "The customer was charged twice for invoice INV-0342.",
-            "keyFacts": {"invoice": "INV-0342"},
-        });
-        json!({"data": payload, "mediaType": "application/vnd.baton.handoff.v1+json"})
+        let payload = handoff_payload(from, json!({"to": to}), json!({}));
+        json!({"data": payload, "mediaType": HANDOFF_MEDIA_TYPE})
     };
     let state = |task: &Value| task["status"]["state"].as_str().unwrap_or("").to_string();
 

@@ -609,14 +609,16 @@ async fn a_chunked_answer_over_the_size_limit_is_an_invalid_agent_response() {
     server.abort();
 }
 
+/// A JSON-RPC answer whose result is no A2A object.
+fn not_a2a(request: &Value) -> (&'static str, String) {
+    let id = &request["id"];
+    let body = json!({"jsonrpc": "2.0", "id": id, "result": {"bogus": true}});
+    ("application/json", body.to_string())
+}
+
 #[tokio::test]
 async fn an_answer_that_is_not_a2a_is_an_invalid_agent_response() {
-    let (url, seen, server) = fake_agent(|request| {
-        let id = &request["id"];
-        let body = json!({"jsonrpc": "2.0", "id": id, "result": {"bogus": true}});
-        ("application/json", body.to_string())
-    })
-    .await;
+    let (url, seen, server) = fake_agent(not_a2a).await;
     for streaming in [true, false] {
         let gateway = gateway_for(card_at(&url, streaming), fast_upstream()).await;
         assert_invalid_agent_response(&send_to_gateway(&gateway).await);
@@ -648,12 +650,7 @@ async fn an_answer_that_is_not_a2a_is_an_invalid_agent_response() {
 
 #[tokio::test]
 async fn credentials_in_the_agent_url_are_sent_as_basic_authorization() {
-    let (url, seen, server) = fake_agent(|request| {
-        let id = &request["id"];
-        let body = json!({"jsonrpc": "2.0", "id": id, "result": {"bogus": true}});
-        ("application/json", body.to_string())
-    })
-    .await;
+    let (url, seen, server) = fake_agent(not_a2a).await;
     let with_credentials = url.replacen("http://", "http://svc:S3cret@", 1);
     for streaming in [true, false] {
         // Each run reads only what its own send delivered.

@@ -331,14 +331,18 @@ impl Gateway {
         if !guarded || ctx.principal == crate::auth::ANONYMOUS || vouched == Some(source) {
             return None;
         }
-        let held_by = match self.agent(source) {
-            Some(entry) => Some(entry.owner.clone()),
-            None => self.ledger.retired_agent_owner(source).ok().flatten(),
-        };
         let unverifiable = [crate::launch::LOCAL_OWNER, crate::auth::ANONYMOUS];
-        let foreign =
-            held_by.is_some_and(|owner| owner != ctx.principal && !unverifiable.contains(&&*owner));
-        foreign.then(|| {
+        let foreign = |owner: &str| owner != ctx.principal && !unverifiable.contains(&owner);
+        let impersonated = match self.agent(source) {
+            Some(entry) => foreign(&entry.owner),
+            None => self
+                .ledger
+                .retired_agent_owner(source)
+                .ok()
+                .flatten()
+                .is_some_and(|owner| foreign(&owner)),
+        };
+        impersonated.then(|| {
             let detail = serde_json::json!({
                 "source": source,
                 "target": target.map(|entry| entry.id.as_str()),

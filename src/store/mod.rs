@@ -1222,8 +1222,7 @@ impl Ledger {
 
     /// Stores a push config durably, replacing one with the same id, unless
     /// it would be a new one beside `most` its task holds already: then it
-    /// returns `Err(held)`. Counted and written under the write lock, so two
-    /// concurrent creates cannot both pass the cap.
+    /// returns `Err(held)`.
     pub async fn put_push_config(
         &self,
         config: &TaskPushNotificationConfig,
@@ -1231,19 +1230,37 @@ impl Ledger {
     ) -> Result<Result<(), usize>, LedgerError> {
         let key = keys::push_config(&config.task_id, &config.id);
         let value = serde_json::to_vec(config)?;
+        self.write_push_config(&config.task_id, key, Some(value), most)
+            .await
+    }
+
+    /// Sets (`Some`) or removes (`None`) a push config key, keeping the count
+    /// of stored configs; a new key beside `most` of its task's is refused
+    /// with `Err(held)`. Counted and written under the write lock, so two
+    /// concurrent creates cannot both pass the cap.
+    async fn write_push_config(
+        &self,
+        task_id: &str,
+        key: Vec<u8>,
+        value: Option<Vec<u8>>,
+        most: usize,
+    ) -> Result<Result<(), usize>, LedgerError> {
         let ticket = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
-            let adds = self.read_raw(&key)?.is_none();
-            if adds {
-                let held = self.scan_raw(&keys::push_prefix(&config.task_id))?.len();
+            let was_set = self.read_raw(&key)?.is_some();
+            let sets = value.is_some();
+            if sets && !was_set {
+                let held = self.scan_raw(&keys::push_prefix(task_id))?.len();
                 if held >= most {
                     return Ok(Err(held));
                 }
             }
-            let ticket = self.log_raw(&mut frames, key, Some(value))?;
-            if adds {
-                self.push_configs_stored.fetch_add(1, Ordering::Relaxed);
-            }
+            let ticket = self.log_raw(&mut frames, key, value)?;
+            match (was_set, sets) {
+                (false, true) => self.push_configs_stored.fetch_add(1, Ordering::Relaxed),
+                (true, false) => self.push_configs_stored.fetch_sub(1, Ordering::Relaxed),
+                _ => 0,
+            };
             ticket
         };
         self.wait_written(ticket).await;
@@ -1311,17 +1328,10 @@ impl Ledger {
         config_id: &str,
     ) -> Result<(), LedgerError> {
         let key = keys::push_config(task_id, config_id);
-        let ticket = {
-            let mut frames = self.write_lock.lock().expect("ledger lock");
-            let removes = self.read_raw(&key)?.is_some();
-            let ticket = self.log_raw(&mut frames, key, None)?;
-            if removes {
-                self.push_configs_stored.fetch_sub(1, Ordering::Relaxed);
-            }
-            ticket
-        };
-        self.wait_written(ticket).await;
-        Ok(())
+        // Removing is never refused.
+        self.write_push_config(task_id, key, None, usize::MAX)
+            .await
+            .map(drop)
     }
 
     /// Claims an idempotency key for a send. Returns the earlier record when

@@ -450,6 +450,22 @@ pub fn message_id(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
 
+/// A handoff payload from `from` with a fresh handoffId, merged with
+/// `target` (`{"to": ...}` or `{"toSkill": ...}`) and `extra`.
+pub fn handoff_payload(from: &str, target: Value, extra: Value) -> Value {
+    let mut payload = json!({
+        "handoffId": format!("hf_{}", message_id("x")),
+        "from": from,
+        "reason": "specialization",
+        "goal": "Refund the duplicate March charge.",
+        "summary": "The customer was charged twice for invoice INV-0342.",
+        "keyFacts": {"invoice": "INV-0342", "amount": 42.0},
+    });
+    merge(&mut payload, target);
+    merge(&mut payload, extra);
+    payload
+}
+
 /// The reason code in a status message (`application/vnd.baton.status.v1+json`), or "".
 pub fn reason_of(message: &Value) -> &str {
     message["parts"]

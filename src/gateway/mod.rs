@@ -745,6 +745,41 @@ mod tests {
             .to_string()
     }
 
+    /// A named sender that a guarded target checks: another agency's
+    /// retired agent is refused, the caller's own passes, and one whose
+    /// record cannot be read fails the send instead of passing unchecked.
+    #[tokio::test]
+    async fn a_sender_the_ledger_cannot_read_fails_the_allow_list_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        let echo = gateway.agent("echo").unwrap().agent.clone();
+        let policy = crate::registry::directory::AgentPolicy {
+            allow_from: Some(vec!["globex-old".into(), "alice-old".into(), "torn".into()]),
+            ..Default::default()
+        };
+        let guarded =
+            gateway
+                .directory()
+                .upsert("guarded", "bob", echo, policy, chrono::Utc::now());
+        ledger.delete_agent("globex-old", "globex").await.unwrap();
+        ledger.delete_agent("alice-old", "alice").await.unwrap();
+        let torn = crate::store::keys::retired_agent("torn");
+        ledger.put_raw(torn, b"{\"not".to_vec()).await.unwrap();
+
+        let check = |source| {
+            gateway.claimed_source_refusal(&alice(None), Some(source), Some(&guarded), None)
+        };
+        let (reason, _) = check("globex-old")
+            .unwrap()
+            .expect("another agency's agent");
+        assert_eq!(reason, crate::handoff::reasons::NOT_ALLOWED);
+        assert!(
+            check("alice-old").unwrap().is_none(),
+            "the caller's own agent"
+        );
+        assert!(check("torn").is_err(), "an unreadable record must not pass");
+    }
+
     /// A write is readable before it is durable (the overlay has it at
     /// once), but GetTask shows it only once it is. (A listing waits for
     /// the writes pending when it starts to be applied, durable first.)

@@ -319,37 +319,39 @@ impl Gateway {
     /// the operator's start-up and built-in agents, agents registered
     /// before any key existed) stays the caller's word; without API keys no
     /// caller is known, and none is checked.
-    fn claimed_source_refusal(
+    pub(super) fn claimed_source_refusal(
         &self,
         ctx: &CallContext,
         source: Option<&str>,
         target: Option<&AgentEntry>,
         vouched: Option<&str>,
-    ) -> Option<super::relay::Refusal> {
-        let source = source?;
+    ) -> Result<Option<super::relay::Refusal>, GatewayError> {
+        let Some(source) = source else {
+            return Ok(None);
+        };
         let guarded = target.is_some_and(|entry| entry.policy.allow_from.is_some());
         if !guarded || ctx.principal == crate::auth::ANONYMOUS || vouched == Some(source) {
-            return None;
+            return Ok(None);
         }
         let unverifiable = [crate::launch::LOCAL_OWNER, crate::auth::ANONYMOUS];
         let foreign = |owner: &str| owner != ctx.principal && !unverifiable.contains(&owner);
         let impersonated = match self.agent(source) {
             Some(entry) => foreign(&entry.owner),
+            // Unread, the record might have named another agency: the send
+            // fails rather than pass unchecked.
             None => self
                 .ledger
-                .retired_agent_owner(source)
-                .ok()
-                .flatten()
+                .retired_agent_owner(source)?
                 .is_some_and(|owner| foreign(&owner)),
         };
-        impersonated.then(|| {
+        Ok(impersonated.then(|| {
             let detail = serde_json::json!({
                 "source": source,
                 "target": target.map(|entry| entry.id.as_str()),
                 "why": "the source is an agent registered by another agency",
             });
             (reasons::NOT_ALLOWED, detail)
-        })
+        }))
     }
 
     /// Records a task refused by policy: REJECTED at once, with the reason
@@ -696,16 +698,21 @@ impl Gateway {
                     .or_else(|| merged.chain.last().cloned());
                 // The agent that held the parent task, by the ledger's record.
                 let vouched = lineage.as_ref().and_then(|l| l.chain.last());
-                let refusal = handoff
-                    .refusal
-                    .clone()
-                    .or_else(|| {
-                        policy_refusal(&merged, &agent_id, agent.as_deref(), source.as_deref())
-                    })
-                    .or_else(|| {
+                let refusal = match handoff.refusal.clone().or_else(|| {
+                    policy_refusal(&merged, &agent_id, agent.as_deref(), source.as_deref())
+                }) {
+                    Some(refusal) => Some(refusal),
+                    None => {
                         let (source, vouched) = (source.as_deref(), vouched.map(String::as_str));
-                        self.claimed_source_refusal(ctx, source, agent.as_deref(), vouched)
-                    });
+                        match self.claimed_source_refusal(ctx, source, agent.as_deref(), vouched) {
+                            Ok(refusal) => refusal,
+                            Err(err) => {
+                                self.release_claim(ctx).await;
+                                return Err(err);
+                            }
+                        }
+                    }
+                };
                 if let Some((reason, detail)) = refusal {
                     let delivered = merged.delivered_to(&agent_id);
                     delivered.write_into(&mut message.metadata);

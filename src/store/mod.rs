@@ -1374,6 +1374,13 @@ impl Ledger {
         self.write_raw(keys::agent(agent_id), None).await
     }
 
+    /// Writes `value` under `key` as it is: tests store what no method
+    /// would (a record that does not decode).
+    #[cfg(test)]
+    pub(crate) async fn put_raw(&self, key: Vec<u8>, value: Vec<u8>) -> Result<(), LedgerError> {
+        self.write_raw(key, Some(value)).await
+    }
+
     /// The agency that held `agent_id` when it was deregistered, if it was.
     pub fn retired_agent_owner(&self, agent_id: &str) -> Result<Option<String>, LedgerError> {
         match self.read_raw(&keys::retired_agent(agent_id))? {

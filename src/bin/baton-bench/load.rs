@@ -63,6 +63,28 @@ impl LoadResult {
         Duration::from_nanos(self.latency.value_at_quantile(quantile))
     }
 
+    /// Adds `other`'s answers, window and latencies to this result, as if
+    /// one load point had run through both windows.
+    pub fn absorb(&mut self, other: &LoadResult) {
+        self.completed += other.completed;
+        self.errors += other.errors;
+        self.events += other.events;
+        self.elapsed += other.elapsed;
+        // Both histograms share one range, so adding cannot fail.
+        let _ = self.latency.add(&other.latency);
+    }
+
+    /// No answers yet: what [`LoadResult::absorb`] adds to.
+    pub fn empty() -> Self {
+        Self {
+            completed: 0,
+            errors: 0,
+            events: 0,
+            elapsed: Duration::ZERO,
+            latency: latency_histogram(),
+        }
+    }
+
     /// `12 345 req/s, p50 … p99 … p999 …`.
     pub fn summary(&self) -> String {
         let errors = if self.errors > 0 {
@@ -127,13 +149,7 @@ pub async fn run(spec: &LoadSpec, mut on_window: impl FnMut()) -> LoadResult {
     }
     tokio::time::sleep_until(window_start.into()).await;
     on_window();
-    let mut result = LoadResult {
-        completed: 0,
-        errors: 0,
-        events: 0,
-        elapsed: Duration::ZERO,
-        latency: latency_histogram(),
-    };
+    let mut result = LoadResult::empty();
     for worker in workers {
         if let Ok(tally) = worker.await {
             result.completed += tally.completed;

@@ -208,31 +208,9 @@ async fn a_passed_deadline_fails_the_task_and_cancels_it_downstream_at_once() {
     upstream.stop().await;
 }
 
-/// A message carrying a handoff payload part.
-fn handoff_message(payload: Value) -> Value {
-    json!({
-        "messageId": message_id("h"),
-        "role": "ROLE_USER",
-        "parts": [
-            {"text": "please take over"},
-            {"data": payload, "mediaType": "application/vnd.baton.handoff.v1+json"}
-        ]
-    })
-}
-
+/// The payload the tests below hand off, to `target`, under one fixed id.
 fn payload(target: Value) -> Value {
-    let mut payload = json!({
-        "handoffId": "hf_1",
-        "from": "triage",
-        "reason": "specialization",
-        "goal": "Refund the duplicate charge.",
-        "summary": "The customer was charged twice for order 42.",
-    });
-    payload
-        .as_object_mut()
-        .unwrap()
-        .extend(target.as_object().unwrap().clone());
-    payload
+    handoff_payload("triage", target, json!({"handoffId": "hf_1"}))
 }
 
 #[tokio::test]
@@ -424,7 +402,11 @@ async fn typed_artifacts_are_checked_against_the_return_schema() {
     let typed = |schema: Value| {
         let mut payload = payload(json!({"to": "echo"}));
         payload["returnSchema"] = schema;
-        json!({"message": handoff_message(payload)})
+        let mut message = handoff_message(payload);
+        // A text part first: violations must name the data part by its index.
+        let parts = message["parts"].as_array_mut().unwrap();
+        parts.insert(0, json!({"text": "please take over"}));
+        json!({"message": message})
     };
     let ok = gateway
         .call(

@@ -7,13 +7,11 @@
 mod common;
 
 use baton::demo::vendor::{Reply, VendorAgent};
+use baton::handoff::payload::{HANDOFF_MEDIA_TYPE, HANDOFF_RESULT_MEDIA_TYPE};
 use baton::protocol::{Part, PartContent, TaskState};
 use common::*;
 use serde_json::{Value, json};
 use std::time::Duration;
-
-const HANDOFF: &str = "application/vnd.baton.handoff.v1+json";
-const RESULT: &str = "application/vnd.baton.handoff-result.v1+json";
 
 /// Registers a vendor agent at `gateway` under `id`, with `extra` params
 /// (`allowFrom`, `skillOutputSchemas`, ...).
@@ -33,14 +31,6 @@ fn reasons_in_history(task: &Value) -> Vec<String> {
         .map(|m| reason_of(m).to_string())
         .filter(|r| !r.is_empty())
         .collect()
-}
-
-fn handoff_message(payload: Value) -> Value {
-    json!({
-        "messageId": message_id("h"),
-        "role": "ROLE_USER",
-        "parts": [{"data": payload, "mediaType": HANDOFF}]
-    })
 }
 
 fn refund_schema() -> Value {
@@ -250,7 +240,7 @@ async fn return_to_parent_delivers_the_result_and_the_source_finishes() {
             };
         }
         // The result came back: the source closes the case with its own artifact.
-        let result = data_of(&turn.message.parts, RESULT).cloned();
+        let result = data_of(&turn.message.parts, HANDOFF_RESULT_MEDIA_TYPE).cloned();
         match result {
             Some(result) if result["from"] == "billing" => Reply::artifact(
                 "case",
@@ -310,7 +300,7 @@ async fn return_to_parent_delivers_the_result_and_the_source_finishes() {
         .map(|p| p["mediaType"].as_str().unwrap_or(""))
         .collect();
     assert!(
-        !returned_types.contains(&HANDOFF),
+        !returned_types.contains(&HANDOFF_MEDIA_TYPE),
         "the return leg carries the result, not a new handoff"
     );
     triage.stop().await;
@@ -721,7 +711,7 @@ impl baton::agents::Agent for ReportThenTransfer {
             json!({"to": "echo"}),
             json!({}),
         ));
-        transfer.media_type = HANDOFF.into();
+        transfer.media_type = HANDOFF_MEDIA_TYPE.into();
         let message = baton::protocol::Message::agent(vec![transfer]);
         events.status(TaskState::Completed, Some(message)).await;
         Ok(())

@@ -5,15 +5,15 @@
 //! These are pure functions of the payload and the conversation, so each
 //! policy is unit-tested here and the send path only measures the result.
 
-use super::payload::{ContextPolicy, HANDOFF_MEDIA_TYPE, HandoffPayload};
+use super::payload::{
+    ContextPolicy, HANDOFF_MEDIA_TYPE, HANDOFF_RESULT_MEDIA_TYPE, HandoffPayload,
+};
 use crate::protocol::wire::ProtoEnum;
 use crate::protocol::{Artifact, Message, Part, TaskState};
 use serde_json::{Value, json};
 
 /// Media type of the part carrying earlier messages (FULL and LAST_N).
 pub const HISTORY_MEDIA_TYPE: &str = "application/vnd.baton.history.v1+json";
-/// Media type of the part carrying a handoff's result back to its source.
-pub const RESULT_MEDIA_TYPE: &str = "application/vnd.baton.handoff-result.v1+json";
 
 /// Payload fields a SUMMARY target receives: what routes and bounds the
 /// work, the goal, the summary and the key facts; nothing else.
@@ -88,7 +88,7 @@ pub fn result_parts(
         "status": state.proto_name(),
         "artifacts": artifacts,
     }));
-    result.media_type = RESULT_MEDIA_TYPE.into();
+    result.media_type = HANDOFF_RESULT_MEDIA_TYPE.into();
     parts.push(result);
     parts
 }
@@ -226,7 +226,7 @@ mod tests {
         };
         let parts = result_parts("hf_1", "billing", TaskState::Completed, &[artifact]);
         assert_eq!(parts.len(), 2);
-        assert_eq!(parts[1].media_type, RESULT_MEDIA_TYPE);
+        assert_eq!(parts[1].media_type, HANDOFF_RESULT_MEDIA_TYPE);
         let result = data_of(&parts[1]);
         assert_eq!(result["from"], "billing");
         assert_eq!(result["status"], "TASK_STATE_COMPLETED");

@@ -466,6 +466,15 @@ pub fn handoff_payload(from: &str, target: Value, extra: Value) -> Value {
     payload
 }
 
+/// A user message whose one part is the handoff `payload`.
+pub fn handoff_message(payload: Value) -> Value {
+    json!({
+        "messageId": message_id("h"),
+        "role": "ROLE_USER",
+        "parts": [{"data": payload, "mediaType": baton::handoff::payload::HANDOFF_MEDIA_TYPE}]
+    })
+}
+
 /// The reason code in a status message (`application/vnd.baton.status.v1+json`), or "".
 pub fn reason_of(message: &Value) -> &str {
     message["parts"]

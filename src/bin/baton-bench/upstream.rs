@@ -37,9 +37,6 @@ pub const HOLD_LIMIT: Duration = Duration::from_secs(120);
 /// Largest request body the upstream reads.
 const MAX_BODY: usize = 1 << 20;
 
-/// Media type of a Baton handoff payload part (DESIGN.md §3.2).
-pub const HANDOFF_MEDIA_TYPE: &str = "application/vnd.baton.handoff.v1+json";
-
 /// Which of the upstream's agents a request is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AgentKind {
@@ -333,7 +330,7 @@ fn send_result(kind: AgentKind, task_id: &str, context_id: &str) -> String {
             "id": task_id, "contextId": context_id,
             "status": {"state": "TASK_STATE_COMPLETED", "message": {
                 "messageId": format!("{task_id}-handoff"), "role": "ROLE_AGENT",
-                "parts": [{"data": transfer_payload(), "mediaType": HANDOFF_MEDIA_TYPE}]
+                "parts": [{"data": transfer_payload(), "mediaType": baton::handoff::payload::HANDOFF_MEDIA_TYPE}]
             }}
         }),
         AgentKind::TypedTarget => json!({

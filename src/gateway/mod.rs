@@ -752,19 +752,7 @@ mod tests {
     async fn a_sender_the_ledger_cannot_read_fails_the_allow_list_check() {
         let dir = tempfile::tempdir().unwrap();
         let (ledger, gateway) = open_gateway(dir.path());
-        let echo = gateway.agent("echo").unwrap().agent.clone();
-        let policy = crate::registry::directory::AgentPolicy {
-            allow_from: Some(vec!["globex-old".into(), "alice-old".into(), "torn".into()]),
-            ..Default::default()
-        };
-        let guarded =
-            gateway
-                .directory()
-                .upsert("guarded", "bob", echo, policy, chrono::Utc::now());
-        ledger.delete_agent("globex-old", "globex").await.unwrap();
-        ledger.delete_agent("alice-old", "alice").await.unwrap();
-        let torn = crate::store::keys::retired_agent("torn");
-        ledger.put_raw(torn, b"{\"not".to_vec()).await.unwrap();
+        let guarded = guard_with_retired_senders(&ledger, &gateway).await;
 
         let check = |source| {
             gateway.claimed_source_refusal(&alice(None), Some(source), Some(&guarded), None)
@@ -778,6 +766,66 @@ mod tests {
             "the caller's own agent"
         );
         assert!(check("torn").is_err(), "an unreadable record must not pass");
+    }
+
+    /// bob's echo agent as `guarded`, taking handoffs from `globex-old`
+    /// and `alice-old` (deregistered by globex and by alice) and from
+    /// `torn`, whose retired record does not decode.
+    async fn guard_with_retired_senders(ledger: &Ledger, gateway: &Gateway) -> Arc<AgentEntry> {
+        let echo = gateway.agent("echo").unwrap().agent.clone();
+        let policy = crate::registry::directory::AgentPolicy {
+            allow_from: Some(vec!["globex-old".into(), "alice-old".into(), "torn".into()]),
+            ..Default::default()
+        };
+        let guarded =
+            gateway
+                .directory()
+                .upsert("guarded", "bob", echo, policy, chrono::Utc::now());
+        ledger.delete_agent("globex-old", "globex").await.unwrap();
+        ledger.delete_agent("alice-old", "alice").await.unwrap();
+        let torn = crate::store::keys::retired_agent("torn");
+        ledger.put_raw(torn, b"{\"not".to_vec()).await.unwrap();
+        guarded
+    }
+
+    /// A send that fails on such a sender takes back what it stored: its
+    /// idempotency key (the same send is served anew once the record
+    /// reads), and the push config it gave for the task it never made.
+    #[tokio::test]
+    async fn a_send_failing_on_an_unreadable_sender_takes_back_its_key_and_push_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        guard_with_retired_senders(&ledger, &gateway).await;
+        let ctx = CallContext {
+            agent_id: "guarded".into(),
+            ..alice(Some("k1"))
+        };
+        let send: SendMessageRequest = serde_json::from_value(serde_json::json!({
+            "message": {
+                "messageId": "m1",
+                "role": "ROLE_USER",
+                "parts": [{"text": "hi"}],
+                "metadata": {crate::protocol::HANDOFF_EXTENSION: {"chain": ["torn"]}},
+            },
+            "configuration": {
+                "taskPushNotificationConfig": {"url": "https://hooks.example.com/baton"},
+            },
+        }))
+        .unwrap();
+        let stored_configs = ledger.push_config_count();
+
+        let err = gateway.send_message(&ctx, send.clone()).await.unwrap_err();
+        assert!(matches!(err, GatewayError::Internal(_)), "{err:?}");
+        assert_eq!(stored_configs.load(std::sync::atomic::Ordering::Relaxed), 0);
+
+        let torn = crate::store::keys::retired_agent("torn");
+        ledger.put_raw(torn, b"\"alice\"".to_vec()).await.unwrap();
+        let reply = gateway.send_message(&ctx, send).await.unwrap();
+        let SendReply::Task(task) = reply else {
+            panic!("a task, not a message")
+        };
+        assert_eq!(state_of(&task), "TASK_STATE_COMPLETED");
+        assert_eq!(stored_configs.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 
     /// A write is readable before it is durable (the overlay has it at

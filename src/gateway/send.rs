@@ -318,7 +318,8 @@ impl Gateway {
     /// record. A name no agency holds here (an agent behind a peer gateway,
     /// the operator's start-up and built-in agents, agents registered
     /// before any key existed) stays the caller's word; without API keys no
-    /// caller is known, and none is checked.
+    /// caller is known, and none is checked. A retired id whose record the
+    /// ledger cannot read is an error, not a pass.
     pub(super) fn claimed_source_refusal(
         &self,
         ctx: &CallContext,
@@ -633,6 +634,9 @@ impl Gateway {
         }
         message.task_id = task_id.clone();
 
+        // The config given for a new task, which a send failing before the
+        // task exists takes back.
+        let mut new_task_push = None;
         if let Some(mut push) = config.task_push_notification_config.clone() {
             push.task_id = task_id.clone();
             push.tenant.clear();
@@ -643,6 +647,9 @@ impl Gateway {
             if let Err(err) = self.store_push_config(&push, field).await {
                 self.release_claim(ctx).await;
                 return Err(err);
+            }
+            if continued.is_none() {
+                new_task_push = Some(push);
             }
         }
 
@@ -698,21 +705,20 @@ impl Gateway {
                     .or_else(|| merged.chain.last().cloned());
                 // The agent that held the parent task, by the ledger's record.
                 let vouched = lineage.as_ref().and_then(|l| l.chain.last());
-                let refusal = match handoff.refusal.clone().or_else(|| {
-                    policy_refusal(&merged, &agent_id, agent.as_deref(), source.as_deref())
-                }) {
-                    Some(refusal) => Some(refusal),
-                    None => {
-                        let (source, vouched) = (source.as_deref(), vouched.map(String::as_str));
-                        match self.claimed_source_refusal(ctx, source, agent.as_deref(), vouched) {
-                            Ok(refusal) => refusal,
-                            Err(err) => {
-                                self.release_claim(ctx).await;
-                                return Err(err);
-                            }
+                let (source, vouched) = (source.as_deref(), vouched.map(String::as_str));
+                let mut refusal = handoff
+                    .refusal
+                    .clone()
+                    .or_else(|| policy_refusal(&merged, &agent_id, agent.as_deref(), source));
+                if refusal.is_none() {
+                    match self.claimed_source_refusal(ctx, source, agent.as_deref(), vouched) {
+                        Ok(claimed) => refusal = claimed,
+                        Err(err) => {
+                            self.abandon_start(ctx, new_task_push.as_ref()).await;
+                            return Err(err);
                         }
                     }
-                };
+                }
                 if let Some((reason, detail)) = refusal {
                     let delivered = merged.delivered_to(&agent_id);
                     delivered.write_into(&mut message.metadata);
@@ -775,7 +781,7 @@ impl Gateway {
                 // target acknowledges (DESIGN.md §3.4).
                 if let Err(err) = self.accept_handoff(ctx, &agent, &handoff, &request).await {
                     self.unregister_running(&task_id);
-                    self.release_claim(ctx).await;
+                    self.abandon_start(ctx, new_task_push.as_ref()).await;
                     return Err(err);
                 }
                 send_first(&mut driver.first_tx, First::Task(None));
@@ -803,6 +809,26 @@ impl Gateway {
             watcher,
             driver_done,
         }))
+    }
+
+    /// Takes back what a send stored before it failed without making its
+    /// task: the caller's idempotency key, and the push config it gave for
+    /// the new task (left, it would wait for a task that never comes, and
+    /// keep push delivery looking up every event).
+    async fn abandon_start(
+        &self,
+        ctx: &CallContext,
+        new_task_push: Option<&TaskPushNotificationConfig>,
+    ) {
+        self.release_claim(ctx).await;
+        if let Some(push) = new_task_push
+            && let Err(err) = self
+                .ledger
+                .delete_push_config(&push.task_id, &push.id)
+                .await
+        {
+            tracing::error!(%err, "could not delete the push config of a send that failed");
+        }
     }
 
     /// Frees the caller's idempotency key after a send failed before any

@@ -70,8 +70,9 @@ impl LoadResult {
         self.errors += other.errors;
         self.events += other.events;
         self.elapsed += other.elapsed;
-        // Both histograms share one range, so adding cannot fail.
-        let _ = self.latency.add(&other.latency);
+        self.latency
+            .add(&other.latency)
+            .expect("latency histograms share one range");
     }
 
     /// No answers yet: what [`LoadResult::absorb`] adds to.

@@ -244,13 +244,13 @@ async fn direct_handoffs_go_to_the_payload_target_or_are_rejected_with_the_reaso
         .await;
     assert_eq!(reply.result()["task"]["artifacts"][0]["name"], "echo");
 
-    // Unknown targets.
+    // Unknown targets, the payload found behind a text part.
     for target in [json!({"to": "payroll"}), json!({"toSkill": "payroll"})] {
+        let mut message = handoff_message(payload(target.clone()));
+        let parts = message["parts"].as_array_mut().unwrap();
+        parts.insert(0, json!({"text": "please take over"}));
         let reply = gateway
-            .call(
-                "SendMessage",
-                json!({"message": handoff_message(payload(target.clone()))}),
-            )
+            .call("SendMessage", json!({"message": message}))
             .await;
         let task = &reply.result()["task"];
         assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{target}");

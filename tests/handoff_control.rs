@@ -213,6 +213,14 @@ fn payload(target: Value) -> Value {
     handoff_payload("triage", target, json!({"handoffId": "hf_1"}))
 }
 
+/// A handoff message whose payload part follows a text part.
+fn after_text(payload: Value) -> Value {
+    let mut message = handoff_message(payload);
+    let parts = message["parts"].as_array_mut().unwrap();
+    parts.insert(0, json!({"text": "please take over"}));
+    message
+}
+
 #[tokio::test]
 async fn direct_handoffs_go_to_the_payload_target_or_are_rejected_with_the_reason() {
     let gateway = baton().start().await;
@@ -246,9 +254,7 @@ async fn direct_handoffs_go_to_the_payload_target_or_are_rejected_with_the_reaso
 
     // Unknown targets, the payload found behind a text part.
     for target in [json!({"to": "payroll"}), json!({"toSkill": "payroll"})] {
-        let mut message = handoff_message(payload(target.clone()));
-        let parts = message["parts"].as_array_mut().unwrap();
-        parts.insert(0, json!({"text": "please take over"}));
+        let message = after_text(payload(target.clone()));
         let reply = gateway
             .call("SendMessage", json!({"message": message}))
             .await;
@@ -402,11 +408,8 @@ async fn typed_artifacts_are_checked_against_the_return_schema() {
     let typed = |schema: Value| {
         let mut payload = payload(json!({"to": "echo"}));
         payload["returnSchema"] = schema;
-        let mut message = handoff_message(payload);
-        // A text part first: violations must name the data part by its index.
-        let parts = message["parts"].as_array_mut().unwrap();
-        parts.insert(0, json!({"text": "please take over"}));
-        json!({"message": message})
+        // Violations must name the data part by its index.
+        json!({"message": after_text(payload)})
     };
     let ok = gateway
         .call(

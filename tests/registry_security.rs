@@ -5,7 +5,6 @@
 
 mod common;
 
-use baton::handoff::payload::HANDOFF_MEDIA_TYPE;
 use baton::protocol::HANDOFF_EXTENSION;
 use common::agents::GatedAgent;
 use common::*;
@@ -1068,10 +1067,8 @@ async fn a_handoff_names_as_its_sender_only_an_agent_of_the_callers_agency() {
             reply.result()["task"].clone()
         }
     };
-    let handoff = |from: &str, to: &str| {
-        let payload = handoff_payload(from, json!({"to": to}), json!({}));
-        json!({"data": payload, "mediaType": HANDOFF_MEDIA_TYPE})
-    };
+    let handoff =
+        |from: &str, to: &str| handoff_part(handoff_payload(from, json!({"to": to}), json!({})));
     let state = |task: &Value| task["status"]["state"].as_str().unwrap_or("").to_string();
 
     // globex cannot pass for acme's intake, nor for the agent acme

@@ -466,12 +466,17 @@ pub fn handoff_payload(from: &str, target: Value, extra: Value) -> Value {
     payload
 }
 
+/// The part carrying the handoff `payload`.
+pub fn handoff_part(payload: Value) -> Value {
+    json!({"data": payload, "mediaType": baton::handoff::payload::HANDOFF_MEDIA_TYPE})
+}
+
 /// A user message whose one part is the handoff `payload`.
 pub fn handoff_message(payload: Value) -> Value {
     json!({
         "messageId": message_id("h"),
         "role": "ROLE_USER",
-        "parts": [{"data": payload, "mediaType": baton::handoff::payload::HANDOFF_MEDIA_TYPE}]
+        "parts": [handoff_part(payload)]
     })
 }
 

@@ -937,41 +937,15 @@ async fn store_figures(bench: &Bench) -> Vec<Figure> {
     let outcome = store_run(bench, &data_dir, &mut figures).await;
     let _ = std::fs::remove_dir_all(&data_dir);
     if let Err(err) = outcome {
-        let large = task_count(bench.settings.large_store);
-        let small = task_count(bench.settings.small_store);
         // Every figure the run makes, so that none goes missing from the report.
-        let expected = [
-            (format!("GetTask p99 at {small} tasks"), "ms", None),
-            (
-                format!("ListTasks first page p99 at {small} tasks"),
-                "ms",
-                None,
-            ),
-            (format!("ledger size on disk at {large} tasks"), "GB", None),
-            (
-                format!("GetTask p99 at {large} tasks"),
-                "ms",
-                Some(Budget::Max(1.0)),
-            ),
-            (
-                format!("ListTasks first page p99 at {large} tasks"),
-                "ms",
-                None,
-            ),
-            (
-                format!("ListTasks first page p99 at {large} / at {small}"),
-                "",
-                Some(Budget::Max(1.5)),
-            ),
-            (
-                format!("Baton peak RSS (VmHWM) at rest with {large} tasks"),
-                "MB",
-                Some(Budget::Max(150.0)),
-            ),
-        ];
-        for (name, unit, budget) in expected {
-            if !figures.iter().any(|f: &Figure| f.figure == name) {
-                figures.push(Figure::failed(name, unit, budget, &err));
+        for expected in StoreFigures::new(&bench.settings).all() {
+            if !figures.iter().any(|f: &Figure| f.figure == expected.name) {
+                figures.push(Figure::failed(
+                    expected.name,
+                    expected.unit,
+                    expected.budget,
+                    &err,
+                ));
             }
         }
     }
@@ -984,6 +958,88 @@ fn task_count(n: u64) -> String {
         format!("{} M", n / 1_000_000)
     } else {
         format!("{} k", n / 1000)
+    }
+}
+
+/// A figure of the store section, named once for both the run and its
+/// failure.
+struct StoreFigure {
+    name: String,
+    unit: &'static str,
+    budget: Option<Budget>,
+}
+
+impl StoreFigure {
+    fn new(name: String, unit: &'static str, budget: Option<Budget>) -> Self {
+        Self { name, unit, budget }
+    }
+
+    /// The figure as measured, judged against its budget if it has one.
+    fn measured(self, value: f64) -> Figure {
+        let figure = Figure::number(self.name, value, self.unit);
+        match self.budget {
+            Some(budget) => figure.budget(budget),
+            None => figure,
+        }
+    }
+}
+
+/// The store section's figures, in report order.
+struct StoreFigures {
+    get_small: StoreFigure,
+    list_small: StoreFigure,
+    on_disk: StoreFigure,
+    get_large: StoreFigure,
+    list_large: StoreFigure,
+    list_ratio: StoreFigure,
+    peak_rss: StoreFigure,
+}
+
+impl StoreFigures {
+    fn new(settings: &Settings) -> Self {
+        let small = task_count(settings.small_store);
+        let large = task_count(settings.large_store);
+        Self {
+            get_small: StoreFigure::new(format!("GetTask p99 at {small} tasks"), "ms", None),
+            list_small: StoreFigure::new(
+                format!("ListTasks first page p99 at {small} tasks"),
+                "ms",
+                None,
+            ),
+            on_disk: StoreFigure::new(format!("ledger size on disk at {large} tasks"), "GB", None),
+            get_large: StoreFigure::new(
+                format!("GetTask p99 at {large} tasks"),
+                "ms",
+                Some(Budget::Max(1.0)),
+            ),
+            list_large: StoreFigure::new(
+                format!("ListTasks first page p99 at {large} tasks"),
+                "ms",
+                None,
+            ),
+            list_ratio: StoreFigure::new(
+                format!("ListTasks first page p99 at {large} / at {small}"),
+                "",
+                Some(Budget::Max(1.5)),
+            ),
+            peak_rss: StoreFigure::new(
+                format!("Baton peak RSS (VmHWM) at rest with {large} tasks"),
+                "MB",
+                Some(Budget::Max(150.0)),
+            ),
+        }
+    }
+
+    fn all(self) -> [StoreFigure; 7] {
+        [
+            self.get_small,
+            self.list_small,
+            self.on_disk,
+            self.get_large,
+            self.list_large,
+            self.list_ratio,
+            self.peak_rss,
+        ]
     }
 }
 
@@ -1050,61 +1106,40 @@ async fn store_run(
     let alternated = format!(
         "the {small_name} and {large_name} stores served at once, their queries alternated in {STORE_SLICES} slices"
     );
-    figures.push(Figure::number(
-        format!("GetTask p99 at {small_name} tasks"),
-        ms(small_queries.get_p99),
-        "ms",
-    ));
-    figures.push(Figure::number(
-        format!("ListTasks first page p99 at {small_name} tasks"),
-        ms(small_queries.list_p99),
-        "ms",
-    ));
-    figures.push(with_scale_note(Figure::number(
-        format!("ledger size on disk at {large_name} tasks"),
-        round2(on_disk as f64 / 1e9),
-        "GB",
-    )));
+    let named = StoreFigures::new(&bench.settings);
+    figures.push(named.get_small.measured(ms(small_queries.get_p99)));
+    figures.push(named.list_small.measured(ms(small_queries.list_p99)));
     figures.push(with_scale_note(
-        Figure::number(
-            format!("GetTask p99 at {large_name} tasks"),
-            ms(large_queries.get_p99),
-            "ms",
-        )
-        .budget(Budget::Max(1.0))
-        .note(alternated.clone()),
+        named.on_disk.measured(round2(on_disk as f64 / 1e9)),
     ));
-    figures.push(with_scale_note(Figure::number(
-        format!("ListTasks first page p99 at {large_name} tasks"),
-        ms(large_queries.list_p99),
-        "ms",
-    )));
     figures.push(with_scale_note(
-        Figure::number(
-            format!("ListTasks first page p99 at {large_name} / at {small_name}"),
-            round2(
-                large_queries.list_p99.as_secs_f64()
-                    / small_queries.list_p99.as_secs_f64().max(1e-9),
-            ),
-            "",
-        )
-        .budget(Budget::Max(1.5))
-        .note(alternated),
+        named
+            .get_large
+            .measured(ms(large_queries.get_p99))
+            .note(alternated.clone()),
+    ));
+    figures.push(with_scale_note(
+        named.list_large.measured(ms(large_queries.list_p99)),
+    ));
+    let list_ratio =
+        large_queries.list_p99.as_secs_f64() / small_queries.list_p99.as_secs_f64().max(1e-9);
+    figures.push(with_scale_note(
+        named
+            .list_ratio
+            .measured(round2(list_ratio))
+            .note(alternated),
     ));
     let mb = |kib: u64| kib as f64 * 1024.0 / 1e6;
     figures.push(with_scale_note(
-        Figure::number(
-            format!("Baton peak RSS (VmHWM) at rest with {large_name} tasks"),
-            round2(mb(large_queries.rest.peak_kib)),
-            "MB",
-        )
-        .budget(Budget::Max(150.0))
-        .note(format!(
-            "VmRSS at rest {:.1} MB; after the queries VmRSS {:.1} MB, VmHWM {:.1} MB (MB = 10^6 bytes)",
-            mb(large_queries.rest.current_kib),
-            mb(large_queries.after.current_kib),
-            mb(large_queries.after.peak_kib)
-        )),
+        named
+            .peak_rss
+            .measured(round2(mb(large_queries.rest.peak_kib)))
+            .note(format!(
+                "VmRSS at rest {:.1} MB; after the queries VmRSS {:.1} MB, VmHWM {:.1} MB (MB = 10^6 bytes)",
+                mb(large_queries.rest.current_kib),
+                mb(large_queries.after.current_kib),
+                mb(large_queries.after.peak_kib)
+            )),
     ));
     Ok(())
 }
@@ -1167,6 +1202,9 @@ async fn query_figures(
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rest = [batons[0].memory()?, batons[1].memory()?];
     let list: Arc<load::RequestFn> = Arc::new(|n| ("/a2a", json_rpc(n, "ListTasks", "{}")));
+    let samples = stores
+        .each_ref()
+        .map(|store| Arc::new(store.sample.to_vec()));
     let mut gets = [LoadResult::empty(), LoadResult::empty()];
     let mut lists = [LoadResult::empty(), LoadResult::empty()];
     for round in 0..STORE_SLICES {
@@ -1187,7 +1225,7 @@ async fn query_figures(
             // them in the caches.
             let first_request = u64::from(round) << 32;
             let get = load::run(
-                &slice(addr, get_task(stores[store].sample, first_request)),
+                &slice(addr, get_task(samples[store].clone(), first_request)),
                 || {},
             )
             .await;
@@ -1222,10 +1260,9 @@ async fn query_figures(
     }))
 }
 
-/// GetTask of tasks in `sample`, spread over it; `first_request` moves
+/// GetTask of tasks in `ids`, spread over them; `first_request` moves
 /// where the sequence of tasks read starts.
-fn get_task(sample: &[String], first_request: u64) -> Arc<load::RequestFn> {
-    let ids: Arc<Vec<String>> = Arc::new(sample.to_vec());
+fn get_task(ids: Arc<Vec<String>>, first_request: u64) -> Arc<load::RequestFn> {
     Arc::new(move |n| {
         // A multiplicative hash spreads consecutive requests over the sample.
         let spread = (first_request + n).wrapping_mul(2_654_435_761);

@@ -579,7 +579,14 @@ impl Applier {
         // Set until the whole set is in: a failure part way leaves sled
         // holding some of it, and the retry must not trust `created`.
         let partly_applied = self.partly_applied.swap(true, Ordering::Relaxed);
-        let tasks: Vec<(&String, &PendingTask)> = set.tasks.iter().collect();
+        // In id order: a UUIDv7 id starts with its creation millisecond, so
+        // each chunk takes whole milliseconds and fills their buckets. In
+        // the map's order a chunk took a scattering of the set's
+        // milliseconds: at 1 M stored tasks, 940 k record buckets held one
+        // task each, and a page of tasks read a hundred or more per
+        // millisecond.
+        let mut tasks: Vec<(&String, &PendingTask)> = set.tasks.iter().collect();
+        tasks.sort_unstable_by_key(|(id, _)| *id);
         let mut counts = CounterDeltas::default();
         for chunk in tasks.chunks(TASKS_PER_INTENT) {
             let indexed: Vec<(&str, &PendingTask, Vec<Vec<u8>>)> = chunk
@@ -1964,6 +1971,37 @@ mod tests {
             count_in_state(tree, "alice", TaskState::Completed.number()),
             22
         );
+    }
+
+    #[test]
+    fn a_set_larger_than_a_chunk_fills_each_millisecond_s_buckets() {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        let first_millis = 1_767_000_000_000;
+        // Four chunks' worth, four tasks in each millisecond: whole
+        // milliseconds per chunk make one full bucket each.
+        let per_millis = BUCKET_RECORDS_MAX as u16;
+        let milliseconds = (4 * TASKS_PER_INTENT) as u64 / u64::from(per_millis);
+        let ids: Vec<String> = (0..milliseconds)
+            .flat_map(|offset| {
+                (0..per_millis).map(move |n| keys::uuid_v7_at(first_millis + offset, n))
+            })
+            .collect();
+        for id in &ids {
+            let record = stored(id, TaskState::Completed, 1);
+            queue_encoded(&applier, Arc::new(record), true);
+        }
+        applier.apply_pending().unwrap();
+        let tree = &applier.tree;
+
+        let buckets = tree.scan_prefix(b"r\0").count();
+        assert_eq!(
+            buckets as u64, milliseconds,
+            "one full bucket a millisecond"
+        );
+        for id in ids.iter().step_by(97) {
+            assert_eq!(read_stored(tree, id).unwrap().task.id, *id);
+        }
     }
 
     #[test]

@@ -33,6 +33,29 @@ pub struct LoadSpec {
     pub expect: &'static [u8],
 }
 
+impl LoadSpec {
+    /// Slice `round` of `slices` cutting this point's window, for loads
+    /// measured alternately (merged with [`LoadResult::absorb`]): the first
+    /// slice has the whole warm-up, later ones a share of it, to warm what
+    /// the other load's slice left cold.
+    pub fn slice(&self, round: u32, slices: u32) -> Self {
+        let slices = slices.max(1);
+        Self {
+            addr: self.addr,
+            concurrency: self.concurrency,
+            warmup: if round == 0 {
+                self.warmup
+            } else {
+                self.warmup / slices
+            },
+            duration: self.duration / slices,
+            max_requests: self.max_requests / u64::from(slices),
+            request: self.request.clone(),
+            expect: self.expect,
+        }
+    }
+}
+
 /// What a load point measured.
 pub struct LoadResult {
     /// Good answers in the window.

@@ -580,11 +580,8 @@ impl Applier {
         // holding some of it, and the retry must not trust `created`.
         let partly_applied = self.partly_applied.swap(true, Ordering::Relaxed);
         // In id order: a UUIDv7 id starts with its creation millisecond, so
-        // each chunk takes whole milliseconds and fills their buckets. In
-        // the map's order a chunk took a scattering of the set's
-        // milliseconds: at 1 M stored tasks, 940 k record buckets held one
-        // task each, and a page of tasks read a hundred or more per
-        // millisecond.
+        // a chunk takes whole milliseconds and fills their buckets (in the
+        // map's order, a 1 M store's record buckets held one task each).
         let mut tasks: Vec<(&String, &PendingTask)> = set.tasks.iter().collect();
         tasks.sort_unstable_by_key(|(id, _)| *id);
         let mut counts = CounterDeltas::default();
@@ -1994,7 +1991,11 @@ mod tests {
         applier.apply_pending().unwrap();
         let tree = &applier.tree;
 
-        let buckets = tree.scan_prefix(b"r\0").count();
+        let buckets: usize = ids
+            .iter()
+            .step_by(usize::from(per_millis))
+            .map(|first_of_millis| record_buckets(tree, first_of_millis).len())
+            .sum();
         assert_eq!(
             buckets as u64, milliseconds,
             "one full bucket a millisecond"

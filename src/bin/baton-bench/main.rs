@@ -336,18 +336,27 @@ async fn gateway_figures(bench: &Bench) -> Vec<Figure> {
     figures
 }
 
-/// Slices the unary c=1 window is cut into, direct and through Baton
-/// alternately, each first in every other slice.
-const UNARY_C1_SLICES: u32 = 4;
+/// Slices a window is cut into where two loads whose figures are compared
+/// alternate (unary c=1 direct and through Baton; the small store and the
+/// large), each first in every other slice. A VM's speed drifts within
+/// minutes: measured one after the other, the ratio of the two stores'
+/// ListTasks p99s ranged 0.28–2.81 over five full runs on one VM (README,
+/// round 23), that of their p50s 0.94–1.50.
+const ALTERNATED_SLICES: u32 = 4;
 
-/// Runs the two load points in [`UNARY_C1_SLICES`] alternating slices of
+/// Which of two alternated loads runs first in slice `round`, and which
+/// second.
+fn alternation_order(round: u32) -> [usize; 2] {
+    if round % 2 == 0 { [0, 1] } else { [1, 0] }
+}
+
+/// Runs the two load points in [`ALTERNATED_SLICES`] alternating slices of
 /// their windows, and merges each point's slices.
 async fn alternated(specs: [&LoadSpec; 2]) -> [LoadResult; 2] {
     let mut results = [LoadResult::empty(), LoadResult::empty()];
-    for round in 0..UNARY_C1_SLICES {
-        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for point in order {
-            let slice = specs[point].slice(round, UNARY_C1_SLICES);
+    for round in 0..ALTERNATED_SLICES {
+        for point in alternation_order(round) {
+            let slice = specs[point].slice(round, ALTERNATED_SLICES);
             results[point].absorb(&load::run(&slice, || {}).await);
         }
     }
@@ -482,7 +491,7 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
             )
             .budget(Budget::Max(1.0))
             .note(format!(
-                "direct and through Baton alternated in {UNARY_C1_SLICES} slices of the window"
+                "direct and through Baton alternated in {ALTERNATED_SLICES} slices of the window"
             )),
         );
     }
@@ -1131,7 +1140,7 @@ async fn store_run(
     )
     .await?;
     let alternated = format!(
-        "the {small_name} and {large_name} stores served at once, their queries alternated in {STORE_SLICES} slices"
+        "the {small_name} and {large_name} stores served at once, their queries alternated in {ALTERNATED_SLICES} slices"
     );
     let named = StoreFigures::new(&bench.settings);
     figures.push(named.get_small.measured(ms(small_queries.get_p99)));
@@ -1189,14 +1198,6 @@ struct QueryFigures {
     after: procfs::Memory,
 }
 
-/// Slices the store queries are cut into, alternating between the small
-/// store and the large, each first in every other slice. A VM's speed
-/// drifts within minutes, and the large store is filled a minute after the
-/// small one: measured one after the other, the ratio of their ListTasks
-/// p99s ranged 0.28–2.81 over five full runs on one VM (README, round 23),
-/// that of their p50s 0.94–1.50.
-const STORE_SLICES: u32 = 4;
-
 /// One populated ledger to query.
 struct StoreUnderTest<'a> {
     /// `small` or `large`, for progress lines and errors.
@@ -1234,15 +1235,14 @@ async fn query_figures(
         .map(|store| Arc::new(store.sample.to_vec()));
     let mut gets = [LoadResult::empty(), LoadResult::empty()];
     let mut lists = [LoadResult::empty(), LoadResult::empty()];
-    for round in 0..STORE_SLICES {
+    for round in 0..ALTERNATED_SLICES {
         let slice = |addr, request| {
             bench
                 .settings
                 .load(addr, 1, request)
-                .slice(round, STORE_SLICES)
+                .slice(round, ALTERNATED_SLICES)
         };
-        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for store in order {
+        for store in alternation_order(round) {
             let addr = batons[store].addr;
             // Each slice reads other tasks than the last: a repeat would find
             // them in the caches.

@@ -1026,6 +1026,7 @@ struct StoreFigures {
     list_small: StoreFigure,
     on_disk: StoreFigure,
     get_large: StoreFigure,
+    front_door_large: StoreFigure,
     list_large: StoreFigure,
     list_ratio: StoreFigure,
     peak_rss: StoreFigure,
@@ -1048,6 +1049,11 @@ impl StoreFigures {
                 "ms",
                 Some(Budget::Max(1.0)),
             ),
+            front_door_large: StoreFigure::new(
+                format!("an unknown method's p99 beside GetTask at {large} tasks"),
+                "ms",
+                None,
+            ),
             list_large: StoreFigure::new(
                 format!("ListTasks first page p99 at {large} tasks"),
                 "ms",
@@ -1066,12 +1072,13 @@ impl StoreFigures {
         }
     }
 
-    fn all(self) -> [StoreFigure; 7] {
+    fn all(self) -> [StoreFigure; 8] {
         [
             self.get_small,
             self.list_small,
             self.on_disk,
             self.get_large,
+            self.front_door_large,
             self.list_large,
             self.list_ratio,
             self.peak_rss,
@@ -1123,18 +1130,20 @@ async fn store_run(
     bench.section(&format!(
         "store: queries at {small_name} and at {large_name} tasks, alternated"
     ));
-    let [small_queries, large_queries] = query_figures(
+    let ([small_queries, large_queries], front_door_p99) = query_figures(
         bench,
         [
             StoreUnderTest {
                 label: "small",
                 data_dir: &small_dir,
                 sample: &small_sample,
+                times_front_door: false,
             },
             StoreUnderTest {
                 label: "large",
                 data_dir: &large_dir,
                 sample: &large_sample,
+                times_front_door: true,
             },
         ],
     )
@@ -1153,6 +1162,13 @@ async fn store_run(
             .get_large
             .measured(ms(large_queries.get_p99))
             .note(alternated.clone()),
+    ));
+    figures.push(with_scale_note(
+        named.front_door_large.measured(ms(front_door_p99)).note(
+            "the same Baton, in the same slices: a JSON-RPC call answered -32601 at the \
+                 front door, with no ledger read; the floor of GetTask's p99 on this machine"
+                .to_string(),
+        ),
     ));
     figures.push(with_scale_note(
         named.list_large.measured(ms(large_queries.list_p99)),
@@ -1205,6 +1221,8 @@ struct StoreUnderTest<'a> {
     data_dir: &'a Path,
     /// Ids of stored tasks, for GetTask.
     sample: &'a [String],
+    /// Whether an unknown method's calls are timed in its slices too.
+    times_front_door: bool,
 }
 
 /// Starts Baton on each populated ledger and reads its memory at rest, then
@@ -1212,10 +1230,14 @@ struct StoreUnderTest<'a> {
 /// alternating between the stores slice by slice. Each store's first slice
 /// has the whole warm-up (a fresh process); later ones a share of it, to
 /// warm what the other store's slice left cold.
+///
+/// In the large store's slices, after its queries, it times a call of an
+/// unknown method too: the front door's answer with no ledger read, the
+/// floor under GetTask's p99. Returns the stores' figures and that p99.
 async fn query_figures(
     bench: &Bench,
     stores: [StoreUnderTest<'_>; 2],
-) -> anyhow::Result<[QueryFigures; 2]> {
+) -> anyhow::Result<([QueryFigures; 2], Duration)> {
     for store in &stores {
         anyhow::ensure!(
             !store.sample.is_empty(),
@@ -1230,11 +1252,14 @@ async fn query_figures(
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rest = [batons[0].memory()?, batons[1].memory()?];
     let list: Arc<load::RequestFn> = Arc::new(|n| ("/a2a", json_rpc(n, "ListTasks", "{}")));
+    let unknown: Arc<load::RequestFn> =
+        Arc::new(|n| ("/a2a", json_rpc(n, "BenchNoSuchMethod", "{}")));
     let samples = stores
         .each_ref()
         .map(|store| Arc::new(store.sample.to_vec()));
     let mut gets = [LoadResult::empty(), LoadResult::empty()];
     let mut lists = [LoadResult::empty(), LoadResult::empty()];
+    let mut front_door = LoadResult::empty();
     for round in 0..ALTERNATED_SLICES {
         let slice = |addr, request| {
             bench
@@ -1255,6 +1280,11 @@ async fn query_figures(
             gets[store].absorb(&get);
             let listed = load::run(&slice(addr, list.clone()), || {}).await;
             lists[store].absorb(&listed);
+            if stores[store].times_front_door {
+                let mut spec = slice(addr, unknown.clone());
+                spec.expect = b"-32601";
+                front_door.absorb(&load::run(&spec, || {}).await);
+            }
         }
         bench.note_load();
     }
@@ -1262,6 +1292,12 @@ async fn query_figures(
     for baton in batons {
         baton.stop();
     }
+    progress("unknown method c=1", &front_door.summary());
+    anyhow::ensure!(
+        front_door.completed > 0,
+        "an unknown method: no -32601 answer ({} errors)",
+        front_door.errors
+    );
     for (store, under_test) in stores.iter().enumerate() {
         let label = under_test.label;
         let (get, list) = (&gets[store], &lists[store]);
@@ -1275,12 +1311,13 @@ async fn query_figures(
             );
         }
     }
-    Ok(std::array::from_fn(|store| QueryFigures {
+    let per_store = std::array::from_fn(|store| QueryFigures {
         get_p99: gets[store].quantile(0.99),
         list_p99: lists[store].quantile(0.99),
         rest: rest[store],
         after: after[store],
-    }))
+    });
+    Ok((per_store, front_door.quantile(0.99)))
 }
 
 /// GetTask of tasks in `ids`, spread over them; `first_request` moves

@@ -326,6 +326,13 @@ mod tests {
         assert!(matches!(&entries[0], Entry::Put { key, .. } if key == b"k1"));
     }
 
+    /// After the frames, zeros only, up to the zero-filled end.
+    fn assert_zero_filled_after_the_frames(segment: &Segment) {
+        let bytes = std::fs::read(segment_path(&segment.dir, segment.number)).unwrap();
+        assert_eq!(bytes.len() as u64, segment.allocated);
+        assert!(bytes[segment.len as usize..].iter().all(|&b| b == 0));
+    }
+
     #[test]
     fn frames_of_many_sizes_read_back_past_the_zero_filled_space() {
         let dir = tempfile::tempdir().unwrap();
@@ -370,10 +377,7 @@ mod tests {
             .map(|(key, value)| (key.into_bytes(), value))
             .collect();
         assert_eq!(read, expected);
-        // After the frames, zeros only, up to the zero-filled end.
-        let bytes = std::fs::read(segment_path(dir.path(), 1)).unwrap();
-        assert_eq!(bytes.len() as u64, segment.allocated);
-        assert!(bytes[segment.len as usize..].iter().all(|&b| b == 0));
+        assert_zero_filled_after_the_frames(&segment);
     }
 
     #[test]
@@ -404,10 +408,8 @@ mod tests {
             })
             .collect();
         assert_eq!(read, sizes);
-        let bytes = std::fs::read(segment_path(dir.path(), 1)).unwrap();
-        assert_eq!(bytes.len() as u64, segment.allocated);
         assert!(segment.allocated > segment.len + PREALLOCATE / 2);
-        assert!(bytes[segment.len as usize..].iter().all(|&b| b == 0));
+        assert_zero_filled_after_the_frames(&segment);
     }
 
     #[test]

@@ -187,6 +187,7 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(args: &Args) -> anyhow::Result<Report> {
     let started = Instant::now();
+    let machine_at_start = procfs::machine_ticks().ok();
     let machine = procfs::Machine::detect();
     let mode = if args.quick { "quick" } else { "full" };
     eprintln!(
@@ -226,10 +227,14 @@ async fn run(args: &Args) -> anyhow::Result<Report> {
     }
     bench.note_load();
     bench.section("done");
+    let stolen_share = machine_at_start
+        .zip(procfs::machine_ticks().ok())
+        .map(|(then, now)| now.stolen_since(&then));
     Ok(Report {
         mode,
         machine,
         peak_load_average: bench.peak_load.get(),
+        stolen_share,
         duration_secs: started.elapsed().as_secs_f64(),
         figures,
     })
@@ -533,6 +538,8 @@ fn window_figures(
     ticks_per_second: f64,
 ) -> Vec<Figure> {
     let idle_name = format!("machine idle during c={concurrency} through Baton (/proc/stat)");
+    let stolen_name =
+        format!("machine time stolen by the host during c={concurrency} (/proc/stat)");
     let ([before, after], true) = (readings, result.completed > 0) else {
         let by_thread = by_thread_name("Baton", concurrency);
         let why = "no readings of the window, or no request completed in it (so no rows \
@@ -585,6 +592,12 @@ fn window_figures(
             figures.push(
                 Figure::number(idle_name, (idle * 100.0).round(), "%")
                     .note("idle and I/O wait of all cores over the window: the CPU the load left"),
+            );
+            figures.push(
+                Figure::number(stolen_name, (now.stolen_since(then) * 100.0).round(), "%").note(
+                    "steal of all cores over the window: on a VM, time its host gave to other \
+                     guests, which the machine's threads did not get",
+                ),
             );
         }
         (Err(err), _) | (_, Err(err)) => figures.push(Figure::failed(idle_name, "%", None, err)),

@@ -183,8 +183,19 @@ pub fn thread_groups_between(
 pub struct MachineTicks {
     /// Idle and waiting for I/O.
     pub idle: u64,
+    /// Taken by the host for other guests (`steal`): on a VM, time the
+    /// machine's cores did not have, which moves every figure.
+    pub steal: u64,
     /// All of it.
     pub total: u64,
+}
+
+impl MachineTicks {
+    /// The share of the machine's time since `earlier` that the host took.
+    pub fn stolen_since(&self, earlier: &MachineTicks) -> f64 {
+        self.steal.saturating_sub(earlier.steal) as f64
+            / self.total.saturating_sub(earlier.total).max(1) as f64
+    }
 }
 
 /// Reads [`MachineTicks`] now.
@@ -204,6 +215,7 @@ fn parse_machine_ticks(stat: &str) -> Option<MachineTicks> {
     // after them are already counted in user and nice.
     Some(MachineTicks {
         idle: ticks.get(3)? + ticks.get(4)?,
+        steal: *ticks.get(7)?,
         total: ticks.iter().take(8).sum(),
     })
 }
@@ -355,8 +367,26 @@ mod tests {
             parse_machine_ticks(stat),
             Some(MachineTicks {
                 idle: 307,
+                steal: 2,
                 total: 435
             })
         );
+    }
+
+    #[test]
+    fn the_stolen_share_is_of_the_time_between_two_readings() {
+        let earlier = MachineTicks {
+            idle: 100,
+            steal: 10,
+            total: 1000,
+        };
+        let later = MachineTicks {
+            idle: 150,
+            steal: 60,
+            total: 1400,
+        };
+        assert_eq!(later.stolen_since(&earlier), 0.125);
+        // No time between them: nothing stolen, not a division by zero.
+        assert_eq!(earlier.stolen_since(&earlier), 0.0);
     }
 }

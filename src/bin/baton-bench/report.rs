@@ -179,6 +179,9 @@ pub struct Report {
     pub machine: Machine,
     /// Highest 1-minute load average seen between figures: other work on the machine.
     pub peak_load_average: f64,
+    /// The share of the machine's time its host took over the run (`steal`
+    /// in `/proc/stat`), if it could be read.
+    pub stolen_share: Option<f64>,
     /// Seconds the run took.
     pub duration_secs: f64,
     /// The rows.
@@ -217,7 +220,7 @@ impl Report {
         };
         let machine = &self.machine;
         let mut out = format!(
-            "baton-bench ({}), {:.0} s on {} cores ({}), Linux {}; peak 1-minute load average {:.1}{}\n\n",
+            "baton-bench ({}), {:.0} s on {} cores ({}), Linux {}; peak 1-minute load average {:.1}{}{}\n\n",
             self.mode,
             self.duration_secs,
             machine.nproc,
@@ -228,7 +231,11 @@ impl Report {
                 ": other work shared the machine, so the figures are noisy"
             } else {
                 ""
-            }
+            },
+            self.stolen_share.map_or(String::new(), |share| format!(
+                "; the host took {:.1} % of the machine's time (steal)",
+                share * 100.0
+            )),
         );
         out.push_str(&line(header));
         out.push_str(&line(

@@ -23,6 +23,8 @@ mod reference;
 mod report;
 mod streaming;
 mod upstream;
+#[cfg(target_os = "linux")]
+mod wakeup;
 
 use baton_process::{BatonOptions, BatonProcess, locate_baton};
 use clap::Parser;
@@ -300,6 +302,16 @@ async fn ledger_figures(bench: &Bench) -> Vec<Figure> {
 /// Unary and streaming load, CPU per request, memory in flight, fan-out
 /// and handoff, on one Baton with an empty ledger.
 async fn gateway_figures(bench: &Bench) -> Vec<Figure> {
+    bench.section("gateway: a thread wake-up's cost, on one core and across two");
+    // Measured first, with nothing else of the bench's running.
+    let wake = tokio::task::spawn_blocking(wake_figures)
+        .await
+        .unwrap_or_else(|err| {
+            vec![Figure::harness_error(
+                "thread wake-up round trip",
+                &err.into(),
+            )]
+        });
     bench.section("gateway: unary, streaming, fan-out, memory, handoff");
     let data_dir = bench.scratch.path().join("gateway-ledger");
     let baton = match bench.start_baton(&data_dir).await {
@@ -312,6 +324,7 @@ async fn gateway_figures(bench: &Bench) -> Vec<Figure> {
         }
     };
     let mut figures = unary_figures(bench, &baton).await;
+    figures.extend(wake);
     figures.extend(streaming_figures(bench, &baton).await);
     bench.section("gateway: memory in flight");
     let held = bench.settings.in_flight_tasks;
@@ -791,6 +804,63 @@ fn cpu_micros(
         _ => Err(anyhow::anyhow!(
             "no CPU reading or no completed request: {ticks:?}"
         )),
+    }
+}
+
+/// A hand-off between two threads on one core and across two: what each hop
+/// of a relayed request costs this machine before any code runs (see
+/// `wakeup`).
+#[cfg(target_os = "linux")]
+fn wake_figures() -> Vec<Figure> {
+    let name = |cores: &str| format!("thread wake-up round trip, {cores} (CPU of both threads)");
+    let note = format!(
+        "a one-byte ping-pong between two pinned threads over a socket pair, {} round trips \
+         back to back: both threads' CPU per round trip (schedstat) and the median round trip. \
+         Every hop of a relayed request wakes a thread like this: the load's, the reference \
+         proxy's and Baton's",
+        wakeup::ROUND_TRIPS
+    );
+    let Some(cores) = wakeup::two_cores() else {
+        let core = rustix::thread::sched_getcpu();
+        return vec![
+            wake_figure(name("one core"), [core, core], &note),
+            Figure::unavailable(
+                name("two cores"),
+                "µs",
+                "this process may run on one core only",
+            ),
+        ];
+    };
+    vec![
+        wake_figure(name("one core"), [cores[0], cores[0]], &note),
+        wake_figure(name("two cores"), cores, &note),
+    ]
+}
+
+/// Elsewhere the threads cannot be pinned (nor their CPU read) the same way.
+#[cfg(not(target_os = "linux"))]
+fn wake_figures() -> Vec<Figure> {
+    vec![Figure::unavailable(
+        "thread wake-up round trip",
+        "µs",
+        "measured on Linux only",
+    )]
+}
+
+#[cfg(target_os = "linux")]
+fn wake_figure(name: String, cores: [usize; 2], note: &str) -> Figure {
+    match wakeup::measure(cores, wakeup::ROUND_TRIPS) {
+        Ok(cost) => {
+            let cpu_us = cost.cpu_per_round_trip.as_secs_f64() * 1e6;
+            let shown = format!(
+                "{cpu_us:.1} µs of CPU, median {} ({} round trips)",
+                format_duration(cost.median),
+                cost.round_trips
+            );
+            progress(&name, &shown);
+            Figure::info(name, (cpu_us * 10.0).round() / 10.0, "µs", shown).note(note)
+        }
+        Err(err) => Figure::failed(name, "µs", None, &err),
     }
 }
 

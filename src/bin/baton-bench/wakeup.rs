@@ -1,0 +1,134 @@
+//! What a hand-off between two threads costs on this machine: a ping-pong of
+//! one byte over a socket pair, with both threads on one core and on two.
+//!
+//! Every hop of a relayed request (the load's, the reference proxy's and
+//! Baton's own, to its log flusher and back) wakes a thread on the other
+//! side. On a VM a wake-up that crosses cores can cost tens of microseconds
+//! of CPU (an interrupt between virtual CPUs exits to the host), which bare
+//! metal pays in about one; so, like the reference proxy, these rows
+//! calibrate the CPU figures to the machine. Linux only, like the budgets.
+
+use anyhow::Context as _;
+use std::io::{ErrorKind, Read as _, Write as _};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+/// Round trips per measurement.
+pub const ROUND_TRIPS: usize = 4000;
+
+/// Longest a measurement runs, whatever is left of its round trips.
+const TIME_LIMIT: Duration = Duration::from_secs(10);
+
+/// What the round trips took.
+#[derive(Debug)]
+pub struct WakeCost {
+    /// Round trips made (fewer than asked if the time limit came first).
+    pub round_trips: usize,
+    /// Median time from the ping's send to the echo's arrival.
+    pub median: Duration,
+    /// CPU time of both threads per round trip, from their `schedstat`.
+    pub cpu_per_round_trip: Duration,
+}
+
+/// The first two cores this process may run on, if it may run on two.
+pub fn two_cores() -> Option<[usize; 2]> {
+    let allowed = rustix::thread::sched_getaffinity(None).ok()?;
+    let mut cores = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&cpu| allowed.is_set(cpu));
+    Some([cores.next()?, cores.next()?])
+}
+
+/// Ping-pongs one byte `round_trips` times between two threads pinned to
+/// `cores` (the same core twice for a hand-off on one core).
+pub fn measure(cores: [usize; 2], round_trips: usize) -> anyhow::Result<WakeCost> {
+    let (mut ping_end, mut echo_end) = UnixStream::pair().context("making a socket pair")?;
+    let echo = std::thread::Builder::new()
+        .name("bench-wake-echo".into())
+        .spawn(move || -> anyhow::Result<Duration> {
+            pin_to(cores[1])?;
+            let start = thread_cpu()?;
+            let mut byte = [0u8; 1];
+            // Ends when the ping's side closes: after its last round trip,
+            // at its time limit, or when it failed.
+            loop {
+                match echo_end.read_exact(&mut byte) {
+                    Ok(()) => echo_end.write_all(&byte)?,
+                    Err(err) if err.kind() == ErrorKind::UnexpectedEof => break,
+                    Err(err) => return Err(err.into()),
+                }
+            }
+            Ok(thread_cpu()?.saturating_sub(start))
+        })?;
+    let ping = std::thread::Builder::new()
+        .name("bench-wake-ping".into())
+        .spawn(move || -> anyhow::Result<(Vec<Duration>, Duration)> {
+            pin_to(cores[0])?;
+            let start = thread_cpu()?;
+            let began = Instant::now();
+            let mut times = Vec::with_capacity(round_trips);
+            let mut byte = [1u8; 1];
+            while times.len() < round_trips && began.elapsed() < TIME_LIMIT {
+                let sent = Instant::now();
+                ping_end.write_all(&byte)?;
+                ping_end.read_exact(&mut byte)?;
+                times.push(sent.elapsed());
+            }
+            Ok((times, thread_cpu()?.saturating_sub(start)))
+        })?;
+    let pinged = ping
+        .join()
+        .map_err(|_| anyhow::anyhow!("the ping thread panicked"))?;
+    let echoed = echo
+        .join()
+        .map_err(|_| anyhow::anyhow!("the echo thread panicked"))?;
+    let (mut times, ping_cpu) = pinged?;
+    let echo_cpu = echoed?;
+    anyhow::ensure!(!times.is_empty(), "no round trip within {TIME_LIMIT:?}");
+    times.sort_unstable();
+    Ok(WakeCost {
+        round_trips: times.len(),
+        median: times[times.len() / 2],
+        cpu_per_round_trip: (ping_cpu + echo_cpu) / times.len() as u32,
+    })
+}
+
+/// Keeps the calling thread on `core`.
+fn pin_to(core: usize) -> anyhow::Result<()> {
+    let mut only = rustix::thread::CpuSet::new();
+    only.set(core);
+    rustix::thread::sched_setaffinity(None, &only)
+        .with_context(|| format!("pinning a thread to core {core}"))
+}
+
+/// The calling thread's CPU time so far (`/proc/thread-self/schedstat`, in
+/// nanoseconds).
+fn thread_cpu() -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .context("reading /proc/thread-self/schedstat")?;
+    let nanos = parse_run_nanos(&stat).context("unexpected /proc/thread-self/schedstat")?;
+    Ok(Duration::from_nanos(nanos))
+}
+
+/// The time on a CPU, the first field of a `schedstat`.
+fn parse_run_nanos(schedstat: &str) -> Option<u64> {
+    schedstat.split_whitespace().next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_run_time_is_the_first_field_of_a_schedstat() {
+        assert_eq!(parse_run_nanos("123456 789 10\n"), Some(123_456));
+        assert_eq!(parse_run_nanos(""), None);
+    }
+
+    #[test]
+    fn round_trips_on_one_core_are_counted_and_timed() {
+        let core = rustix::thread::sched_getcpu();
+        let cost = measure([core, core], 50).unwrap();
+        assert_eq!(cost.round_trips, 50);
+        assert!(cost.median > Duration::ZERO);
+        assert!(cost.cpu_per_round_trip > Duration::ZERO);
+    }
+}

@@ -4,8 +4,8 @@
 //! Every hop of a relayed request (the load's, the reference proxy's and
 //! Baton's own, to its log flusher and back) wakes a thread on the other
 //! side. On a VM a wake-up that crosses cores can cost tens of microseconds
-//! of CPU (an interrupt between virtual CPUs exits to the host), which bare
-//! metal pays in about one; so, like the reference proxy, these rows
+//! of CPU (an interrupt between virtual CPUs exits to the host), where one on
+//! the same core costs a few; so, like the reference proxy, these rows
 //! calibrate the CPU figures to the machine. Linux only, like the budgets.
 
 use anyhow::Context as _;

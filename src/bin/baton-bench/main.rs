@@ -600,10 +600,8 @@ fn window_figures(
     }
     match (&before.machine, &after.machine) {
         (Ok(then), Ok(now)) => {
-            let idle = now.idle.saturating_sub(then.idle) as f64
-                / now.total.saturating_sub(then.total).max(1) as f64;
             figures.push(
-                Figure::number(idle_name, (idle * 100.0).round(), "%")
+                Figure::number(idle_name, (now.idle_since(then) * 100.0).round(), "%")
                     .note("idle and I/O wait of all cores over the window: the CPU the load left"),
             );
             figures.push(
@@ -827,7 +825,7 @@ fn wake_figures() -> Vec<Figure> {
             Figure::unavailable(
                 name("two cores"),
                 "µs",
-                "this process may run on one core only",
+                "this process may run on one core only, or its affinity could not be read",
             ),
         ];
     };
@@ -858,7 +856,7 @@ fn wake_figure(name: String, cores: [usize; 2], note: &str) -> Figure {
                 cost.round_trips
             );
             progress(&name, &shown);
-            Figure::info(name, (cpu_us * 10.0).round() / 10.0, "µs", shown).note(note)
+            Figure::info(name, round1(cpu_us), "µs", shown).note(note)
         }
         Err(err) => Figure::failed(name, "µs", None, &err),
     }
@@ -1415,6 +1413,10 @@ fn get_task(ids: Arc<Vec<String>>, first_request: u64) -> Arc<load::RequestFn> {
             json_rpc(n, "GetTask", &format!(r#"{{"id":"{id}"}}"#)),
         )
     })
+}
+
+fn round1(value: f64) -> f64 {
+    (value * 10.0).round() / 10.0
 }
 
 fn round2(value: f64) -> f64 {

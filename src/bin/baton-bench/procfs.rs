@@ -124,6 +124,16 @@ pub fn threads(pid: u32) -> anyhow::Result<Vec<ThreadReading>> {
     Ok(found)
 }
 
+/// The calling thread's time on a CPU so far (`/proc/thread-self/schedstat`).
+#[cfg(target_os = "linux")]
+pub fn own_thread_on_cpu() -> anyhow::Result<std::time::Duration> {
+    let line = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .context("reading /proc/thread-self/schedstat")?;
+    let (on_cpu_ns, _) =
+        parse_schedstat(&line).context("unexpected /proc/thread-self/schedstat")?;
+    Ok(std::time::Duration::from_nanos(on_cpu_ns))
+}
+
 /// Time on a CPU and time waiting to run, from a `schedstat` line.
 fn parse_schedstat(line: &str) -> Option<(u64, u64)> {
     let mut fields = line.split_whitespace();
@@ -191,9 +201,18 @@ pub struct MachineTicks {
 }
 
 impl MachineTicks {
+    /// The share of the machine's time since `earlier` that it was idle.
+    pub fn idle_since(&self, earlier: &MachineTicks) -> f64 {
+        self.share_since(earlier, |ticks| ticks.idle)
+    }
+
     /// The share of the machine's time since `earlier` that the host took.
     pub fn stolen_since(&self, earlier: &MachineTicks) -> f64 {
-        self.steal.saturating_sub(earlier.steal) as f64
+        self.share_since(earlier, |ticks| ticks.steal)
+    }
+
+    fn share_since(&self, earlier: &MachineTicks, part: fn(&MachineTicks) -> u64) -> f64 {
+        part(self).saturating_sub(part(earlier)) as f64
             / self.total.saturating_sub(earlier.total).max(1) as f64
     }
 }

@@ -8,6 +8,7 @@
 //! the same core costs a few; so, like the reference proxy, these rows
 //! calibrate the CPU figures to the machine. Linux only, like the budgets.
 
+use crate::procfs::own_thread_on_cpu;
 use anyhow::Context as _;
 use std::io::{ErrorKind, Read as _, Write as _};
 use std::os::unix::net::UnixStream;
@@ -30,7 +31,8 @@ pub struct WakeCost {
     pub cpu_per_round_trip: Duration,
 }
 
-/// The first two cores this process may run on, if it may run on two.
+/// The first two cores this process may run on; none if it may run on one
+/// only, or its affinity cannot be read.
 pub fn two_cores() -> Option<[usize; 2]> {
     let allowed = rustix::thread::sched_getaffinity(None).ok()?;
     let mut cores = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&cpu| allowed.is_set(cpu));
@@ -45,7 +47,7 @@ pub fn measure(cores: [usize; 2], round_trips: usize) -> anyhow::Result<WakeCost
         .name("bench-wake-echo".into())
         .spawn(move || -> anyhow::Result<Duration> {
             pin_to(cores[1])?;
-            let start = thread_cpu()?;
+            let start = own_thread_on_cpu()?;
             let mut byte = [0u8; 1];
             // Ends when the ping's side closes: after its last round trip,
             // at its time limit, or when it failed.
@@ -56,13 +58,13 @@ pub fn measure(cores: [usize; 2], round_trips: usize) -> anyhow::Result<WakeCost
                     Err(err) => return Err(err.into()),
                 }
             }
-            Ok(thread_cpu()?.saturating_sub(start))
+            Ok(own_thread_on_cpu()?.saturating_sub(start))
         })?;
     let ping = std::thread::Builder::new()
         .name("bench-wake-ping".into())
         .spawn(move || -> anyhow::Result<(Vec<Duration>, Duration)> {
             pin_to(cores[0])?;
-            let start = thread_cpu()?;
+            let start = own_thread_on_cpu()?;
             let began = Instant::now();
             let mut times = Vec::with_capacity(round_trips);
             let mut byte = [1u8; 1];
@@ -72,7 +74,7 @@ pub fn measure(cores: [usize; 2], round_trips: usize) -> anyhow::Result<WakeCost
                 ping_end.read_exact(&mut byte)?;
                 times.push(sent.elapsed());
             }
-            Ok((times, thread_cpu()?.saturating_sub(start)))
+            Ok((times, own_thread_on_cpu()?.saturating_sub(start)))
         })?;
     let pinged = ping
         .join()
@@ -99,29 +101,9 @@ fn pin_to(core: usize) -> anyhow::Result<()> {
         .with_context(|| format!("pinning a thread to core {core}"))
 }
 
-/// The calling thread's CPU time so far (`/proc/thread-self/schedstat`, in
-/// nanoseconds).
-fn thread_cpu() -> anyhow::Result<Duration> {
-    let stat = std::fs::read_to_string("/proc/thread-self/schedstat")
-        .context("reading /proc/thread-self/schedstat")?;
-    let nanos = parse_run_nanos(&stat).context("unexpected /proc/thread-self/schedstat")?;
-    Ok(Duration::from_nanos(nanos))
-}
-
-/// The time on a CPU, the first field of a `schedstat`.
-fn parse_run_nanos(schedstat: &str) -> Option<u64> {
-    schedstat.split_whitespace().next()?.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_run_time_is_the_first_field_of_a_schedstat() {
-        assert_eq!(parse_run_nanos("123456 789 10\n"), Some(123_456));
-        assert_eq!(parse_run_nanos(""), None);
-    }
 
     #[test]
     fn round_trips_on_one_core_are_counted_and_timed() {

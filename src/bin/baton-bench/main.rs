@@ -193,8 +193,15 @@ async fn run(args: &Args) -> anyhow::Result<Report> {
     let machine = procfs::Machine::detect();
     let mode = if args.quick { "quick" } else { "full" };
     eprintln!(
-        "baton-bench ({mode}) on {} cores, {}, Linux {}, load average {}",
-        machine.nproc, machine.cpu_model, machine.kernel, machine.load_average
+        "baton-bench ({mode}) on {} cores, {}, Linux {}, load average {}{}",
+        machine.nproc,
+        machine.cpu_model,
+        machine.kernel,
+        machine.load_average,
+        machine
+            .idle
+            .as_ref()
+            .map_or(String::new(), |idle| format!(", idle cores: {idle}"))
     );
     // 1 000 subscribers plus the held upstream streams need a few thousand descriptors.
     match rlimit::increase_nofile_limit(u64::MAX) {

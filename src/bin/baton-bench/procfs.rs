@@ -287,6 +287,11 @@ pub struct Machine {
     pub kernel: String,
     /// 1, 5 and 15 minute load averages when the run started: other work on the machine.
     pub load_average: String,
+    /// How an idle core waits (the cpuidle driver, and a VM guest's halt
+    /// polling), when the kernel says: on a VM whose guest halts at once,
+    /// every wake of an idle core exits to the host, which sets the cost of
+    /// the hand-offs between threads that each relayed request makes.
+    pub idle: Option<String>,
 }
 
 impl Machine {
@@ -309,8 +314,29 @@ impl Machine {
             cpu_model,
             kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
             load_average,
+            idle: describe_idle(
+                &read("/sys/devices/system/cpu/cpuidle/current_driver"),
+                &read("/sys/module/haltpoll/parameters/guest_halt_poll_ns"),
+            ),
         }
     }
+}
+
+/// The idle row of [`Machine`] from the cpuidle driver's name and the
+/// haltpoll driver's polling time in nanoseconds (empty when unread).
+fn describe_idle(driver: &str, halt_poll_ns: &str) -> Option<String> {
+    let driver = driver.trim();
+    if driver.is_empty() {
+        return None;
+    }
+    Some(match halt_poll_ns.trim().parse::<u64>() {
+        Ok(0) => format!("cpuidle {driver}, no polling before a halt"),
+        Ok(ns) => format!(
+            "cpuidle {driver}, polling up to {} µs before a halt",
+            ns / 1000
+        ),
+        Err(_) => format!("cpuidle {driver}"),
+    })
 }
 
 /// The 1-minute load average now.
@@ -324,6 +350,23 @@ pub fn load_average_1m() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_idle_row_names_the_driver_and_its_halt_polling() {
+        assert_eq!(
+            describe_idle("haltpoll\n", "0\n").as_deref(),
+            Some("cpuidle haltpoll, no polling before a halt")
+        );
+        assert_eq!(
+            describe_idle("haltpoll\n", "200000\n").as_deref(),
+            Some("cpuidle haltpoll, polling up to 200 µs before a halt")
+        );
+        assert_eq!(
+            describe_idle("intel_idle\n", "").as_deref(),
+            Some("cpuidle intel_idle")
+        );
+        assert_eq!(describe_idle("", "0"), None);
+    }
 
     #[test]
     fn cpu_ticks_skip_a_name_with_spaces() {

@@ -220,7 +220,7 @@ impl Report {
         };
         let machine = &self.machine;
         let mut out = format!(
-            "baton-bench ({}), {:.0} s on {} cores ({}), Linux {}; peak 1-minute load average {:.1}{}{}\n\n",
+            "baton-bench ({}), {:.0} s on {} cores ({}), Linux {}; peak 1-minute load average {:.1}{}{}{}\n\n",
             self.mode,
             self.duration_secs,
             machine.nproc,
@@ -236,6 +236,10 @@ impl Report {
                 "; the host took {:.1} % of the machine's time (steal)",
                 share * 100.0
             )),
+            machine
+                .idle
+                .as_ref()
+                .map_or(String::new(), |idle| format!("; idle cores: {idle}")),
         );
         out.push_str(&line(header));
         out.push_str(&line(

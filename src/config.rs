@@ -68,8 +68,8 @@ pub struct ServeArgs {
     /// Agency API keys file, managed with `baton keys` (default ./baton-keys.json).
     #[arg(long, env = "BATON_KEYS_FILE")]
     pub keys_file: Option<PathBuf>,
-    /// Request-serving threads (default: one per core, less the one left to
-    /// the ledger's log flusher and applier; at least 1).
+    /// Request-serving threads (default: one per core; the ledger's log
+    /// flusher and applier run on threads of their own).
     #[arg(long, env = "BATON_WORKERS")]
     pub workers: Option<usize>,
     /// Extra agency keys, `agency=KEY,...`: hashed in memory, never written.
@@ -381,14 +381,13 @@ impl Config {
 /// thread overhead, and a mistyped value must not start thousands.
 const MAX_WORKERS: usize = 1024;
 
-/// One request-serving thread per core, less one: the log flusher and the
-/// applier are busy threads of their own under load, and on two cores one
-/// worker spent ~16 % less CPU per request than two at the same throughput
-/// (README, round 9).
+/// One request-serving thread per core. On two cores, shared with the log
+/// flusher and the applier, two workers served more than one at concurrency
+/// 64 in seven of seven alternated pairs, at about the same CPU per request
+/// (README, round 28; one had been cheaper in round 9, before the agent
+/// calls and the ledger's writes got leaner).
 pub fn default_workers() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, |cores| cores.get().saturating_sub(1))
-        .max(1)
+    std::thread::available_parallelism().map_or(1, |cores| cores.get())
 }
 
 /// Ids of the cards in an agent-cards directory (file stems of `*.json`).
@@ -435,10 +434,10 @@ mod tests {
     }
 
     #[test]
-    fn workers_default_to_the_cores_less_one_and_are_bounded() {
+    fn workers_default_to_the_cores_and_are_bounded() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let config = Config::load(&ServeArgs::default(), &["echo"]).unwrap();
-        assert_eq!(config.workers, (cores - 1).max(1));
+        assert_eq!(config.workers, cores);
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("baton.toml");

@@ -289,8 +289,8 @@ pub struct Machine {
     pub load_average: String,
     /// How an idle core waits (the cpuidle driver, and a VM guest's halt
     /// polling), when the kernel says: on a VM whose guest halts at once,
-    /// every wake of an idle core exits to the host, which sets the cost of
-    /// the hand-offs between threads that each relayed request makes.
+    /// every wake of an idle core exits to the host, which sets the wake-up
+    /// rows and the tails at concurrency 1.
     pub idle: Option<String>,
 }
 

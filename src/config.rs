@@ -381,13 +381,13 @@ impl Config {
 /// thread overhead, and a mistyped value must not start thousands.
 const MAX_WORKERS: usize = 1024;
 
-/// One request-serving thread per core. On two cores, shared with the log
-/// flusher and the applier, two workers served more than one at concurrency
-/// 64 in seven of seven alternated pairs, at about the same CPU per request
-/// (README, round 28; one had been cheaper in round 9, before the agent
-/// calls and the ledger's writes got leaner).
+/// One request-serving thread per core, up to [`MAX_WORKERS`]. On two cores,
+/// shared with the log flusher and the applier, two workers served more
+/// requests than one at concurrency 64 in seven of seven alternated pairs,
+/// and no more at concurrency 16, for a CPU per request within the noise
+/// (README, round 28; in round 9 one had been cheaper per request).
 pub fn default_workers() -> usize {
-    std::thread::available_parallelism().map_or(1, |cores| cores.get())
+    std::thread::available_parallelism().map_or(1, |cores| cores.get().min(MAX_WORKERS))
 }
 
 /// Ids of the cards in an agent-cards directory (file stems of `*.json`).
@@ -437,7 +437,7 @@ mod tests {
     fn workers_default_to_the_cores_and_are_bounded() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let config = Config::load(&ServeArgs::default(), &["echo"]).unwrap();
-        assert_eq!(config.workers, cores);
+        assert_eq!(config.workers, cores.min(MAX_WORKERS));
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("baton.toml");

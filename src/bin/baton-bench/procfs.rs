@@ -323,19 +323,27 @@ impl Machine {
 }
 
 /// The idle row of [`Machine`] from the cpuidle driver's name and the
-/// haltpoll driver's polling time in nanoseconds (empty when unread).
+/// haltpoll module's polling time in nanoseconds (empty when unread). The
+/// polling time counts only while `haltpoll` is the driver: the module's
+/// setting is there whenever it is built in, whichever driver runs.
 fn describe_idle(driver: &str, halt_poll_ns: &str) -> Option<String> {
     let driver = driver.trim();
     if driver.is_empty() {
         return None;
     }
-    Some(match halt_poll_ns.trim().parse::<u64>() {
-        Ok(0) => format!("cpuidle {driver}, no polling before a halt"),
-        Ok(ns) => format!(
+    let polling = if driver == "haltpoll" {
+        halt_poll_ns.trim().parse::<u64>().ok()
+    } else {
+        None
+    };
+    Some(match polling {
+        Some(0) => format!("cpuidle {driver}, no polling before a halt"),
+        Some(ns) if ns < 1000 => format!("cpuidle {driver}, polling up to {ns} ns before a halt"),
+        Some(ns) => format!(
             "cpuidle {driver}, polling up to {} µs before a halt",
             ns / 1000
         ),
-        Err(_) => format!("cpuidle {driver}"),
+        None => format!("cpuidle {driver}"),
     })
 }
 
@@ -360,6 +368,15 @@ mod tests {
         assert_eq!(
             describe_idle("haltpoll\n", "200000\n").as_deref(),
             Some("cpuidle haltpoll, polling up to 200 µs before a halt")
+        );
+        assert_eq!(
+            describe_idle("haltpoll\n", "500\n").as_deref(),
+            Some("cpuidle haltpoll, polling up to 500 ns before a halt")
+        );
+        // The haltpoll module's setting says nothing about another driver.
+        assert_eq!(
+            describe_idle("intel_idle\n", "200000\n").as_deref(),
+            Some("cpuidle intel_idle")
         );
         assert_eq!(
             describe_idle("intel_idle\n", "").as_deref(),

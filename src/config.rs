@@ -381,11 +381,11 @@ impl Config {
 /// thread overhead, and a mistyped value must not start thousands.
 const MAX_WORKERS: usize = 1024;
 
-/// One request-serving thread per core, up to [`MAX_WORKERS`]. On two cores,
-/// shared with the log flusher and the applier, two workers served more
-/// requests than one at concurrency 64 in seven of seven alternated pairs,
-/// and no more at concurrency 16, for a CPU per request within the noise
-/// (README, round 28; in round 9 one had been cheaper per request).
+/// One request-serving thread per core, up to `MAX_WORKERS` (1024). On two
+/// cores, shared with the log flusher and the applier, two workers served
+/// more requests than one at concurrency 64 in seven of seven alternated
+/// pairs, and no more at concurrency 16, for a CPU per request within the
+/// noise (README, round 28; in round 9 one had been cheaper per request).
 pub fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |cores| cores.get().min(MAX_WORKERS))
 }

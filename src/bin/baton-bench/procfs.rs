@@ -361,27 +361,33 @@ mod tests {
 
     #[test]
     fn the_idle_row_names_the_driver_and_its_halt_polling() {
-        assert_eq!(
-            describe_idle("haltpoll\n", "0\n").as_deref(),
-            Some("cpuidle haltpoll, no polling before a halt")
-        );
-        assert_eq!(
-            describe_idle("haltpoll\n", "200000\n").as_deref(),
-            Some("cpuidle haltpoll, polling up to 200 µs before a halt")
-        );
-        assert_eq!(
-            describe_idle("haltpoll\n", "500\n").as_deref(),
-            Some("cpuidle haltpoll, polling up to 500 ns before a halt")
-        );
-        // The haltpoll module's setting says nothing about another driver.
-        assert_eq!(
-            describe_idle("intel_idle\n", "200000\n").as_deref(),
-            Some("cpuidle intel_idle")
-        );
-        assert_eq!(
-            describe_idle("intel_idle\n", "").as_deref(),
-            Some("cpuidle intel_idle")
-        );
+        let cases = [
+            (
+                "haltpoll\n",
+                "0\n",
+                "cpuidle haltpoll, no polling before a halt",
+            ),
+            (
+                "haltpoll\n",
+                "200000\n",
+                "cpuidle haltpoll, polling up to 200 µs before a halt",
+            ),
+            (
+                "haltpoll\n",
+                "500\n",
+                "cpuidle haltpoll, polling up to 500 ns before a halt",
+            ),
+            // The haltpoll module's setting says nothing about another driver.
+            ("intel_idle\n", "200000\n", "cpuidle intel_idle"),
+            ("intel_idle\n", "", "cpuidle intel_idle"),
+        ];
+        for (driver, halt_poll_ns, row) in cases {
+            assert_eq!(
+                describe_idle(driver, halt_poll_ns).as_deref(),
+                Some(row),
+                "{driver:?} {halt_poll_ns:?}"
+            );
+        }
         assert_eq!(describe_idle("", "0"), None);
     }
 

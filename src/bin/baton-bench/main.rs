@@ -812,9 +812,9 @@ fn cpu_micros(
     }
 }
 
-/// A hand-off between two threads on one core and across two: what each hop
-/// of a relayed request costs this machine before any code runs (see
-/// `wakeup`).
+/// A hand-off between two threads on one core and across two: what a hop of
+/// a relayed request costs this machine before any code runs, when the woken
+/// thread's core was idle (see `wakeup`).
 #[cfg(target_os = "linux")]
 fn wake_figures() -> Vec<Figure> {
     let name = |cores: &str| format!("thread wake-up round trip, {cores} (CPU of both threads)");

@@ -3,10 +3,12 @@
 //!
 //! Every hop of a relayed request (the load's, the reference proxy's and
 //! Baton's own, to its log flusher and back) wakes a thread on the other
-//! side. On a VM a wake-up that crosses cores can cost tens of microseconds
-//! of CPU (an interrupt between virtual CPUs exits to the host), where one on
-//! the same core costs a few; so, like the reference proxy, these rows
-//! calibrate the CPU figures to the machine. Linux only, like the budgets.
+//! side. On a VM whose guest halts an idle core at once, waking a thread on
+//! the other, idle core costs tens of microseconds of CPU (the halt and the
+//! interrupt between virtual CPUs exit to the host), where one on the same
+//! core costs a few; these rows show what the machine charges for that,
+//! which sets the figures at concurrency 1 and the tails. Linux only, like
+//! the budgets.
 
 use crate::procfs::own_thread_on_cpu;
 use anyhow::Context as _;

@@ -198,10 +198,7 @@ async fn run(args: &Args) -> anyhow::Result<Report> {
         machine.cpu_model,
         machine.kernel,
         machine.load_average,
-        machine
-            .idle
-            .as_ref()
-            .map_or(String::new(), |idle| format!(", idle cores: {idle}"))
+        machine.idle_clause(", ")
     );
     // 1 000 subscribers plus the held upstream streams need a few thousand descriptors.
     match rlimit::increase_nofile_limit(u64::MAX) {
@@ -821,8 +818,8 @@ fn wake_figures() -> Vec<Figure> {
     let note = format!(
         "a one-byte ping-pong between two pinned threads over a socket pair, {} round trips \
          back to back: both threads' CPU per round trip (schedstat) and the median round trip. \
-         Every hop of a relayed request wakes a thread like this: the load's, the reference \
-         proxy's and Baton's",
+         A hop of a relayed request that wakes a thread on an idle core pays about this, \
+         which sets the figures at c=1 and the tails, not the CPU per request under load",
         wakeup::ROUND_TRIPS
     );
     let Some(cores) = wakeup::two_cores() else {

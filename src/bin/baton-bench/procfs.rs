@@ -295,6 +295,14 @@ pub struct Machine {
 }
 
 impl Machine {
+    /// "idle cores: …" after `separator`, for a header line; empty when
+    /// unknown.
+    pub fn idle_clause(&self, separator: &str) -> String {
+        self.idle.as_ref().map_or(String::new(), |idle| {
+            format!("{separator}idle cores: {idle}")
+        })
+    }
+
     /// Reads it from `/proc`.
     pub fn detect() -> Self {
         let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();

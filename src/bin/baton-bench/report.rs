@@ -236,10 +236,7 @@ impl Report {
                 "; the host took {:.1} % of the machine's time (steal)",
                 share * 100.0
             )),
-            machine
-                .idle
-                .as_ref()
-                .map_or(String::new(), |idle| format!("; idle cores: {idle}")),
+            machine.idle_clause("; "),
         );
         out.push_str(&line(header));
         out.push_str(&line(

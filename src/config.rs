@@ -387,7 +387,12 @@ const MAX_WORKERS: usize = 1024;
 /// pairs, and no more at concurrency 16, for a CPU per request within the
 /// noise (README, round 28; in round 9 one had been cheaper per request).
 pub fn default_workers() -> usize {
-    std::thread::available_parallelism().map_or(1, |cores| cores.get().min(MAX_WORKERS))
+    workers_for(std::thread::available_parallelism().ok())
+}
+
+/// [`default_workers`] on a machine with `cores` (one when unknown).
+fn workers_for(cores: Option<std::num::NonZeroUsize>) -> usize {
+    cores.map_or(1, |cores| cores.get().min(MAX_WORKERS))
 }
 
 /// Ids of the cards in an agent-cards directory (file stems of `*.json`).
@@ -435,9 +440,12 @@ mod tests {
 
     #[test]
     fn workers_default_to_the_cores_and_are_bounded() {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let config = Config::load(&ServeArgs::default(), &["echo"]).unwrap();
-        assert_eq!(config.workers, cores.min(MAX_WORKERS));
+        assert_eq!(config.workers, default_workers());
+        for (cores, workers) in [(None, 1), (Some(1), 1), (Some(2), 2), (Some(5000), 1024)] {
+            let cores = cores.and_then(std::num::NonZeroUsize::new);
+            assert_eq!(workers_for(cores), workers, "{cores:?} cores");
+        }
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("baton.toml");

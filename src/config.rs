@@ -390,7 +390,8 @@ pub fn default_workers() -> usize {
     workers_for(std::thread::available_parallelism().ok())
 }
 
-/// [`default_workers`] on a machine with `cores` (one when unknown).
+/// [`default_workers`] on a machine with `cores` (one when unknown); apart
+/// so that tests can try core counts this machine does not have.
 fn workers_for(cores: Option<std::num::NonZeroUsize>) -> usize {
     cores.map_or(1, |cores| cores.get().min(MAX_WORKERS))
 }
@@ -441,10 +442,12 @@ mod tests {
     #[test]
     fn workers_default_to_the_cores_and_are_bounded() {
         let config = Config::load(&ServeArgs::default(), &["echo"]).unwrap();
+        // Wiring only: what the default is comes from the table below.
         assert_eq!(config.workers, default_workers());
-        for (cores, workers) in [(None, 1), (Some(1), 1), (Some(2), 2), (Some(5000), 1024)] {
-            let cores = cores.and_then(std::num::NonZeroUsize::new);
-            assert_eq!(workers_for(cores), workers, "{cores:?} cores");
+        assert_eq!(workers_for(None), 1, "cores unknown");
+        for (cores, workers) in [(1, 1), (2, 2), (1024, 1024), (1025, 1024), (5000, 1024)] {
+            let given = std::num::NonZeroUsize::new(cores);
+            assert_eq!(workers_for(given), workers, "{cores} cores");
         }
 
         let dir = tempfile::tempdir().unwrap();

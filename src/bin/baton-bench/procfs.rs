@@ -296,7 +296,8 @@ pub struct Machine {
 
 impl Machine {
     /// "idle cores: …" after `separator`, for a header line; empty when
-    /// unknown.
+    /// unknown. One formatting for the start-up line and the report's
+    /// header, so that the two cannot drift apart.
     pub fn idle_clause(&self, separator: &str) -> String {
         self.idle.as_ref().map_or(String::new(), |idle| {
             format!("{separator}idle cores: {idle}")

@@ -2,7 +2,9 @@
 //! `GET /metrics`: how many handoffs start and how they end, why they are
 //! refused, how fast targets acknowledge, how long tasks stay in each state,
 //! how deep chains get, how large handoff messages are and how often the
-//! failure ladder steps in.
+//! failure ladder steps in; and, read at scrape time, the registry's size,
+//! push delivery, and how many writes the ledger's group commit gathers per
+//! log sync.
 //!
 //! Built on `prometheus-client`, the Prometheus project's own Rust client,
 //! with its 0.0.4 text encoder. Label cardinality is bounded: agent ids come
@@ -144,6 +146,10 @@ pub struct GatewayFigures {
     pub push_failed: u64,
     /// Push notifications dropped on a full queue.
     pub push_dropped: u64,
+    /// Ledger writes made durable since start.
+    pub ledger_durable_writes: u64,
+    /// Synchronous log appends that made them durable, one per group.
+    pub ledger_log_syncs: u64,
 }
 
 /// Encodes the latest [`GatewayFigures`] on each scrape.
@@ -178,6 +184,17 @@ impl Collector for FiguresCollector {
                 "baton_push_dropped",
                 "Push notifications dropped because a delivery queue was full.",
                 figures.push_dropped,
+            ),
+            (
+                "baton_ledger_durable_writes",
+                "Ledger writes made durable in the write-ahead log since start.",
+                figures.ledger_durable_writes,
+            ),
+            (
+                "baton_ledger_log_syncs",
+                "Synchronous appends to the write-ahead log since start, each making a group \
+                 of writes durable: writes per sync is the group commit's size.",
+                figures.ledger_log_syncs,
             ),
         ] {
             let counter = ConstCounter::new(value);
@@ -493,6 +510,8 @@ mod tests {
         let text = metrics.render(GatewayFigures {
             registered_agents: 3,
             push_delivered: 7,
+            ledger_durable_writes: 12,
+            ledger_log_syncs: 5,
             ..GatewayFigures::default()
         });
         let cases = [
@@ -541,7 +560,13 @@ mod tests {
             );
         }
         assert!(text.contains("\nbaton_registered_agents 3\n"), "{text}");
-        assert!(text.contains("\nbaton_push_delivered_total 7\n"), "{text}");
+        for line in [
+            "baton_push_delivered_total 7",
+            "baton_ledger_durable_writes_total 12",
+            "baton_ledger_log_syncs_total 5",
+        ] {
+            assert!(text.contains(&format!("\n{line}\n")), "{line}\n{text}");
+        }
     }
 
     #[test]

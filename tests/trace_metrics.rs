@@ -74,6 +74,8 @@ async fn metrics_are_prometheus_text_without_a_key() {
         "# TYPE baton_handoff_message_bytes histogram",
         "# TYPE baton_handoff_ladder_steps_total counter",
         "# TYPE baton_registered_agents gauge",
+        "# TYPE baton_ledger_durable_writes_total counter",
+        "# TYPE baton_ledger_log_syncs_total counter",
         r#"baton_handoffs_total{source="client",target="echo",kind="call"} 1"#,
     ] {
         assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
@@ -84,6 +86,35 @@ async fn metrics_are_prometheus_text_without_a_key() {
         .and_then(|n| n.parse::<u64>().ok())
         .expect("registered agents sample");
     assert!(agents >= 2, "echo and scenario are built in: {agents}");
+    b.stop().await;
+}
+
+/// A counter's sample in a Prometheus text.
+fn counter(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no sample of {name}:\n{text}"))
+}
+
+#[tokio::test]
+async fn metrics_count_the_ledgers_durable_writes_and_log_syncs() {
+    let b = baton().start().await;
+    for _ in 0..3 {
+        let task = send(&b, "/a2a", user_message(&message_id("m"), "hi"), &[]).await;
+        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    }
+    let (status, _, text) = get(&b, "/metrics", &[]).await;
+    assert_eq!(status, 200, "{text}");
+    let writes = counter(&text, "baton_ledger_durable_writes_total");
+    let syncs = counter(&text, "baton_ledger_log_syncs_total");
+    // Each completed send was durable before its reply; groups hold one
+    // write or more.
+    assert!(writes >= 3, "{writes} durable writes");
+    assert!(
+        (1..=writes).contains(&syncs),
+        "{syncs} syncs for {writes} writes"
+    );
     b.stop().await;
 }
 

@@ -297,11 +297,14 @@ async fn metrics(State(state): State<AppState>) -> Response {
     let push = &gateway.push().stats;
     let load =
         |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
+    let log = gateway.ledger.log_figures();
     let figures = crate::metrics::GatewayFigures {
         registered_agents: gateway.directory().list().len() as u64,
         push_delivered: load(&push.delivered),
         push_failed: load(&push.failed),
         push_dropped: load(&push.dropped),
+        ledger_durable_writes: log.durable_writes,
+        ledger_log_syncs: log.syncs,
     };
     (
         [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],

@@ -10,6 +10,7 @@ use super::applier::Applier;
 use super::durable::DurableMark;
 use super::hub::{EventHub, LedgerEvent};
 use super::wal::Segment;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
@@ -49,11 +50,22 @@ impl Pending {
 /// the process's priority.
 pub const FLUSHER_NICE: i32 = -10;
 
+/// How much the log's group commit gathers, since the ledger opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogFigures {
+    /// Writes made durable.
+    pub durable_writes: u64,
+    /// Synchronous appends that made them so, one per group.
+    pub syncs: u64,
+}
+
 /// The group-commit flusher of one write-ahead log.
 pub struct Flusher {
     pending: Mutex<Pending>,
     wake: Condvar,
     durable: Arc<DurableMark>,
+    /// Groups appended durably.
+    syncs: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The flusher thread's id (Linux): the thread whose priority was raised.
     thread_id: OnceLock<i32>,
@@ -73,6 +85,7 @@ impl Flusher {
             pending: Mutex::new(Pending::default()),
             wake: Condvar::new(),
             durable,
+            syncs: AtomicU64::new(0),
             thread: Mutex::new(None),
             thread_id: OnceLock::new(),
         });
@@ -137,6 +150,9 @@ impl Flusher {
                 tracing::error!(%err, failures, "ledger log write failed; retrying");
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
+            // Counted before the mark moves, so no reading shows a write
+            // durable without the sync that made it so.
+            self.syncs.fetch_add(1, Ordering::Relaxed);
             for event in events {
                 hub.publish(event);
             }
@@ -177,6 +193,15 @@ impl Flusher {
             self.wake.notify_one();
         }
         ticket
+    }
+
+    /// Writes made durable and the syncs that did it, for `GET /metrics`.
+    pub fn figures(&self) -> LogFigures {
+        let durable_writes = self.durable.get();
+        LogFigures {
+            durable_writes,
+            syncs: self.syncs.load(Ordering::Relaxed),
+        }
     }
 
     /// The ticket of the latest write.

@@ -852,6 +852,11 @@ impl Ledger {
         &self.hub
     }
 
+    /// How much the log's group commit has gathered since the ledger opened.
+    pub fn log_figures(&self) -> flusher::LogFigures {
+        self.flusher.figures()
+    }
+
     /// Waits until every write made so far is on disk.
     pub async fn sync(&self) {
         let ticket = self.flusher.latest_ticket();
@@ -1743,6 +1748,37 @@ mod tests {
         assert_eq!(stored.owner().unwrap(), newer.record.owner);
         assert_eq!(ledger.get("t1").unwrap().as_ref(), Some(&*newer.record));
         assert!(ledger.get_for_reply("missing").unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn the_log_figures_count_one_sync_for_a_group_of_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Arc::new(Ledger::open(dir.path()).unwrap());
+        ledger.create(record("t0"), vec![]).await.unwrap();
+        let before = ledger.log_figures();
+        assert_eq!(before.durable_writes, 1);
+        assert!(before.syncs >= 1, "{before:?}");
+
+        // Three writes noted while the log is held become durable together.
+        let hold = ledger.hold_log();
+        let writers: Vec<_> = ["t1", "t2", "t3"]
+            .into_iter()
+            .map(|task_id| {
+                let ledger = ledger.clone();
+                tokio::spawn(async move { ledger.create(record(task_id), vec![]).await })
+            })
+            .collect();
+        while ledger.flusher.latest_ticket() < 4 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(ledger.log_figures(), before, "nothing durable while held");
+        drop(hold);
+        for writer in writers {
+            writer.await.unwrap().unwrap();
+        }
+        let after = ledger.log_figures();
+        assert_eq!(after.durable_writes, 4);
+        assert_eq!(after.syncs, before.syncs + 1, "one sync for the group");
     }
 
     #[tokio::test]

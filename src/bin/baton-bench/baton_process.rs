@@ -219,6 +219,20 @@ impl BatonProcess {
         procfs::memory(self.pid)
     }
 
+    /// The ledger's log counters from `GET /metrics`. Blocking, like the
+    /// /proc readings it is taken with at a window's edge: one loopback
+    /// exchange, next to the window's tens of thousands.
+    pub fn log_counters(&self) -> anyhow::Result<LogCounters> {
+        use std::io::{Read as _, Write as _};
+        let mut stream = std::net::TcpStream::connect_timeout(&self.addr, METRICS_LIMIT)?;
+        stream.set_read_timeout(Some(METRICS_LIMIT))?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply)?;
+        LogCounters::parse(&reply).context("no ledger log counters in GET /metrics")
+    }
+
     /// Stops Baton: SIGTERM to its PID, then SIGKILL after [`STOP_LIMIT`].
     pub fn stop(mut self) {
         self.stop_child();
@@ -247,8 +261,62 @@ impl BatonProcess {
     }
 }
 
+/// Longest the bench waits on `GET /metrics`.
+const METRICS_LIMIT: Duration = Duration::from_secs(2);
+
+/// The ledger's group-commit counters, as Baton's `GET /metrics` gives them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogCounters {
+    /// Writes made durable.
+    pub durable_writes: u64,
+    /// Synchronous log appends that made them so.
+    pub syncs: u64,
+}
+
+impl LogCounters {
+    /// Both counters' samples from a Prometheus text.
+    fn parse(text: &str) -> Option<Self> {
+        let sample = |name: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))?
+                .trim()
+                .parse()
+                .ok()
+        };
+        Some(Self {
+            durable_writes: sample("baton_ledger_durable_writes_total")?,
+            syncs: sample("baton_ledger_log_syncs_total")?,
+        })
+    }
+}
+
 impl Drop for BatonProcess {
     fn drop(&mut self) {
         self.stop_child();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_counters_are_read_from_their_samples() {
+        let text = "HTTP/1.1 200 OK\r\n\r\n\
+            # HELP baton_ledger_durable_writes Ledger writes.\n\
+            # TYPE baton_ledger_durable_writes counter\n\
+            baton_ledger_durable_writes_total 120\n\
+            baton_ledger_log_syncs_total 41\n";
+        assert_eq!(
+            LogCounters::parse(text),
+            Some(LogCounters {
+                durable_writes: 120,
+                syncs: 41
+            })
+        );
+        assert_eq!(
+            LogCounters::parse("baton_ledger_durable_writes_total 1\n"),
+            None
+        );
     }
 }

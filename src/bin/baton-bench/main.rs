@@ -26,7 +26,7 @@ mod upstream;
 #[cfg(target_os = "linux")]
 mod wakeup;
 
-use baton_process::{BatonOptions, BatonProcess, locate_baton};
+use baton_process::{BatonOptions, BatonProcess, LogCounters, locate_baton};
 use clap::Parser;
 use load::{LoadResult, LoadSpec, format_duration, json_rpc, message_params};
 use report::{Budget, Figure, Report};
@@ -442,7 +442,7 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
         // throughput (at c=1 the round trip does).
         let through = load::run(&through_spec, || {
             ticks.push(baton.cpu_ticks());
-            readings.push(WindowReading::take(baton.pid));
+            readings.push(WindowReading::take(baton));
         })
         .await;
         progress(
@@ -523,21 +523,24 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
 }
 
 /// Baton's threads, the bench's own (the load's client and the upstream
-/// agent) and the machine's idle CPU at one edge of a window.
+/// agent), the machine's idle CPU and Baton's log counters at one edge of a
+/// window.
 struct WindowReading {
     at: std::time::Instant,
     threads: anyhow::Result<Vec<procfs::ThreadReading>>,
     bench_threads: anyhow::Result<Vec<procfs::ThreadReading>>,
     machine: anyhow::Result<procfs::MachineTicks>,
+    log: anyhow::Result<LogCounters>,
 }
 
 impl WindowReading {
-    fn take(pid: u32) -> Self {
+    fn take(baton: &BatonProcess) -> Self {
         Self {
             at: std::time::Instant::now(),
-            threads: procfs::threads(pid),
+            threads: procfs::threads(baton.pid),
             bench_threads: procfs::threads(std::process::id()),
             machine: procfs::machine_ticks(),
+            log: baton.log_counters(),
         }
     }
 }
@@ -617,7 +620,36 @@ fn window_figures(
         }
         (Err(err), _) | (_, Err(err)) => figures.push(Figure::failed(idle_name, "%", None, err)),
     }
+    figures.push(group_commit_figure(concurrency, &before.log, &after.log));
     figures
+}
+
+/// Writes per log sync over a window: how much the ledger's group commit
+/// gathered, which sets the log flusher's CPU per request.
+fn group_commit_figure(
+    concurrency: usize,
+    before: &anyhow::Result<LogCounters>,
+    after: &anyhow::Result<LogCounters>,
+) -> Figure {
+    let name = format!("ledger writes per log sync, c={concurrency} (/metrics)");
+    match (before, after) {
+        (Ok(then), Ok(now)) if now.syncs > then.syncs => {
+            let writes = now.durable_writes.saturating_sub(then.durable_writes);
+            let syncs = now.syncs - then.syncs;
+            Figure::info(
+                name,
+                round2(writes as f64 / syncs as f64),
+                "",
+                format!("{writes} durable writes in {syncs} syncs"),
+            )
+            .note(
+                "Baton's baton_ledger_durable_writes_total and baton_ledger_log_syncs_total \
+                 over the window: the size of a group commit",
+            )
+        }
+        (Ok(_), Ok(_)) => Figure::unavailable(name, "", "no log sync in the window"),
+        (Err(err), _) | (_, Err(err)) => Figure::failed(name, "", None, err),
+    }
 }
 
 /// The row that stands for all of `process`'s rows by thread when they
@@ -1512,6 +1544,24 @@ mod tests {
         assert_eq!(figures.len(), 1);
         assert_eq!(figures[0].figure, by_thread_name("bench", 64));
         assert_eq!(figures[0].value, None);
+    }
+
+    #[test]
+    fn group_commit_is_writes_over_syncs_in_the_window() {
+        let counters = |durable_writes, syncs| {
+            Ok(LogCounters {
+                durable_writes,
+                syncs,
+            })
+        };
+        let figure = group_commit_figure(16, &counters(100, 40), &counters(190, 70));
+        assert_eq!(figure.figure, "ledger writes per log sync, c=16 (/metrics)");
+        assert_eq!(figure.value, Some(3.0));
+        assert_eq!(figure.measured, "90 durable writes in 30 syncs");
+        let idle = group_commit_figure(16, &counters(100, 40), &counters(100, 40));
+        assert_eq!(idle.value, None);
+        let unread = group_commit_figure(16, &Err(anyhow::anyhow!("refused")), &counters(1, 1));
+        assert_eq!(unread.value, None);
     }
 
     #[test]

@@ -636,11 +636,12 @@ fn group_commit_figure(
         (Ok(then), Ok(now)) if now.syncs > then.syncs => {
             let writes = now.durable_writes.saturating_sub(then.durable_writes);
             let syncs = now.syncs - then.syncs;
+            let per_sync = round2(writes as f64 / syncs as f64);
             Figure::info(
                 name,
-                round2(writes as f64 / syncs as f64),
+                per_sync,
                 "",
-                format!("{writes} durable writes in {syncs} syncs"),
+                format!("{per_sync} ({writes} durable writes in {syncs} syncs)"),
             )
             .note(
                 "Baton's baton_ledger_durable_writes_total and baton_ledger_log_syncs_total \
@@ -1557,7 +1558,7 @@ mod tests {
         let figure = group_commit_figure(16, &counters(100, 40), &counters(190, 70));
         assert_eq!(figure.figure, "ledger writes per log sync, c=16 (/metrics)");
         assert_eq!(figure.value, Some(3.0));
-        assert_eq!(figure.measured, "90 durable writes in 30 syncs");
+        assert_eq!(figure.measured, "3 (90 durable writes in 30 syncs)");
         let idle = group_commit_figure(16, &counters(100, 40), &counters(100, 40));
         assert_eq!(idle.value, None);
         let unread = group_commit_figure(16, &Err(anyhow::anyhow!("refused")), &counters(1, 1));

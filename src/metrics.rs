@@ -214,6 +214,8 @@ impl Collector for FiguresCollector {
 pub struct HandoffMetrics {
     registry: Registry,
     figures: Arc<FiguresCollector>,
+    /// One scrape renders at a time, so each shows the figures it stored.
+    rendering: Mutex<()>,
     handoffs: Family<HandoffLabels, Counter>,
     outcomes: Family<OutcomeLabels, Counter>,
     rejections: Family<ReasonLabels, Counter>,
@@ -307,6 +309,7 @@ impl HandoffMetrics {
         Self {
             registry,
             figures,
+            rendering: Mutex::new(()),
             handoffs,
             outcomes,
             rejections,
@@ -407,10 +410,11 @@ impl HandoffMetrics {
     /// gateway's current figures.
     pub fn render(&self, figures: GatewayFigures) -> String {
         let mut text = String::new();
-        // The lock spans the encoding, so concurrent scrapes each show their own figures.
-        let mut latest = self.figures.latest.lock().expect("figures lock");
-        *latest = figures;
-        drop(latest);
+        // Held across the store and the encoding: two scrapes interleaved
+        // could show each other's figures, an older counter reading as a
+        // reset.
+        let _one_at_a_time = self.rendering.lock().expect("render lock");
+        *self.figures.latest.lock().expect("figures lock") = figures;
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry);
         text

@@ -297,7 +297,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
     let push = &gateway.push().stats;
     let load =
         |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
-    let log = gateway.ledger.log_figures();
+    let log = gateway.ledger().log_figures();
     let figures = crate::metrics::GatewayFigures {
         registered_agents: gateway.directory().list().len() as u64,
         push_delivered: load(&push.delivered),

@@ -150,8 +150,8 @@ impl Flusher {
                 tracing::error!(%err, failures, "ledger log write failed; retrying");
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
-            // Counted before the mark moves, so no reading shows a write
-            // durable without the sync that made it so.
+            // Counted before the mark moves (whose lock orders the two), so
+            // no reading shows a write durable without the sync that made it so.
             self.syncs.fetch_add(1, Ordering::Relaxed);
             for event in events {
                 hub.publish(event);
@@ -197,6 +197,8 @@ impl Flusher {
 
     /// Writes made durable and the syncs that did it, for `GET /metrics`.
     pub fn figures(&self) -> LogFigures {
+        // The mark first: the syncs read after it include every one that
+        // made those writes durable (counted before the mark moved).
         let durable_writes = self.durable.get();
         LogFigures {
             durable_writes,

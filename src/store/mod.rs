@@ -1768,9 +1768,14 @@ mod tests {
                 tokio::spawn(async move { ledger.create(record(task_id), vec![]).await })
             })
             .collect();
-        while ledger.flusher.latest_ticket() < 4 {
-            tokio::task::yield_now().await;
-        }
+        let noted = async {
+            while ledger.flusher.latest_ticket() < 4 {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), noted)
+            .await
+            .expect("three writes noted");
         assert_eq!(ledger.log_figures(), before, "nothing durable while held");
         drop(hold);
         for writer in writers {

@@ -220,9 +220,14 @@ impl BatonProcess {
     }
 
     /// The ledger's log counters from `GET /metrics`. Blocking, like the
-    /// /proc readings it is taken with at a window's edge: one loopback
-    /// exchange, next to the window's tens of thousands.
+    /// /proc readings it is taken with at a window's edge; a busy Baton may
+    /// take milliseconds to answer, so on the runtime the call moves the
+    /// load's other tasks off this thread meanwhile.
     pub fn log_counters(&self) -> anyhow::Result<LogCounters> {
+        tokio::task::block_in_place(|| self.read_log_counters())
+    }
+
+    fn read_log_counters(&self) -> anyhow::Result<LogCounters> {
         use std::io::{Read as _, Write as _};
         let mut stream = std::net::TcpStream::connect_timeout(&self.addr, METRICS_LIMIT)?;
         stream.set_read_timeout(Some(METRICS_LIMIT))?;
@@ -303,8 +308,8 @@ mod tests {
     #[test]
     fn log_counters_are_read_from_their_samples() {
         let text = "HTTP/1.1 200 OK\r\n\r\n\
-            # HELP baton_ledger_durable_writes Ledger writes.\n\
-            # TYPE baton_ledger_durable_writes counter\n\
+            # HELP baton_ledger_durable_writes_total Ledger writes.\n\
+            # TYPE baton_ledger_durable_writes_total counter\n\
             baton_ledger_durable_writes_total 120\n\
             baton_ledger_log_syncs_total 41\n";
         assert_eq!(

@@ -219,23 +219,26 @@ impl BatonProcess {
         procfs::memory(self.pid)
     }
 
-    /// The ledger's log counters from `GET /metrics`. Blocking, like the
-    /// /proc readings it is taken with at a window's edge; a busy Baton may
-    /// take milliseconds to answer, so on the runtime the call moves the
-    /// load's other tasks off this thread meanwhile.
+    /// The ledger's log counters from `GET /metrics`, read with the bench's
+    /// own client. Called where the /proc readings are, at a window's edge,
+    /// outside async code; a busy Baton may take milliseconds to answer, so
+    /// the load's other tasks move off this thread meanwhile.
     pub fn log_counters(&self) -> anyhow::Result<LogCounters> {
-        tokio::task::block_in_place(|| self.read_log_counters())
+        let runtime = tokio::runtime::Handle::current();
+        tokio::task::block_in_place(|| runtime.block_on(self.read_log_counters()))
     }
 
-    fn read_log_counters(&self) -> anyhow::Result<LogCounters> {
-        use std::io::{Read as _, Write as _};
-        let mut stream = std::net::TcpStream::connect_timeout(&self.addr, METRICS_LIMIT)?;
-        stream.set_read_timeout(Some(METRICS_LIMIT))?;
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")?;
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply)?;
-        LogCounters::parse(&reply).context("no ledger log counters in GET /metrics")
+    async fn read_log_counters(&self) -> anyhow::Result<LogCounters> {
+        let read = async {
+            let mut connection = Connection::open(self.addr).await?;
+            let (_, body) = connection.get("/metrics").await?;
+            anyhow::Ok(body)
+        };
+        let body = tokio::time::timeout(METRICS_LIMIT, read)
+            .await
+            .context("GET /metrics took too long")??;
+        LogCounters::parse(std::str::from_utf8(&body)?)
+            .context("no ledger log counters in GET /metrics")
     }
 
     /// Stops Baton: SIGTERM to its PID, then SIGKILL after [`STOP_LIMIT`].

@@ -49,13 +49,9 @@ impl Pending {
 /// (`CAP_SYS_NICE`, or an `RLIMIT_NICE` that allows it) the flusher keeps
 /// the process's priority.
 ///
-/// Woken, the flusher yields once before it takes the pending writes: at
-/// this priority it would otherwise take the core from writers that are
-/// about to write, and sync a smaller group. Measured in five alternated
-/// pairs (README, round 30): 11.2–12.8 writes per sync at concurrency 64
-/// against 3.9–5.1, throughput there higher in five of five, CPU per
-/// request at concurrency 16 62–63 µs against 65–73, and the added p99 at
-/// concurrency 1 no longer.
+/// Woken, the flusher yields its core once before it takes the pending
+/// writes, so that writers it would preempt mid-request may join the group
+/// (README, round 30: groups at concurrency 64 two to three times larger).
 pub const FLUSHER_NICE: i32 = -10;
 
 /// How much the log's group commit gathers, since the ledger opened.
@@ -135,14 +131,14 @@ impl Flusher {
         loop {
             let (target, events) = {
                 // std Mutex: held only to swap buffers, never across I/O.
-                let Some(pending) = self.writes_pending() else {
+                let Some(pending) = self.wait_for_writes() else {
                     return;
                 };
-                // Threads runnable on this core go first (see
+                // Threads runnable on this core may go first (see
                 // `FLUSHER_NICE`); on an idle core this returns at once.
                 drop(pending);
                 std::thread::yield_now();
-                let Some(mut pending) = self.writes_pending() else {
+                let Some(mut pending) = self.wait_for_writes() else {
                     return;
                 };
                 // No linger beyond the yield: writers that arrive during
@@ -175,9 +171,10 @@ impl Flusher {
         }
     }
 
-    /// Waits until writes are pending past the durable mark (and the log is
-    /// not held); `None` once stopped with none left.
-    fn writes_pending(&self) -> Option<MutexGuard<'_, Pending>> {
+    /// Waits until writes are pending past the durable mark and the log is
+    /// not held, and returns the lock on them; once stopped, returns what is
+    /// pending even if held, and `None` when nothing is.
+    fn wait_for_writes(&self) -> Option<MutexGuard<'_, Pending>> {
         let mut pending = self.pending.lock().expect("flusher lock");
         while (pending.written == self.durable.get() || pending.held()) && !pending.stop {
             pending.idle = true;

@@ -40,6 +40,7 @@ use super::{LedgerError, ReadTask, TaskMap, TaskRecord, keys, wal};
 use crate::protocol::TaskState;
 use crate::protocol::wire::ProtoEnum as _;
 use serde_json::value::RawValue;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -858,7 +859,10 @@ impl<'a> RecordBuckets<'a> {
                     bytes += json.len();
                     count += 1;
                 }
-                tree.insert([prefix.as_slice(), first.as_bytes()].concat(), value)?;
+                tree.insert(
+                    [prefix.as_slice(), first.as_bytes()].concat(),
+                    keys::seal_record_bucket(value),
+                )?;
                 rest = &rest[count..];
             }
         }
@@ -890,7 +894,7 @@ pub fn stored_record(
     let mut last = prefix.clone();
     last.extend_from_slice(task_id.as_bytes());
     for entry in tree.range(prefix..=last).rev() {
-        let (_, bucket) = entry?;
+        let bucket = open_bucket(entry?.1)?;
         if let Some(record) = record_of(&bucket, task_id) {
             return Ok(Some(record));
         }
@@ -898,11 +902,24 @@ pub fn stored_record(
     Ok(None)
 }
 
-/// The record of `task_id` in `bucket`, sharing the bucket's bytes.
+/// The record of `task_id` in `bucket` (opened, see [`open_bucket`]),
+/// sharing the bucket's bytes.
 fn record_of(bucket: &sled::IVec, task_id: &str) -> Option<sled::IVec> {
     let record = keys::record_in_bucket(bucket, task_id)?;
     let offset = record.as_ptr() as usize - bucket.as_ptr() as usize;
     Some(bucket.subslice(offset, record.len()))
+}
+
+/// A record bucket as stored, opened to its ids and records (see
+/// [`keys::open_record_bucket`]); a plain one shares the stored bytes.
+fn open_bucket(stored: sled::IVec) -> Result<sled::IVec, LedgerError> {
+    match keys::open_record_bucket(&stored) {
+        Some(Cow::Borrowed(_)) => Ok(stored),
+        Some(Cow::Owned(plain)) => Ok(plain.into()),
+        None => Err(LedgerError::Format(
+            "corrupt record bucket: it does not decompress".to_owned(),
+        )),
+    }
 }
 
 /// The record buckets of the creation milliseconds a scan of several tasks
@@ -934,6 +951,7 @@ impl BucketMemo {
                 let buckets = tree
                     .scan_prefix(&prefix)
                     .values()
+                    .map(|stored| open_bucket(stored?))
                     .collect::<Result<_, _>>()?;
                 if self.millis.len() < BUCKET_MEMO_MILLIS {
                     self.millis.push((prefix, buckets));
@@ -1886,6 +1904,19 @@ mod tests {
         (dir, applier, record)
     }
 
+    /// Queues the creation of `count` COMPLETED tasks of millisecond
+    /// `millis`, with UUIDv7 ids, applies them and returns their records.
+    fn apply_completed(applier: &Applier, millis: u64, count: u16) -> Vec<TaskRecord> {
+        let records: Vec<TaskRecord> = (0..count)
+            .map(|n| stored(&keys::uuid_v7_at(millis, n), TaskState::Completed, 1))
+            .collect();
+        for record in &records {
+            queue_encoded(applier, Arc::new(record.clone()), true);
+        }
+        applier.apply_pending().unwrap();
+        records
+    }
+
     fn read_stored(tree: &sled::Tree, task_id: &str) -> Option<TaskRecord> {
         stored_record(tree, task_id, None)
             .unwrap()
@@ -1897,13 +1928,72 @@ mod tests {
         let prefix = keys::record_bucket_prefix(task_id).unwrap();
         tree.scan_prefix(prefix)
             .map(|entry| {
-                let (_, value) = entry.unwrap();
+                let (_, stored) = entry.unwrap();
+                let value = open_bucket(stored).unwrap();
                 assert!(value.len() <= BUCKET_BYTES_MAX + BUCKET_RECORDS_MAX * 48);
                 keys::bucket_records(&value)
                     .map(|(id, _)| String::from_utf8(id.to_vec()).unwrap())
                     .collect()
             })
             .collect()
+    }
+
+    #[test]
+    fn record_buckets_are_stored_compressed_and_plain_ones_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        let millis = 1_767_000_000_000;
+        let records = apply_completed(&applier, millis, 4);
+        let tree = &applier.tree;
+        let prefix = keys::record_bucket_prefix(&records[0].task.id).unwrap();
+        let stored_buckets: Vec<sled::IVec> = tree
+            .scan_prefix(&prefix)
+            .values()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(stored_buckets.len(), 1);
+        let plain = open_bucket(stored_buckets[0].clone()).unwrap();
+        assert!(
+            stored_buckets[0].len() < plain.len(),
+            "{} bytes stored for {} plain",
+            stored_buckets[0].len(),
+            plain.len()
+        );
+        let mut memo = BucketMemo::default();
+        for record in &records {
+            assert_eq!(read_stored(tree, &record.task.id).as_ref(), Some(record));
+            let bytes = stored_record(tree, &record.task.id, Some(&mut memo))
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                serde_json::from_slice::<TaskRecord>(&bytes).unwrap(),
+                *record
+            );
+        }
+
+        // A bucket as format 1 wrote it, plain, reads as before.
+        let old = stored(&keys::uuid_v7_at(millis + 1, 0), TaskState::Failed, 1);
+        let mut value = Vec::new();
+        keys::push_bucket_record(&mut value, &old.task.id, &serde_json::to_vec(&old).unwrap());
+        let old_prefix = keys::record_bucket_prefix(&old.task.id).unwrap();
+        tree.insert(
+            [old_prefix, old.task.id.clone().into_bytes()].concat(),
+            value,
+        )
+        .unwrap();
+        assert_eq!(read_stored(tree, &old.task.id), Some(old));
+
+        // A compressed bucket that does not decode is a storage failure,
+        // not a missing task.
+        let (key, mut broken) = tree.scan_prefix(&prefix).next().unwrap().unwrap();
+        let mut broken_bytes = broken.to_vec();
+        broken_bytes.truncate(broken_bytes.len() / 2);
+        broken = broken_bytes.into();
+        tree.insert(key, broken).unwrap();
+        assert!(matches!(
+            stored_record(tree, &records[0].task.id, None),
+            Err(LedgerError::Format(_))
+        ));
     }
 
     #[test]
@@ -2111,14 +2201,7 @@ mod tests {
     fn a_retried_application_leaves_the_buckets_it_wrote_as_they_are() {
         let dir = tempfile::tempdir().unwrap();
         let applier = unstarted_applier(dir.path());
-        let millis = 1_767_000_000_000;
-        let records: Vec<TaskRecord> = (0..6)
-            .map(|n| stored(&keys::uuid_v7_at(millis, n), TaskState::Completed, 1))
-            .collect();
-        for record in &records {
-            queue_encoded(&applier, Arc::new(record.clone()), true);
-        }
-        applier.apply_pending().unwrap();
+        let records = apply_completed(&applier, 1_767_000_000_000, 6);
         let tree = &applier.tree;
         let prefix = keys::record_bucket_prefix(&records[0].task.id).unwrap();
         let written: Vec<_> = tree.scan_prefix(&prefix).map(Result::unwrap).collect();

@@ -6,7 +6,7 @@
 //! | prefix | key | value |
 //! |---|---|---|
 //! | `t` | task id | `TaskRecord` JSON |
-//! | `r` | creation millisecond of a UUIDv7 task id (its first 13 characters), 0, the bucket's first task id | a record bucket: ids and `TaskRecord` JSON of tasks finished when first applied (see [`record_in_bucket`]); a task's own `t` key supersedes it |
+//! | `r` | creation millisecond of a UUIDv7 task id (its first 13 characters), 0, the bucket's first task id | a record bucket: ids and `TaskRecord` JSON of tasks finished when first applied (see [`record_in_bucket`]), LZ4-compressed when that is shorter (see [`seal_record_bucket`]); a task's own `t` key supersedes it |
 //! | `e` | task id, 0, first seq (u64 BE) | JSON array of consecutive `StreamResponse`s (one object in ledgers from before 0.1) |
 //! | `is` | owner, 0, state, order | empty: tasks by state; merged over every state, all tasks |
 //! | `is` | owner, 0, state, order time | a bucket of tasks by terminal state: the ids of the tasks whose status in that state has that millisecond (see [`bucket_ids`]) |
@@ -37,6 +37,7 @@
 //! still read.
 
 use chrono::{DateTime, Utc};
+use std::borrow::Cow;
 
 const SEP: u8 = 0;
 
@@ -103,6 +104,50 @@ pub fn push_bucket_record(value: &mut Vec<u8>, task_id: &str, record: &[u8]) {
     value.extend_from_slice(task_id.as_bytes());
     value.extend_from_slice(&(record.len() as u32).to_be_bytes());
     value.extend_from_slice(record);
+}
+
+/// First byte of a record bucket's value stored LZ4-compressed (see
+/// [`seal_record_bucket`]). A plain value starts with the high byte of its
+/// first id's length, 0 for every id a bucket takes (UUIDs).
+const COMPRESSED_RECORD_BUCKET: u8 = 0xC1;
+
+/// Most bytes a compressed record bucket may claim to expand to: far above
+/// what the applier puts in one, so only a corrupt value is refused.
+const RECORD_BUCKET_PLAIN_MAX: usize = 1 << 20;
+
+/// The value a record bucket is stored as: `plain` (built with
+/// [`push_bucket_record`]) LZ4-compressed after a marker byte and its plain
+/// length (u32 LE), or `plain` itself when that is no shorter. sled rewrites
+/// a record bucket several times over as it consolidates and splits the
+/// leaf holding it, so every byte saved here is saved several times.
+pub fn seal_record_bucket(plain: Vec<u8>) -> Vec<u8> {
+    let bound = lz4_flex::block::get_maximum_output_size(plain.len());
+    let mut sealed = vec![0; 1 + 4 + bound];
+    sealed[0] = COMPRESSED_RECORD_BUCKET;
+    sealed[1..5].copy_from_slice(&(plain.len() as u32).to_le_bytes());
+    match lz4_flex::block::compress_into(&plain, &mut sealed[5..]) {
+        Ok(len) if 5 + len < plain.len() => {
+            sealed.truncate(5 + len);
+            sealed
+        }
+        _ => plain,
+    }
+}
+
+/// A stored record bucket's value as [`push_bucket_record`] built it:
+/// `Borrowed` when it is stored plain. `None` for a compressed value that
+/// does not decode.
+pub fn open_record_bucket(value: &[u8]) -> Option<Cow<'_, [u8]>> {
+    let Some((&COMPRESSED_RECORD_BUCKET, sealed)) = value.split_first() else {
+        return Some(Cow::Borrowed(value));
+    };
+    let (len, compressed) = sealed.split_first_chunk::<4>()?;
+    let len = u32::from_le_bytes(*len) as usize;
+    if len > RECORD_BUCKET_PLAIN_MAX {
+        return None;
+    }
+    let plain = lz4_flex::block::decompress(compressed, len).ok()?;
+    Some(Cow::Owned(plain))
 }
 
 /// Splits a `width`-byte big-endian length and that many bytes off `bytes`.
@@ -439,6 +484,46 @@ mod tests {
         assert_eq!(minting_task(&uuid::Uuid::new_v4().to_string()), None);
         assert_eq!(minting_task("ctx"), None);
     }
+    #[test]
+    fn a_record_bucket_is_sealed_compressed_when_that_is_shorter() {
+        let record = br#"{"task":{"id":"01a2424e-d10e-778d-b1a2-7b874278f788","status":{"state":"TASK_STATE_COMPLETED"}},"owner":"alice"}"#;
+        let mut plain = Vec::new();
+        for n in 0..4 {
+            let id = uuid_v7_at(1_767_000_000_000, n);
+            push_bucket_record(&mut plain, &id, record);
+        }
+        let sealed = seal_record_bucket(plain.clone());
+        assert_eq!(sealed[0], COMPRESSED_RECORD_BUCKET);
+        assert!(
+            sealed.len() < plain.len() / 2,
+            "{} of {}",
+            sealed.len(),
+            plain.len()
+        );
+        assert_eq!(
+            open_record_bucket(&sealed).as_deref(),
+            Some(plain.as_slice())
+        );
+
+        // Too short to gain: stored plain, and read without a copy.
+        let mut tiny = Vec::new();
+        push_bucket_record(&mut tiny, &uuid_v7_at(1_767_000_000_000, 9), b"{}");
+        let sealed = seal_record_bucket(tiny.clone());
+        assert_eq!(sealed, tiny);
+        assert!(matches!(
+            open_record_bucket(&sealed),
+            Some(Cow::Borrowed(_))
+        ));
+
+        // Cut short, or claiming more than any bucket holds: refused.
+        let whole = seal_record_bucket(plain);
+        assert_eq!(open_record_bucket(&whole[..whole.len() - 3]), None);
+        let mut claims_too_much = whole.clone();
+        claims_too_much[1..5].copy_from_slice(&(u32::MAX).to_le_bytes());
+        assert_eq!(open_record_bucket(&claims_too_much), None);
+        assert_eq!(open_record_bucket(&[COMPRESSED_RECORD_BUCKET, 1]), None);
+    }
+
     #[test]
     fn record_buckets_are_found_from_uuidv7_ids_and_read_back_by_id() {
         let id = "019a2b3c-4d5e-7f01-8000-000000000001";

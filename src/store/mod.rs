@@ -718,35 +718,42 @@ fn after_millis(time: DateTime<Utc>) -> u64 {
 /// The ledger format this build writes and reads: replies copy a stored
 /// task's JSON verbatim, so a change to that JSON or to the key layout
 /// needs a new format (and a conversion of older ledgers at open).
-const LEDGER_FORMAT: u32 = 1;
+/// Format 2 may store record buckets LZ4-compressed ([`keys::seal_record_bucket`]);
+/// it reads format 1's plain ones as they are.
+const LEDGER_FORMAT: u32 = 2;
 
 /// The format of a ledger written before the marker existed.
 const UNMARKED_FORMAT: u32 = 1;
 
 /// Refuses a ledger of a later format rather than misreading it, and marks
-/// a new ledger with this build's format and an unmarked one with its own.
+/// every other one with this build's format: from now on it may hold this
+/// build's writes, which an earlier build must not misread.
 fn check_format(tree: &sled::Tree) -> Result<(), LedgerError> {
     check_format_as(tree, LEDGER_FORMAT, UNMARKED_FORMAT)
 }
 
 /// [`check_format`] for a build writing format `current`, where a ledger
-/// without a marker is of format `unmarked`: apart so that a test can tell
-/// the two markings apart while both formats are 1.
+/// without a marker is of format `unmarked`.
 fn check_format_as(tree: &sled::Tree, current: u32, unmarked: u32) -> Result<(), LedgerError> {
-    let Some(value) = tree.get(keys::format())? else {
-        let format = if tree.is_empty() { current } else { unmarked };
-        tree.insert(keys::format(), &format.to_be_bytes())?;
-        tree.flush()?;
-        return Ok(());
+    let marker = tree.get(keys::format())?;
+    let format = match &marker {
+        Some(value) => <[u8; 4]>::try_from(value.as_ref())
+            .map(u32::from_be_bytes)
+            .map_err(|_| {
+                LedgerError::Format(format!("unreadable ledger format marker {value:?}"))
+            })?,
+        None if tree.is_empty() => current,
+        None => unmarked,
     };
-    let format = <[u8; 4]>::try_from(value.as_ref())
-        .map(u32::from_be_bytes)
-        .map_err(|_| LedgerError::Format(format!("unreadable ledger format marker {value:?}")))?;
     if format > current {
         return Err(LedgerError::Format(format!(
             "ledger format {format} is later than this Baton's ({current}): \
              run the Baton that wrote it, or a later one"
         )));
+    }
+    if marker.as_deref() != Some(current.to_be_bytes().as_slice()) {
+        tree.insert(keys::format(), &current.to_be_bytes())?;
+        tree.flush()?;
     }
     Ok(())
 }
@@ -2038,19 +2045,21 @@ mod tests {
         ledger.close();
         drop(ledger);
         let this = LEDGER_FORMAT.to_be_bytes().to_vec();
-        assert_eq!(marker(dir.path()), Some(this));
+        assert_eq!(marker(dir.path()), Some(this.clone()));
 
-        // One written before the marker is marked as that format, its data kept.
-        set_marker(dir.path(), None);
-        let ledger = reopen(dir.path());
-        assert_eq!(
-            ledger.get("t1").unwrap().map(|r| r.task.id),
-            Some("t1".into())
-        );
-        ledger.close();
-        drop(ledger);
-        let unmarked = UNMARKED_FORMAT.to_be_bytes().to_vec();
-        assert_eq!(marker(dir.path()), Some(unmarked));
+        // One written before the marker, or in an earlier format, is
+        // marked with this build's, its data kept.
+        for earlier in [None, Some(UNMARKED_FORMAT.to_be_bytes())] {
+            set_marker(dir.path(), earlier.as_ref().map(|m| m.as_slice()));
+            let ledger = reopen(dir.path());
+            assert_eq!(
+                ledger.get("t1").unwrap().map(|r| r.task.id),
+                Some("t1".into())
+            );
+            ledger.close();
+            drop(ledger);
+            assert_eq!(marker(dir.path()), Some(this.clone()));
+        }
 
         // A later format, or a marker that is not one, is refused and left as is.
         let later = (LEDGER_FORMAT + 1).to_be_bytes();
@@ -2067,7 +2076,7 @@ mod tests {
     }
 
     #[test]
-    fn a_new_ledger_and_an_unmarked_one_get_different_markers() {
+    fn an_unmarked_ledger_is_read_as_the_unmarked_format() {
         let (current, unmarked) = (3, 2);
         let dir = tempfile::tempdir().unwrap();
         let (_db, tree) = raw_tree(dir.path());
@@ -2080,20 +2089,17 @@ mod tests {
         assert_eq!(marker(), current, "an empty tree is a new ledger");
         check_format_as(&tree, current, unmarked).expect("this build's own format opens");
 
+        // Data without a marker predates it: readable by a build whose
+        // format is the unmarked one or later, and refused by an earlier.
         tree.clear().unwrap();
         tree.insert(b"t/some-task", b"{}").unwrap();
-        check_format_as(&tree, current, unmarked).unwrap();
-        assert_eq!(marker(), unmarked, "data without a marker predates it");
-
-        // An earlier format opens and keeps its marker; a later one is refused.
-        check_format_as(&tree, current, unmarked).unwrap();
-        assert_eq!(marker(), unmarked);
-        tree.insert(keys::format(), &(current + 1).to_be_bytes())
-            .unwrap();
         assert!(matches!(
-            check_format_as(&tree, current, unmarked),
+            check_format_as(&tree, unmarked - 1, unmarked),
             Err(LedgerError::Format(_))
         ));
+        assert_eq!(tree.get(keys::format()).unwrap(), None, "left as is");
+        check_format_as(&tree, current, unmarked).unwrap();
+        assert_eq!(marker(), current);
     }
 
     #[tokio::test]

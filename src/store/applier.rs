@@ -706,23 +706,23 @@ impl Applier {
         // fell behind gets its final snapshot instead (see
         // `Ledger::events_after`).
         let applied_seq = before.as_ref().map_or(0, |b| b.last_seq);
-        let fresh: Vec<&LedgerEvent> = pending
-            .events
-            .iter()
-            .filter(|e| e.seq > applied_seq)
-            .map(|e| &**e)
-            .collect();
-        if let Some(first) = fresh.first()
-            && !record.task.status.state.is_terminal()
-        {
-            let encoded = fresh
+        if !record.task.status.state.is_terminal() {
+            let fresh: Vec<&LedgerEvent> = pending
+                .events
                 .iter()
-                .map(|e| e.json())
-                .collect::<Result<Vec<_>, _>>()?;
-            tree.insert(
-                keys::event(task_id, first.seq),
-                serde_json::to_vec(&encoded)?,
-            )?;
+                .filter(|e| e.seq > applied_seq)
+                .map(|e| &**e)
+                .collect();
+            if let Some(first) = fresh.first() {
+                let encoded = fresh
+                    .iter()
+                    .map(|e| e.json())
+                    .collect::<Result<Vec<_>, _>>()?;
+                tree.insert(
+                    keys::event(task_id, first.seq),
+                    serde_json::to_vec(&encoded)?,
+                )?;
+            }
         }
         if reindex {
             if let Some(before) = &before {

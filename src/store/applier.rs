@@ -1985,11 +1985,8 @@ mod tests {
 
         // A compressed bucket that does not decode is a storage failure,
         // not a missing task.
-        let (key, mut broken) = tree.scan_prefix(&prefix).next().unwrap().unwrap();
-        let mut broken_bytes = broken.to_vec();
-        broken_bytes.truncate(broken_bytes.len() / 2);
-        broken = broken_bytes.into();
-        tree.insert(key, broken).unwrap();
+        let (key, sealed) = tree.scan_prefix(&prefix).next().unwrap().unwrap();
+        tree.insert(key, &sealed[..sealed.len() / 2]).unwrap();
         assert!(matches!(
             stored_record(tree, &records[0].task.id, None),
             Err(LedgerError::Format(_))

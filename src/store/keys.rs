@@ -484,6 +484,7 @@ mod tests {
         assert_eq!(minting_task(&uuid::Uuid::new_v4().to_string()), None);
         assert_eq!(minting_task("ctx"), None);
     }
+
     #[test]
     fn a_record_bucket_is_sealed_compressed_when_that_is_shorter() {
         let record = br#"{"task":{"id":"01a2424e-d10e-778d-b1a2-7b874278f788","status":{"state":"TASK_STATE_COMPLETED"}},"owner":"alice"}"#;

@@ -894,7 +894,8 @@ pub fn stored_record(
     let mut last = prefix.clone();
     last.extend_from_slice(task_id.as_bytes());
     for entry in tree.range(prefix..=last).rev() {
-        let bucket = open_bucket(entry?.1)?;
+        let (key, stored) = entry?;
+        let bucket = open_bucket(&key, stored)?;
         if let Some(record) = record_of(&bucket, task_id) {
             return Ok(Some(record));
         }
@@ -910,15 +911,13 @@ fn record_of(bucket: &sled::IVec, task_id: &str) -> Option<sled::IVec> {
     Some(bucket.subslice(offset, record.len()))
 }
 
-/// A record bucket as stored, opened to its ids and records (see
-/// [`keys::open_record_bucket`]); a plain one shares the stored bytes.
-fn open_bucket(stored: sled::IVec) -> Result<sled::IVec, LedgerError> {
+/// The record bucket stored under `key`, opened to its ids and records
+/// (see [`keys::open_record_bucket`]); a plain one shares the stored bytes.
+fn open_bucket(key: &[u8], stored: sled::IVec) -> Result<sled::IVec, LedgerError> {
     match keys::open_record_bucket(&stored) {
         Some(Cow::Borrowed(_)) => Ok(stored),
         Some(Cow::Owned(plain)) => Ok(plain.into()),
-        None => Err(LedgerError::Format(
-            "corrupt record bucket: it does not decompress".to_owned(),
-        )),
+        None => Err(LedgerError::CorruptBucket(key.escape_ascii().to_string())),
     }
 }
 
@@ -950,8 +949,10 @@ impl BucketMemo {
             None => {
                 let buckets = tree
                     .scan_prefix(&prefix)
-                    .values()
-                    .map(|stored| open_bucket(stored?))
+                    .map(|entry| {
+                        let (key, stored) = entry?;
+                        open_bucket(&key, stored)
+                    })
                     .collect::<Result<_, _>>()?;
                 if self.millis.len() < BUCKET_MEMO_MILLIS {
                     self.millis.push((prefix, buckets));
@@ -1928,8 +1929,8 @@ mod tests {
         let prefix = keys::record_bucket_prefix(task_id).unwrap();
         tree.scan_prefix(prefix)
             .map(|entry| {
-                let (_, stored) = entry.unwrap();
-                let value = open_bucket(stored).unwrap();
+                let (key, stored) = entry.unwrap();
+                let value = open_bucket(&key, stored).unwrap();
                 assert!(value.len() <= BUCKET_BYTES_MAX + BUCKET_RECORDS_MAX * 48);
                 keys::bucket_records(&value)
                     .map(|(id, _)| String::from_utf8(id.to_vec()).unwrap())
@@ -1952,7 +1953,7 @@ mod tests {
             .map(Result::unwrap)
             .collect();
         assert_eq!(stored_buckets.len(), 1);
-        let plain = open_bucket(stored_buckets[0].clone()).unwrap();
+        let plain = open_bucket(b"", stored_buckets[0].clone()).unwrap();
         assert!(
             stored_buckets[0].len() < plain.len(),
             "{} bytes stored for {} plain",
@@ -1987,10 +1988,11 @@ mod tests {
         // not a missing task.
         let (key, sealed) = tree.scan_prefix(&prefix).next().unwrap().unwrap();
         tree.insert(key, &sealed[..sealed.len() / 2]).unwrap();
-        assert!(matches!(
-            stored_record(tree, &records[0].task.id, None),
-            Err(LedgerError::Format(_))
-        ));
+        let error = stored_record(tree, &records[0].task.id, None).unwrap_err();
+        assert!(
+            matches!(&error, LedgerError::CorruptBucket(key) if key.contains(&records[0].task.id)),
+            "{error}"
+        );
     }
 
     #[test]

@@ -111,23 +111,31 @@ pub fn push_bucket_record(value: &mut Vec<u8>, task_id: &str, record: &[u8]) {
 /// first id's length, 0 for every id a bucket takes (UUIDs).
 const COMPRESSED_RECORD_BUCKET: u8 = 0xC1;
 
+/// Bytes before a compressed record bucket's LZ4 block: the marker, the
+/// plain length (u32 LE) and the plain bytes' CRC-32 (u32 LE).
+const SEALED_HEADER: usize = 9;
+
 /// Most bytes a compressed record bucket may claim to expand to: far above
 /// what the applier puts in one, so only a corrupt value is refused.
 const RECORD_BUCKET_PLAIN_MAX: usize = 1 << 20;
 
 /// The value a record bucket is stored as: `plain` (built with
-/// [`push_bucket_record`]) LZ4-compressed after a marker byte and its plain
-/// length (u32 LE), or `plain` itself when that is no shorter. sled rewrites
-/// a record bucket several times over as it consolidates and splits the
-/// leaf holding it, so every byte saved here is saved several times.
+/// [`push_bucket_record`]) LZ4-compressed after a header (the marker, the
+/// plain length and the plain bytes' CRC-32), or `plain` itself when that
+/// is no shorter. sled rewrites a record bucket several times over as it
+/// consolidates and splits the leaf holding it, so every byte saved here
+/// is saved several times. The checksum stands in for the one LZ4 blocks
+/// lack: a damaged block may still decompress.
 pub fn seal_record_bucket(plain: Vec<u8>) -> Vec<u8> {
+    debug_assert_ne!(plain.first(), Some(&COMPRESSED_RECORD_BUCKET));
     let bound = lz4_flex::block::get_maximum_output_size(plain.len());
-    let mut sealed = vec![0; 1 + 4 + bound];
+    let mut sealed = vec![0; SEALED_HEADER + bound];
     sealed[0] = COMPRESSED_RECORD_BUCKET;
     sealed[1..5].copy_from_slice(&(plain.len() as u32).to_le_bytes());
-    match lz4_flex::block::compress_into(&plain, &mut sealed[5..]) {
-        Ok(len) if 5 + len < plain.len() => {
-            sealed.truncate(5 + len);
+    sealed[5..9].copy_from_slice(&crc32fast::hash(&plain).to_le_bytes());
+    match lz4_flex::block::compress_into(&plain, &mut sealed[SEALED_HEADER..]) {
+        Ok(len) if SEALED_HEADER + len < plain.len() => {
+            sealed.truncate(SEALED_HEADER + len);
             sealed
         }
         _ => plain,
@@ -136,18 +144,21 @@ pub fn seal_record_bucket(plain: Vec<u8>) -> Vec<u8> {
 
 /// A stored record bucket's value as [`push_bucket_record`] built it:
 /// `Borrowed` when it is stored plain. `None` for a compressed value that
-/// does not decode.
+/// does not decompress to its length and checksum.
 pub fn open_record_bucket(value: &[u8]) -> Option<Cow<'_, [u8]>> {
     let Some((&COMPRESSED_RECORD_BUCKET, sealed)) = value.split_first() else {
         return Some(Cow::Borrowed(value));
     };
-    let (len, compressed) = sealed.split_first_chunk::<4>()?;
+    let (len, sealed) = sealed.split_first_chunk::<4>()?;
+    let (crc, compressed) = sealed.split_first_chunk::<4>()?;
     let len = u32::from_le_bytes(*len) as usize;
     if len > RECORD_BUCKET_PLAIN_MAX {
         return None;
     }
+    // A damaged block may decompress short of `len`, or to other bytes.
     let plain = lz4_flex::block::decompress(compressed, len).ok()?;
-    Some(Cow::Owned(plain))
+    let whole = plain.len() == len && crc32fast::hash(&plain) == u32::from_le_bytes(*crc);
+    whole.then_some(Cow::Owned(plain))
 }
 
 /// Splits a `width`-byte big-endian length and that many bytes off `bytes`.
@@ -493,6 +504,7 @@ mod tests {
             let id = uuid_v7_at(1_767_000_000_000, n);
             push_bucket_record(&mut plain, &id, record);
         }
+        let plain_len = plain.len();
         let sealed = seal_record_bucket(plain.clone());
         assert_eq!(sealed[0], COMPRESSED_RECORD_BUCKET);
         assert!(
@@ -516,12 +528,24 @@ mod tests {
             Some(Cow::Borrowed(_))
         ));
 
-        // Cut short, or claiming more than any bucket holds: refused.
+        // Cut short, claiming another length, damaged, or claiming more
+        // than any bucket holds: refused.
         let whole = seal_record_bucket(plain);
         assert_eq!(open_record_bucket(&whole[..whole.len() - 3]), None);
-        let mut claims_too_much = whole.clone();
-        claims_too_much[1..5].copy_from_slice(&(u32::MAX).to_le_bytes());
-        assert_eq!(open_record_bucket(&claims_too_much), None);
+        for claimed in [plain_len - 1, plain_len + 100, u32::MAX as usize] {
+            let mut misclaimed = whole.clone();
+            misclaimed[1..5].copy_from_slice(&(claimed as u32).to_le_bytes());
+            assert_eq!(open_record_bucket(&misclaimed), None, "{claimed}");
+        }
+        let damaged_anywhere = (SEALED_HEADER..whole.len()).all(|at| {
+            let mut damaged = whole.clone();
+            damaged[at] ^= 0x20;
+            open_record_bucket(&damaged).is_none()
+        });
+        assert!(
+            damaged_anywhere,
+            "every damaged byte of the block is caught"
+        );
         assert_eq!(open_record_bucket(&[COMPRESSED_RECORD_BUCKET, 1]), None);
     }
 

@@ -46,6 +46,9 @@ pub enum LedgerError {
     /// A stored value did not decode.
     #[error("corrupt record: {0}")]
     Corrupt(#[from] serde_json::Error),
+    /// A compressed record bucket failed its checksum or did not decompress.
+    #[error("corrupt record bucket {0}")]
+    CorruptBucket(String),
     /// The ledger was written in a format this build does not read.
     #[error("{0}")]
     Format(String),
@@ -2073,6 +2076,41 @@ mod tests {
         set_marker(dir.path(), Some(b"v2"));
         assert!(refusal(dir.path()).contains("unreadable"));
         assert_eq!(marker(dir.path()), Some(b"v2".to_vec()));
+    }
+
+    #[tokio::test]
+    async fn finished_tasks_read_back_from_compressed_buckets_after_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        let mut written = Vec::new();
+        for n in 0..6 {
+            let mut finished = record(&keys::uuid_v7_at(1_767_000_000_000, n));
+            finished.task.status = TaskStatus::now(TaskState::Completed, None);
+            written.push(ledger.create(finished, vec![]).await.unwrap());
+        }
+        ledger.close();
+        drop(ledger);
+        {
+            let (_db, tree) = raw_tree(dir.path());
+            let prefix = keys::record_bucket_prefix(&written[0].task.id).unwrap();
+            let buckets: Vec<_> = tree
+                .scan_prefix(prefix)
+                .values()
+                .map(Result::unwrap)
+                .collect();
+            assert!(!buckets.is_empty());
+            for bucket in &buckets {
+                let opened = keys::open_record_bucket(bucket);
+                assert!(matches!(opened, Some(Cow::Owned(_))), "stored compressed");
+            }
+        }
+
+        let ledger = reopen(dir.path());
+        for record in &written {
+            let read = ledger.get(&record.task.id).unwrap();
+            assert_eq!(read.as_ref(), Some(&**record));
+        }
+        ledger.close();
     }
 
     #[test]

@@ -705,8 +705,8 @@ impl Applier {
         // not kept: nobody can subscribe to it any more, and a stream that
         // fell behind gets its final snapshot instead (see
         // `Ledger::events_after`).
-        let applied_seq = before.as_ref().map_or(0, |b| b.last_seq);
         if !record.task.status.state.is_terminal() {
+            let applied_seq = before.as_ref().map_or(0, |b| b.last_seq);
             let fresh: Vec<&LedgerEvent> = pending
                 .events
                 .iter()

@@ -130,11 +130,12 @@ pub fn seal_record_bucket(plain: Vec<u8>) -> Vec<u8> {
     debug_assert_ne!(plain.first(), Some(&COMPRESSED_RECORD_BUCKET));
     let bound = lz4_flex::block::get_maximum_output_size(plain.len());
     let mut sealed = vec![0; SEALED_HEADER + bound];
-    sealed[0] = COMPRESSED_RECORD_BUCKET;
-    sealed[1..5].copy_from_slice(&(plain.len() as u32).to_le_bytes());
-    sealed[5..9].copy_from_slice(&crc32fast::hash(&plain).to_le_bytes());
     match lz4_flex::block::compress_into(&plain, &mut sealed[SEALED_HEADER..]) {
+        // The header only once the block is known to pay for it.
         Ok(len) if SEALED_HEADER + len < plain.len() => {
+            sealed[0] = COMPRESSED_RECORD_BUCKET;
+            sealed[1..5].copy_from_slice(&(plain.len() as u32).to_le_bytes());
+            sealed[5..9].copy_from_slice(&crc32fast::hash(&plain).to_le_bytes());
             sealed.truncate(SEALED_HEADER + len);
             sealed
         }

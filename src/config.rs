@@ -68,8 +68,8 @@ pub struct ServeArgs {
     /// Agency API keys file, managed with `baton keys` (default ./baton-keys.json).
     #[arg(long, env = "BATON_KEYS_FILE")]
     pub keys_file: Option<PathBuf>,
-    /// Request-serving threads (default: one per core; the ledger's log
-    /// flusher and applier run on threads of their own).
+    /// Request-serving threads (default: one per core but one, at least
+    /// one; the ledger's log flusher and applier run on threads of their own).
     #[arg(long, env = "BATON_WORKERS")]
     pub workers: Option<usize>,
     /// Extra agency keys, `agency=KEY,...`: hashed in memory, never written.
@@ -381,11 +381,13 @@ impl Config {
 /// thread overhead, and a mistyped value must not start thousands.
 const MAX_WORKERS: usize = 1024;
 
-/// One request-serving thread per core, up to `MAX_WORKERS` (1024). On two
-/// cores, shared with the log flusher and the applier, two workers served
-/// more requests than one at concurrency 64 in seven of seven alternated
-/// pairs, and no more at concurrency 16, for a CPU per request within the
-/// noise (README, round 28; in round 9 one had been cheaper per request).
+/// One request-serving thread per core but one, at least one and at most
+/// `MAX_WORKERS` (1024): the spare core is the ledger's, whose log flusher
+/// (at a raised priority), applier and sled I/O threads then stop preempting
+/// the workers. On two cores one worker cost 55–61 µs of CPU per request at
+/// concurrency 16 against 62–66 µs for two, and served more at concurrency 16
+/// and 1, in five of five alternated pairs (README, round 32; round 28 had
+/// found two better at concurrency 64, now within 3 %).
 pub fn default_workers() -> usize {
     workers_for(std::thread::available_parallelism().ok())
 }
@@ -393,7 +395,7 @@ pub fn default_workers() -> usize {
 /// [`default_workers`] on a machine with `cores` (one when unknown); apart
 /// so that tests can try core counts this machine does not have.
 fn workers_for(cores: Option<std::num::NonZeroUsize>) -> usize {
-    cores.map_or(1, |cores| cores.get().min(MAX_WORKERS))
+    cores.map_or(1, |cores| (cores.get() - 1).clamp(1, MAX_WORKERS))
 }
 
 /// Ids of the cards in an agent-cards directory (file stems of `*.json`).
@@ -440,12 +442,19 @@ mod tests {
     }
 
     #[test]
-    fn workers_default_to_the_cores_and_are_bounded() {
+    fn workers_default_to_the_cores_but_one_and_are_bounded() {
         let config = Config::load(&ServeArgs::default(), &["echo"]).unwrap();
         // Wiring only: what the default is comes from the table below.
         assert_eq!(config.workers, default_workers());
         assert_eq!(workers_for(None), 1, "cores unknown");
-        for (cores, workers) in [(1, 1), (2, 2), (1024, 1024), (1025, 1024), (5000, 1024)] {
+        for (cores, workers) in [
+            (1, 1),
+            (2, 1),
+            (3, 2),
+            (1025, 1024),
+            (1026, 1024),
+            (5000, 1024),
+        ] {
             let given = std::num::NonZeroUsize::new(cores);
             assert_eq!(workers_for(given), workers, "{cores} cores");
         }

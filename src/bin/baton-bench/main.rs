@@ -937,8 +937,8 @@ async fn reference_figures(
         )
         .note(format!(
             "a stateless axum + reqwest proxy parsing and re-serializing each body, on {} \
-             runtime worker(s) like Baton's default",
-            baton::config::default_workers()
+             runtime worker(s), tokio's default, as issue 5 ran it",
+            reference::workers()
         )),
     ];
     match cpu_micros(&ticks, &through, ticks_per_second) {

@@ -15,6 +15,13 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// The proxy's runtime workers: tokio's default of one per core, as issue 5
+/// ran it, so that its CPU per request calibrates the machine against the
+/// issue's; Baton's own default leaves a core to its ledger.
+pub fn workers() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
 /// What the proxy prints once bound.
 const LISTENING: &str = "reference proxy listening on ";
 
@@ -77,12 +84,7 @@ impl ReferenceProxy {
         let exe = std::env::current_exe().context("locating this executable")?;
         let mut child = Command::new(exe)
             .args(["--reference-proxy", upstream_url])
-            // As many runtime workers as Baton's default, so that the two are
-            // compared on the same runtime sizing.
-            .env(
-                "TOKIO_WORKER_THREADS",
-                baton::config::default_workers().to_string(),
-            )
+            .env("TOKIO_WORKER_THREADS", workers().to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

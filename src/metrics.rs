@@ -457,15 +457,39 @@ fn kind_label(kind: HopKind) -> &'static str {
     }
 }
 
+/// The value of `series` in a Prometheus text: `series` is a metric's name
+/// followed by its labels exactly as rendered (`name{a="1"}`), or the bare
+/// name of an unlabelled metric. For readers of `GET /metrics` (the bench,
+/// the tests).
+pub fn sample_value<'a>(text: &'a str, series: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(str::trim)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The sample line of `name` with exactly `labels`, if any.
+    /// The sample of `name` with exactly `labels`, if any.
     fn sample<'a>(text: &'a str, name: &str, labels: &str) -> Option<&'a str> {
-        let prefix = format!("{name}{{{labels}}} ");
-        text.lines()
-            .find_map(|line| line.strip_prefix(prefix.as_str()))
+        sample_value(text, &format!("{name}{{{labels}}}"))
+    }
+
+    #[test]
+    fn a_sample_is_found_by_its_whole_series_only() {
+        let text = "# TYPE a_total counter\n\
+            a_total_more 9\n\
+            a_total 3\n\
+            b_total{x=\"1\"} 4\n";
+        assert_eq!(sample_value(text, "a_total"), Some("3"));
+        assert_eq!(sample_value(text, r#"b_total{x="1"}"#), Some("4"));
+        assert_eq!(
+            sample_value(text, "b_total"),
+            None,
+            "labels are part of the series"
+        );
+        assert_eq!(sample_value(text, "c_total"), None);
     }
 
     #[test]

@@ -80,19 +80,14 @@ async fn metrics_are_prometheus_text_without_a_key() {
     ] {
         assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
     }
-    let agents = text
-        .lines()
-        .find_map(|l| l.strip_prefix("baton_registered_agents "))
-        .and_then(|n| n.parse::<u64>().ok())
-        .expect("registered agents sample");
+    let agents = sample(&text, "baton_registered_agents");
     assert!(agents >= 2, "echo and scenario are built in: {agents}");
     b.stop().await;
 }
 
-/// A counter's sample in a Prometheus text.
-fn counter(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+/// A counter's or gauge's sample in a Prometheus text.
+fn sample(text: &str, name: &str) -> u64 {
+    baton::metrics::sample_value(text, name)
         .and_then(|value| value.parse().ok())
         .unwrap_or_else(|| panic!("no sample of {name}:\n{text}"))
 }
@@ -106,8 +101,8 @@ async fn metrics_count_the_ledgers_durable_writes_and_log_syncs() {
     }
     let (status, _, text) = get(&b, "/metrics", &[]).await;
     assert_eq!(status, 200, "{text}");
-    let writes = counter(&text, "baton_ledger_durable_writes_total");
-    let syncs = counter(&text, "baton_ledger_log_syncs_total");
+    let writes = sample(&text, "baton_ledger_durable_writes_total");
+    let syncs = sample(&text, "baton_ledger_log_syncs_total");
     // Each completed send was durable before its reply; groups hold one
     // write or more.
     assert!(writes >= 3, "{writes} durable writes");

@@ -284,13 +284,7 @@ pub struct LogCounters {
 impl LogCounters {
     /// Both counters' samples from a Prometheus text.
     fn parse(text: &str) -> Option<Self> {
-        let sample = |name: &str| {
-            text.lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))?
-                .trim()
-                .parse()
-                .ok()
-        };
+        let sample = |name: &str| baton::metrics::sample_value(text, name)?.parse().ok();
         Some(Self {
             durable_writes: sample("baton_ledger_durable_writes_total")?,
             syncs: sample("baton_ledger_log_syncs_total")?,

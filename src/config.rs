@@ -382,12 +382,13 @@ impl Config {
 const MAX_WORKERS: usize = 1024;
 
 /// One request-serving thread per core but one, at least one and at most
-/// `MAX_WORKERS` (1024): the spare core is the ledger's, whose log flusher
-/// (at a raised priority), applier and sled I/O threads then stop preempting
-/// the workers. On two cores one worker cost 55–61 µs of CPU per request at
-/// concurrency 16 against 62–66 µs for two, and served more at concurrency 16
-/// and 1, in five of five alternated pairs (README, round 32; round 28 had
-/// found two better at concurrency 64, now within 3 %).
+/// `MAX_WORKERS` (1024): the spare core is left to the ledger's log flusher
+/// (at a raised priority where allowed), applier and sled I/O threads, which
+/// then preempt the workers less. On two cores one worker cost 55–61 µs of
+/// CPU per request at concurrency 16 against 62–66 µs for two, and served
+/// more at concurrency 16 and 1, in five of five alternated pairs (README,
+/// round 32; round 28 had found two better at concurrency 64, now within
+/// 3 % in four pairs of five).
 pub fn default_workers() -> usize {
     workers_for(std::thread::available_parallelism().ok())
 }
@@ -451,6 +452,7 @@ mod tests {
             (1, 1),
             (2, 1),
             (3, 2),
+            (1024, 1023),
             (1025, 1024),
             (1026, 1024),
             (5000, 1024),

@@ -51,7 +51,8 @@ fn serve(args: &ServeArgs) -> ExitCode {
 }
 
 /// Runs `command` on a multi-thread runtime of `workers` threads (tokio's
-/// default, one per core, when `None`; `serve` passes Baton's own).
+/// default, one per core, when `None`; `serve` passes its configured
+/// `--workers`).
 fn block_on(workers: Option<usize>, command: impl Future<Output = ExitCode>) -> ExitCode {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();

@@ -148,7 +148,7 @@ impl PendingSet {
 }
 
 /// The most writes a replaced set may hold to be freed by a writer (see
-/// `Overlay::spent`): a blocking send's set at c=16 holds ~25; freeing
+/// `Overlay::spent`): a blocking send's set at c=16 holds ~20–25; freeing
 /// thousands of records or events would hold up the writer's other requests.
 const SPENT_BY_WRITERS_MAX: usize = 512;
 
@@ -194,7 +194,10 @@ pub struct Applier {
     apply_lock: RwLock<()>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Whether the last set taken wrote its tasks twice or more on average;
-    /// picks the next gather window.
+    /// picks the next gather window. A set of [`GATHER_SINGLE`] sees that
+    /// only where each task is written about once a millisecond or more (64
+    /// writers here: several times), so slower writers stay on the short
+    /// window.
     coalescing: AtomicBool,
     /// Set while an application runs, and left set when it fails part way
     /// (or start-up finds one the process stopped in): sled may then hold
@@ -226,13 +229,10 @@ const TASKS_PER_INTENT: usize = 128;
 const GATHER_COALESCING: Duration = Duration::from_millis(50);
 
 /// The gather window while each task is written about once, as blocking
-/// sends write it: nothing is saved by waiting, and a long window makes a
-/// large burst of sled work that requests running beside it wait for, and
-/// lets the applied sets' memory go cold before writers free and reuse it.
-/// Echo agent at c=1: p99 1.6–1.8 ms at 5 ms against 2.6–3.0 ms at 50 ms.
-/// README round 32: at c=64, 2 ms served more than 5 ms in five of six
-/// alternated pairs and 1 ms more than 2 ms in two of three; at 0 ms the
-/// applier's own CPU per request rose by a third and c=64 fell.
+/// sends write it: a long window makes a large burst of sled work that
+/// requests running beside it wait for. README round 32: at c=64, 2 ms
+/// served more than 5 ms in five of six alternated pairs and 1 ms more than
+/// 2 ms in two of three; at 0 ms the applier's CPU per request rose by a third.
 const GATHER_SINGLE: Duration = Duration::from_millis(1);
 
 impl Applier {

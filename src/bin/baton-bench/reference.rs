@@ -84,6 +84,7 @@ impl ReferenceProxy {
         let exe = std::env::current_exe().context("locating this executable")?;
         let mut child = Command::new(exe)
             .args(["--reference-proxy", upstream_url])
+            // Explicit, so that an inherited TOKIO_WORKER_THREADS cannot change it.
             .env("TOKIO_WORKER_THREADS", workers().to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -195,9 +195,9 @@ pub struct Applier {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Whether the last set taken wrote its tasks twice or more on average;
     /// picks the next gather window. A set of [`GATHER_SINGLE`] sees that
-    /// only where each task is written about once a millisecond or more (64
-    /// writers here: several times), so slower writers stay on the short
-    /// window.
+    /// only where each task is written about once a millisecond or more
+    /// (here each of 64 writers writes its task every ~0.4 ms), so slower
+    /// writers stay on the short window.
     coalescing: AtomicBool,
     /// Set while an application runs, and left set when it fails part way
     /// (or start-up finds one the process stopped in): sled may then hold

@@ -387,8 +387,8 @@ const MAX_WORKERS: usize = 1024;
 /// then preempt the workers less. On two cores one worker cost 55–61 µs of
 /// CPU per request at concurrency 16 against 62–66 µs for two, and served
 /// more at concurrency 16 and 1, in five of five alternated pairs (README,
-/// round 32; round 28 had found two better at concurrency 64, now within
-/// 3 % in four pairs of five).
+/// round 32). At concurrency 64, where round 28 had found two better, one
+/// served 1–14 % less in four pairs and 17 % more in one.
 pub fn default_workers() -> usize {
     workers_for(std::thread::available_parallelism().ok())
 }

@@ -594,7 +594,7 @@ fn window_figures(
          which share the machine with Baton",
     );
     if let (Some(baton), Some(bench)) = (baton, bench) {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = procfs::cores();
         // Baton runs with its default workers: the bench clears its BATON_*.
         let workers = baton::config::default_workers();
         figures.extend(bound_figures(

@@ -239,6 +239,11 @@ fn parse_machine_ticks(stat: &str) -> Option<MachineTicks> {
     })
 }
 
+/// The cores this process may run on (1 when unknown).
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
 /// Clock ticks per second (`getconf CLK_TCK`; 100 on Linux if that fails).
 pub fn clock_ticks_per_second() -> u64 {
     std::process::Command::new("getconf")
@@ -319,7 +324,7 @@ impl Machine {
             .collect::<Vec<_>>()
             .join(" ");
         Self {
-            nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            nproc: cores(),
             cpu_model,
             kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
             load_average,

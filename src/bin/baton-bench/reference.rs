@@ -19,7 +19,7 @@ use std::time::Duration;
 /// ran it, so that its CPU per request calibrates the machine against the
 /// issue's; Baton's own default leaves a core to its ledger.
 pub fn workers() -> usize {
-    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    procfs::cores()
 }
 
 /// What the proxy prints once bound.

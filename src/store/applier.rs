@@ -5,8 +5,9 @@
 //! kept here. Several writes to one task between two applications become one
 //! record write and one index re-key, which is what lets the ledger take tens
 //! of thousands of transitions per second although every new sled key costs
-//! ~10 µs. sled is flushed only at checkpoints: when the log rotates a
-//! segment away, at close, and after start-up has applied the log.
+//! ~10 µs. sled is flushed only at checkpoints (the record file synced
+//! first): when the log rotates a segment away, at close, and after
+//! start-up has applied the log.
 //!
 //! Order: one application at a time (`apply_lock`), each taking everything
 //! pending, and only once the log holds it durably, so sled never holds a
@@ -27,15 +28,19 @@
 //! never meet half an application.
 //!
 //! Record buckets: a task that a set creates and finishes (the common
-//! blocking send) changes no more, so its record goes into one sled key
-//! with the others of its creation millisecond in that chunk, a few at a
-//! time, instead of a key of its own: the records' keys were the larger
-//! part of sled's work in an application. A bucket is written only for tasks sled
-//! does not hold; a task sled holds (in a bucket or not) gets a key of its
-//! own at its next write, and reads look there first ([`stored_record`]).
+//! blocking send) changes no more, so its record goes into one bucket with
+//! the others of its creation millisecond in that chunk, a few at a time,
+//! instead of a key of its own: the records' keys were the larger part of
+//! sled's work in an application. A bucket's bytes go into the record file
+//! ([`super::record_file`]) and sled holds a pointer to them, so sled does
+//! not copy them again each time it rewrites a leaf. A bucket is written
+//! only for tasks sled does not hold; a task sled holds (in a bucket or
+//! not) gets a key of its own at its next write, and reads look there
+//! first ([`stored_record`]).
 
 use super::durable::DurableMark;
 use super::hub::LedgerEvent;
+use super::record_file::{Pointer, RecordFile};
 use super::{LedgerError, ReadTask, TaskMap, TaskRecord, keys, wal};
 use crate::protocol::TaskState;
 use crate::protocol::wire::ProtoEnum as _;
@@ -185,6 +190,8 @@ pub struct Applier {
     db: sled::Db,
     tree: sled::Tree,
     wal_dir: PathBuf,
+    /// Where record buckets go (see [`super::record_file`]).
+    records: RecordFile,
     // std Mutexes: in-memory work only; never held across .await.
     overlay: Mutex<Overlay>,
     wake: Condvar,
@@ -235,19 +242,25 @@ const GATHER_COALESCING: Duration = Duration::from_millis(50);
 /// 2 ms in two of three; at 0 ms the applier's CPU per request rose by a third.
 const GATHER_SINGLE: Duration = Duration::from_millis(1);
 
+/// The record file's name, in the ledger's directory.
+const RECORD_FILE: &str = "record-buckets";
+
 impl Applier {
     /// An applier for `tree`, applying writes once `durable` says the log
-    /// holds them; call [`Applier::start`] to run it.
+    /// holds them, with its record file beside the log's directory; call
+    /// [`Applier::start`] to run it.
     pub fn new(
         db: sled::Db,
         tree: sled::Tree,
         wal_dir: PathBuf,
         durable: Arc<DurableMark>,
-    ) -> Arc<Self> {
-        Arc::new(Self {
+    ) -> Result<Arc<Self>, LedgerError> {
+        let records = RecordFile::open(&wal_dir.with_file_name(RECORD_FILE)).map_err(storage_io)?;
+        Ok(Arc::new(Self {
             db,
             tree,
             wal_dir,
+            records,
             overlay: Mutex::new(Overlay::default()),
             wake: Condvar::new(),
             apply_lock: RwLock::new(()),
@@ -256,7 +269,12 @@ impl Applier {
             partly_applied: AtomicBool::new(false),
             has_spent: AtomicBool::new(false),
             durable,
-        })
+        }))
+    }
+
+    /// Where record buckets are kept, for reads.
+    pub fn records(&self) -> &RecordFile {
+        &self.records
     }
 
     /// Starts the applier thread.
@@ -335,8 +353,8 @@ impl Applier {
     /// later one would, after a crash, replay its raw writes (which carry
     /// no version) over newer ones.
     fn checkpoint(&self, segments: Vec<PathBuf>) -> bool {
-        let kept = match self.db.flush() {
-            Ok(_) => delete_in_order(segments, |path| std::fs::remove_file(path)),
+        let kept = match self.flush() {
+            Ok(()) => delete_in_order(segments, |path| std::fs::remove_file(path)),
             Err(err) => {
                 tracing::error!(%err, "ledger checkpoint flush failed; keeping the log");
                 segments
@@ -349,6 +367,17 @@ impl Applier {
         let later = std::mem::replace(&mut overlay.retired, kept);
         overlay.retired.extend(later);
         false
+    }
+
+    /// Makes what sled holds durable: the record file first, then sled
+    /// with the length the record file is durable to, so that sled never
+    /// durably points past it unless the log still holds the write.
+    fn flush(&self) -> Result<(), LedgerError> {
+        let synced = self.records.sync().map_err(storage_io)?;
+        self.tree
+            .insert(keys::records_synced(), &synced.to_be_bytes())?;
+        self.db.flush()?;
+        Ok(())
     }
 
     /// Queues a task write with the log ticket it will get (call under the
@@ -561,18 +590,51 @@ impl Applier {
             .tree
             .get(keys::applying())?
             .filter(|intent| !intent.is_empty());
-        if let Some(intent) = &interrupted {
-            remove_stale_index_keys(&self.tree, intent)?;
+        // Bucket pointers whose bytes the crash lost: their tasks' index
+        // keys and counts are in sled, their records are not, so they are
+        // applied again from the log, and counted again.
+        let lost_buckets = !set.is_empty() && self.remove_lost_buckets()?;
+        if lost_buckets {
             self.partly_applied.store(true, Ordering::Relaxed);
         }
-        if interrupted.is_some() || !set.is_empty() {
+        if let Some(intent) = &interrupted {
+            remove_stale_index_keys(&self.tree, &self.records, intent)?;
+            self.partly_applied.store(true, Ordering::Relaxed);
+        }
+        if interrupted.is_some() || lost_buckets || !set.is_empty() {
             self.apply(&set)?;
         }
-        self.db.flush()?;
+        self.flush()?;
         for (_, path) in wal::segments(&self.wal_dir).map_err(storage_io)? {
             std::fs::remove_file(path).map_err(storage_io)?;
         }
         Ok(())
+    }
+
+    /// Removes the record buckets whose bytes are not in the record file as
+    /// written; true if there were any. Only buckets past the length the
+    /// file was last synced to can be lost, and only while the log holds
+    /// their writes: a clean stop leaves no log, and this is not called.
+    fn remove_lost_buckets(&self) -> Result<bool, LedgerError> {
+        let synced = read_counter(&self.tree, keys::records_synced())?;
+        let mut lost = Vec::new();
+        for entry in self.tree.scan_prefix(keys::record_bucket_all_prefix()) {
+            let (key, value) = entry?;
+            if let Some(pointer) = Pointer::decode(&value)
+                && pointer.end() > synced
+                && self.records.read(&pointer).map_err(storage_io)?.is_none()
+            {
+                lost.push(key);
+            }
+        }
+        for key in &lost {
+            tracing::warn!(
+                bucket = %key.escape_ascii(),
+                "a record bucket was lost in a crash; applying its tasks again from the log"
+            );
+            self.tree.remove(key)?;
+        }
+        Ok(!lost.is_empty())
     }
 
     /// Writes one set into sled: first the index keys it adds (its intent),
@@ -625,7 +687,7 @@ impl Applier {
                 let home = records.take(&plan);
                 self.apply_task(plan, &mut counts, home)?;
             }
-            records.write(&self.tree)?;
+            records.write(&self.tree, &self.records)?;
         }
         if partly_applied {
             recount(&self.tree)?;
@@ -662,7 +724,7 @@ impl Applier {
         let before: Option<AppliedHead> = if pending.created && trust_created {
             None
         } else {
-            match stored_record(&self.tree, task_id, None)? {
+            match stored_record(&self.tree, &self.records, task_id, None)? {
                 Some(bytes) => Some(super::decode_stored(&bytes)?),
                 None => None,
             }
@@ -847,8 +909,10 @@ impl<'a> RecordBuckets<'a> {
         RecordHome::Bucket
     }
 
-    /// Writes the buckets, each keyed by its prefix and its first id.
-    fn write(self, tree: &sled::Tree) -> Result<(), LedgerError> {
+    /// Writes the buckets into the record file in one append, then their
+    /// pointers into sled, each keyed by its prefix and its first id.
+    fn write(self, tree: &sled::Tree, file: &RecordFile) -> Result<(), LedgerError> {
+        let (mut keys, mut joined, mut lens) = (Vec::new(), Vec::new(), Vec::new());
         for (prefix, mut records) in self.by_prefix {
             records.sort_unstable_by_key(|(id, _)| *id);
             let mut rest = records.as_slice();
@@ -863,12 +927,19 @@ impl<'a> RecordBuckets<'a> {
                     bytes += json.len();
                     count += 1;
                 }
-                tree.insert(
-                    [prefix.as_slice(), first.as_bytes()].concat(),
-                    keys::seal_record_bucket(value),
-                )?;
+                let sealed = keys::seal_record_bucket(value);
+                joined.extend_from_slice(&sealed);
+                lens.push(sealed.len());
+                keys.push([prefix.as_slice(), first.as_bytes()].concat());
                 rest = &rest[count..];
             }
+        }
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let pointers = file.append(&joined, &lens).map_err(storage_io)?;
+        for (key, pointer) in keys.into_iter().zip(pointers) {
+            tree.insert(key, &pointer.encode())?;
         }
         Ok(())
     }
@@ -879,6 +950,7 @@ impl<'a> RecordBuckets<'a> {
 /// found through `memo` when a scan reads several tasks.
 pub fn stored_record(
     tree: &sled::Tree,
+    file: &RecordFile,
     task_id: &str,
     memo: Option<&mut BucketMemo>,
 ) -> Result<Option<sled::IVec>, LedgerError> {
@@ -890,7 +962,7 @@ pub fn stored_record(
     };
     if let Some(memo) = memo {
         // A task is in one bucket at most (only tasks sled lacks are bucketed).
-        let buckets = memo.buckets(tree, prefix)?;
+        let buckets = memo.buckets(tree, file, prefix)?;
         return Ok(buckets.iter().find_map(|bucket| record_of(bucket, task_id)));
     }
     // A bucket is keyed by its first id: the one holding `task_id` is the
@@ -899,7 +971,7 @@ pub fn stored_record(
     last.extend_from_slice(task_id.as_bytes());
     for entry in tree.range(prefix..=last).rev() {
         let (key, stored) = entry?;
-        let bucket = open_bucket(&key, stored)?;
+        let bucket = open_bucket(file, &key, stored)?;
         if let Some(record) = record_of(&bucket, task_id) {
             return Ok(Some(record));
         }
@@ -916,8 +988,21 @@ fn record_of(bucket: &sled::IVec, task_id: &str) -> Option<sled::IVec> {
 }
 
 /// The record bucket stored under `key`, opened to its ids and records
-/// (see [`keys::open_record_bucket`]); a plain one shares the stored bytes.
-fn open_bucket(key: &[u8], stored: sled::IVec) -> Result<sled::IVec, LedgerError> {
+/// (see [`keys::open_record_bucket`]): read from the record file when sled
+/// holds a pointer to it (or stored in sled itself, by a ledger of format
+/// 2 or earlier, where a plain one shares the stored bytes).
+fn open_bucket(
+    file: &RecordFile,
+    key: &[u8],
+    stored: sled::IVec,
+) -> Result<sled::IVec, LedgerError> {
+    let stored = match Pointer::decode(&stored) {
+        Some(pointer) => match file.read(&pointer).map_err(storage_io)? {
+            Some(bytes) => sled::IVec::from(bytes),
+            None => return Err(LedgerError::CorruptBucket(key.escape_ascii().to_string())),
+        },
+        None => stored,
+    };
     match keys::open_record_bucket(&stored) {
         Some(Cow::Borrowed(_)) => Ok(stored),
         Some(Cow::Owned(plain)) => Ok(plain.into()),
@@ -946,6 +1031,7 @@ impl BucketMemo {
     fn buckets(
         &mut self,
         tree: &sled::Tree,
+        file: &RecordFile,
         prefix: Vec<u8>,
     ) -> Result<&[sled::IVec], LedgerError> {
         let at = match self.millis.iter().position(|(held, _)| *held == prefix) {
@@ -955,7 +1041,7 @@ impl BucketMemo {
                     .scan_prefix(&prefix)
                     .map(|entry| {
                         let (key, stored) = entry?;
-                        open_bucket(&key, stored)
+                        open_bucket(file, &key, stored)
                     })
                     .collect::<Result<_, _>>()?;
                 if self.millis.len() < BUCKET_MEMO_MILLIS {
@@ -1280,9 +1366,13 @@ fn decode_intent(mut intent: &[u8]) -> Vec<(String, Vec<Vec<u8>>)> {
 /// Removes the keys an interrupted application added that do not belong
 /// to their task's record as sled holds it: they were written for a
 /// version whose record never made it in.
-fn remove_stale_index_keys(tree: &sled::Tree, intent: &[u8]) -> Result<(), LedgerError> {
+fn remove_stale_index_keys(
+    tree: &sled::Tree,
+    file: &RecordFile,
+    intent: &[u8],
+) -> Result<(), LedgerError> {
     for (task_id, added) in decode_intent(intent) {
-        let current = match stored_record(tree, &task_id, None)? {
+        let current = match stored_record(tree, file, &task_id, None)? {
             Some(bytes) => super::decode_stored::<AppliedHead>(&bytes)?.index_keys(),
             None => Vec::new(),
         };
@@ -1374,7 +1464,7 @@ mod tests {
     fn unstarted_applier(dir: &std::path::Path) -> Arc<Applier> {
         let db = sled::Config::new().path(dir).open().unwrap();
         let tree = db.open_tree("ledger").unwrap();
-        Applier::new(db, tree, dir.join("wal"), Arc::default())
+        Applier::new(db, tree, dir.join("wal"), Arc::default()).unwrap()
     }
 
     /// Queues the creation of `record`, with no events, as an unstarted
@@ -1528,7 +1618,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = sled::Config::new().path(dir.path()).open().unwrap();
         let tree = db.open_tree("ledger").unwrap();
-        let applier = Applier::new(db, tree, dir.path().join("wal"), Arc::default());
+        let applier = Applier::new(db, tree, dir.path().join("wal"), Arc::default()).unwrap();
         // An application in progress on the applier thread, until the other
         // task is done (or 2 s, when a blocked worker never lets it finish).
         let (held, hold) = std::sync::mpsc::channel();
@@ -1639,7 +1729,7 @@ mod tests {
             stored("t2", TaskState::Completed, 3),
         ];
         let mut expected: Vec<Vec<u8>> = log.iter().flat_map(record_index_keys).collect();
-        let applier = Applier::new(db.clone(), tree.clone(), wal_dir, Arc::default());
+        let applier = Applier::new(db.clone(), tree.clone(), wal_dir, Arc::default()).unwrap();
         applier.recover(PendingSet::from_log(logged(log))).unwrap();
         expected.sort();
         assert_eq!(index_entries(&tree), expected);
@@ -1777,7 +1867,8 @@ mod tests {
     fn a_bucket_written_by_an_application_cut_short_is_repaired_at_start_up() {
         let dir = tempfile::tempdir().unwrap();
         let (db, tree, wal_dir) = store_with_log_dir(dir.path());
-        let applier = Applier::new(db.clone(), tree.clone(), wal_dir.clone(), Arc::default());
+        let applier =
+            Applier::new(db.clone(), tree.clone(), wal_dir.clone(), Arc::default()).unwrap();
         // x is applied, COMPLETED in bucket M.
         let x = stamped("x", TaskState::Completed, 1, 9_000);
         queue_created(&applier, Arc::new(x.clone()));
@@ -1809,7 +1900,7 @@ mod tests {
         drop(applier);
 
         // The log holds z's write only.
-        let applier = Applier::new(db.clone(), tree.clone(), wal_dir, Arc::default());
+        let applier = Applier::new(db.clone(), tree.clone(), wal_dir, Arc::default()).unwrap();
         applier
             .recover(PendingSet::from_log(logged([z.clone()])))
             .unwrap();
@@ -1922,19 +2013,21 @@ mod tests {
         records
     }
 
-    fn read_stored(tree: &sled::Tree, task_id: &str) -> Option<TaskRecord> {
-        stored_record(tree, task_id, None)
+    fn read_stored(applier: &Applier, task_id: &str) -> Option<TaskRecord> {
+        stored_record(&applier.tree, &applier.records, task_id, None)
             .unwrap()
             .map(|bytes| serde_json::from_slice(&bytes).unwrap())
     }
 
     /// The record buckets of one creation millisecond: ids per bucket.
-    fn record_buckets(tree: &sled::Tree, task_id: &str) -> Vec<Vec<String>> {
+    fn record_buckets(applier: &Applier, task_id: &str) -> Vec<Vec<String>> {
         let prefix = keys::record_bucket_prefix(task_id).unwrap();
-        tree.scan_prefix(prefix)
+        applier
+            .tree
+            .scan_prefix(prefix)
             .map(|entry| {
                 let (key, stored) = entry.unwrap();
-                let value = open_bucket(&key, stored).unwrap();
+                let value = open_bucket(&applier.records, &key, stored).unwrap();
                 assert!(value.len() <= BUCKET_BYTES_MAX + BUCKET_RECORDS_MAX * 48);
                 keys::bucket_records(&value)
                     .map(|(id, _)| String::from_utf8(id.to_vec()).unwrap())
@@ -1944,30 +2037,33 @@ mod tests {
     }
 
     #[test]
-    fn record_buckets_are_stored_compressed_and_plain_ones_still_read() {
+    fn record_buckets_go_compressed_into_the_record_file_and_older_ones_still_read() {
         let dir = tempfile::tempdir().unwrap();
         let applier = unstarted_applier(dir.path());
         let millis = 1_767_000_000_000;
         let records = apply_completed(&applier, millis, 4);
         let tree = &applier.tree;
         let prefix = keys::record_bucket_prefix(&records[0].task.id).unwrap();
-        let stored_buckets: Vec<sled::IVec> = tree
-            .scan_prefix(&prefix)
-            .values()
-            .map(Result::unwrap)
-            .collect();
+        let stored_buckets: Vec<(sled::IVec, sled::IVec)> =
+            tree.scan_prefix(&prefix).map(Result::unwrap).collect();
         assert_eq!(stored_buckets.len(), 1);
-        let plain = open_bucket(b"", stored_buckets[0].clone()).unwrap();
+        let (key, pointer) = stored_buckets[0].clone();
+        let pointer = Pointer::decode(&pointer).expect("sled holds a pointer");
+        let sealed = applier.records.read(&pointer).unwrap().unwrap();
+        let plain = open_bucket(&applier.records, &key, stored_buckets[0].1.clone()).unwrap();
         assert!(
-            stored_buckets[0].len() < plain.len(),
+            sealed.len() < plain.len(),
             "{} bytes stored for {} plain",
-            stored_buckets[0].len(),
+            sealed.len(),
             plain.len()
         );
         let mut memo = BucketMemo::default();
         for record in &records {
-            assert_eq!(read_stored(tree, &record.task.id).as_ref(), Some(record));
-            let bytes = stored_record(tree, &record.task.id, Some(&mut memo))
+            assert_eq!(
+                read_stored(&applier, &record.task.id).as_ref(),
+                Some(record)
+            );
+            let bytes = stored_record(tree, &applier.records, &record.task.id, Some(&mut memo))
                 .unwrap()
                 .unwrap();
             assert_eq!(
@@ -1976,23 +2072,44 @@ mod tests {
             );
         }
 
-        // A bucket as format 1 wrote it, plain, reads as before.
-        let old = stored(&keys::uuid_v7_at(millis + 1, 0), TaskState::Failed, 1);
-        let mut value = Vec::new();
-        keys::push_bucket_record(&mut value, &old.task.id, &serde_json::to_vec(&old).unwrap());
-        let old_prefix = keys::record_bucket_prefix(&old.task.id).unwrap();
-        tree.insert(
-            [old_prefix, old.task.id.clone().into_bytes()].concat(),
-            value,
-        )
-        .unwrap();
-        assert_eq!(read_stored(tree, &old.task.id), Some(old));
+        // Buckets as formats 1 and 2 stored them in sled, plain and
+        // compressed, read as before.
+        for (n, seal) in [false, true].into_iter().enumerate() {
+            let old: Vec<TaskRecord> = (0..2)
+                .map(|id| {
+                    let id = keys::uuid_v7_at(millis + 1 + n as u64, id);
+                    stored(&id, TaskState::Failed, 1)
+                })
+                .collect();
+            let mut value = Vec::new();
+            for record in &old {
+                let json = serde_json::to_vec(record).unwrap();
+                keys::push_bucket_record(&mut value, &record.task.id, &json);
+            }
+            let plain_len = value.len();
+            let value = if seal {
+                keys::seal_record_bucket(value)
+            } else {
+                value
+            };
+            assert_eq!(value.len() < plain_len, seal);
+            let old_prefix = keys::record_bucket_prefix(&old[0].task.id).unwrap();
+            tree.insert(
+                [old_prefix, old[0].task.id.clone().into_bytes()].concat(),
+                value,
+            )
+            .unwrap();
+            for record in old {
+                assert_eq!(read_stored(&applier, &record.task.id), Some(record));
+            }
+        }
 
-        // A compressed bucket that does not decode is a storage failure,
-        // not a missing task.
-        let (key, sealed) = tree.scan_prefix(&prefix).next().unwrap().unwrap();
-        tree.insert(key, &sealed[..sealed.len() / 2]).unwrap();
-        let error = stored_record(tree, &records[0].task.id, None).unwrap_err();
+        // A pointer whose bytes do not check is a storage failure, not a
+        // missing task.
+        let mut damaged = pointer.encode();
+        damaged[13] ^= 1;
+        tree.insert(&key, &damaged).unwrap();
+        let error = stored_record(tree, &applier.records, &records[0].task.id, None).unwrap_err();
         assert!(
             matches!(&error, LedgerError::CorruptBucket(key) if key.contains(&records[0].task.id)),
             "{error}"
@@ -2033,7 +2150,7 @@ mod tests {
         applier.apply_pending().unwrap();
         let tree = &applier.tree;
 
-        let buckets = record_buckets(tree, &records[0].task.id);
+        let buckets = record_buckets(&applier, &records[0].task.id);
         let sizes: Vec<usize> = buckets.iter().map(Vec::len).collect();
         assert_eq!(sizes, [4; 5], "at most {BUCKET_RECORDS_MAX} a bucket");
         let mut bucketed: Vec<String> = buckets.concat();
@@ -2041,21 +2158,27 @@ mod tests {
         let mut expected: Vec<String> = records[..20].iter().map(|r| r.task.id.clone()).collect();
         expected.sort();
         assert_eq!(bucketed, expected, "each once, in id order");
-        assert_eq!(record_buckets(tree, &records[20].task.id).len(), 1);
+        assert_eq!(record_buckets(&applier, &records[20].task.id).len(), 1);
         for record in &records {
             assert_eq!(tree.get(keys::task(&record.task.id)).unwrap(), None);
-            assert_eq!(read_stored(tree, &record.task.id).as_ref(), Some(record));
+            assert_eq!(
+                read_stored(&applier, &record.task.id).as_ref(),
+                Some(record)
+            );
         }
         for record in &own_keys {
             assert!(tree.get(keys::task(&record.task.id)).unwrap().is_some());
-            assert_eq!(read_stored(tree, &record.task.id).as_ref(), Some(record));
+            assert_eq!(
+                read_stored(&applier, &record.task.id).as_ref(),
+                Some(record)
+            );
         }
         for missing in [
             keys::uuid_v7_at(millis, 2),
             keys::uuid_v7_at(millis, 99),
             keys::uuid_v7_at(millis + 2, 1),
         ] {
-            assert_eq!(read_stored(tree, &missing), None);
+            assert_eq!(read_stored(&applier, &missing), None);
         }
         assert_eq!(
             count_in_state(tree, "alice", TaskState::Completed.number()),
@@ -2082,19 +2205,18 @@ mod tests {
             queue_encoded(&applier, Arc::new(record), true);
         }
         applier.apply_pending().unwrap();
-        let tree = &applier.tree;
 
         let buckets: usize = ids
             .iter()
             .step_by(usize::from(per_millis))
-            .map(|first_of_millis| record_buckets(tree, first_of_millis).len())
+            .map(|first_of_millis| record_buckets(&applier, first_of_millis).len())
             .sum();
         assert_eq!(
             buckets as u64, milliseconds,
             "one full bucket a millisecond"
         );
         for id in ids.iter().step_by(97) {
-            assert_eq!(read_stored(tree, id).unwrap().task.id, *id);
+            assert_eq!(read_stored(&applier, id).unwrap().task.id, *id);
         }
     }
 
@@ -2102,7 +2224,7 @@ mod tests {
     fn a_bucketed_task_written_again_gets_its_own_key_which_reads_prefer() {
         let (_dir, applier, first) = applied_in_a_bucket();
         let task_id = first.task.id.clone();
-        assert_eq!(record_buckets(&applier.tree, &task_id), [[task_id.clone()]]);
+        assert_eq!(record_buckets(&applier, &task_id), [[task_id.clone()]]);
 
         let mut second = first.clone();
         second.version = 2;
@@ -2111,9 +2233,9 @@ mod tests {
         applier.apply_pending().unwrap();
         let tree = &applier.tree;
         assert!(tree.get(keys::task(&task_id)).unwrap().is_some());
-        assert_eq!(read_stored(tree, &task_id), Some(second));
+        assert_eq!(read_stored(&applier, &task_id), Some(second));
         assert_eq!(
-            record_buckets(tree, &task_id),
+            record_buckets(&applier, &task_id),
             [[task_id.clone()]],
             "left as it was"
         );
@@ -2133,7 +2255,7 @@ mod tests {
         // An interrupted application's intent names the task's index keys:
         // they match its record (in its bucket), so they stay.
         let intent = encode_intent([(task_id.as_str(), &index)].into_iter());
-        remove_stale_index_keys(tree, &intent).unwrap();
+        remove_stale_index_keys(tree, &applier.records, &intent).unwrap();
         let state = TaskState::Completed.number();
         let prefix = keys::by_state_prefix("alice", state);
         assert_eq!(tree.scan_prefix(&prefix).count(), 1, "its index entry kept");
@@ -2146,7 +2268,7 @@ mod tests {
             None,
             "nothing re-applied"
         );
-        assert_eq!(read_stored(tree, &task_id), Some(record));
+        assert_eq!(read_stored(&applier, &task_id), Some(record));
     }
 
     #[test]
@@ -2168,10 +2290,12 @@ mod tests {
             }
             applier.apply_pending().unwrap();
         }
-        let tree = &applier.tree;
-        assert_eq!(record_buckets(tree, &records[0].task.id).len(), 4);
+        assert_eq!(record_buckets(&applier, &records[0].task.id).len(), 4);
         for record in &records {
-            assert_eq!(read_stored(tree, &record.task.id).as_ref(), Some(record));
+            assert_eq!(
+                read_stored(&applier, &record.task.id).as_ref(),
+                Some(record)
+            );
         }
     }
 
@@ -2191,13 +2315,66 @@ mod tests {
         let log = logged([record.clone()]);
         applier.recover(PendingSet::from_log(log)).unwrap();
         assert!(tree.get(keys::task(&task_id)).unwrap().is_some());
-        assert_eq!(read_stored(tree, &task_id), Some(record));
+        assert_eq!(read_stored(&applier, &task_id), Some(record));
         let state = TaskState::Completed.number();
         assert_eq!(count_in_state(tree, "alice", state), 1);
         assert_eq!(count(tree, "alice", "all"), 1);
         let prefix = keys::by_state_prefix("alice", state);
         let (_, entry) = tree.scan_prefix(&prefix).next().unwrap().unwrap();
         assert_eq!(keys::bucket_ids(&entry), [task_id.as_bytes()]);
+    }
+
+    #[test]
+    fn buckets_whose_bytes_a_crash_lost_are_applied_again_from_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        // Checkpointed: the record file is synced past these buckets.
+        let kept = apply_completed(&applier, 1_767_000_000_000, 3);
+        applier.flush().unwrap();
+        // Applied since, their bytes not yet synced; the log holds them.
+        let lost = apply_completed(&applier, 1_767_000_000_001, 3);
+        let synced = read_counter(&applier.tree, keys::records_synced()).unwrap();
+        assert!(applier.records.end() > synced);
+
+        // The crash keeps sled's pointers but not the file's unsynced bytes.
+        let path = dir.path().join(RECORD_FILE);
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(synced).unwrap();
+        let (db, tree) = (applier.db.clone(), applier.tree.clone());
+        drop(applier);
+        let restarted = Applier::new(db, tree, dir.path().join("wal"), Arc::default()).unwrap();
+        let unreadable = stored_record(&restarted.tree, &restarted.records, &lost[0].task.id, None);
+        assert!(matches!(unreadable, Err(LedgerError::CorruptBucket(_))));
+        restarted
+            .recover(PendingSet::from_log(logged(lost.clone())))
+            .unwrap();
+
+        for record in kept.iter().chain(&lost) {
+            assert_eq!(
+                read_stored(&restarted, &record.task.id).as_ref(),
+                Some(record)
+            );
+        }
+        let tree = &restarted.tree;
+        let state = TaskState::Completed.number();
+        assert_eq!(
+            count_in_state(tree, "alice", state),
+            6,
+            "each task counted once"
+        );
+        assert_eq!(count(tree, "alice", "all"), 6);
+        assert_eq!(record_buckets(&restarted, &kept[0].task.id).len(), 1);
+        // Replayed records carry no JSON of their writer's: keys of their own.
+        assert!(record_buckets(&restarted, &lost[0].task.id).is_empty());
+        for record in &lost {
+            assert!(tree.get(keys::task(&record.task.id)).unwrap().is_some());
+        }
+        let synced = read_counter(tree, keys::records_synced()).unwrap();
+        assert_eq!(
+            synced,
+            restarted.records.end(),
+            "synced at the recovery's checkpoint"
+        );
     }
 
     #[test]
@@ -2248,9 +2425,14 @@ mod tests {
         // Every millisecond twice, in turn: each read finds its task, held or not.
         for _ in 0..2 {
             for record in &records {
-                let bytes = stored_record(&applier.tree, &record.task.id, Some(&mut memo))
-                    .unwrap()
-                    .expect("found");
+                let bytes = stored_record(
+                    &applier.tree,
+                    &applier.records,
+                    &record.task.id,
+                    Some(&mut memo),
+                )
+                .unwrap()
+                .expect("found");
                 let read: TaskRecord = serde_json::from_slice(&bytes).unwrap();
                 assert_eq!(&read, record);
             }
@@ -2258,7 +2440,7 @@ mod tests {
         assert_eq!(memo.millis.len(), BUCKET_MEMO_MILLIS);
         let missing = keys::uuid_v7_at(millis, 999);
         assert_eq!(
-            stored_record(&applier.tree, &missing, Some(&mut memo)).unwrap(),
+            stored_record(&applier.tree, &applier.records, &missing, Some(&mut memo)).unwrap(),
             None
         );
     }
@@ -2284,14 +2466,14 @@ mod tests {
         }
         applier.apply_pending().unwrap();
         // Two fit in the bytes of one bucket, three do not.
-        let sizes: Vec<usize> = record_buckets(&applier.tree, &padded[0].task.id)
+        let sizes: Vec<usize> = record_buckets(&applier, &padded[0].task.id)
             .iter()
             .map(Vec::len)
             .collect();
         assert_eq!(sizes, [2, 2]);
         for record in &padded {
             assert_eq!(
-                read_stored(&applier.tree, &record.task.id).as_ref(),
+                read_stored(&applier, &record.task.id).as_ref(),
                 Some(record)
             );
         }

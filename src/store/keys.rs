@@ -6,7 +6,7 @@
 //! | prefix | key | value |
 //! |---|---|---|
 //! | `t` | task id | `TaskRecord` JSON |
-//! | `r` | creation millisecond of a UUIDv7 task id (its first 13 characters), 0, the bucket's first task id | a record bucket: ids and `TaskRecord` JSON of tasks finished when first applied (see [`record_in_bucket`]), LZ4-compressed when that is shorter (see [`seal_record_bucket`]); a task's own `t` key supersedes it |
+//! | `r` | creation millisecond of a UUIDv7 task id (its first 13 characters), 0, the bucket's first task id | where a record bucket is in the record file (see `record_file::Pointer`), or in ledgers of format 2 and before the bucket itself: ids and `TaskRecord` JSON of tasks finished when first applied (see [`record_in_bucket`]), LZ4-compressed when that is shorter (see [`seal_record_bucket`]); a task's own `t` key supersedes it |
 //! | `e` | task id, 0, first seq (u64 BE) | JSON array of consecutive `StreamResponse`s (one object in ledgers from before 0.1) |
 //! | `is` | owner, 0, state, order | empty: tasks by state; merged over every state, all tasks |
 //! | `is` | owner, 0, state, order time | a bucket of tasks by terminal state: the ids of the tasks whose status in that state has that millisecond (see [`bucket_ids`]) |
@@ -20,6 +20,7 @@
 //! | `ch` | parent task id, 0, child task id | empty: the handoff graph |
 //! | `x` | | the tasks and index keys the chunk being applied adds; empty between applications (see `applier`) |
 //! | `f` | | the ledger's format (u32 BE); absent in ledgers written before it |
+//! | `s` | | the length (u64 BE) the record file was synced to at the last checkpoint |
 //!
 //! A task Baton starts in a context of its own has no `ic` entry: its context
 //! id is minted from its task id (see [`minted_context`]), so a query by
@@ -354,6 +355,16 @@ pub fn applying() -> &'static [u8] {
 /// The ledger's format.
 pub fn format() -> &'static [u8] {
     b"f"
+}
+
+/// How far the record file was synced at the last checkpoint.
+pub fn records_synced() -> &'static [u8] {
+    b"s"
+}
+
+/// Prefix of every record bucket.
+pub fn record_bucket_all_prefix() -> &'static [u8] {
+    b"r\0"
 }
 
 /// Prefix of every counter.

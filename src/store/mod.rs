@@ -13,6 +13,7 @@ pub mod durable;
 pub mod flusher;
 pub mod hub;
 pub mod keys;
+pub mod record_file;
 pub mod wal;
 
 use crate::lifecycle::{self, TransitionError};
@@ -722,8 +723,9 @@ fn after_millis(time: DateTime<Utc>) -> u64 {
 /// task's JSON verbatim, so a change to that JSON or to the key layout
 /// needs a new format (and a conversion of older ledgers at open).
 /// Format 2 may store record buckets LZ4-compressed ([`keys::seal_record_bucket`]);
-/// it reads format 1's plain ones as they are.
-const LEDGER_FORMAT: u32 = 2;
+/// it reads format 1's plain ones as they are. Format 3 keeps new record
+/// buckets in the record file ([`record_file`]) and reads older ones from sled.
+const LEDGER_FORMAT: u32 = 3;
 
 /// The format of a ledger written before the marker existed.
 const UNMARKED_FORMAT: u32 = 1;
@@ -837,7 +839,7 @@ impl Ledger {
             .map_or(1, |(number, _)| number + 1);
         let replayed = wal::read_all(&wal_dir).map_err(storage_io)?;
         let durable = Arc::new(durable::DurableMark::default());
-        let applier = Applier::new(db.clone(), tree.clone(), wal_dir.clone(), durable.clone());
+        let applier = Applier::new(db.clone(), tree.clone(), wal_dir.clone(), durable.clone())?;
         applier.recover(PendingSet::from_log(replayed))?;
         remove_retired_index(&tree)?;
         if start == ApplierStart::Running {
@@ -907,7 +909,7 @@ impl Ledger {
         if let Some(read) = self.applier.task(task_id) {
             return Ok(Some(ReplyTask::Read(read)));
         }
-        match applier::stored_record(&self.tree, task_id, memo)? {
+        match applier::stored_record(&self.tree, self.applier.records(), task_id, memo)? {
             Some(bytes) => Ok(Some(ReplyTask::Stored(StoredRecord { bytes }))),
             None => Ok(None),
         }
@@ -2079,7 +2081,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn finished_tasks_read_back_from_compressed_buckets_after_a_reopen() {
+    async fn finished_tasks_read_back_from_the_record_file_after_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::open(dir.path()).unwrap();
         let mut written = Vec::new();
@@ -2099,8 +2101,11 @@ mod tests {
                 .map(Result::unwrap)
                 .collect();
             assert!(!buckets.is_empty());
+            let file = record_file::RecordFile::open(&dir.path().join("record-buckets")).unwrap();
             for bucket in &buckets {
-                let opened = keys::open_record_bucket(bucket);
+                let pointer = record_file::Pointer::decode(bucket).expect("a pointer");
+                let sealed = file.read(&pointer).unwrap().expect("synced at close");
+                let opened = keys::open_record_bucket(&sealed);
                 assert!(matches!(opened, Some(Cow::Owned(_))), "stored compressed");
             }
         }

@@ -123,10 +123,10 @@ const RECORD_BUCKET_PLAIN_MAX: usize = 1 << 20;
 /// The value a record bucket is stored as: `plain` (built with
 /// [`push_bucket_record`]) LZ4-compressed after a header (the marker, the
 /// plain length and the plain bytes' CRC-32), or `plain` itself when that
-/// is no shorter. sled rewrites a record bucket several times over as it
-/// consolidates and splits the leaf holding it, so every byte saved here
-/// is saved several times. The checksum stands in for the one LZ4 blocks
-/// lack: a damaged block may still decompress.
+/// is no shorter: about a third of the bytes to write, keep on disk and
+/// hold in the page cache (records of one agent share field names and
+/// ids). The checksum stands in for the one LZ4 blocks lack: a damaged
+/// block may still decompress.
 pub fn seal_record_bucket(plain: Vec<u8>) -> Vec<u8> {
     debug_assert_ne!(plain.first(), Some(&COMPRESSED_RECORD_BUCKET));
     let bound = lz4_flex::block::get_maximum_output_size(plain.len());

@@ -2105,6 +2105,8 @@ mod tests {
             for bucket in &buckets {
                 let pointer = record_file::Pointer::decode(bucket).expect("a pointer");
                 let sealed = file.read(&pointer).unwrap().expect("synced at close");
+                let synced = tree.get(keys::records_synced()).unwrap().unwrap();
+                assert_eq!(synced.as_ref(), file.end().to_be_bytes(), "synced at close");
                 let opened = keys::open_record_bucket(&sealed);
                 assert!(matches!(opened, Some(Cow::Owned(_))), "stored compressed");
             }

@@ -19,7 +19,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// First byte of a sled value that points into the record file. A record
 /// bucket stored in sled starts with 0 (plain) or `0xC1` (compressed).
@@ -58,9 +58,10 @@ impl Pointer {
         })
     }
 
-    /// Where the pointed bytes end.
+    /// Where the pointed bytes end; `u64::MAX` for a damaged pointer that
+    /// would end past it (no file is that long).
     pub fn end(&self) -> u64 {
-        self.offset + u64::from(self.len)
+        self.offset.saturating_add(u64::from(self.len))
     }
 }
 
@@ -69,21 +70,33 @@ pub struct RecordFile {
     file: File,
     /// Where the next append goes; only the applier appends.
     end: AtomicU64,
+    /// Set once a sync failed: after a failed `fsync` the kernel may have
+    /// marked the unwritten pages clean, so a later sync's success proves
+    /// nothing, and every later sync fails too (the log is then kept).
+    sync_failed: AtomicBool,
 }
 
 impl RecordFile {
-    /// Opens (or creates) the record file at `path`.
+    /// Opens (or creates) the record file at `path`. A file it creates has
+    /// its directory entry synced, so that it is there after a crash as
+    /// surely as the bytes a checkpoint syncs into it.
     pub fn open(path: &Path) -> io::Result<Self> {
+        let created = !path.exists();
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(path)?;
+        if created {
+            let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+            File::open(dir.unwrap_or(Path::new(".")))?.sync_all()?;
+        }
         let end = file.metadata()?.len();
         Ok(Self {
             file,
             end: AtomicU64::new(end),
+            sync_failed: AtomicBool::new(false),
         })
     }
 
@@ -121,8 +134,16 @@ impl RecordFile {
 
     /// Makes everything appended so far durable; returns the length that is.
     pub fn sync(&self) -> io::Result<u64> {
+        if self.sync_failed.load(Ordering::Relaxed) {
+            return Err(io::Error::other(
+                "an earlier sync of the record file failed; the log is kept",
+            ));
+        }
         let end = self.end();
-        self.file.sync_data()?;
+        if let Err(err) = self.file.sync_data() {
+            self.sync_failed.store(true, Ordering::Relaxed);
+            return Err(err);
+        }
         Ok(end)
     }
 
@@ -180,6 +201,20 @@ mod tests {
         std::fs::write(&path, b"keptLOST").unwrap();
         let file = RecordFile::open(&path).unwrap();
         assert_eq!(file.read(&pointers[1]).unwrap(), None, "other bytes");
+    }
+
+    #[test]
+    fn a_pointer_ending_past_the_largest_offset_reads_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = RecordFile::open(&dir.path().join("records")).unwrap();
+        file.append(b"bytes", &[5]).unwrap();
+        let damaged = Pointer {
+            offset: u64::MAX - 1,
+            len: 5,
+            crc: 0,
+        };
+        assert_eq!(damaged.end(), u64::MAX);
+        assert_eq!(file.read(&damaged).unwrap(), None);
     }
 
     #[test]

@@ -288,7 +288,7 @@ async fn ledger_figures(bench: &Bench) -> Vec<Figure> {
         let figure = match measured {
             Ok(rate) => {
                 progress(&name, &format!("{:.0}", rate.per_second()));
-                let figure = Figure::number(&name, rate.per_second().round(), "/s");
+                let figure = Figure::exact(&name, rate.per_second(), 0, "/s");
                 match budget {
                     Some(budget) => figure.budget(budget),
                     None => figure,
@@ -478,7 +478,7 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
     for (concurrency, direct, through) in &pairs {
         let name = format!("unary throughput through Baton / direct, c={concurrency}");
         let ratio = through.throughput() / direct.throughput().max(1e-9);
-        let figure = Figure::number(name, round2(ratio), "");
+        let figure = Figure::exact(name, ratio, 3, "");
         figures.push(if *concurrency == 1 {
             figure
         } else {
@@ -490,7 +490,7 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
         settings.cpu_concurrency
     );
     figures.push(match cpu_per_request {
-        Some(Ok(micros)) => Figure::number(cpu_name, micros.round(), "µs")
+        Some(Ok(micros)) => Figure::exact(cpu_name, micros, 1, "µs")
             .budget(Budget::Max(50.0))
             .note(format!(
                 "utime+stime at {ticks_per_second} ticks/s over the measured window"
@@ -506,11 +506,7 @@ async fn unary_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
     if let Some((_, direct, through)) = pairs.iter().find(|(c, _, _)| *c == 1) {
         let added = through.quantile(0.99).as_secs_f64() - direct.quantile(0.99).as_secs_f64();
         figures.push(
-            Figure::number(
-                "added p99 latency through Baton, c=1",
-                round3(added * 1e3),
-                "ms",
-            )
+            Figure::exact("added p99 latency through Baton, c=1", added * 1e3, 3, "ms")
             .budget(Budget::Max(1.0))
             .note(format!(
                 "direct and through Baton alternated in {ALTERNATED_SLICES} slices of the window"
@@ -1023,8 +1019,7 @@ async fn fan_out_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
                     format_duration(p(1.0))
                 ),
             );
-            let mut figure =
-                Figure::number(&name, round3(p99.as_secs_f64() * 1e3), "ms").budget(budget);
+            let mut figure = Figure::exact(&name, p99.as_secs_f64() * 1e3, 3, "ms").budget(budget);
             let mut note = format!(
                 "from the release at the upstream: upstream → Baton → durable write → fan-out; p50 {}, max {}",
                 format_duration(p(0.5)),
@@ -1128,9 +1123,10 @@ impl StoreFigure {
         Self { name, unit, budget }
     }
 
-    /// The figure as measured, judged against its budget if it has one.
-    fn measured(self, value: f64) -> Figure {
-        let figure = Figure::number(self.name, value, self.unit);
+    /// The figure as measured, shown to `decimals` places, judged (unrounded)
+    /// against its budget if it has one.
+    fn measured(self, value: f64, decimals: usize) -> Figure {
+        let figure = Figure::exact(self.name, value, decimals, self.unit);
         match self.budget {
             Some(budget) => figure.budget(budget),
             None => figure,
@@ -1223,7 +1219,7 @@ async fn store_run(
         }
         None => figure,
     };
-    let ms = |d: Duration| round3(d.as_secs_f64() * 1e3);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
 
     bench.section(&format!("store: {small_name} tasks"));
     let small_dir = data_dir.join("small");
@@ -1270,40 +1266,37 @@ async fn store_run(
         "the {small_name} and {large_name} stores served at once, their queries alternated in {ALTERNATED_SLICES} slices"
     );
     let named = StoreFigures::new(&bench.settings);
-    figures.push(named.get_small.measured(ms(small_queries.get_p99)));
-    figures.push(named.list_small.measured(ms(small_queries.list_p99)));
+    figures.push(named.get_small.measured(ms(small_queries.get_p99), 3));
+    figures.push(named.list_small.measured(ms(small_queries.list_p99), 3));
     figures.push(with_scale_note(
-        named.on_disk.measured(round2(on_disk as f64 / 1e9)),
+        named.on_disk.measured(on_disk as f64 / 1e9, 2),
     ));
     figures.push(with_scale_note(
         named
             .get_large
-            .measured(ms(large_queries.get_p99))
+            .measured(ms(large_queries.get_p99), 3)
             .note(alternated.clone()),
     ));
     figures.push(with_scale_note(
-        named.front_door_large.measured(ms(front_door_p99)).note(
+        named.front_door_large.measured(ms(front_door_p99), 3).note(
             "the same Baton, in the same slices: a JSON-RPC call answered -32601 at the \
                  front door, with no ledger read; the floor of GetTask's p99 on this machine"
                 .to_string(),
         ),
     ));
     figures.push(with_scale_note(
-        named.list_large.measured(ms(large_queries.list_p99)),
+        named.list_large.measured(ms(large_queries.list_p99), 3),
     ));
     let list_ratio =
         large_queries.list_p99.as_secs_f64() / small_queries.list_p99.as_secs_f64().max(1e-9);
     figures.push(with_scale_note(
-        named
-            .list_ratio
-            .measured(round2(list_ratio))
-            .note(alternated),
+        named.list_ratio.measured(list_ratio, 2).note(alternated),
     ));
     let mb = |kib: u64| kib as f64 * 1024.0 / 1e6;
     figures.push(with_scale_note(
         named
             .peak_rss
-            .measured(round2(mb(large_queries.rest.peak_kib)))
+            .measured(mb(large_queries.rest.peak_kib), 2)
             .note(format!(
                 "VmRSS at rest {:.1} MB; after the queries VmRSS {:.1} MB, VmHWM {:.1} MB (MB = 10^6 bytes)",
                 mb(large_queries.rest.current_kib),

@@ -105,6 +105,14 @@ impl Figure {
         Self::info(figure, value, unit, shown)
     }
 
+    /// A measured number in `unit`, shown to `decimals` places but judged
+    /// unrounded: a ratio of 0.2154 shows as 0.215 and misses a budget of
+    /// 0.22, as 50.4 µs misses one of 50.
+    pub fn exact(figure: impl Into<String>, value: f64, decimals: usize, unit: &str) -> Self {
+        let shown = format!("{value:.decimals$} {unit}").trim_end().to_string();
+        Self::info(figure, value, unit, shown)
+    }
+
     /// A figure that was not measured, and why.
     pub fn unavailable(figure: impl Into<String>, unit: &str, why: impl Into<String>) -> Self {
         Self {
@@ -302,6 +310,25 @@ mod tests {
             Verdict::Fail
         );
         assert_eq!(Figure::number("x", 1.0, "").verdict, Verdict::NotApplicable);
+    }
+
+    #[test]
+    fn a_figure_is_judged_on_its_value_not_as_shown() {
+        let ratio = Figure::exact("x", 0.2154, 2, "").budget(Budget::Min(0.22));
+        assert_eq!(
+            (ratio.measured.as_str(), ratio.verdict),
+            ("0.22", Verdict::Fail)
+        );
+        let cpu = Figure::exact("x", 50.04, 0, "µs").budget(Budget::Max(50.0));
+        assert_eq!(
+            (cpu.measured.as_str(), cpu.verdict),
+            ("50 µs", Verdict::Fail)
+        );
+        let met = Figure::exact("x", 49.96, 1, "µs").budget(Budget::Max(50.0));
+        assert_eq!(
+            (met.measured.as_str(), met.verdict),
+            ("50.0 µs", Verdict::Pass)
+        );
     }
 
     #[test]

@@ -36,7 +36,7 @@
 //! not copy them again each time it rewrites a leaf. A bucket is written
 //! only for tasks sled does not hold; a task sled holds (in a bucket or
 //! not) gets a key of its own at its next write, and reads look there
-//! first ([`stored_record`]).
+//! first ([`Applier::stored_record`]).
 
 use super::durable::DurableMark;
 use super::hub::LedgerEvent;
@@ -243,12 +243,7 @@ const GATHER_COALESCING: Duration = Duration::from_millis(50);
 const GATHER_SINGLE: Duration = Duration::from_millis(1);
 
 /// The record file's name, in the ledger's directory.
-const RECORD_FILE: &str = "record-buckets";
-
-/// An intent that names no task (one id, cut short before its key count):
-/// at start-up it makes the applier recount the counters and repair nothing
-/// else (see `Applier::remove_lost_buckets`).
-const RECOUNT_INTENT: &[u8] = &[0, 0, 0, 0];
+pub(super) const RECORD_FILE: &str = "record-buckets";
 
 impl Applier {
     /// An applier for `tree`, applying writes once `durable` says the log
@@ -285,11 +280,6 @@ impl Applier {
             has_spent: AtomicBool::new(false),
             durable,
         }))
-    }
-
-    /// Where record buckets are kept, for reads.
-    pub fn records(&self) -> &RecordFile {
-        &self.records
     }
 
     /// Starts the applier thread.
@@ -613,7 +603,7 @@ impl Applier {
             self.partly_applied.store(true, Ordering::Relaxed);
         }
         if let Some(intent) = &interrupted {
-            remove_stale_index_keys(&self.tree, &self.records, intent)?;
+            self.remove_stale_index_keys(intent)?;
             self.partly_applied.store(true, Ordering::Relaxed);
         }
         if interrupted.is_some() || lost_buckets || !set.is_empty() {
@@ -646,7 +636,11 @@ impl Applier {
             // Should this recovery stop part way, the next start-up must
             // still recount: sled keeps a prefix of its writes, so this goes
             // in before any removal.
-            self.tree.insert(keys::applying(), RECOUNT_INTENT)?;
+            // An intent whose one task has no id and adds no keys: it
+            // repairs nothing and makes start-up recount.
+            let no_keys = Vec::new();
+            let recount = encode_intent(std::iter::once(("", &no_keys)));
+            self.tree.insert(keys::applying(), recount)?;
         }
         for key in &lost {
             tracing::warn!(
@@ -745,7 +739,7 @@ impl Applier {
         let before: Option<AppliedHead> = if pending.created && trust_created {
             None
         } else {
-            match stored_record(&self.tree, &self.records, task_id, None)? {
+            match self.stored_record(task_id, None)? {
                 Some(bytes) => Some(super::decode_stored(&bytes)?),
                 None => None,
             }
@@ -968,38 +962,56 @@ impl<'a> RecordBuckets<'a> {
     }
 }
 
-/// A task's record as sled holds it: its own key, which a later write
-/// sets, else its entry in a record bucket of its creation millisecond,
-/// found through `memo` when a scan reads several tasks.
-pub fn stored_record(
-    tree: &sled::Tree,
-    file: &RecordFile,
-    task_id: &str,
-    memo: Option<&mut BucketMemo>,
-) -> Result<Option<sled::IVec>, LedgerError> {
-    if let Some(record) = tree.get(keys::task(task_id))? {
-        return Ok(Some(record));
-    }
-    let Some(prefix) = keys::record_bucket_prefix(task_id) else {
-        return Ok(None);
-    };
-    if let Some(memo) = memo {
-        // A task is in one bucket at most (only tasks sled lacks are bucketed).
-        let buckets = memo.buckets(tree, file, prefix)?;
-        return Ok(buckets.iter().find_map(|bucket| record_of(bucket, task_id)));
-    }
-    // A bucket is keyed by its first id: the one holding `task_id` is the
-    // nearest at or before it, unless another set's buckets fall between.
-    let mut last = prefix.clone();
-    last.extend_from_slice(task_id.as_bytes());
-    for entry in tree.range(prefix..=last).rev() {
-        let (key, stored) = entry?;
-        let bucket = open_bucket(file, &key, stored)?;
-        if let Some(record) = record_of(&bucket, task_id) {
+impl Applier {
+    /// A task's record as sled holds it: its own key, which a later write
+    /// sets, else its entry in a record bucket of its creation millisecond,
+    /// found through `memo` when a scan reads several tasks.
+    pub fn stored_record(
+        &self,
+        task_id: &str,
+        memo: Option<&mut BucketMemo>,
+    ) -> Result<Option<sled::IVec>, LedgerError> {
+        let (tree, file) = (&self.tree, &self.records);
+        if let Some(record) = tree.get(keys::task(task_id))? {
             return Ok(Some(record));
         }
+        let Some(prefix) = keys::record_bucket_prefix(task_id) else {
+            return Ok(None);
+        };
+        if let Some(memo) = memo {
+            // A task is in one bucket at most (only tasks sled lacks are bucketed).
+            let buckets = memo.buckets(tree, file, prefix)?;
+            return Ok(buckets.iter().find_map(|bucket| record_of(bucket, task_id)));
+        }
+        // A bucket is keyed by its first id: the one holding `task_id` is the
+        // nearest at or before it, unless another set's buckets fall between.
+        let mut last = prefix.clone();
+        last.extend_from_slice(task_id.as_bytes());
+        for entry in tree.range(prefix..=last).rev() {
+            let (key, stored) = entry?;
+            let bucket = open_bucket(file, &key, stored)?;
+            if let Some(record) = record_of(&bucket, task_id) {
+                return Ok(Some(record));
+            }
+        }
+        Ok(None)
     }
-    Ok(None)
+
+    /// Removes the keys an interrupted application added that do not belong
+    /// to their task's record as sled holds it: they were written for a
+    /// version whose record never made it in.
+    fn remove_stale_index_keys(&self, intent: &[u8]) -> Result<(), LedgerError> {
+        for (task_id, added) in decode_intent(intent) {
+            let current = match self.stored_record(&task_id, None)? {
+                Some(bytes) => super::decode_stored::<AppliedHead>(&bytes)?.index_keys(),
+                None => Vec::new(),
+            };
+            for key in added.into_iter().filter(|key| !current.contains(key)) {
+                remove_index_key(&self.tree, &key)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The record of `task_id` in `bucket` (opened, see [`open_bucket`]),
@@ -1384,26 +1396,6 @@ fn decode_intent(mut intent: &[u8]) -> Vec<(String, Vec<Vec<u8>>)> {
         tasks.push((String::from_utf8_lossy(&id).into_owned(), keys));
     }
     tasks
-}
-
-/// Removes the keys an interrupted application added that do not belong
-/// to their task's record as sled holds it: they were written for a
-/// version whose record never made it in.
-fn remove_stale_index_keys(
-    tree: &sled::Tree,
-    file: &RecordFile,
-    intent: &[u8],
-) -> Result<(), LedgerError> {
-    for (task_id, added) in decode_intent(intent) {
-        let current = match stored_record(tree, file, &task_id, None)? {
-            Some(bytes) => super::decode_stored::<AppliedHead>(&bytes)?.index_keys(),
-            None => Vec::new(),
-        };
-        for key in added.into_iter().filter(|key| !current.contains(key)) {
-            remove_index_key(tree, &key)?;
-        }
-    }
-    Ok(())
 }
 
 /// What the applier needs of a record already in sled: its version, how
@@ -2037,7 +2029,8 @@ mod tests {
     }
 
     fn read_stored(applier: &Applier, task_id: &str) -> Option<TaskRecord> {
-        stored_record(&applier.tree, &applier.records, task_id, None)
+        applier
+            .stored_record(task_id, None)
             .unwrap()
             .map(|bytes| serde_json::from_slice(&bytes).unwrap())
     }
@@ -2086,7 +2079,8 @@ mod tests {
                 read_stored(&applier, &record.task.id).as_ref(),
                 Some(record)
             );
-            let bytes = stored_record(tree, &applier.records, &record.task.id, Some(&mut memo))
+            let bytes = applier
+                .stored_record(&record.task.id, Some(&mut memo))
                 .unwrap()
                 .unwrap();
             assert_eq!(
@@ -2132,14 +2126,18 @@ mod tests {
         let mut damaged = pointer.encode();
         damaged[13] ^= 1;
         tree.insert(&key, &damaged).unwrap();
-        let error = stored_record(tree, &applier.records, &records[0].task.id, None).unwrap_err();
+        let error = applier
+            .stored_record(&records[0].task.id, None)
+            .unwrap_err();
         assert!(
             matches!(&error, LedgerError::CorruptBucket(key) if key.contains(&records[0].task.id)),
             "{error}"
         );
         // So is a compressed bucket in sled (format 2) that does not decode.
         tree.insert(&key, &sealed[..sealed.len() / 2]).unwrap();
-        let error = stored_record(tree, &applier.records, &records[0].task.id, None).unwrap_err();
+        let error = applier
+            .stored_record(&records[0].task.id, None)
+            .unwrap_err();
         assert!(matches!(&error, LedgerError::CorruptBucket(_)), "{error}");
     }
 
@@ -2286,7 +2284,7 @@ mod tests {
         // An interrupted application's intent names the task's index keys:
         // they match its record (in its bucket), so they stay.
         let intent = encode_intent([(task_id.as_str(), &index)].into_iter());
-        remove_stale_index_keys(tree, &applier.records, &intent).unwrap();
+        applier.remove_stale_index_keys(&intent).unwrap();
         let state = TaskState::Completed.number();
         let prefix = keys::by_state_prefix("alice", state);
         assert_eq!(tree.scan_prefix(&prefix).count(), 1, "its index entry kept");
@@ -2428,8 +2426,7 @@ mod tests {
         for tail in [LostTail::CutShort, LostTail::Zeroed] {
             let dir = tempfile::tempdir().unwrap();
             let (restarted, kept, lost) = crashed_with_lost_buckets(dir.path(), tail);
-            let unreadable =
-                stored_record(&restarted.tree, &restarted.records, &lost[0].task.id, None);
+            let unreadable = restarted.stored_record(&lost[0].task.id, None);
             assert!(matches!(unreadable, Err(LedgerError::CorruptBucket(_))));
             assert_recovered(&restarted, &kept, &lost);
         }
@@ -2511,14 +2508,10 @@ mod tests {
         // Every millisecond twice, in turn: each read finds its task, held or not.
         for _ in 0..2 {
             for record in &records {
-                let bytes = stored_record(
-                    &applier.tree,
-                    &applier.records,
-                    &record.task.id,
-                    Some(&mut memo),
-                )
-                .unwrap()
-                .expect("found");
+                let bytes = applier
+                    .stored_record(&record.task.id, Some(&mut memo))
+                    .unwrap()
+                    .expect("found");
                 let read: TaskRecord = serde_json::from_slice(&bytes).unwrap();
                 assert_eq!(&read, record);
             }
@@ -2526,7 +2519,7 @@ mod tests {
         assert_eq!(memo.millis.len(), BUCKET_MEMO_MILLIS);
         let missing = keys::uuid_v7_at(millis, 999);
         assert_eq!(
-            stored_record(&applier.tree, &applier.records, &missing, Some(&mut memo)).unwrap(),
+            applier.stored_record(&missing, Some(&mut memo)).unwrap(),
             None
         );
     }

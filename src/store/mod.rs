@@ -909,7 +909,7 @@ impl Ledger {
         if let Some(read) = self.applier.task(task_id) {
             return Ok(Some(ReplyTask::Read(read)));
         }
-        match applier::stored_record(&self.tree, self.applier.records(), task_id, memo)? {
+        match self.applier.stored_record(task_id, memo)? {
             Some(bytes) => Ok(Some(ReplyTask::Stored(StoredRecord { bytes }))),
             None => Ok(None),
         }
@@ -2101,12 +2101,13 @@ mod tests {
                 .map(Result::unwrap)
                 .collect();
             assert!(!buckets.is_empty());
-            let file = record_file::RecordFile::open(&dir.path().join("record-buckets")).unwrap();
+            let file =
+                record_file::RecordFile::open(&dir.path().join(applier::RECORD_FILE)).unwrap();
+            let synced = tree.get(keys::records_synced()).unwrap().unwrap();
+            assert_eq!(synced.as_ref(), file.end().to_be_bytes(), "synced at close");
             for bucket in &buckets {
                 let pointer = record_file::Pointer::decode(bucket).expect("a pointer");
                 let sealed = file.read(&pointer).unwrap().expect("synced at close");
-                let synced = tree.get(keys::records_synced()).unwrap().unwrap();
-                assert_eq!(synced.as_ref(), file.end().to_be_bytes(), "synced at close");
                 let opened = keys::open_record_bucket(&sealed);
                 assert!(matches!(opened, Some(Cow::Owned(_))), "stored compressed");
             }

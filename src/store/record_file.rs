@@ -167,11 +167,17 @@ impl RecordFile {
 mod tests {
     use super::*;
 
-    #[test]
-    fn appended_buckets_are_read_back_through_their_pointers() {
+    /// A new record file in a fresh directory, with its path.
+    fn new_file() -> (tempfile::TempDir, std::path::PathBuf, RecordFile) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("records");
         let file = RecordFile::open(&path).unwrap();
+        (dir, path, file)
+    }
+
+    #[test]
+    fn appended_buckets_are_read_back_through_their_pointers() {
+        let (_dir, path, file) = new_file();
         let pointers = file.append(b"firstsecond!", &[5, 7]).unwrap();
         let more = file.append(b"third", &[5]).unwrap();
         assert_eq!(file.read(&pointers[0]).unwrap().unwrap(), b"first");
@@ -187,9 +193,7 @@ mod tests {
 
     #[test]
     fn bytes_lost_or_changed_are_not_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("records");
-        let file = RecordFile::open(&path).unwrap();
+        let (_dir, path, file) = new_file();
         let pointers = file.append(b"keptlost", &[4, 4]).unwrap();
         drop(file);
 
@@ -205,8 +209,7 @@ mod tests {
 
     #[test]
     fn a_pointer_ending_past_the_largest_offset_reads_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = RecordFile::open(&dir.path().join("records")).unwrap();
+        let (_dir, _, file) = new_file();
         file.append(b"bytes", &[5]).unwrap();
         let damaged = Pointer {
             offset: u64::MAX - 1,

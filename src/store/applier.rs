@@ -979,22 +979,31 @@ impl Applier {
             return Ok(None);
         };
         if let Some(memo) = memo {
-            // A task is in one bucket at most (only tasks sled lacks are bucketed).
-            let buckets = memo.buckets(tree, file, prefix)?;
-            return Ok(buckets.iter().find_map(|bucket| record_of(bucket, task_id)));
+            return memo.buckets(tree, file, prefix)?.find(task_id);
         }
         // A bucket is keyed by its first id: the one holding `task_id` is the
         // nearest at or before it, unless another set's buckets fall between.
         let mut last = prefix.clone();
         last.extend_from_slice(task_id.as_bytes());
+        let mut corrupt = None;
         for entry in tree.range(prefix..=last).rev() {
             let (key, stored) = entry?;
-            let bucket = open_bucket(file, &key, stored)?;
-            if let Some(record) = record_of(&bucket, task_id) {
-                return Ok(Some(record));
+            match open_bucket(file, &key, stored) {
+                Ok(bucket) => {
+                    if let Some(record) = record_of(&bucket, task_id) {
+                        return Ok(Some(record));
+                    }
+                }
+                // A bucket that does not check hides no other bucket's
+                // tasks (see `MillisecondBuckets::find`); those in range
+                // might hold `task_id`.
+                Err(LedgerError::CorruptBucket(key)) => {
+                    corrupt.get_or_insert(key);
+                }
+                Err(err) => return Err(err),
             }
         }
-        Ok(None)
+        corrupt.map_or(Ok(None), |key| Err(LedgerError::CorruptBucket(key)))
     }
 
     /// Removes the keys an interrupted application added that do not belong
@@ -1054,8 +1063,41 @@ fn open_bucket(
 pub struct BucketMemo {
     /// By millisecond prefix, at most [`BUCKET_MEMO_MILLIS`]; the oldest
     /// read is replaced first.
-    millis: Vec<(Vec<u8>, Vec<sled::IVec>)>,
+    millis: Vec<(Vec<u8>, MillisecondBuckets)>,
     next_replaced: usize,
+}
+
+/// The record buckets of one creation millisecond, as a [`BucketMemo`]
+/// holds them.
+struct MillisecondBuckets {
+    /// Opened (see [`open_bucket`]).
+    readable: Vec<sled::IVec>,
+    /// The keys of the buckets that did not check.
+    corrupt: Vec<sled::IVec>,
+    /// The length of the millisecond's key prefix: a bucket's key is the
+    /// prefix and then its first id.
+    prefix_len: usize,
+}
+
+impl MillisecondBuckets {
+    /// The record of `task_id`. A task is in one bucket at most (only tasks
+    /// sled lacks are bucketed), and a bucket holds no id before its first:
+    /// a bucket that does not check fails only the lookups it might answer
+    /// and no other bucket does, for it cannot say such a task is missing.
+    fn find(&self, task_id: &str) -> Result<Option<sled::IVec>, LedgerError> {
+        if let Some(record) = self
+            .readable
+            .iter()
+            .find_map(|bucket| record_of(bucket, task_id))
+        {
+            return Ok(Some(record));
+        }
+        let might_hold = |key: &&sled::IVec| &key[self.prefix_len..] <= task_id.as_bytes();
+        match self.corrupt.iter().find(might_hold) {
+            Some(key) => Err(LedgerError::CorruptBucket(key.escape_ascii().to_string())),
+            None => Ok(None),
+        }
+    }
 }
 
 /// Most milliseconds a [`BucketMemo`] holds.
@@ -1068,17 +1110,25 @@ impl BucketMemo {
         tree: &sled::Tree,
         file: &RecordFile,
         prefix: Vec<u8>,
-    ) -> Result<&[sled::IVec], LedgerError> {
+    ) -> Result<&MillisecondBuckets, LedgerError> {
         let at = match self.millis.iter().position(|(held, _)| *held == prefix) {
             Some(at) => at,
             None => {
-                let buckets = tree
-                    .scan_prefix(&prefix)
-                    .map(|entry| {
-                        let (key, stored) = entry?;
-                        open_bucket(file, &key, stored)
-                    })
-                    .collect::<Result<_, _>>()?;
+                let mut buckets = MillisecondBuckets {
+                    readable: Vec::new(),
+                    corrupt: Vec::new(),
+                    prefix_len: prefix.len(),
+                };
+                for entry in tree.scan_prefix(&prefix) {
+                    let (key, stored) = entry?;
+                    match open_bucket(file, &key, stored) {
+                        Ok(bucket) => buckets.readable.push(bucket),
+                        Err(LedgerError::CorruptBucket(_)) => {
+                            buckets.corrupt.push(key);
+                        }
+                        Err(err) => return Err(err),
+                    }
+                }
                 if self.millis.len() < BUCKET_MEMO_MILLIS {
                     self.millis.push((prefix, buckets));
                     self.millis.len() - 1
@@ -2035,6 +2085,19 @@ mod tests {
             .map(|bytes| serde_json::from_slice(&bytes).unwrap())
     }
 
+    /// Checks that `record` reads back alike alone and through `memo`.
+    fn assert_reads_back(applier: &Applier, record: &TaskRecord, memo: &mut BucketMemo) {
+        assert_eq!(read_stored(applier, &record.task.id).as_ref(), Some(record));
+        let bytes = applier
+            .stored_record(&record.task.id, Some(memo))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            serde_json::from_slice::<TaskRecord>(&bytes).unwrap(),
+            *record
+        );
+    }
+
     /// The record buckets of one creation millisecond: ids per bucket.
     fn record_buckets(applier: &Applier, task_id: &str) -> Vec<Vec<String>> {
         let prefix = keys::record_bucket_prefix(task_id).unwrap();
@@ -2075,18 +2138,7 @@ mod tests {
         );
         let mut memo = BucketMemo::default();
         for record in &records {
-            assert_eq!(
-                read_stored(&applier, &record.task.id).as_ref(),
-                Some(record)
-            );
-            let bytes = applier
-                .stored_record(&record.task.id, Some(&mut memo))
-                .unwrap()
-                .unwrap();
-            assert_eq!(
-                serde_json::from_slice::<TaskRecord>(&bytes).unwrap(),
-                *record
-            );
+            assert_reads_back(&applier, record, &mut memo);
         }
 
         // Buckets as formats 1 and 2 stored them in sled, plain and
@@ -2139,6 +2191,60 @@ mod tests {
             .stored_record(&records[0].task.id, None)
             .unwrap_err();
         assert!(matches!(&error, LedgerError::CorruptBucket(_)), "{error}");
+    }
+
+    #[test]
+    fn a_bucket_that_does_not_check_fails_only_the_lookups_it_might_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let applier = unstarted_applier(dir.path());
+        let millis = 1_767_000_000_000;
+        let id = |n| keys::uuid_v7_at(millis, n);
+        let apply = |ns: &[u16]| -> Vec<TaskRecord> {
+            let records: Vec<TaskRecord> = ns
+                .iter()
+                .map(|&n| stored(&id(n), TaskState::Completed, 1))
+                .collect();
+            for record in &records {
+                queue_encoded(&applier, Arc::new(record.clone()), true);
+            }
+            applier.apply_pending().unwrap();
+            records
+        };
+        // Two sets in one millisecond: the second's bucket is keyed between
+        // the ids of the first's.
+        let outer = apply(&[0, 4]);
+        let inner = apply(&[2]);
+        assert_eq!(
+            record_buckets(&applier, &id(0)),
+            [vec![id(0), id(4)], vec![id(2)]]
+        );
+        let prefix = keys::record_bucket_prefix(&id(2)).unwrap();
+        let inner_key = [prefix, id(2).into_bytes()].concat();
+        let mut damaged = applier.tree.get(&inner_key).unwrap().unwrap().to_vec();
+        damaged[13] ^= 1;
+        applier.tree.insert(&inner_key, damaged).unwrap();
+
+        let mut memo = BucketMemo::default();
+        for found in &outer {
+            assert_reads_back(&applier, found, &mut memo);
+        }
+        // What the damaged bucket holds, or might (an id at or after its
+        // first), is a storage failure, not a missing task.
+        for unreadable in [inner[0].task.id.clone(), id(3)] {
+            for memo in [None, Some(&mut memo)] {
+                let error = applier.stored_record(&unreadable, memo).unwrap_err();
+                assert!(
+                    matches!(&error, LedgerError::CorruptBucket(key) if key.contains(&id(2))),
+                    "{unreadable}: {error}"
+                );
+            }
+        }
+        // An id before its first it cannot hold.
+        assert_eq!(applier.stored_record(&id(1), None).unwrap(), None);
+        assert_eq!(
+            applier.stored_record(&id(1), Some(&mut memo)).unwrap(),
+            None
+        );
     }
 
     #[test]

@@ -256,15 +256,21 @@ impl Applier {
         durable: Arc<DurableMark>,
     ) -> Result<Arc<Self>, LedgerError> {
         let path = wal_dir.with_file_name(RECORD_FILE);
-        let records = RecordFile::open(&path).map_err(storage_io)?;
         let synced = read_counter(&tree, keys::records_synced())?;
-        if records.end() < synced {
-            return Err(storage_io(std::io::Error::other(format!(
-                "the record file {} holds {} bytes, but {synced} were synced into it: \
-                 it was truncated or replaced; restore the ledger directory from a backup",
+        let lost = |held: &str| {
+            storage_io(std::io::Error::other(format!(
+                "the record file {} {held}, but {synced} bytes were synced into it: \
+                 it was lost, truncated or replaced; restore the ledger directory from a backup",
                 path.display(),
-                records.end()
-            ))));
+            )))
+        };
+        // Checked before opening, which would create it empty.
+        if synced > 0 && !path.exists() {
+            return Err(lost("is missing"));
+        }
+        let records = RecordFile::open(&path).map_err(storage_io)?;
+        if records.end() < synced {
+            return Err(lost(&format!("holds {} bytes", records.end())));
         }
         Ok(Arc::new(Self {
             db,
@@ -2551,7 +2557,7 @@ mod tests {
     }
 
     #[test]
-    fn a_record_file_shorter_than_it_was_synced_to_is_refused() {
+    fn a_record_file_missing_or_shorter_than_it_was_synced_to_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let applier = unstarted_applier(dir.path());
         apply_completed(&applier, 1_767_000_000_000, 3);
@@ -2559,11 +2565,25 @@ mod tests {
         let (db, tree) = (applier.db.clone(), applier.tree.clone());
         drop(applier);
         std::fs::remove_file(dir.path().join(RECORD_FILE)).unwrap();
-        let refused = Applier::new(db, tree, dir.path().join("wal"), Arc::default());
+        let refused = Applier::new(
+            db.clone(),
+            tree.clone(),
+            dir.path().join("wal"),
+            Arc::default(),
+        );
         let Err(err) = refused else {
             panic!("a lost record file must not open as an empty one");
         };
         assert!(err.to_string().contains("record file"), "{err}");
+        assert!(err.to_string().contains("is missing"), "{err}");
+        // Refused without creating one, so every start says the same.
+        assert!(!dir.path().join(RECORD_FILE).exists());
+        // One cut short is refused too.
+        std::fs::write(dir.path().join(RECORD_FILE), b"short").unwrap();
+        let Err(err) = Applier::new(db, tree, dir.path().join("wal"), Arc::default()) else {
+            panic!("a truncated record file must not open");
+        };
+        assert!(err.to_string().contains("holds 5 bytes"), "{err}");
     }
 
     #[test]

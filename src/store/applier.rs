@@ -1087,9 +1087,10 @@ struct MillisecondBuckets {
 
 impl MillisecondBuckets {
     /// The record of `task_id`. A task is in one bucket at most (only tasks
-    /// sled lacks are bucketed), and a bucket holds no id before its first:
-    /// a bucket that does not check fails only the lookups it might answer
-    /// and no other bucket does, for it cannot say such a task is missing.
+    /// sled lacks are bucketed), and a bucket holds no id before its first.
+    /// So a bucket that does not check fails a lookup only when no other
+    /// bucket holds the task and the damaged one might (its first id is at
+    /// or before the task's): that task cannot be said to be missing.
     fn find(&self, task_id: &str) -> Result<Option<sled::IVec>, LedgerError> {
         if let Some(record) = self
             .readable

@@ -264,11 +264,15 @@ impl Applier {
                 path.display(),
             )))
         };
-        // Checked before opening, which would create it empty.
-        if synced > 0 && !path.exists() {
-            return Err(lost("is missing"));
-        }
-        let records = RecordFile::open(&path).map_err(storage_io)?;
+        // Created only while nothing was synced into it: else an empty one
+        // would stand in for a lost one.
+        let records = match RecordFile::open(&path, synced == 0) {
+            Ok(records) => records,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                return Err(lost("is missing"));
+            }
+            Err(err) => return Err(storage_io(err)),
+        };
         if records.end() < synced {
             return Err(lost(&format!("holds {} bytes", records.end())));
         }
@@ -991,25 +995,23 @@ impl Applier {
         // nearest at or before it, unless another set's buckets fall between.
         let mut last = prefix.clone();
         last.extend_from_slice(task_id.as_bytes());
+        // A bucket that does not check hides no other bucket's tasks (see
+        // `MillisecondBuckets::find`); those in range might hold `task_id`.
         let mut corrupt = None;
         for entry in tree.range(prefix..=last).rev() {
             let (key, stored) = entry?;
-            match open_bucket(file, &key, stored) {
-                Ok(bucket) => {
+            match open_bucket(file, stored)? {
+                Some(bucket) => {
                     if let Some(record) = record_of(&bucket, task_id) {
                         return Ok(Some(record));
                     }
                 }
-                // A bucket that does not check hides no other bucket's
-                // tasks (see `MillisecondBuckets::find`); those in range
-                // might hold `task_id`.
-                Err(LedgerError::CorruptBucket(key)) => {
+                None => {
                     corrupt.get_or_insert(key);
                 }
-                Err(err) => return Err(err),
             }
         }
-        corrupt.map_or(Ok(None), |key| Err(LedgerError::CorruptBucket(key)))
+        corrupt.map_or(Ok(None), |key| Err(corrupt_bucket(&key)))
     }
 
     /// Removes the keys an interrupted application added that do not belong
@@ -1037,27 +1039,30 @@ fn record_of(bucket: &sled::IVec, task_id: &str) -> Option<sled::IVec> {
     Some(bucket.subslice(offset, record.len()))
 }
 
-/// The record bucket stored under `key`, opened to its ids and records
-/// (see [`keys::open_record_bucket`]): read from the record file when sled
-/// holds a pointer to it (or stored in sled itself, by a ledger of format
-/// 2 or earlier, where a plain one shares the stored bytes).
-fn open_bucket(
-    file: &RecordFile,
-    key: &[u8],
-    stored: sled::IVec,
-) -> Result<sled::IVec, LedgerError> {
+/// A record bucket as sled stores it, opened to its ids and records (see
+/// [`keys::open_record_bucket`]): read from the record file when sled holds
+/// a pointer to it (or stored in sled itself, by a ledger of format 2 or
+/// earlier, where a plain one shares the stored bytes). `None` when its
+/// bytes do not check; see [`corrupt_bucket`].
+fn open_bucket(file: &RecordFile, stored: sled::IVec) -> Result<Option<sled::IVec>, LedgerError> {
     let stored = match Pointer::decode(&stored) {
         Some(pointer) => match file.read(&pointer).map_err(storage_io)? {
             Some(bytes) => sled::IVec::from(bytes),
-            None => return Err(LedgerError::CorruptBucket(key.escape_ascii().to_string())),
+            None => return Ok(None),
         },
         None => stored,
     };
-    match keys::open_record_bucket(&stored) {
-        Some(Cow::Borrowed(_)) => Ok(stored),
-        Some(Cow::Owned(plain)) => Ok(plain.into()),
-        None => Err(LedgerError::CorruptBucket(key.escape_ascii().to_string())),
-    }
+    Ok(match keys::open_record_bucket(&stored) {
+        Some(Cow::Borrowed(_)) => Some(stored),
+        Some(Cow::Owned(plain)) => Some(plain.into()),
+        None => None,
+    })
+}
+
+/// The failure to read the bucket stored under `key`, whose bytes do not
+/// check: a storage failure, never a missing task.
+fn corrupt_bucket(key: &[u8]) -> LedgerError {
+    LedgerError::CorruptBucket(key.escape_ascii().to_string())
 }
 
 /// The record buckets of the creation milliseconds a scan of several tasks
@@ -1101,7 +1106,7 @@ impl MillisecondBuckets {
         }
         let might_hold = |key: &&sled::IVec| &key[self.prefix_len..] <= task_id.as_bytes();
         match self.corrupt.iter().find(might_hold) {
-            Some(key) => Err(LedgerError::CorruptBucket(key.escape_ascii().to_string())),
+            Some(key) => Err(corrupt_bucket(key)),
             None => Ok(None),
         }
     }
@@ -1128,12 +1133,9 @@ impl BucketMemo {
                 };
                 for entry in tree.scan_prefix(&prefix) {
                     let (key, stored) = entry?;
-                    match open_bucket(file, &key, stored) {
-                        Ok(bucket) => buckets.readable.push(bucket),
-                        Err(LedgerError::CorruptBucket(_)) => {
-                            buckets.corrupt.push(key);
-                        }
-                        Err(err) => return Err(err),
+                    match open_bucket(file, stored)? {
+                        Some(bucket) => buckets.readable.push(bucket),
+                        None => buckets.corrupt.push(key),
                     }
                 }
                 if self.millis.len() < BUCKET_MEMO_MILLIS {
@@ -2112,8 +2114,8 @@ mod tests {
             .tree
             .scan_prefix(prefix)
             .map(|entry| {
-                let (key, stored) = entry.unwrap();
-                let value = open_bucket(&applier.records, &key, stored).unwrap();
+                let (_, stored) = entry.unwrap();
+                let value = open_bucket(&applier.records, stored).unwrap().unwrap();
                 assert!(value.len() <= BUCKET_BYTES_MAX + BUCKET_RECORDS_MAX * 48);
                 keys::bucket_records(&value)
                     .map(|(id, _)| String::from_utf8(id.to_vec()).unwrap())
@@ -2136,7 +2138,9 @@ mod tests {
         let (key, pointer) = stored_buckets[0].clone();
         let pointer = Pointer::decode(&pointer).expect("sled holds a pointer");
         let sealed = applier.records.read(&pointer).unwrap().unwrap();
-        let plain = open_bucket(&applier.records, &key, stored_buckets[0].1.clone()).unwrap();
+        let plain = open_bucket(&applier.records, stored_buckets[0].1.clone())
+            .unwrap()
+            .unwrap();
         assert!(
             sealed.len() < plain.len(),
             "{} bytes stored for {} plain",

@@ -2101,8 +2101,8 @@ mod tests {
                 .map(Result::unwrap)
                 .collect();
             assert!(!buckets.is_empty());
-            let file =
-                record_file::RecordFile::open(&dir.path().join(applier::RECORD_FILE)).unwrap();
+            let file = record_file::RecordFile::open(&dir.path().join(applier::RECORD_FILE), false)
+                .unwrap();
             let synced = tree.get(keys::records_synced()).unwrap().unwrap();
             assert_eq!(synced.as_ref(), file.end().to_be_bytes(), "synced at close");
             for bucket in &buckets {

@@ -77,21 +77,23 @@ pub struct RecordFile {
 }
 
 impl RecordFile {
-    /// Opens (or creates) the record file at `path`. A file it creates has
-    /// its directory entry synced, so that it is there after a crash as
-    /// surely as the bytes a checkpoint syncs into it.
-    pub fn open(path: &Path) -> io::Result<Self> {
-        let created = !path.exists();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
-        if created {
-            let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
-            File::open(dir.unwrap_or(Path::new(".")))?.sync_all()?;
-        }
+    /// Opens the record file at `path`, creating it if `may_create` (a
+    /// missing file is otherwise `NotFound`). A file it creates has its
+    /// directory entry synced, so that it is there after a crash as surely
+    /// as the bytes a checkpoint syncs into it.
+    pub fn open(path: &Path, may_create: bool) -> io::Result<Self> {
+        let mut options = OpenOptions::new();
+        options.read(true).write(true);
+        let file = match options.open(path) {
+            Ok(file) => file,
+            Err(err) if err.kind() == io::ErrorKind::NotFound && may_create => {
+                let file = options.create_new(true).open(path)?;
+                let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+                File::open(dir.unwrap_or(Path::new(".")))?.sync_all()?;
+                file
+            }
+            Err(err) => return Err(err),
+        };
         let end = file.metadata()?.len();
         Ok(Self {
             file,
@@ -171,7 +173,7 @@ mod tests {
     fn new_file() -> (tempfile::TempDir, std::path::PathBuf, RecordFile) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("records");
-        let file = RecordFile::open(&path).unwrap();
+        let file = RecordFile::open(&path, true).unwrap();
         (dir, path, file)
     }
 
@@ -185,7 +187,7 @@ mod tests {
         assert_eq!(file.read(&more[0]).unwrap().unwrap(), b"third");
         assert_eq!(file.sync().unwrap(), 17);
 
-        let reopened = RecordFile::open(&path).unwrap();
+        let reopened = RecordFile::open(&path, true).unwrap();
         assert_eq!(reopened.end(), 17, "appends go on at the end");
         let decoded = Pointer::decode(&more[0].encode()).unwrap();
         assert_eq!(reopened.read(&decoded).unwrap().unwrap(), b"third");
@@ -199,11 +201,11 @@ mod tests {
 
         // A crash kept the first bucket and lost the second's bytes.
         std::fs::write(&path, b"kept\0\0").unwrap();
-        let file = RecordFile::open(&path).unwrap();
+        let file = RecordFile::open(&path, true).unwrap();
         assert_eq!(file.read(&pointers[0]).unwrap().unwrap(), b"kept");
         assert_eq!(file.read(&pointers[1]).unwrap(), None, "cut short");
         std::fs::write(&path, b"keptLOST").unwrap();
-        let file = RecordFile::open(&path).unwrap();
+        let file = RecordFile::open(&path, true).unwrap();
         assert_eq!(file.read(&pointers[1]).unwrap(), None, "other bytes");
     }
 

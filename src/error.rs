@@ -104,6 +104,9 @@ pub enum GatewayError {
     /// -32603: the agent behind the gateway did not answer in time.
     #[error("agent timed out: {0}")]
     UpstreamTimeout(String),
+    /// -32603: the ledger cannot make writes durable, so no send starts.
+    #[error("{0}; the send was not started")]
+    LedgerUnavailable(String),
     /// An agent's own JSON-RPC error, passed on unchanged.
     #[error("{message}")]
     Upstream {
@@ -172,7 +175,10 @@ impl GatewayError {
             Self::InvalidRequest(_) | Self::Unauthenticated(_) => -32600,
             Self::MethodNotFound(_) => -32601,
             Self::InvalidParams { .. } => -32602,
-            Self::Internal(_) | Self::UpstreamUnreachable(_) | Self::UpstreamTimeout(_) => -32603,
+            Self::Internal(_)
+            | Self::UpstreamUnreachable(_)
+            | Self::UpstreamTimeout(_)
+            | Self::LedgerUnavailable(_) => -32603,
             Self::TaskNotFound(_) | Self::PushConfigNotFound { .. } => -32001,
             Self::TaskNotCancelable { .. } => -32002,
             Self::PushNotificationNotSupported => -32003,
@@ -210,6 +216,7 @@ impl GatewayError {
                 | Self::InvalidAgentResponse(_)
                 | Self::UpstreamUnreachable(_)
                 | Self::UpstreamTimeout(_)
+                | Self::LedgerUnavailable(_)
         )
     }
 
@@ -237,6 +244,7 @@ impl GatewayError {
         let baton_reason = match self {
             Self::UpstreamUnreachable(_) => Some("UPSTREAM_UNREACHABLE"),
             Self::UpstreamTimeout(_) => Some("UPSTREAM_TIMEOUT"),
+            Self::LedgerUnavailable(_) => Some("LEDGER_UNAVAILABLE"),
             Self::Unauthenticated(_) => Some("UNAUTHENTICATED"),
             _ => None,
         };

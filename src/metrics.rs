@@ -150,6 +150,8 @@ pub struct GatewayFigures {
     pub ledger_durable_writes: u64,
     /// Synchronous log appends that made them durable, one per group.
     pub ledger_log_syncs: u64,
+    /// Log appends that failed and were tried again.
+    pub ledger_log_failed_appends: u64,
 }
 
 /// Encodes the latest [`GatewayFigures`] on each scrape.
@@ -195,6 +197,12 @@ impl Collector for FiguresCollector {
                 "Synchronous appends to the write-ahead log since start, each making a group \
                  of writes durable: writes per sync is the group commit's size.",
                 figures.ledger_log_syncs,
+            ),
+            (
+                "baton_ledger_log_failed_appends",
+                "Appends to the write-ahead log that failed and were tried again; while they \
+                 fail, writes wait, new sends are refused and /readyz answers 503.",
+                figures.ledger_log_failed_appends,
             ),
         ] {
             let counter = ConstCounter::new(value);
@@ -540,6 +548,7 @@ mod tests {
             push_delivered: 7,
             ledger_durable_writes: 12,
             ledger_log_syncs: 5,
+            ledger_log_failed_appends: 2,
             ..GatewayFigures::default()
         });
         let cases = [
@@ -592,6 +601,7 @@ mod tests {
             "baton_push_delivered_total 7",
             "baton_ledger_durable_writes_total 12",
             "baton_ledger_log_syncs_total 5",
+            "baton_ledger_log_failed_appends_total 2",
         ] {
             assert!(text.contains(&format!("\n{line}\n")), "{line}\n{text}");
         }

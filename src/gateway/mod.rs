@@ -768,6 +768,61 @@ mod tests {
         assert!(check("torn").is_err(), "an unreadable record must not pass");
     }
 
+    /// While the log cannot append, a send is refused before its agent
+    /// runs (-32603, LEDGER_UNAVAILABLE), and served again once it can.
+    #[tokio::test]
+    async fn a_send_while_the_log_fails_is_refused_before_its_agent_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        let fault = ledger.fail_log(std::io::ErrorKind::StorageFull);
+        // The log finds out at its next append.
+        let pending = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.put_raw(b"probe".to_vec(), b"1".to_vec()).await }
+        });
+        let failing = async {
+            while ledger.log_failure().is_none() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), failing)
+            .await
+            .expect("the failure is reported");
+
+        let request = || SendMessageRequest {
+            message: Some(hi("m1")),
+            ..SendMessageRequest::default()
+        };
+        let ctx = alice(None);
+        let refused = gateway.send_message(&ctx, request());
+        let err = tokio::time::timeout(Duration::from_secs(2), refused)
+            .await
+            .expect("refused at once, not left waiting on the log")
+            .unwrap_err();
+        assert!(matches!(err, GatewayError::LedgerUnavailable(_)), "{err:?}");
+        let rpc = err.to_rpc_error();
+        assert_eq!(rpc["code"], -32603);
+        assert_eq!(rpc["data"][0]["reason"], "LEDGER_UNAVAILABLE");
+        let message = rpc["message"].as_str().unwrap();
+        assert!(message.contains("cannot make writes durable"), "{message}");
+        assert!(message.contains("not started"), "{message}");
+
+        drop(fault);
+        tokio::time::timeout(Duration::from_secs(5), pending)
+            .await
+            .expect("the noted write is durable once the log appends")
+            .unwrap()
+            .unwrap();
+        let listed = ledger.list("alice", &store::ListQuery::default()).unwrap();
+        assert_eq!(listed.total_size, 0, "the refused send made no task");
+        let reply = gateway.send_message(&ctx, request()).await.unwrap();
+        let SendReply::Task(task) = reply else {
+            panic!("a task, not a message")
+        };
+        assert_eq!(state_of(&task), "TASK_STATE_COMPLETED");
+        ledger.close();
+    }
+
     /// bob's echo agent as `guarded`, taking handoffs from `globex-old`
     /// and `alice-old` (deregistered by globex and by alice) and from
     /// `torn`, whose retired record does not decode.

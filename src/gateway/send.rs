@@ -549,6 +549,12 @@ impl Gateway {
             );
         }
         finish(violations)?;
+        // While the log cannot make writes durable, a send would run its
+        // agent for a task the ledger cannot keep: it is refused before
+        // that, and writes already noted wait for the log.
+        if let Some(failure) = self.ledger.log_failure() {
+            return Err(GatewayError::LedgerUnavailable(failure.to_string()));
+        }
 
         // A continuation stays with the agent that holds the task.
         let continued = if message.task_id.is_empty() {

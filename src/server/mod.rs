@@ -281,14 +281,26 @@ async fn healthz() -> Response {
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
-    match state.gateway.ledger().get("readyz-probe") {
-        Ok(_) => axum::Json(serde_json::json!({"status": "ready"})).into_response(),
-        Err(err) => (
+    match readiness(state.gateway.ledger()) {
+        Ok(()) => axum::Json(serde_json::json!({"status": "ready"})).into_response(),
+        Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(serde_json::json!({"status": "unavailable", "reason": err.to_string()})),
+            axum::Json(serde_json::json!({"status": "unavailable", "reason": reason})),
         )
             .into_response(),
     }
+}
+
+/// Whether the ledger can take work: it reads, and its log makes writes
+/// durable (a failing log refuses sends, so a balancer should look elsewhere).
+fn readiness(ledger: &crate::store::Ledger) -> Result<(), String> {
+    if let Some(failure) = ledger.log_failure() {
+        return Err(failure.to_string());
+    }
+    ledger
+        .get("readyz-probe")
+        .map(drop)
+        .map_err(|err| err.to_string())
 }
 
 /// Prometheus text; unauthenticated, like the health probes.
@@ -305,6 +317,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         push_dropped: load(&push.dropped),
         ledger_durable_writes: log.durable_writes,
         ledger_log_syncs: log.syncs,
+        ledger_log_failed_appends: log.failed_appends,
     };
     (
         [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
@@ -699,6 +712,38 @@ mod tests {
         ] {
             assert_eq!(rpc_endpoint(path), None, "{path}");
         }
+    }
+
+    /// Not ready while the ledger's log cannot append; ready again once
+    /// it can.
+    #[tokio::test]
+    async fn not_ready_while_the_log_cannot_append() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = std::sync::Arc::new(crate::store::Ledger::open(dir.path()).unwrap());
+        assert_eq!(readiness(&ledger), Ok(()));
+
+        let fault = ledger.fail_log(std::io::ErrorKind::StorageFull);
+        let pending = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.put_raw(b"probe".to_vec(), b"1".to_vec()).await }
+        });
+        let refused = async {
+            loop {
+                if let Err(reason) = readiness(&ledger) {
+                    return reason;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        };
+        let reason = tokio::time::timeout(std::time::Duration::from_secs(5), refused)
+            .await
+            .expect("unready once an append fails");
+        assert!(reason.contains("cannot make writes durable"), "{reason}");
+
+        drop(fault);
+        pending.await.unwrap().unwrap();
+        assert_eq!(readiness(&ledger), Ok(()));
+        ledger.close();
     }
 
     #[test]

@@ -10,9 +10,13 @@ use super::applier::Applier;
 use super::durable::DurableMark;
 use super::hub::{EventHub, LedgerEvent};
 use super::wal::Segment;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long the flusher waits before it tries a failed append again.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
 struct Pending {
@@ -61,6 +65,32 @@ pub struct LogFigures {
     pub durable_writes: u64,
     /// Synchronous appends that made them so, one per group.
     pub syncs: u64,
+    /// Appends that failed and were tried again.
+    pub failed_appends: u64,
+}
+
+/// The log's appends are failing: writes noted since wait until one
+/// succeeds (the flusher tries again every 100 ms).
+#[derive(Clone, Debug)]
+pub struct LogFailure {
+    /// The last append's error.
+    pub error: String,
+    /// When the first of these failures happened.
+    pub since: Instant,
+    /// Failed attempts since then.
+    pub attempts: u32,
+}
+
+impl std::fmt::Display for LogFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the ledger's log cannot make writes durable: {} ({} failed attempts over {} s)",
+            self.error,
+            self.attempts,
+            self.since.elapsed().as_secs()
+        )
+    }
 }
 
 /// The group-commit flusher of one write-ahead log.
@@ -70,6 +100,15 @@ pub struct Flusher {
     durable: Arc<DurableMark>,
     /// Groups appended durably.
     syncs: AtomicU64,
+    /// Appends that failed.
+    failed_appends: AtomicU64,
+    /// Set while appends fail; read on every send, so an atomic.
+    failing: AtomicBool,
+    /// What is failing, while `failing` is set.
+    failure: Mutex<Option<LogFailure>>,
+    /// Tests make appends fail ([`Flusher::fail_appends`]).
+    #[cfg(test)]
+    injected_fault: Mutex<Option<std::io::ErrorKind>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The flusher thread's id (Linux): the thread whose priority was raised.
     thread_id: OnceLock<i32>,
@@ -90,6 +129,11 @@ impl Flusher {
             wake: Condvar::new(),
             durable,
             syncs: AtomicU64::new(0),
+            failed_appends: AtomicU64::new(0),
+            failing: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            #[cfg(test)]
+            injected_fault: Mutex::new(None),
             thread: Mutex::new(None),
             thread_id: OnceLock::new(),
         });
@@ -148,12 +192,14 @@ impl Flusher {
                 (pending.written, std::mem::take(&mut pending.events))
             };
             // Writers stay blocked rather than being told a lie; these are
-            // I/O failures the operator must see.
-            let mut failures = 0u32;
-            while let Err(err) = segment.append_durably(&frames) {
-                failures += 1;
-                tracing::error!(%err, failures, "ledger log write failed; retrying");
-                std::thread::sleep(std::time::Duration::from_millis(100));
+            // I/O failures the operator must see (readiness, metrics, and
+            // new sends refused while they last).
+            while let Err(err) = self.append(&mut segment, &frames) {
+                self.note_failure(&err);
+                std::thread::sleep(RETRY_AFTER_FAILURE);
+            }
+            if self.failing.load(Ordering::Relaxed) {
+                self.note_recovery();
             }
             // Counted before the mark moves (whose lock orders the two), so
             // no reading shows a write durable without the sync that made it so.
@@ -169,6 +215,55 @@ impl Flusher {
                 }
             }
         }
+    }
+
+    /// Appends `frames` durably (in tests, unless a fault is injected).
+    fn append(&self, segment: &mut Segment, frames: &[u8]) -> std::io::Result<()> {
+        #[cfg(test)]
+        if let Some(kind) = *self.injected_fault.lock().expect("flusher lock") {
+            return Err(std::io::Error::new(kind, "injected by a test"));
+        }
+        segment.append_durably(frames)
+    }
+
+    fn note_failure(&self, err: &std::io::Error) {
+        self.failed_appends.fetch_add(1, Ordering::Relaxed);
+        let mut failure = self.failure.lock().expect("flusher lock");
+        let failure = failure.get_or_insert_with(|| LogFailure {
+            error: String::new(),
+            since: Instant::now(),
+            attempts: 0,
+        });
+        failure.error = err.to_string();
+        failure.attempts += 1;
+        self.failing.store(true, Ordering::Relaxed);
+        tracing::error!(%err, attempts = failure.attempts, "ledger log write failed; retrying");
+    }
+
+    fn note_recovery(&self) {
+        self.failing.store(false, Ordering::Relaxed);
+        if let Some(failure) = self.failure.lock().expect("flusher lock").take() {
+            tracing::info!(
+                attempts = failure.attempts,
+                seconds = failure.since.elapsed().as_secs_f64(),
+                "ledger log writes again"
+            );
+        }
+    }
+
+    /// What is failing, while the log's appends fail.
+    pub fn failure(&self) -> Option<LogFailure> {
+        if !self.failing.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.failure.lock().expect("flusher lock").clone()
+    }
+
+    /// Makes every append fail with `kind` until the guard is dropped.
+    #[cfg(test)]
+    pub(crate) fn fail_appends(self: &Arc<Self>, kind: std::io::ErrorKind) -> LogFault {
+        *self.injected_fault.lock().expect("flusher lock") = Some(kind);
+        LogFault(self.clone())
     }
 
     /// Waits until writes are pending past the durable mark and the log is
@@ -224,6 +319,7 @@ impl Flusher {
         LogFigures {
             durable_writes,
             syncs: self.syncs.load(Ordering::Relaxed),
+            failed_appends: self.failed_appends.load(Ordering::Relaxed),
         }
     }
 
@@ -256,6 +352,17 @@ impl Drop for LogHold {
     fn drop(&mut self) {
         self.0.pending.lock().expect("flusher lock").held = false;
         self.0.wake.notify_one();
+    }
+}
+
+/// See [`Flusher::fail_appends`].
+#[cfg(test)]
+pub(crate) struct LogFault(Arc<Flusher>);
+
+#[cfg(test)]
+impl Drop for LogFault {
+    fn drop(&mut self) {
+        *self.0.injected_fault.lock().expect("flusher lock") = None;
     }
 }
 

@@ -816,6 +816,13 @@ impl Ledger {
         self.flusher.hold()
     }
 
+    /// Makes the log's appends fail with `kind` until the guard is dropped
+    /// (see [`Flusher::fail_appends`]).
+    #[cfg(test)]
+    pub(crate) fn fail_log(&self, kind: std::io::ErrorKind) -> flusher::LogFault {
+        self.flusher.fail_appends(kind)
+    }
+
     /// Opens the ledger with its applier thread stopped, so a test decides
     /// when pending writes reach sled (`apply_pending`), not a timer.
     #[cfg(test)]
@@ -867,6 +874,12 @@ impl Ledger {
     /// How much the log's group commit has gathered since the ledger opened.
     pub fn log_figures(&self) -> flusher::LogFigures {
         self.flusher.figures()
+    }
+
+    /// What is failing, while the log cannot make writes durable; writes
+    /// noted meanwhile wait until it can.
+    pub fn log_failure(&self) -> Option<flusher::LogFailure> {
+        self.flusher.failure()
     }
 
     /// Waits until every write made so far is on disk.
@@ -1796,6 +1809,63 @@ mod tests {
         let after = ledger.log_figures();
         assert_eq!(after.durable_writes, 4);
         assert_eq!(after.syncs, before.syncs + 1, "one sync for the group");
+    }
+
+    /// A log that cannot append holds the writes noted meanwhile, says so
+    /// until an append succeeds, and loses none of them.
+    #[tokio::test]
+    async fn a_failing_log_holds_its_writes_and_reports_until_an_append_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Arc::new(Ledger::open(dir.path()).unwrap());
+        ledger.create(record("t0"), vec![]).await.unwrap();
+        assert!(ledger.log_failure().is_none());
+        let before = ledger.log_figures();
+
+        let fault = ledger.fail_log(std::io::ErrorKind::StorageFull);
+        let writer = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.create(record("t1"), vec![]).await }
+        });
+        let reported = async {
+            loop {
+                if let Some(failure) = ledger.log_failure() {
+                    return failure;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        };
+        let failure = tokio::time::timeout(std::time::Duration::from_secs(5), reported)
+            .await
+            .expect("the failure is reported");
+        assert!(failure.attempts >= 1, "{failure:?}");
+        assert!(failure.error.contains("injected by a test"), "{failure:?}");
+        let text = failure.to_string();
+        assert!(text.contains("cannot make writes durable"), "{text}");
+        let during = ledger.log_figures();
+        assert_eq!(
+            during.durable_writes, before.durable_writes,
+            "nothing durable"
+        );
+        assert!(during.failed_appends >= 1, "{during:?}");
+        assert!(!writer.is_finished(), "the write waits for the log");
+
+        drop(fault);
+        tokio::time::timeout(std::time::Duration::from_secs(5), writer)
+            .await
+            .expect("the write is durable once the log appends")
+            .unwrap()
+            .unwrap();
+        assert!(ledger.log_failure().is_none(), "recovered");
+        assert_eq!(ledger.log_figures().durable_writes, 2);
+
+        ledger.close();
+        drop(ledger);
+        let reopened = Ledger::open(dir.path()).unwrap();
+        assert!(
+            reopened.get("t1").unwrap().is_some(),
+            "kept across a restart"
+        );
+        reopened.close();
     }
 
     #[tokio::test]

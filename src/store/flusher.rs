@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 /// How long the flusher waits before it tries a failed append again.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(100);
 
+/// How long a stop still tries a failing append before it gives up on the
+/// writes waiting for it (none of which was reported durable).
+const STOP_GIVES_UP_AFTER: Duration = Duration::from_secs(5);
+
 #[derive(Default)]
 struct Pending {
     /// Writes noted so far.
@@ -194,8 +198,22 @@ impl Flusher {
             // Writers stay blocked rather than being told a lie; these are
             // I/O failures the operator must see (readiness, metrics, and
             // new sends refused while they last).
+            let mut stopping_since = None;
             while let Err(err) = self.append(&mut segment, &frames) {
                 self.note_failure(&err);
+                if self.stop_requested() {
+                    let since = *stopping_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= STOP_GIVES_UP_AFTER {
+                        let waiting = self.latest_ticket() - self.durable.get();
+                        tracing::error!(
+                            %err,
+                            waiting,
+                            "stopping with writes the log could not make durable; \
+                             none was reported durable, and they are dropped"
+                        );
+                        return;
+                    }
+                }
                 std::thread::sleep(RETRY_AFTER_FAILURE);
             }
             if self.failing.load(Ordering::Relaxed) {
@@ -249,6 +267,10 @@ impl Flusher {
                 "ledger log writes again"
             );
         }
+    }
+
+    fn stop_requested(&self) -> bool {
+        self.pending.lock().expect("flusher lock").stop
     }
 
     /// What is failing, while the log's appends fail.
@@ -333,7 +355,9 @@ impl Flusher {
         self.durable.wait(ticket).await;
     }
 
-    /// Makes what is pending durable and stops the thread.
+    /// Makes what is pending durable and stops the thread; a log that
+    /// cannot append is given 5 s more, and what it could not make durable
+    /// is dropped (no writer was told it was durable).
     pub fn stop(&self) {
         self.pending.lock().expect("flusher lock").stop = true;
         self.wake.notify_one();

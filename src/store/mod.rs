@@ -1868,6 +1868,53 @@ mod tests {
         reopened.close();
     }
 
+    /// A stop does not hang on a log that cannot append: it gives up on
+    /// the writes still waiting, which were never reported durable, and
+    /// the ledger opens again with everything that was.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stop_gives_up_on_a_log_that_cannot_append() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Arc::new(Ledger::open(dir.path()).unwrap());
+        ledger.create(record("t0"), vec![]).await.unwrap();
+        let _fault = ledger.fail_log(std::io::ErrorKind::StorageFull);
+        let writer = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.create(record("t1"), vec![]).await }
+        });
+        let failing = async {
+            while ledger.log_failure().is_none() {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), failing)
+            .await
+            .expect("the failure is reported");
+
+        let closing = tokio::task::spawn_blocking({
+            let ledger = ledger.clone();
+            move || ledger.close()
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(20), closing)
+            .await
+            .expect("the stop ends")
+            .unwrap();
+        assert!(
+            !writer.is_finished(),
+            "the write was never reported durable"
+        );
+        writer.abort();
+        let _ = writer.await;
+        drop(ledger);
+
+        let reopened = Ledger::open(dir.path()).unwrap();
+        assert!(
+            reopened.get("t0").unwrap().is_some(),
+            "durable before the fault"
+        );
+        assert!(reopened.get("t1").unwrap().is_none(), "never durable");
+        reopened.close();
+    }
+
     #[tokio::test]
     async fn an_unchanged_update_logs_nothing_and_returns_the_record_as_read() {
         let dir = tempfile::tempdir().unwrap();

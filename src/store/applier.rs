@@ -303,6 +303,9 @@ impl Applier {
     }
 
     fn run(&self) {
+        // Failed applications in a row: a full disk fails one ten times a
+        // second, which is logged when it starts and every 100 attempts.
+        let mut failures = 0u32;
         loop {
             let (retired, stop) = {
                 let mut overlay = self.overlay.lock().expect("applier lock");
@@ -341,7 +344,10 @@ impl Applier {
                     tracing::error!(%err, "applying ledger writes to sled failed at close");
                     return;
                 }
-                tracing::error!(%err, "applying ledger writes to sled failed; retrying");
+                failures += 1;
+                if failures % 100 == 1 {
+                    tracing::error!(%err, failures, "applying ledger writes to sled failed; retrying");
+                }
                 std::thread::sleep(Duration::from_millis(100));
                 self.overlay
                     .lock()
@@ -349,6 +355,10 @@ impl Applier {
                     .retired
                     .extend(retired);
                 continue;
+            }
+            if failures > 0 {
+                tracing::info!(failures, "applying ledger writes to sled works again");
+                failures = 0;
             }
             if stop {
                 let segments = wal::segments(&self.wal_dir).unwrap_or_default();

@@ -252,10 +252,16 @@ impl Flusher {
             since: Instant::now(),
             attempts: 0,
         });
-        failure.error = err.to_string();
+        let error = err.to_string();
+        let changed = failure.error != error;
+        failure.error = error;
         failure.attempts += 1;
         self.failing.store(true, Ordering::Relaxed);
-        tracing::error!(%err, attempts = failure.attempts, "ledger log write failed; retrying");
+        // Tried ten times a second: logged when it starts or changes, then
+        // every 100 attempts.
+        if changed || failure.attempts % 100 == 0 {
+            tracing::error!(%err, attempts = failure.attempts, "ledger log write failed; retrying");
+        }
     }
 
     fn note_recovery(&self) {

@@ -802,6 +802,47 @@ pub struct Ledger {
     push_configs_stored: Arc<AtomicU64>,
 }
 
+/// Opens the sled database in `dir`. sled 0.34 writes a snapshot to
+/// `snap.<lsn>.generating` and renames it once synced, but at open it takes
+/// the highest-named `snap.` file, that one included: a snapshot write cut
+/// short (a full disk) leaves a file that every later open refuses as
+/// corrupt. Such a file is never a finished snapshot, so when sled refuses
+/// one, it is removed and the open tried again. (Not before: a running
+/// Baton on the same directory may be writing one; sled's lock refuses the
+/// second process first.)
+fn open_sled(dir: &Path) -> Result<sled::Db, LedgerError> {
+    let open = || {
+        sled::Config::new()
+            .path(dir)
+            .cache_capacity(64 * 1024 * 1024)
+            // The write-ahead log makes writes durable; sled is flushed at checkpoints.
+            .flush_every_ms(None)
+            .open()
+    };
+    match open() {
+        Err(sled::Error::Corruption { .. }) if remove_unfinished_snapshots(dir)? > 0 => Ok(open()?),
+        opened => Ok(opened?),
+    }
+}
+
+/// Removes sled's unfinished snapshot files from `dir`; returns how many.
+fn remove_unfinished_snapshots(dir: &Path) -> Result<usize, LedgerError> {
+    let mut removed = 0;
+    for entry in std::fs::read_dir(dir).map_err(storage_io)? {
+        let path = entry.map_err(storage_io)?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            tracing::warn!(path = %path.display(), "removing an unfinished sled snapshot");
+            std::fs::remove_file(&path).map_err(storage_io)?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 impl Ledger {
     /// Opens (or creates) the ledger in `dir`, applying whatever the log
     /// holds from a process that stopped without closing it.
@@ -831,12 +872,7 @@ impl Ledger {
     }
 
     fn open_with_applier(dir: &Path, start: ApplierStart) -> Result<Self, LedgerError> {
-        let db = sled::Config::new()
-            .path(dir)
-            .cache_capacity(64 * 1024 * 1024)
-            // The write-ahead log makes writes durable; sled is flushed at checkpoints.
-            .flush_every_ms(None)
-            .open()?;
+        let db = open_sled(dir)?;
         let tree = db.open_tree("ledger")?;
         check_format(&tree)?;
         let wal_dir = dir.join("wal");
@@ -1912,6 +1948,29 @@ mod tests {
             "durable before the fault"
         );
         assert!(reopened.get("t1").unwrap().is_none(), "never durable");
+        reopened.close();
+    }
+
+    /// A snapshot sled could not finish (a full disk) sorts as its newest,
+    /// which sled then refuses as corrupt; the ledger removes it and opens.
+    #[tokio::test]
+    async fn an_unfinished_sled_snapshot_does_not_stop_the_ledger_opening() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        ledger.create(record("t1"), vec![]).await.unwrap();
+        ledger.close();
+        drop(ledger);
+        let unfinished = dir.path().join("snap.FFFFFFFFFFFFFFFF.generating");
+        std::fs::write(&unfinished, b"").unwrap();
+        let refused = sled::Config::new().path(dir.path()).open();
+        assert!(
+            matches!(refused, Err(sled::Error::Corruption { .. })),
+            "sled alone refuses it: {refused:?}"
+        );
+
+        let reopened = Ledger::open(dir.path()).unwrap();
+        assert!(reopened.get("t1").unwrap().is_some());
+        assert!(!unfinished.exists());
         reopened.close();
     }
 

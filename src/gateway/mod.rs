@@ -780,14 +780,7 @@ mod tests {
             let ledger = ledger.clone();
             async move { ledger.put_raw(b"probe".to_vec(), b"1".to_vec()).await }
         });
-        let failing = async {
-            while ledger.log_failure().is_none() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(5), failing)
-            .await
-            .expect("the failure is reported");
+        ledger.until_log_fails().await;
 
         let request = || SendMessageRequest {
             message: Some(hi("m1")),

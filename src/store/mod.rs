@@ -864,6 +864,23 @@ impl Ledger {
         self.flusher.fail_appends(kind)
     }
 
+    /// Waits, at most 5 s, until the log reports a failed append (one
+    /// happens only once a write is noted).
+    #[cfg(test)]
+    pub(crate) async fn until_log_fails(&self) -> flusher::LogFailure {
+        let reported = async {
+            loop {
+                if let Some(failure) = self.log_failure() {
+                    return failure;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), reported)
+            .await
+            .expect("the log reports its failure")
+    }
+
     /// Opens the ledger with its applier thread stopped, so a test decides
     /// when pending writes reach sled (`apply_pending`), not a timer.
     #[cfg(test)]
@@ -1862,17 +1879,7 @@ mod tests {
             let ledger = ledger.clone();
             async move { ledger.create(record("t1"), vec![]).await }
         });
-        let reported = async {
-            loop {
-                if let Some(failure) = ledger.log_failure() {
-                    return failure;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-        };
-        let failure = tokio::time::timeout(std::time::Duration::from_secs(5), reported)
-            .await
-            .expect("the failure is reported");
+        let failure = ledger.until_log_fails().await;
         assert!(failure.attempts >= 1, "{failure:?}");
         assert!(failure.error.contains("injected by a test"), "{failure:?}");
         let text = failure.to_string();
@@ -1917,14 +1924,7 @@ mod tests {
             let ledger = ledger.clone();
             async move { ledger.create(record("t1"), vec![]).await }
         });
-        let failing = async {
-            while ledger.log_failure().is_none() {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-        };
-        tokio::time::timeout(std::time::Duration::from_secs(5), failing)
-            .await
-            .expect("the failure is reported");
+        ledger.until_log_fails().await;
 
         let closing = tokio::task::spawn_blocking({
             let ledger = ledger.clone();

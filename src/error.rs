@@ -104,8 +104,9 @@ pub enum GatewayError {
     /// -32603: the agent behind the gateway did not answer in time.
     #[error("agent timed out: {0}")]
     UpstreamTimeout(String),
-    /// -32603: the ledger cannot make writes durable, so no send starts.
-    #[error("{0}; the send was not started")]
+    /// -32603: the ledger cannot make writes durable: no send starts, and
+    /// a read that would wait for a write fails.
+    #[error("{0}")]
     LedgerUnavailable(String),
     /// An agent's own JSON-RPC error, passed on unchanged.
     #[error("{message}")]

@@ -27,6 +27,7 @@ impl From<LedgerError> for GatewayError {
         match err {
             LedgerError::NotFound(id) => GatewayError::TaskNotFound(id),
             LedgerError::Transition(t) => GatewayError::UnsupportedOperation(t.to_string()),
+            LedgerError::LogFailing(failure) => GatewayError::LedgerUnavailable(failure),
             other => GatewayError::Internal(other.to_string()),
         }
     }
@@ -249,7 +250,7 @@ impl Gateway {
     ) -> Result<TaskReply, GatewayError> {
         match self.ledger.get_for_reply(task_id)? {
             Some(task) if task.owner()? == ctx.principal => {
-                self.ledger.until_durable(task.ticket()).await;
+                self.ledger.until_durable(task.ticket()).await?;
                 Ok(TaskReply::read(task, history_length, true))
             }
             _ => Err(GatewayError::TaskNotFound(task_id.to_string())),
@@ -308,9 +309,16 @@ impl Gateway {
             page_size: page_size as usize,
             page_token,
         };
-        let page = self.ledger.list(&ctx.principal, &query)?;
+        let page = self.ledger.list(&ctx.principal, &query).map_err(|err| {
+            // A listing waits for the writes before it to reach sled, and
+            // gives up after a second: on a failing log, that is why.
+            match self.ledger.log_failure() {
+                Some(failure) => GatewayError::LedgerUnavailable(failure.to_string()),
+                None => err.into(),
+            }
+        })?;
         let newest = page.records.iter().map(ReplyTask::ticket).max();
-        self.ledger.until_durable(newest.unwrap_or(0)).await;
+        self.ledger.until_durable(newest.unwrap_or(0)).await?;
         let include_artifacts = req.include_artifacts.unwrap_or(false);
         Ok(ListTasksResponse {
             tasks: page
@@ -719,6 +727,55 @@ mod tests {
             .expect("the write is noted");
     }
 
+    /// alice's task `t1`, WORKING at the echo agent, durable.
+    async fn alices_working_task(ledger: &Ledger) {
+        let record = TaskRecord {
+            task: Task {
+                id: "t1".into(),
+                context_id: "c1".into(),
+                ..Task::default()
+            },
+            owner: "alice".into(),
+            agent: "echo".into(),
+            ..TaskRecord::default()
+        };
+        ledger
+            .create(record, vec![status(TaskState::Working)])
+            .await
+            .unwrap();
+    }
+
+    /// Completes `t1` in a task of its own, which ends once the write is
+    /// durable.
+    fn complete_in_background(
+        ledger: &Arc<Ledger>,
+    ) -> tokio::task::JoinHandle<Result<Arc<TaskRecord>, LedgerError>> {
+        let ledger = ledger.clone();
+        tokio::spawn(async move {
+            let completed = vec![status(TaskState::Completed)];
+            ledger
+                .update("t1", |_| Ok::<_, LedgerError>(completed))
+                .await
+        })
+    }
+
+    /// `answer`'s error as JSON-RPC, which must come within `limit` (not
+    /// wait on the log) and be -32603 LEDGER_UNAVAILABLE.
+    async fn ledger_unavailable<T: std::fmt::Debug>(
+        answer: impl std::future::Future<Output = Result<T, GatewayError>>,
+        limit: Duration,
+    ) -> serde_json::Value {
+        let err = tokio::time::timeout(limit, answer)
+            .await
+            .expect("failed at once, not left waiting on the log")
+            .unwrap_err();
+        assert!(matches!(err, GatewayError::LedgerUnavailable(_)), "{err:?}");
+        let rpc = err.to_rpc_error();
+        assert_eq!(rpc["code"], -32603);
+        assert_eq!(rpc["data"][0]["reason"], "LEDGER_UNAVAILABLE");
+        rpc
+    }
+
     /// Whether `answer` is still pending after 100 ms.
     async fn still_waiting(answer: impl std::future::Future) -> bool {
         tokio::time::timeout(Duration::from_millis(100), answer)
@@ -788,14 +845,7 @@ mod tests {
         };
         let ctx = alice(None);
         let refused = gateway.send_message(&ctx, request());
-        let err = tokio::time::timeout(Duration::from_secs(2), refused)
-            .await
-            .expect("refused at once, not left waiting on the log")
-            .unwrap_err();
-        assert!(matches!(err, GatewayError::LedgerUnavailable(_)), "{err:?}");
-        let rpc = err.to_rpc_error();
-        assert_eq!(rpc["code"], -32603);
-        assert_eq!(rpc["data"][0]["reason"], "LEDGER_UNAVAILABLE");
+        let rpc = ledger_unavailable(refused, Duration::from_secs(2)).await;
         let message = rpc["message"].as_str().unwrap();
         assert!(message.contains("cannot make writes durable"), "{message}");
         assert!(message.contains("not started"), "{message}");
@@ -813,6 +863,38 @@ mod tests {
             panic!("a task, not a message")
         };
         assert_eq!(state_of(&task), "TASK_STATE_COMPLETED");
+        ledger.close();
+    }
+
+    /// While the log cannot append, a read that would show a write still
+    /// waiting on it fails (LEDGER_UNAVAILABLE) instead of waiting with
+    /// it, and answers once the log writes again.
+    #[tokio::test]
+    async fn a_read_waiting_on_a_failing_log_fails_instead_of_hanging() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        alices_working_task(&ledger).await;
+        let fault = ledger.fail_log(std::io::ErrorKind::StorageFull);
+        let writer = complete_in_background(&ledger);
+        ledger.until_log_fails().await;
+        let ctx = alice(None);
+        let get = || {
+            gateway.get_task(
+                &ctx,
+                GetTaskRequest {
+                    id: "t1".into(),
+                    ..GetTaskRequest::default()
+                },
+            )
+        };
+
+        ledger_unavailable(get(), Duration::from_secs(2)).await;
+        let listed = gateway.list_tasks(&ctx, ListTasksRequest::default());
+        ledger_unavailable(listed, Duration::from_secs(5)).await;
+
+        drop(fault);
+        writer.await.unwrap().unwrap();
+        assert_eq!(state_of(&get().await.unwrap()), "TASK_STATE_COMPLETED");
         ledger.close();
     }
 
@@ -883,32 +965,11 @@ mod tests {
     async fn replies_show_a_write_only_once_it_is_durable() {
         let dir = tempfile::tempdir().unwrap();
         let (ledger, gateway) = open_gateway(dir.path());
-        let record = TaskRecord {
-            task: Task {
-                id: "t1".into(),
-                context_id: "c1".into(),
-                ..Task::default()
-            },
-            owner: "alice".into(),
-            agent: "echo".into(),
-            ..TaskRecord::default()
-        };
-        ledger
-            .create(record, vec![status(TaskState::Working)])
-            .await
-            .unwrap();
+        alices_working_task(&ledger).await;
         let ctx = alice(None);
 
         let hold = ledger.hold_log();
-        let writer = tokio::spawn({
-            let ledger = ledger.clone();
-            async move {
-                let completed = vec![status(TaskState::Completed)];
-                ledger
-                    .update("t1", |_| Ok::<_, LedgerError>(completed))
-                    .await
-            }
-        });
+        let writer = complete_in_background(&ledger);
         until_noted(|| {
             ledger.get("t1").unwrap().unwrap().task.status.state == TaskState::Completed
         })

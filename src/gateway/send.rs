@@ -553,7 +553,9 @@ impl Gateway {
         // agent for a task the ledger cannot keep: it is refused before
         // that, and writes already noted wait for the log.
         if let Some(failure) = self.ledger.log_failure() {
-            return Err(GatewayError::LedgerUnavailable(failure.to_string()));
+            return Err(GatewayError::LedgerUnavailable(format!(
+                "{failure}; the send was not started"
+            )));
         }
 
         // A continuation stays with the agent that holds the task.

@@ -356,6 +356,11 @@ impl Flusher {
         self.pending.lock().expect("flusher lock").written
     }
 
+    /// Whether the write with `ticket` is on disk.
+    pub fn is_durable(&self, ticket: u64) -> bool {
+        self.durable.get() >= ticket
+    }
+
     /// Waits until the write with `ticket` is on disk.
     pub async fn wait_durable(&self, ticket: u64) {
         self.durable.wait(ticket).await;

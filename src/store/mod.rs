@@ -1057,6 +1057,12 @@ impl Ledger {
         if self.flusher.is_durable(ticket) {
             return Ok(());
         }
+        // Boxed: a reply after a send usually finds its write durable, and
+        // the timer would otherwise grow every future that awaits this.
+        Box::pin(self.until_durable_or_failing(ticket)).await
+    }
+
+    async fn until_durable_or_failing(&self, ticket: u64) -> Result<(), LedgerError> {
         let durable = self.flusher.wait_durable(ticket);
         tokio::pin!(durable);
         loop {

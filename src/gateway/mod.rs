@@ -309,14 +309,7 @@ impl Gateway {
             page_size: page_size as usize,
             page_token,
         };
-        let page = self.ledger.list(&ctx.principal, &query).map_err(|err| {
-            // A listing waits for the writes before it to reach sled, and
-            // gives up after a second: on a failing log, that is why.
-            match self.ledger.log_failure() {
-                Some(failure) => GatewayError::LedgerUnavailable(failure.to_string()),
-                None => err.into(),
-            }
-        })?;
+        let page = self.ledger.list(&ctx.principal, &query)?;
         let newest = page.records.iter().map(ReplyTask::ticket).max();
         self.ledger.until_durable(newest.unwrap_or(0)).await?;
         let include_artifacts = req.include_artifacts.unwrap_or(false);

@@ -727,17 +727,8 @@ mod tests {
             let ledger = ledger.clone();
             async move { ledger.put_raw(b"probe".to_vec(), b"1".to_vec()).await }
         });
-        let refused = async {
-            loop {
-                if let Err(reason) = readiness(&ledger) {
-                    return reason;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-        };
-        let reason = tokio::time::timeout(std::time::Duration::from_secs(5), refused)
-            .await
-            .expect("unready once an append fails");
+        ledger.until_log_fails().await;
+        let reason = readiness(&ledger).expect_err("unready once an append fails");
         assert!(reason.contains("cannot make writes durable"), "{reason}");
 
         drop(fault);

@@ -478,6 +478,9 @@ impl Applier {
         if self.durable.wait_blocking(ticket, DURABLE_WAIT) {
             return Ok(());
         }
+        if let Some(failure) = self.durable.failure() {
+            return Err(LedgerError::LogFailing(failure.to_string()));
+        }
         let stalled = std::io::Error::new(
             std::io::ErrorKind::TimedOut,
             "the log did not make the writes durable",

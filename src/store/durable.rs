@@ -4,9 +4,34 @@
 //! applier's, or a scan's that needs it applied) waits for the set's newest
 //! ticket, blocking.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+/// The log's appends are failing: writes noted since wait until one
+/// succeeds (the flusher tries again every 100 ms).
+#[derive(Clone, Debug)]
+pub struct LogFailure {
+    /// The last append's error.
+    pub error: String,
+    /// When the first of these failures happened.
+    pub since: Instant,
+    /// Failed attempts since then.
+    pub attempts: u32,
+}
+
+impl std::fmt::Display for LogFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the ledger's log cannot make writes durable: {} ({} failed attempts over {} s)",
+            self.error,
+            self.attempts,
+            self.since.elapsed().as_secs()
+        )
+    }
+}
 
 /// The latest log ticket made durable.
 #[derive(Default)]
@@ -19,6 +44,10 @@ pub struct DurableMark {
     blocked: Mutex<usize>,
     /// Signalled when the ticket moves while a thread is blocked.
     moved: Condvar,
+    /// Set while the log's appends fail; read on every send, so an atomic.
+    failing: AtomicBool,
+    /// What is failing, while `failing` is set.
+    failure: Mutex<Option<LogFailure>>,
 }
 
 impl DurableMark {
@@ -38,6 +67,38 @@ impl DurableMark {
         if blocked > 0 {
             self.moved.notify_all();
         }
+    }
+
+    /// An append failed with `error` (the flusher calls it); returns the
+    /// attempts since the failures began and whether the error changed.
+    pub fn failed(&self, error: String) -> (u32, bool) {
+        let mut failure = self.failure.lock().expect("durable mark lock");
+        let failure = failure.get_or_insert_with(|| LogFailure {
+            error: String::new(),
+            since: Instant::now(),
+            attempts: 0,
+        });
+        let changed = failure.error != error;
+        failure.error = error;
+        failure.attempts += 1;
+        self.failing.store(true, Ordering::Relaxed);
+        (failure.attempts, changed)
+    }
+
+    /// An append succeeded: the failure it ends, if appends were failing.
+    pub fn recovered(&self) -> Option<LogFailure> {
+        if !self.failing.swap(false, Ordering::Relaxed) {
+            return None;
+        }
+        self.failure.lock().expect("durable mark lock").take()
+    }
+
+    /// What is failing, while the log's appends fail.
+    pub fn failure(&self) -> Option<LogFailure> {
+        if !self.failing.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.failure.lock().expect("durable mark lock").clone()
     }
 
     /// Waits until the log is durable up to `ticket`.

@@ -7,10 +7,10 @@
 //! STYLE.md). One flusher turns N concurrent writers into one sync.
 
 use super::applier::Applier;
-use super::durable::DurableMark;
+use super::durable::{DurableMark, LogFailure};
 use super::hub::{EventHub, LedgerEvent};
 use super::wal::Segment;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -73,30 +73,6 @@ pub struct LogFigures {
     pub failed_appends: u64,
 }
 
-/// The log's appends are failing: writes noted since wait until one
-/// succeeds (the flusher tries again every 100 ms).
-#[derive(Clone, Debug)]
-pub struct LogFailure {
-    /// The last append's error.
-    pub error: String,
-    /// When the first of these failures happened.
-    pub since: Instant,
-    /// Failed attempts since then.
-    pub attempts: u32,
-}
-
-impl std::fmt::Display for LogFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the ledger's log cannot make writes durable: {} ({} failed attempts over {} s)",
-            self.error,
-            self.attempts,
-            self.since.elapsed().as_secs()
-        )
-    }
-}
-
 /// The group-commit flusher of one write-ahead log.
 pub struct Flusher {
     pending: Mutex<Pending>,
@@ -106,10 +82,6 @@ pub struct Flusher {
     syncs: AtomicU64,
     /// Appends that failed.
     failed_appends: AtomicU64,
-    /// Set while appends fail; read on every send, so an atomic.
-    failing: AtomicBool,
-    /// What is failing, while `failing` is set.
-    failure: Mutex<Option<LogFailure>>,
     /// Tests make appends fail ([`Flusher::fail_appends`]).
     #[cfg(test)]
     injected_fault: Mutex<Option<std::io::ErrorKind>>,
@@ -134,8 +106,6 @@ impl Flusher {
             durable,
             syncs: AtomicU64::new(0),
             failed_appends: AtomicU64::new(0),
-            failing: AtomicBool::new(false),
-            failure: Mutex::new(None),
             #[cfg(test)]
             injected_fault: Mutex::new(None),
             thread: Mutex::new(None),
@@ -216,8 +186,12 @@ impl Flusher {
                 }
                 std::thread::sleep(RETRY_AFTER_FAILURE);
             }
-            if self.failing.load(Ordering::Relaxed) {
-                self.note_recovery();
+            if let Some(failure) = self.durable.recovered() {
+                tracing::info!(
+                    attempts = failure.attempts,
+                    seconds = failure.since.elapsed().as_secs_f64(),
+                    "ledger log writes again"
+                );
             }
             // Counted before the mark moves (whose lock orders the two), so
             // no reading shows a write durable without the sync that made it so.
@@ -246,32 +220,11 @@ impl Flusher {
 
     fn note_failure(&self, err: &std::io::Error) {
         self.failed_appends.fetch_add(1, Ordering::Relaxed);
-        let mut failure = self.failure.lock().expect("flusher lock");
-        let failure = failure.get_or_insert_with(|| LogFailure {
-            error: String::new(),
-            since: Instant::now(),
-            attempts: 0,
-        });
-        let error = err.to_string();
-        let changed = failure.error != error;
-        failure.error = error;
-        failure.attempts += 1;
-        self.failing.store(true, Ordering::Relaxed);
+        let (attempts, changed) = self.durable.failed(err.to_string());
         // Tried ten times a second: logged when it starts or changes, then
         // every 100 attempts.
-        if changed || failure.attempts % 100 == 0 {
-            tracing::error!(%err, attempts = failure.attempts, "ledger log write failed; retrying");
-        }
-    }
-
-    fn note_recovery(&self) {
-        self.failing.store(false, Ordering::Relaxed);
-        if let Some(failure) = self.failure.lock().expect("flusher lock").take() {
-            tracing::info!(
-                attempts = failure.attempts,
-                seconds = failure.since.elapsed().as_secs_f64(),
-                "ledger log writes again"
-            );
+        if changed || attempts % 100 == 0 {
+            tracing::error!(%err, attempts, "ledger log write failed; retrying");
         }
     }
 
@@ -281,10 +234,7 @@ impl Flusher {
 
     /// What is failing, while the log's appends fail.
     pub fn failure(&self) -> Option<LogFailure> {
-        if !self.failing.load(Ordering::Relaxed) {
-            return None;
-        }
-        self.failure.lock().expect("flusher lock").clone()
+        self.durable.failure()
     }
 
     /// Makes every append fail with `kind` until the guard is dropped.

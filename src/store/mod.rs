@@ -874,7 +874,7 @@ impl Ledger {
     /// Waits, at most 5 s, until the log reports a failed append (one
     /// happens only once a write is noted).
     #[cfg(test)]
-    pub(crate) async fn until_log_fails(&self) -> flusher::LogFailure {
+    pub(crate) async fn until_log_fails(&self) -> durable::LogFailure {
         let reported = async {
             loop {
                 if let Some(failure) = self.log_failure() {
@@ -938,7 +938,7 @@ impl Ledger {
 
     /// What is failing, while the log cannot make writes durable; writes
     /// noted meanwhile wait until it can.
-    pub fn log_failure(&self) -> Option<flusher::LogFailure> {
+    pub fn log_failure(&self) -> Option<durable::LogFailure> {
         self.flusher.failure()
     }
 

@@ -386,7 +386,7 @@ const MAX_WORKERS: usize = 1024;
 /// (at a raised priority where allowed), applier and sled I/O threads, which
 /// then preempt the workers less. On two cores one worker cost 55–61 µs of
 /// CPU per request at concurrency 16 against 62–66 µs for two, and served
-/// more at concurrency 16 and 1, in five of five alternated pairs (README,
+/// more at concurrency 16 and 1, in five of five alternated pairs (README history,
 /// round 32). At concurrency 64, where round 28 had found two better, one
 /// served 1–14 % less in four pairs and 17 % more in one.
 pub fn default_workers() -> usize {

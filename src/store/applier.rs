@@ -237,7 +237,7 @@ const GATHER_COALESCING: Duration = Duration::from_millis(50);
 
 /// The gather window while each task is written about once, as blocking
 /// sends write it: a long window makes a large burst of sled work that
-/// requests running beside it wait for. README round 32: at c=64, 2 ms
+/// requests running beside it wait for. README history, round 32: at c=64, 2 ms
 /// served more than 5 ms in five of six alternated pairs and 1 ms more than
 /// 2 ms in two of three; at 0 ms the applier's CPU per request rose by a third.
 const GATHER_SINGLE: Duration = Duration::from_millis(1);
@@ -899,7 +899,7 @@ pub fn storage_io(err: std::io::Error) -> LedgerError {
 
 /// Most records one record bucket holds: each bucket is one sled key (its
 /// pointer), and a read of one of its tasks reads and decompresses it
-/// whole. README round 33: at 32 rather than 4 the applier took 0.6–1.6 µs
+/// whole. README history, round 33: at 32 rather than 4 the applier took 0.6–1.6 µs
 /// less per request at c=16, in eight alternated pairs of eight.
 const BUCKET_RECORDS_MAX: usize = 32;
 

@@ -51,7 +51,7 @@ impl Pending {
 /// The nice value the flusher thread asks for, unless it runs higher
 /// already. Every writer waits on its syncs, and on a busy machine a woken
 /// flusher waited for a core about twice as long as it ran. Measured on the
-/// 2-core VM (README, round 18): the p99 at concurrency 1 fell in six of
+/// 2-core VM (README history, round 18): the p99 at concurrency 1 fell in six of
 /// six alternated pairs, throughput at concurrency 16 moved within the
 /// noise, and the p999 at concurrency 16 rose. Without the privilege
 /// (`CAP_SYS_NICE`, or an `RLIMIT_NICE` that allows it) the flusher keeps
@@ -59,7 +59,7 @@ impl Pending {
 ///
 /// Woken, the flusher yields its core once before it takes the pending
 /// writes, so that writers it would preempt mid-request may join the group
-/// (README, round 30: groups at concurrency 64 two to three times larger).
+/// (README history, round 30: groups at concurrency 64 two to three times larger).
 pub const FLUSHER_NICE: i32 = -10;
 
 /// How much the log's group commit gathers, since the ledger opened.

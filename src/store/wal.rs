@@ -188,7 +188,7 @@ const PREALLOCATE: u64 = 1024 * 1024;
 /// What a preallocation writes from, a block at a time. Static: a fresh
 /// `vec![0; 1 MiB]` per preallocation meant mimalloc clearing memory the
 /// process had not touched, 256 page faults of 2–9 µs each on the 2-core VM
-/// (README, round 26). 64 KiB keeps the binary small; a block is one `pwrite`.
+/// (README history, round 26). 64 KiB keeps the binary small; a block is one `pwrite`.
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
 impl Segment {

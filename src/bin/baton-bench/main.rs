@@ -362,7 +362,7 @@ async fn gateway_figures(bench: &Bench) -> Vec<Figure> {
 /// alternate (unary c=1 direct and through Baton; the small store and the
 /// large), each first in every other slice. A VM's speed drifts within
 /// minutes: measured one after the other, the ratio of the two stores'
-/// ListTasks p99s ranged 0.28–2.81 over five full runs on one VM (README,
+/// ListTasks p99s ranged 0.28–2.81 over five full runs on one VM (README history,
 /// round 23), that of their p50s 0.94–1.50.
 const ALTERNATED_SLICES: u32 = 4;
 

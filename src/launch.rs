@@ -94,6 +94,17 @@ pub async fn run(
         Ledger::open(&config.data_dir)
             .with_context(|| format!("opening the ledger in {}", config.data_dir.display()))?,
     );
+    run_over(config, ledger, listener, stop).await
+}
+
+/// Runs Baton as [`run`] does, over a `ledger` already open (tests reach
+/// into it); closes the ledger at the end.
+async fn run_over(
+    config: Config,
+    ledger: Arc<Ledger>,
+    listener: tokio::net::TcpListener,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let bound = listener.local_addr()?;
     let public_url = config
         .public_url
@@ -198,5 +209,201 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {}
         _ = terminate => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ServeArgs;
+    use serde_json::{Value, json};
+    use std::time::Duration;
+
+    /// A Baton over `ledger` (opened in `dir`) on an ephemeral loopback
+    /// port, with the built-in agents and `echo` as the default; returns
+    /// its base URL and what stops it.
+    async fn serve_over(
+        dir: &std::path::Path,
+        ledger: &Arc<Ledger>,
+    ) -> (String, tokio_util::sync::CancellationToken) {
+        let empty_config = dir.join("baton.toml");
+        std::fs::write(&empty_config, "").unwrap();
+        let cards = dir.join("agent-cards");
+        std::fs::create_dir_all(&cards).unwrap();
+        let args = ServeArgs {
+            listen: Some("127.0.0.1:0".into()),
+            data: Some(dir.join("data")),
+            config: Some(empty_config),
+            agent_cards: Some(cards),
+            keys_file: Some(dir.join("baton-keys.json")),
+            shutdown_grace_secs: Some(1),
+            ..ServeArgs::default()
+        };
+        let config = Config::load(&args, &builtin_agent_ids()).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let stop = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(run_over(
+            config,
+            ledger.clone(),
+            listener,
+            stop.clone().cancelled_owned(),
+        ));
+        let client = reqwest::Client::new();
+        for _ in 0..500 {
+            if client.get(format!("{base}/healthz")).send().await.is_ok() {
+                return (base, stop);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("Baton did not start");
+    }
+
+    /// `GET /readyz`: its status and body.
+    async fn readyz(base: &str) -> (u16, Value) {
+        let reply = reqwest::get(format!("{base}/readyz")).await.unwrap();
+        (reply.status().as_u16(), reply.json().await.unwrap())
+    }
+
+    /// The value of an unlabelled counter in `GET /metrics`.
+    async fn counter(base: &str, name: &str) -> u64 {
+        let text = reqwest::get(format!("{base}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let line = text
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} in {text}"));
+        line.parse().unwrap()
+    }
+
+    /// A JSON-RPC call to `/a2a`, answered within 5 s.
+    async fn call(base: &str, method: &str, params: Value) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let reply = reqwest::Client::new()
+            .post(format!("{base}/a2a"))
+            .header("A2A-Version", "1.0")
+            .timeout(Duration::from_secs(5))
+            .json(&body)
+            .send()
+            .await
+            .expect("answered within 5 s");
+        reply.json().await.unwrap()
+    }
+
+    fn hello(message_id: &str) -> Value {
+        json!({"message": {"messageId": message_id, "role": "ROLE_USER", "parts": [{"text": "hi"}]}})
+    }
+
+    /// Polls `GET /readyz` for at most 5 s until it answers `status`.
+    async fn until_readyz(base: &str, status: u16) -> Value {
+        for _ in 0..500 {
+            let (now, body) = readyz(base).await;
+            if now == status {
+                return body;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("/readyz did not answer {status} within 5 s");
+    }
+
+    /// Over HTTP: while the log cannot append, `/readyz` is 503 naming the
+    /// error, a send is refused at once with LEDGER_UNAVAILABLE, and the
+    /// failed appends are counted; once it can, all is served again.
+    #[tokio::test]
+    async fn a_failing_log_is_unready_and_refuses_sends_over_http() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Arc::new(Ledger::open(&dir.path().join("data")).unwrap());
+        let (base, stop) = serve_over(dir.path(), &ledger).await;
+        assert_eq!(readyz(&base).await.0, 200);
+
+        let fault = ledger.fail_log(std::io::ErrorKind::StorageFull);
+        // The log meets its failure at its next append.
+        let pending = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.put_raw(b"probe".to_vec(), b"1".to_vec()).await }
+        });
+        ledger.until_log_fails().await;
+        let (status, body) = readyz(&base).await;
+        assert_eq!(status, 503);
+        assert!(
+            body["reason"]
+                .as_str()
+                .unwrap()
+                .contains("cannot make writes durable"),
+            "{body}"
+        );
+        let refused = call(&base, "SendMessage", hello("refused-1")).await;
+        assert_eq!(refused["error"]["code"], -32603, "{refused}");
+        assert_eq!(refused["error"]["data"][0]["reason"], "LEDGER_UNAVAILABLE");
+        assert!(counter(&base, "baton_ledger_log_failed_appends_total").await > 0);
+
+        drop(fault);
+        pending.await.unwrap().unwrap();
+        until_readyz(&base, 200).await;
+        let served = call(&base, "SendMessage", hello("served-1")).await;
+        assert_eq!(
+            served["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+            "{served}"
+        );
+        stop.cancel();
+    }
+
+    /// Over HTTP: while writes cannot be applied to sled, the log keeps
+    /// them: sends are served and their tasks read, but `/readyz` is 503
+    /// naming the failure and the failed attempts are counted. Once sled
+    /// works again Baton is ready, and a reopened ledger holds every task.
+    #[tokio::test]
+    async fn failing_sled_is_unready_but_loses_nothing_over_http() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let ledger = Arc::new(Ledger::open(&data).unwrap());
+        let (base, stop) = serve_over(dir.path(), &ledger).await;
+
+        let fault = ledger.fail_sled(std::io::ErrorKind::Other);
+        let sent = call(&base, "SendMessage", hello("kept-1")).await;
+        let task_id = sent["result"]["task"]["id"]
+            .as_str()
+            .expect("a task")
+            .to_string();
+        let body = until_readyz(&base, 503).await;
+        assert!(
+            body["reason"]
+                .as_str()
+                .unwrap()
+                .contains("cannot apply writes to sled"),
+            "{body}"
+        );
+        assert!(counter(&base, "baton_ledger_sled_failed_attempts_total").await > 0);
+        let read = call(&base, "GetTask", json!({"id": task_id})).await;
+        assert_eq!(
+            read["result"]["status"]["state"], "TASK_STATE_COMPLETED",
+            "{read}"
+        );
+        let second = call(&base, "SendMessage", hello("kept-2")).await;
+        let second_id = second["result"]["task"]["id"]
+            .as_str()
+            .expect("a task")
+            .to_string();
+
+        drop(fault);
+        until_readyz(&base, 200).await;
+        stop.cancel();
+        // The server closes the ledger as it stops.
+        for _ in 0..500 {
+            if Arc::strong_count(&ledger) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(ledger);
+        let reopened = Ledger::open(&data).unwrap();
+        for id in [&task_id, &second_id] {
+            assert!(reopened.get(id).unwrap().is_some(), "{id} was kept");
+        }
+        reopened.close();
     }
 }

@@ -152,6 +152,8 @@ pub struct GatewayFigures {
     pub ledger_log_syncs: u64,
     /// Log appends that failed and were tried again.
     pub ledger_log_failed_appends: u64,
+    /// Applications to sled and checkpoints that failed and were tried again.
+    pub ledger_sled_failed_attempts: u64,
 }
 
 /// Encodes the latest [`GatewayFigures`] on each scrape.
@@ -203,6 +205,13 @@ impl Collector for FiguresCollector {
                 "Appends to the write-ahead log that failed and were tried again; while they \
                  fail, writes wait, new sends are refused and /readyz answers 503.",
                 figures.ledger_log_failed_appends,
+            ),
+            (
+                "baton_ledger_sled_failed_attempts",
+                "Applications of ledger writes to sled, and checkpoints of sled, that failed and \
+                 were tried again; while they fail, the log keeps the writes (and grows) and \
+                 /readyz answers 503.",
+                figures.ledger_sled_failed_attempts,
             ),
         ] {
             let counter = ConstCounter::new(value);
@@ -549,6 +558,7 @@ mod tests {
             ledger_durable_writes: 12,
             ledger_log_syncs: 5,
             ledger_log_failed_appends: 2,
+            ledger_sled_failed_attempts: 3,
             ..GatewayFigures::default()
         });
         let cases = [
@@ -602,6 +612,7 @@ mod tests {
             "baton_ledger_durable_writes_total 12",
             "baton_ledger_log_syncs_total 5",
             "baton_ledger_log_failed_appends_total 2",
+            "baton_ledger_sled_failed_attempts_total 3",
         ] {
             assert!(text.contains(&format!("\n{line}\n")), "{line}\n{text}");
         }

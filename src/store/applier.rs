@@ -39,6 +39,7 @@
 //! first ([`Applier::stored_record`]).
 
 use super::durable::DurableMark;
+use super::failing::{Failing, Failure};
 use super::hub::LedgerEvent;
 use super::record_file::{Pointer, RecordFile};
 use super::{LedgerError, ReadTask, TaskMap, TaskRecord, keys, wal};
@@ -48,7 +49,7 @@ use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -215,7 +216,23 @@ pub struct Applier {
     has_spent: AtomicBool,
     /// How far the log is durable; the flusher moves it.
     durable: Arc<DurableMark>,
+    /// Whether applications into sled fail (they are tried again every
+    /// 100 ms, the log keeping their writes meanwhile).
+    applying: Failing,
+    /// Whether checkpoints fail (sled's flush; the log is kept meanwhile).
+    checkpointing: Failing,
+    /// Applications and checkpoints that failed, for `GET /metrics`.
+    failed_attempts: AtomicU64,
+    /// Tests make applications and checkpoints fail ([`Applier::fail`]).
+    #[cfg(test)]
+    injected_fault: Mutex<Option<std::io::ErrorKind>>,
 }
+
+/// What a failing application cannot do, as its [`Failure`] says.
+const APPLY_FAILING: &str = "the ledger cannot apply writes to sled";
+
+/// What a failing checkpoint cannot do, as its [`Failure`] says.
+const CHECKPOINT_FAILING: &str = "the ledger cannot checkpoint sled, and keeps its log";
 
 /// How long an application waits for the log to sync its writes.
 const DURABLE_WAIT: Duration = Duration::from_secs(1);
@@ -289,6 +306,11 @@ impl Applier {
             partly_applied: AtomicBool::new(false),
             has_spent: AtomicBool::new(false),
             durable,
+            applying: Failing::default(),
+            checkpointing: Failing::default(),
+            failed_attempts: AtomicU64::new(0),
+            #[cfg(test)]
+            injected_fault: Mutex::new(None),
         }))
     }
 
@@ -303,9 +325,6 @@ impl Applier {
     }
 
     fn run(&self) {
-        // Failed applications in a row: a full disk fails one ten times a
-        // second, which is logged when it starts and every 100 attempts.
-        let mut failures = 0u32;
         loop {
             let (retired, stop) = {
                 let mut overlay = self.overlay.lock().expect("applier lock");
@@ -344,9 +363,9 @@ impl Applier {
                     tracing::error!(%err, "applying ledger writes to sled failed at close");
                     return;
                 }
-                failures += 1;
-                if failures % 100 == 1 {
-                    tracing::error!(%err, failures, "applying ledger writes to sled failed; retrying");
+                // A failing log is the flusher's to report.
+                if !matches!(err, LedgerError::LogFailing(_)) {
+                    self.note_failure(&self.applying, APPLY_FAILING, &err);
                 }
                 std::thread::sleep(Duration::from_millis(100));
                 self.overlay
@@ -356,10 +375,7 @@ impl Applier {
                     .extend(retired);
                 continue;
             }
-            if failures > 0 {
-                tracing::info!(failures, "applying ledger writes to sled works again");
-                failures = 0;
-            }
+            note_recovery(&self.applying);
             if stop {
                 let segments = wal::segments(&self.wal_dir).unwrap_or_default();
                 self.checkpoint(segments.into_iter().map(|(_, path)| path).collect());
@@ -379,9 +395,12 @@ impl Applier {
     /// no version) over newer ones.
     fn checkpoint(&self, segments: Vec<PathBuf>) -> bool {
         let kept = match self.flush() {
-            Ok(()) => delete_in_order(segments, |path| std::fs::remove_file(path)),
+            Ok(()) => {
+                note_recovery(&self.checkpointing);
+                delete_in_order(segments, |path| std::fs::remove_file(path))
+            }
             Err(err) => {
-                tracing::error!(%err, "ledger checkpoint flush failed; keeping the log");
+                self.note_failure(&self.checkpointing, CHECKPOINT_FAILING, &err);
                 segments
             }
         };
@@ -394,10 +413,51 @@ impl Applier {
         false
     }
 
+    /// Records a failed attempt; logged when the failures start or their
+    /// error changes, then every 100 attempts (a full disk fails one ten
+    /// times a second).
+    fn note_failure(&self, failing: &Failing, what: &'static str, err: &LedgerError) {
+        self.failed_attempts.fetch_add(1, Ordering::Relaxed);
+        let (attempts, changed) = failing.failed(what, err.to_string());
+        if changed || attempts % 100 == 0 {
+            tracing::error!(%err, attempts, "{what}; retrying");
+        }
+    }
+
+    /// What is failing in sled, while applications or checkpoints fail.
+    pub fn failure(&self) -> Option<Failure> {
+        self.applying
+            .failure()
+            .or_else(|| self.checkpointing.failure())
+    }
+
+    /// Fails as a test asked (with `Applier::fail`); never outside tests.
+    fn injected_fault(&self) -> Result<(), LedgerError> {
+        #[cfg(test)]
+        if let Some(kind) = *self.injected_fault.lock().expect("applier lock") {
+            return Err(storage_io(std::io::Error::new(kind, "injected by a test")));
+        }
+        Ok(())
+    }
+
+    /// Makes every application and checkpoint fail with `kind` until the
+    /// guard is dropped.
+    #[cfg(test)]
+    pub(crate) fn fail(self: &Arc<Self>, kind: std::io::ErrorKind) -> SledFault {
+        *self.injected_fault.lock().expect("applier lock") = Some(kind);
+        SledFault(self.clone())
+    }
+
+    /// Applications and checkpoints that failed since the ledger opened.
+    pub fn failed_attempts(&self) -> u64 {
+        self.failed_attempts.load(Ordering::Relaxed)
+    }
+
     /// Makes what sled holds durable: the record file first, then sled
     /// with the length the record file is durable to, so that sled never
     /// durably points past it unless the log still holds the write.
     fn flush(&self) -> Result<(), LedgerError> {
+        self.injected_fault()?;
         let synced = self.records.sync().map_err(storage_io)?;
         self.tree
             .insert(keys::records_synced(), &synced.to_be_bytes())?;
@@ -478,7 +538,7 @@ impl Applier {
         if self.durable.wait_blocking(ticket, DURABLE_WAIT) {
             return Ok(());
         }
-        if let Some(failure) = self.durable.failure() {
+        if let Some(failure) = self.durable.log.failure() {
             return Err(LedgerError::LogFailing(failure.to_string()));
         }
         let stalled = std::io::Error::new(
@@ -681,6 +741,7 @@ impl Applier {
     /// A task whose sled record is as new as the pending one (a log replayed
     /// after a crash, a retried application) is skipped.
     fn apply(&self, set: &PendingSet) -> Result<(), LedgerError> {
+        self.injected_fault()?;
         // Set until the whole set is in: a failure part way leaves sled
         // holding some of it, and the retry must not trust `created`.
         let partly_applied = self.partly_applied.swap(true, Ordering::Relaxed);
@@ -856,6 +917,29 @@ impl Applier {
         if let Some(handle) = self.thread.lock().expect("applier lock").take() {
             let _ = handle.join();
         }
+    }
+}
+
+/// See [`Applier::fail`].
+#[cfg(test)]
+pub(crate) struct SledFault(Arc<Applier>);
+
+#[cfg(test)]
+impl Drop for SledFault {
+    fn drop(&mut self) {
+        *self.0.injected_fault.lock().expect("applier lock") = None;
+    }
+}
+
+/// Logs the end of `failing`'s failures, if they were failing.
+fn note_recovery(failing: &Failing) {
+    if let Some(failure) = failing.recovered() {
+        tracing::info!(
+            attempts = failure.attempts,
+            seconds = failure.since.elapsed().as_secs_f64(),
+            failed = failure.what,
+            "the ledger's work in sled succeeds again"
+        );
     }
 }
 

@@ -2,36 +2,16 @@
 //! and two kinds of waiter read. Writers on the runtime wait for their
 //! write's ticket asynchronously; a thread applying a set to sled (the
 //! applier's, or a scan's that needs it applied) waits for the set's newest
-//! ticket, blocking.
+//! ticket, blocking. Beside the mark, whether the log's appends are
+//! failing, which every kind of waiter needs to know.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use super::failing::Failing;
 use std::sync::{Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::watch;
 
-/// The log's appends are failing: writes noted since wait until one
-/// succeeds (the flusher tries again every 100 ms).
-#[derive(Clone, Debug)]
-pub struct LogFailure {
-    /// The last append's error.
-    pub error: String,
-    /// When the first of these failures happened.
-    pub since: Instant,
-    /// Failed attempts since then.
-    pub attempts: u32,
-}
-
-impl std::fmt::Display for LogFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the ledger's log cannot make writes durable: {} ({} failed attempts over {} s)",
-            self.error,
-            self.attempts,
-            self.since.elapsed().as_secs()
-        )
-    }
-}
+/// What a failing log cannot do, as its [`super::failing::Failure`] says.
+pub const LOG_FAILING: &str = "the ledger's log cannot make writes durable";
 
 /// The latest log ticket made durable.
 #[derive(Default)]
@@ -44,10 +24,9 @@ pub struct DurableMark {
     blocked: Mutex<usize>,
     /// Signalled when the ticket moves while a thread is blocked.
     moved: Condvar,
-    /// Set while the log's appends fail; read on every send, so an atomic.
-    failing: AtomicBool,
-    /// What is failing, while `failing` is set.
-    failure: Mutex<Option<LogFailure>>,
+    /// Whether the log's appends fail: writes noted meanwhile wait until one
+    /// succeeds (the flusher records it, and tries again every 100 ms).
+    pub log: Failing,
 }
 
 impl DurableMark {
@@ -67,38 +46,6 @@ impl DurableMark {
         if blocked > 0 {
             self.moved.notify_all();
         }
-    }
-
-    /// An append failed with `error` (the flusher calls it); returns the
-    /// attempts since the failures began and whether the error changed.
-    pub fn failed(&self, error: String) -> (u32, bool) {
-        let mut failure = self.failure.lock().expect("durable mark lock");
-        let failure = failure.get_or_insert_with(|| LogFailure {
-            error: String::new(),
-            since: Instant::now(),
-            attempts: 0,
-        });
-        let changed = failure.error != error;
-        failure.error = error;
-        failure.attempts += 1;
-        self.failing.store(true, Ordering::Relaxed);
-        (failure.attempts, changed)
-    }
-
-    /// An append succeeded: the failure it ends, if appends were failing.
-    pub fn recovered(&self) -> Option<LogFailure> {
-        if !self.failing.swap(false, Ordering::Relaxed) {
-            return None;
-        }
-        self.failure.lock().expect("durable mark lock").take()
-    }
-
-    /// What is failing, while the log's appends fail.
-    pub fn failure(&self) -> Option<LogFailure> {
-        if !self.failing.load(Ordering::Relaxed) {
-            return None;
-        }
-        self.failure.lock().expect("durable mark lock").clone()
     }
 
     /// Waits until the log is durable up to `ticket`.

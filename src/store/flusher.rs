@@ -7,7 +7,8 @@
 //! STYLE.md). One flusher turns N concurrent writers into one sync.
 
 use super::applier::Applier;
-use super::durable::{DurableMark, LogFailure};
+use super::durable::{DurableMark, LOG_FAILING};
+use super::failing::Failure;
 use super::hub::{EventHub, LedgerEvent};
 use super::wal::Segment;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -186,7 +187,7 @@ impl Flusher {
                 }
                 std::thread::sleep(RETRY_AFTER_FAILURE);
             }
-            if let Some(failure) = self.durable.recovered() {
+            if let Some(failure) = self.durable.log.recovered() {
                 tracing::info!(
                     attempts = failure.attempts,
                     seconds = failure.since.elapsed().as_secs_f64(),
@@ -220,7 +221,7 @@ impl Flusher {
 
     fn note_failure(&self, err: &std::io::Error) {
         self.failed_appends.fetch_add(1, Ordering::Relaxed);
-        let (attempts, changed) = self.durable.failed(err.to_string());
+        let (attempts, changed) = self.durable.log.failed(LOG_FAILING, err.to_string());
         // Tried ten times a second: logged when it starts or changes, then
         // every 100 attempts.
         if changed || attempts % 100 == 0 {
@@ -233,8 +234,8 @@ impl Flusher {
     }
 
     /// What is failing, while the log's appends fail.
-    pub fn failure(&self) -> Option<LogFailure> {
-        self.durable.failure()
+    pub fn failure(&self) -> Option<Failure> {
+        self.durable.log.failure()
     }
 
     /// Makes every append fail with `kind` until the guard is dropped.

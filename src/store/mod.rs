@@ -10,6 +10,7 @@
 
 pub mod applier;
 pub mod durable;
+pub mod failing;
 pub mod flusher;
 pub mod hub;
 pub mod keys;
@@ -871,10 +872,17 @@ impl Ledger {
         self.flusher.fail_appends(kind)
     }
 
+    /// Makes applications to sled and checkpoints fail with `kind` until
+    /// the guard is dropped (see [`Applier::fail`]).
+    #[cfg(test)]
+    pub(crate) fn fail_sled(&self, kind: std::io::ErrorKind) -> applier::SledFault {
+        self.applier.fail(kind)
+    }
+
     /// Waits, at most 5 s, until the log reports a failed append (one
     /// happens only once a write is noted).
     #[cfg(test)]
-    pub(crate) async fn until_log_fails(&self) -> durable::LogFailure {
+    pub(crate) async fn until_log_fails(&self) -> failing::Failure {
         let reported = async {
             loop {
                 if let Some(failure) = self.log_failure() {
@@ -938,8 +946,21 @@ impl Ledger {
 
     /// What is failing, while the log cannot make writes durable; writes
     /// noted meanwhile wait until it can.
-    pub fn log_failure(&self) -> Option<durable::LogFailure> {
+    pub fn log_failure(&self) -> Option<failing::Failure> {
         self.flusher.failure()
+    }
+
+    /// What is failing, while writes cannot be applied to sled or sled
+    /// cannot be checkpointed; the log keeps the writes meanwhile, and
+    /// grows.
+    pub fn sled_failure(&self) -> Option<failing::Failure> {
+        self.applier.failure()
+    }
+
+    /// Applications to sled and checkpoints that failed since the ledger
+    /// opened, each tried again.
+    pub fn sled_failed_attempts(&self) -> u64 {
+        self.applier.failed_attempts()
     }
 
     /// Waits until every write made so far is on disk.

@@ -883,7 +883,7 @@ mod tests {
 
         ledger_unavailable(get(), Duration::from_secs(2)).await;
         let listed = gateway.list_tasks(&ctx, ListTasksRequest::default());
-        ledger_unavailable(listed, Duration::from_secs(5)).await;
+        ledger_unavailable(listed, Duration::from_secs(2)).await;
 
         drop(fault);
         writer.await.unwrap().unwrap();

@@ -533,12 +533,13 @@ impl Applier {
     /// is usually still in the flusher's current sync, so an application
     /// typically waits for that one sync (well under a millisecond here);
     /// a scan that finds writes pending waits with it. A log that does not
-    /// sync for a second fails the application, which is retried.
+    /// sync for a second fails the application, which is retried; one whose
+    /// appends fail fails it at once.
     fn wait_durable(&self, ticket: u64) -> Result<(), LedgerError> {
         if self.durable.wait_blocking(ticket, DURABLE_WAIT) {
             return Ok(());
         }
-        if let Some(failure) = self.durable.log.failure() {
+        if let Some(failure) = self.durable.log_failure() {
             return Err(LedgerError::LogFailing(failure.to_string()));
         }
         let stalled = std::io::Error::new(

@@ -3,15 +3,16 @@
 //! write's ticket asynchronously; a thread applying a set to sled (the
 //! applier's, or a scan's that needs it applied) waits for the set's newest
 //! ticket, blocking. Beside the mark, whether the log's appends are
-//! failing, which every kind of waiter needs to know.
+//! failing: a failure wakes every waiter, and a waiter that may give up
+//! (a read) does so at once.
 
-use super::failing::Failing;
+use super::failing::{Failing, Failure};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
 /// What a failing log cannot do, as its [`super::failing::Failure`] says.
-pub const LOG_FAILING: &str = "the ledger's log cannot make writes durable";
+const LOG_FAILING: &str = "the ledger's log cannot make writes durable";
 
 /// The latest log ticket made durable.
 #[derive(Default)]
@@ -25,8 +26,8 @@ pub struct DurableMark {
     /// Signalled when the ticket moves while a thread is blocked.
     moved: Condvar,
     /// Whether the log's appends fail: writes noted meanwhile wait until one
-    /// succeeds (the flusher records it, and tries again every 100 ms).
-    pub log: Failing,
+    /// succeeds (the flusher tries again every 100 ms).
+    log: Failing,
 }
 
 impl DurableMark {
@@ -42,10 +43,35 @@ impl DurableMark {
         // this lock is waiting on the condvar by now, so it is woken. The
         // notify comes after the unlock, so the woken thread does not block
         // at once on this lock.
+        self.wake_blocked();
+    }
+
+    fn wake_blocked(&self) {
         let blocked = *self.blocked.lock().expect("durable mark lock");
         if blocked > 0 {
             self.moved.notify_all();
         }
+    }
+
+    /// An append failed with `error` (the flusher calls it): recorded, and
+    /// every waiter woken to see it. Returns the attempts since the
+    /// failures began and whether the error changed.
+    pub fn log_failed(&self, error: String) -> (u32, bool) {
+        let noted = self.log.failed(LOG_FAILING, error);
+        // Stored before the wake: a woken waiter sees the failure.
+        self.ticket.send_modify(|_| {});
+        self.wake_blocked();
+        noted
+    }
+
+    /// An append succeeded: the failure it ends, if appends were failing.
+    pub fn log_recovered(&self) -> Option<Failure> {
+        self.log.recovered()
+    }
+
+    /// What is failing, while the log's appends fail.
+    pub fn log_failure(&self) -> Option<Failure> {
+        self.log.failure()
     }
 
     /// Waits until the log is durable up to `ticket`.
@@ -58,8 +84,28 @@ impl DurableMark {
         let _ = durable.wait_for(|durable| *durable >= ticket).await;
     }
 
+    /// Waits until the log is durable up to `ticket`, unless its appends
+    /// are failing or begin to: then it returns that failure at once.
+    pub async fn wait_unless_failing(&self, ticket: u64) -> Result<(), Failure> {
+        let mut durable = self.ticket.subscribe();
+        loop {
+            // The sender lives as long as `self`, so this cannot fail.
+            let _ = durable
+                .wait_for(|durable| *durable >= ticket || self.log.is_failing())
+                .await;
+            if self.get() >= ticket {
+                return Ok(());
+            }
+            if let Some(failure) = self.log.failure() {
+                return Err(failure);
+            }
+            // Recovered meanwhile: wait on.
+        }
+    }
+
     /// Blocks the calling thread until the log is durable up to `ticket`,
-    /// for at most `limit`; false if it was not by then.
+    /// for at most `limit`; false if it was not by then, or once the log's
+    /// appends fail.
     pub fn wait_blocking(&self, ticket: u64, limit: Duration) -> bool {
         let mut blocked = self.blocked.lock().expect("durable mark lock");
         if self.get() >= ticket {
@@ -68,11 +114,13 @@ impl DurableMark {
         *blocked += 1;
         let (mut blocked, waited) = self
             .moved
-            .wait_timeout_while(blocked, limit, |_| self.get() < ticket)
+            .wait_timeout_while(blocked, limit, |_| {
+                self.get() < ticket && !self.log.is_failing()
+            })
             .expect("durable mark lock");
         *blocked -= 1;
-        // Only a wait that ended with the ticket still short times out.
-        !waited.timed_out()
+        drop(blocked);
+        !waited.timed_out() && self.get() >= ticket
     }
 }
 
@@ -106,6 +154,49 @@ mod tests {
         let mark = DurableMark::default();
         assert!(mark.wait_blocking(0, Duration::ZERO));
         assert!(!mark.wait_blocking(1, Duration::from_millis(10)));
+    }
+
+    #[tokio::test]
+    async fn a_failing_log_ends_the_waits_that_may_give_up_at_once() {
+        let mark = Arc::new(DurableMark::default());
+        mark.advance(1);
+        let blocked = {
+            let mark = mark.clone();
+            std::thread::spawn(move || mark.wait_blocking(2, Duration::from_secs(10)))
+        };
+        let reader = tokio::spawn({
+            let mark = mark.clone();
+            async move { mark.wait_unless_failing(2).await }
+        });
+        let writer = tokio::spawn({
+            let mark = mark.clone();
+            async move { mark.wait(2).await }
+        });
+        // Both tasks run on this runtime: waiting here lets them start waiting.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!blocked.is_finished() && !reader.is_finished());
+
+        let failed = std::time::Instant::now();
+        mark.log_failed("disk full".into());
+        assert!(!blocked.join().unwrap(), "the blocked wait gives up");
+        let failure = tokio::time::timeout(Duration::from_secs(5), reader)
+            .await
+            .expect("the reader gives up")
+            .unwrap()
+            .expect_err("not durable");
+        assert_eq!(failure.error, "disk full");
+        // Without a wake on failure they would end only at their limits.
+        assert!(failed.elapsed() < Duration::from_secs(5));
+        // A write waits the failure out, and a durable ticket is no failure.
+        assert!(mark.wait_unless_failing(1).await.is_ok());
+        tokio::task::yield_now().await;
+        assert!(!writer.is_finished());
+        mark.log_recovered();
+        mark.advance(2);
+        tokio::time::timeout(Duration::from_secs(5), writer)
+            .await
+            .expect("released")
+            .unwrap();
     }
 
     #[tokio::test]

@@ -67,6 +67,11 @@ impl Failing {
         self.failure.lock().expect("failure lock").take()
     }
 
+    /// Whether attempts fail now.
+    pub fn is_failing(&self) -> bool {
+        self.failing.load(Ordering::Relaxed)
+    }
+
     /// What is failing, while attempts fail.
     pub fn failure(&self) -> Option<Failure> {
         if !self.failing.load(Ordering::Relaxed) {

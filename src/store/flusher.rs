@@ -7,7 +7,7 @@
 //! STYLE.md). One flusher turns N concurrent writers into one sync.
 
 use super::applier::Applier;
-use super::durable::{DurableMark, LOG_FAILING};
+use super::durable::DurableMark;
 use super::failing::Failure;
 use super::hub::{EventHub, LedgerEvent};
 use super::wal::Segment;
@@ -187,7 +187,7 @@ impl Flusher {
                 }
                 std::thread::sleep(RETRY_AFTER_FAILURE);
             }
-            if let Some(failure) = self.durable.log.recovered() {
+            if let Some(failure) = self.durable.log_recovered() {
                 tracing::info!(
                     attempts = failure.attempts,
                     seconds = failure.since.elapsed().as_secs_f64(),
@@ -221,7 +221,7 @@ impl Flusher {
 
     fn note_failure(&self, err: &std::io::Error) {
         self.failed_appends.fetch_add(1, Ordering::Relaxed);
-        let (attempts, changed) = self.durable.log.failed(LOG_FAILING, err.to_string());
+        let (attempts, changed) = self.durable.log_failed(err.to_string());
         // Tried ten times a second: logged when it starts or changes, then
         // every 100 attempts.
         if changed || attempts % 100 == 0 {
@@ -235,7 +235,7 @@ impl Flusher {
 
     /// What is failing, while the log's appends fail.
     pub fn failure(&self) -> Option<Failure> {
-        self.durable.log.failure()
+        self.durable.log_failure()
     }
 
     /// Makes every append fail with `kind` until the guard is dropped.
@@ -315,6 +315,12 @@ impl Flusher {
     /// Waits until the write with `ticket` is on disk.
     pub async fn wait_durable(&self, ticket: u64) {
         self.durable.wait(ticket).await;
+    }
+
+    /// Waits until the write with `ticket` is on disk, unless the log's
+    /// appends fail: then returns that failure at once.
+    pub async fn wait_durable_unless_failing(&self, ticket: u64) -> Result<(), Failure> {
+        self.durable.wait_unless_failing(ticket).await
     }
 
     /// Makes what is pending durable and stops the thread; a log that

@@ -807,9 +807,6 @@ pub struct Ledger {
     push_configs_stored: Arc<AtomicU64>,
 }
 
-/// How often a read waiting on the log checks whether the log is failing.
-const READ_FAILURE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
-
 /// Opens the sled database in `dir`. sled 0.34 writes a snapshot to
 /// `snap.<lsn>.generating` and renames it once synced, but at open it takes
 /// the highest-named `snap.` file, that one included: a snapshot write cut
@@ -1072,31 +1069,16 @@ impl Ledger {
     /// Waits until the log write with `ticket` is durable: a reply shaped
     /// from a read waits for the read's ticket, so that it never shows
     /// state a crash could still take back. At once when it is durable;
-    /// while the log cannot append, fails within 100 ms rather than keep
-    /// the reader waiting.
+    /// while the log cannot append, fails at once rather than keep the
+    /// reader waiting.
     pub async fn until_durable(&self, ticket: u64) -> Result<(), LedgerError> {
         if self.flusher.is_durable(ticket) {
             return Ok(());
         }
-        // Boxed: a reply after a send usually finds its write durable, and
-        // the timer would otherwise grow every future that awaits this.
-        Box::pin(self.until_durable_or_failing(ticket)).await
-    }
-
-    async fn until_durable_or_failing(&self, ticket: u64) -> Result<(), LedgerError> {
-        let durable = self.flusher.wait_durable(ticket);
-        tokio::pin!(durable);
-        loop {
-            tokio::select! {
-                biased;
-                () = &mut durable => return Ok(()),
-                () = tokio::time::sleep(READ_FAILURE_CHECK) => {
-                    if let Some(failure) = self.log_failure() {
-                        return Err(LedgerError::LogFailing(failure.to_string()));
-                    }
-                }
-            }
-        }
+        self.flusher
+            .wait_durable_unless_failing(ticket)
+            .await
+            .map_err(|failure| LedgerError::LogFailing(failure.to_string()))
     }
 
     /// Waits until the write with `ticket` is durable; call it once the

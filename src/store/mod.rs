@@ -1944,6 +1944,43 @@ mod tests {
         reopened.close();
     }
 
+    /// Polls, for at most 5 s, until sled is failing or not, as `failing`
+    /// says; returns the failure, if any.
+    fn until_sled_is(ledger: &Ledger, failing: bool) -> Option<failing::Failure> {
+        for _ in 0..500 {
+            let failure = ledger.sled_failure();
+            if failure.is_some() == failing {
+                return failure;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("sled's failure state did not become {failing} within 5 s");
+    }
+
+    /// A checkpoint that cannot flush sled keeps the log segments it was
+    /// given and says so until one succeeds, which then deletes them.
+    #[test]
+    fn a_failing_checkpoint_keeps_the_log_and_reports_until_one_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        let fault = ledger.fail_sled(std::io::ErrorKind::Other);
+        // A full segment as the flusher retires it, empty for the test.
+        let segment = dir.path().join("wal").join("retired-by-test");
+        std::fs::write(&segment, b"").unwrap();
+        ledger.applier.retire(segment.clone());
+
+        let failure = until_sled_is(&ledger, true).expect("failing");
+        let text = failure.to_string();
+        assert!(text.contains("cannot checkpoint sled"), "{text}");
+        assert!(segment.exists(), "kept while sled cannot flush");
+        assert!(ledger.sled_failed_attempts() >= 1);
+
+        drop(fault);
+        until_sled_is(&ledger, false);
+        assert!(!segment.exists(), "deleted once sled holds its writes");
+        ledger.close();
+    }
+
     /// A stop does not hang on a log that cannot append: it gives up on
     /// the writes still waiting, which were never reported durable, and
     /// the ledger opens again with everything that was.

@@ -352,10 +352,17 @@ mod tests {
         stop.cancel();
     }
 
+    /// The task id of a `SendMessage` reply.
+    fn task_id(reply: &Value) -> String {
+        let id = reply["result"]["task"]["id"].as_str();
+        id.unwrap_or_else(|| panic!("a task: {reply}")).to_string()
+    }
+
     /// Over HTTP: while writes cannot be applied to sled, the log keeps
-    /// them: sends are served and their tasks read, but `/readyz` is 503
-    /// naming the failure and the failed attempts are counted. Once sled
-    /// works again Baton is ready, and a reopened ledger holds every task.
+    /// them and reads find them, but `/readyz` is 503 naming the failure,
+    /// new sends are refused with LEDGER_UNAVAILABLE and the failed
+    /// attempts are counted. Once sled works again Baton is ready and
+    /// serves, and a reopened ledger holds every task.
     #[tokio::test]
     async fn failing_sled_is_unready_but_loses_nothing_over_http() {
         let dir = tempfile::tempdir().unwrap();
@@ -363,34 +370,29 @@ mod tests {
         let ledger = Arc::new(Ledger::open(&data).unwrap());
         let (base, stop) = serve_over(dir.path(), &ledger).await;
 
+        let first = task_id(&call(&base, "SendMessage", hello("kept-1")).await);
         let fault = ledger.fail_sled(std::io::ErrorKind::Other);
-        let sent = call(&base, "SendMessage", hello("kept-1")).await;
-        let task_id = sent["result"]["task"]["id"]
-            .as_str()
-            .expect("a task")
-            .to_string();
+        // Durable in the log; the applier meets the failure as it applies it.
+        ledger
+            .put_raw(b"probe".to_vec(), b"1".to_vec())
+            .await
+            .unwrap();
         let body = until_readyz(&base, 503).await;
-        assert!(
-            body["reason"]
-                .as_str()
-                .unwrap()
-                .contains("cannot apply writes to sled"),
-            "{body}"
-        );
+        let reason = body["reason"].as_str().unwrap();
+        assert!(reason.contains("cannot apply writes to sled"), "{body}");
         assert!(counter(&base, "baton_ledger_sled_failed_attempts_total").await > 0);
-        let read = call(&base, "GetTask", json!({"id": task_id})).await;
+        let read = call(&base, "GetTask", json!({"id": first})).await;
         assert_eq!(
             read["result"]["status"]["state"], "TASK_STATE_COMPLETED",
             "{read}"
         );
-        let second = call(&base, "SendMessage", hello("kept-2")).await;
-        let second_id = second["result"]["task"]["id"]
-            .as_str()
-            .expect("a task")
-            .to_string();
+        let refused = call(&base, "SendMessage", hello("refused-1")).await;
+        assert_eq!(refused["error"]["code"], -32603, "{refused}");
+        assert_eq!(refused["error"]["data"][0]["reason"], "LEDGER_UNAVAILABLE");
 
         drop(fault);
         until_readyz(&base, 200).await;
+        let second = task_id(&call(&base, "SendMessage", hello("kept-2")).await);
         stop.cancel();
         // The server closes the ledger as it stops.
         for _ in 0..500 {
@@ -401,7 +403,7 @@ mod tests {
         }
         drop(ledger);
         let reopened = Ledger::open(&data).unwrap();
-        for id in [&task_id, &second_id] {
+        for id in [&first, &second] {
             assert!(reopened.get(id).unwrap().is_some(), "{id} was kept");
         }
         reopened.close();

@@ -209,8 +209,8 @@ impl Collector for FiguresCollector {
             (
                 "baton_ledger_sled_failed_attempts",
                 "Applications of ledger writes to sled, and checkpoints of sled, that failed and \
-                 were tried again; while they fail, the log keeps the writes (and grows) and \
-                 /readyz answers 503.",
+                 were tried again; while they fail, the log keeps the writes, new sends are \
+                 refused and /readyz answers 503.",
                 figures.ledger_sled_failed_attempts,
             ),
         ] {

@@ -550,9 +550,11 @@ impl Gateway {
         }
         finish(violations)?;
         // While the log cannot make writes durable, a send would run its
-        // agent for a task the ledger cannot keep: it is refused before
-        // that, and writes already noted wait for the log.
-        if let Some(failure) = self.ledger.log_failure() {
+        // agent for a task the ledger cannot keep; while sled fails, the
+        // log and the applier's memory would grow with it until a restart.
+        // So it is refused before that; writes already noted wait, or are
+        // kept by the log.
+        if let Some(failure) = self.ledger.failure() {
             return Err(GatewayError::LedgerUnavailable(format!(
                 "{failure}; the send was not started"
             )));

@@ -292,11 +292,10 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 /// Whether the ledger can take work: it reads, its log makes writes
-/// durable (a failing log refuses sends, so a balancer should look
-/// elsewhere), and its writes reach sled (else the log keeps them, and it
-/// and the applier's memory grow until sled works again).
+/// durable, and its writes reach sled. Sends are refused meanwhile, so a
+/// balancer should look elsewhere.
 fn readiness(ledger: &crate::store::Ledger) -> Result<(), String> {
-    if let Some(failure) = ledger.log_failure().or_else(|| ledger.sled_failure()) {
+    if let Some(failure) = ledger.failure() {
         return Err(failure.to_string());
     }
     ledger

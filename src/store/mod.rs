@@ -954,6 +954,14 @@ impl Ledger {
         self.applier.failure()
     }
 
+    /// What keeps the ledger from taking new work: a log that cannot make
+    /// writes durable, or sled failing. sled 0.34 refuses every write once
+    /// one of its own failed, until it is opened again, so its failure
+    /// usually lasts until Baton restarts (which applies the log).
+    pub fn failure(&self) -> Option<failing::Failure> {
+        self.log_failure().or_else(|| self.sled_failure())
+    }
+
     /// Applications to sled and checkpoints that failed since the ledger
     /// opened, each tried again.
     pub fn sled_failed_attempts(&self) -> u64 {

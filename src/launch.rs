@@ -359,9 +359,9 @@ mod tests {
     }
 
     /// Over HTTP: while writes cannot be applied to sled, the log keeps
-    /// them and reads find them, but `/readyz` is 503 naming the failure,
-    /// new sends are refused with LEDGER_UNAVAILABLE and the failed
-    /// attempts are counted. Once sled works again Baton is ready and
+    /// them and GetTask finds them, but `/readyz` is 503 naming the
+    /// failure, listings and new sends get LEDGER_UNAVAILABLE and the
+    /// failed attempts are counted. Once sled works again Baton is ready and
     /// serves, and a reopened ledger holds every task.
     #[tokio::test]
     async fn failing_sled_is_unready_but_loses_nothing_over_http() {
@@ -386,21 +386,32 @@ mod tests {
             read["result"]["status"]["state"], "TASK_STATE_COMPLETED",
             "{read}"
         );
-        let refused = call(&base, "SendMessage", hello("refused-1")).await;
-        assert_eq!(refused["error"]["code"], -32603, "{refused}");
-        assert_eq!(refused["error"]["data"][0]["reason"], "LEDGER_UNAVAILABLE");
+        // A listing applies what is pending first, and says why it cannot.
+        for (method, params) in [
+            ("ListTasks", json!({})),
+            ("SendMessage", hello("refused-1")),
+        ] {
+            let refused = call(&base, method, params).await;
+            assert_eq!(refused["error"]["code"], -32603, "{refused}");
+            assert_eq!(refused["error"]["data"][0]["reason"], "LEDGER_UNAVAILABLE");
+        }
 
         drop(fault);
         until_readyz(&base, 200).await;
         let second = task_id(&call(&base, "SendMessage", hello("kept-2")).await);
         stop.cancel();
-        // The server closes the ledger as it stops.
+        // The server closes the ledger as it stops, and lets go of it.
         for _ in 0..500 {
             if Arc::strong_count(&ledger) == 1 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        assert_eq!(
+            Arc::strong_count(&ledger),
+            1,
+            "the stopped server holds the ledger"
+        );
         drop(ledger);
         let reopened = Ledger::open(&data).unwrap();
         for id in [&first, &second] {

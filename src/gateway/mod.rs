@@ -27,7 +27,7 @@ impl From<LedgerError> for GatewayError {
         match err {
             LedgerError::NotFound(id) => GatewayError::TaskNotFound(id),
             LedgerError::Transition(t) => GatewayError::UnsupportedOperation(t.to_string()),
-            LedgerError::LogFailing(failure) => GatewayError::LedgerUnavailable(failure),
+            LedgerError::Unavailable(failure) => GatewayError::LedgerUnavailable(failure),
             other => GatewayError::Internal(other.to_string()),
         }
     }

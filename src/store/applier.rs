@@ -217,7 +217,8 @@ pub struct Applier {
     /// How far the log is durable; the flusher moves it.
     durable: Arc<DurableMark>,
     /// Whether applications into sled fail (they are tried again every
-    /// 100 ms, the log keeping their writes meanwhile).
+    /// 100 ms, the log keeping their writes meanwhile); a log that does not
+    /// sync in time is not one of them.
     applying: Failing,
     /// Whether checkpoints fail (sled's flush; the log is kept meanwhile).
     checkpointing: Failing,
@@ -363,10 +364,7 @@ impl Applier {
                     tracing::error!(%err, "applying ledger writes to sled failed at close");
                     return;
                 }
-                // A failing log is the flusher's to report.
-                if !matches!(err, LedgerError::LogFailing(_)) {
-                    self.note_failure(&self.applying, APPLY_FAILING, &err);
-                }
+                // Recorded and logged where it failed (`apply_pending`).
                 std::thread::sleep(Duration::from_millis(100));
                 self.overlay
                     .lock()
@@ -375,7 +373,6 @@ impl Applier {
                     .extend(retired);
                 continue;
             }
-            note_recovery(&self.applying);
             if stop {
                 let segments = wal::segments(&self.wal_dir).unwrap_or_default();
                 self.checkpoint(segments.into_iter().map(|(_, path)| path).collect());
@@ -396,8 +393,9 @@ impl Applier {
     fn checkpoint(&self, segments: Vec<PathBuf>) -> bool {
         let kept = match self.flush() {
             Ok(()) => {
+                let kept = delete_in_order(segments, |path| std::fs::remove_file(path));
                 note_recovery(&self.checkpointing);
-                delete_in_order(segments, |path| std::fs::remove_file(path))
+                kept
             }
             Err(err) => {
                 self.note_failure(&self.checkpointing, CHECKPOINT_FAILING, &err);
@@ -415,13 +413,23 @@ impl Applier {
 
     /// Records a failed attempt; logged when the failures start or their
     /// error changes, then every 100 attempts (a full disk fails one ten
-    /// times a second).
-    fn note_failure(&self, failing: &Failing, what: &'static str, err: &LedgerError) {
+    /// times a second). Returns the failure as the error to answer with.
+    fn note_failure(
+        &self,
+        failing: &Failing,
+        what: &'static str,
+        err: &LedgerError,
+    ) -> LedgerError {
         self.failed_attempts.fetch_add(1, Ordering::Relaxed);
         let (attempts, changed) = failing.failed(what, err.to_string());
         if changed || attempts % 100 == 0 {
             tracing::error!(%err, attempts, "{what}; retrying");
         }
+        LedgerError::Unavailable(
+            failing
+                .failure()
+                .map_or_else(|| err.to_string(), |f| f.to_string()),
+        )
     }
 
     /// What is failing in sled, while applications or checkpoints fail.
@@ -536,11 +544,12 @@ impl Applier {
     /// sync for a second fails the application, which is retried; one whose
     /// appends fail fails it at once.
     fn wait_durable(&self, ticket: u64) -> Result<(), LedgerError> {
-        if self.durable.wait_blocking(ticket, DURABLE_WAIT) {
+        // Read again: a log recovering clears its failure before its mark.
+        if self.durable.wait_blocking(ticket, DURABLE_WAIT) || self.durable.get() >= ticket {
             return Ok(());
         }
         if let Some(failure) = self.durable.log_failure() {
-            return Err(LedgerError::LogFailing(failure.to_string()));
+            return Err(LedgerError::Unavailable(failure.to_string()));
         }
         let stalled = std::io::Error::new(
             std::io::ErrorKind::TimedOut,
@@ -604,8 +613,13 @@ impl Applier {
         let _applying = self.apply_lock.write().expect("applier lock");
         // A set that failed is retried first; then what is pending goes too.
         while let Some((set, retried)) = self.take_set() {
+            // The log's to report, not sled's.
             self.wait_durable(set.last_ticket)?;
-            self.apply(&set)?;
+            // Recorded under the lock, so an application on another thread
+            // (a scan's) cannot clear it before it is recorded, or after.
+            if let Err(err) = self.apply(&set) {
+                return Err(self.note_failure(&self.applying, APPLY_FAILING, &err));
+            }
             // All in one step: the set before may hold older records of this
             // set's tasks, and sled now has the newer ones.
             let mut overlay = self.overlay.lock().expect("applier lock");
@@ -626,6 +640,8 @@ impl Applier {
                 break;
             }
         }
+        // Nothing failed is left to apply: whoever applied it, sled works.
+        note_recovery(&self.applying);
         Ok(())
     }
 

@@ -3,8 +3,8 @@
 //! write's ticket asynchronously; a thread applying a set to sled (the
 //! applier's, or a scan's that needs it applied) waits for the set's newest
 //! ticket, blocking. Beside the mark, whether the log's appends are
-//! failing: a failure wakes every waiter, and a waiter that may give up
-//! (a read) does so at once.
+//! failing: a failure wakes every waiter, and those that may give up (a
+//! read, and a thread applying a set) do so at once; writes wait on.
 
 use super::failing::{Failing, Failure};
 use std::sync::{Condvar, Mutex};
@@ -19,11 +19,12 @@ const LOG_FAILING: &str = "the ledger's log cannot make writes durable";
 pub struct DurableMark {
     /// The ticket; async waiters subscribe to it.
     ticket: watch::Sender<u64>,
-    /// Threads blocked in [`DurableMark::wait_blocking`]: only then does
-    /// [`DurableMark::advance`] notify (a notify is a syscall even with no
-    /// one waiting).
+    /// Threads blocked in [`DurableMark::wait_blocking`]: only then do
+    /// [`DurableMark::advance`] and [`DurableMark::log_failed`] notify (a
+    /// notify is a syscall even with no one waiting).
     blocked: Mutex<usize>,
-    /// Signalled when the ticket moves while a thread is blocked.
+    /// Signalled when the ticket moves or the log fails while a thread is
+    /// blocked.
     moved: Condvar,
     /// Whether the log's appends fail: writes noted meanwhile wait until one
     /// succeeds (the flusher tries again every 100 ms).

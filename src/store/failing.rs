@@ -35,7 +35,8 @@ impl std::fmt::Display for Failure {
 /// Whether one piece of retried work is failing now.
 #[derive(Default)]
 pub struct Failing {
-    /// Set while it fails; the log's is read on every send, so an atomic.
+    /// Set while it fails, changed only under `failure`'s lock; read on
+    /// every send, so an atomic.
     failing: AtomicBool,
     /// What is failing, while `failing` is set.
     failure: Mutex<Option<Failure>>,
@@ -61,10 +62,15 @@ impl Failing {
 
     /// An attempt succeeded: the failure it ends, if attempts were failing.
     pub fn recovered(&self) -> Option<Failure> {
-        if !self.failing.swap(false, Ordering::Relaxed) {
+        // Most calls find nothing failing, and take no lock.
+        if !self.failing.load(Ordering::Relaxed) {
             return None;
         }
-        self.failure.lock().expect("failure lock").take()
+        // The flag changes under the lock, as in `failed`, so that a waiter
+        // never sees it set with no failure recorded.
+        let mut failure = self.failure.lock().expect("failure lock");
+        self.failing.store(false, Ordering::Relaxed);
+        failure.take()
     }
 
     /// Whether attempts fail now.

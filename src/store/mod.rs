@@ -54,10 +54,11 @@ pub enum LedgerError {
     /// The ledger was written in a format this build does not read.
     #[error("{0}")]
     Format(String),
-    /// The log cannot make writes durable, and a read would have to wait
-    /// for one.
+    /// The ledger cannot take work now: its log cannot make writes
+    /// durable and a read would have to wait for one, or writes cannot be
+    /// applied to sled and a listing would have to apply them first.
     #[error("{0}")]
-    LogFailing(String),
+    Unavailable(String),
 }
 
 /// A gateway task as stored: the A2A task plus what the gateway knows of it.
@@ -1086,7 +1087,7 @@ impl Ledger {
         self.flusher
             .wait_durable_unless_failing(ticket)
             .await
-            .map_err(|failure| LedgerError::LogFailing(failure.to_string()))
+            .map_err(|failure| LedgerError::Unavailable(failure.to_string()))
     }
 
     /// Waits until the write with `ticket` is durable; call it once the
@@ -1965,6 +1966,32 @@ mod tests {
         panic!("sled's failure state did not become {failing} within 5 s");
     }
 
+    /// A failed application is recorded wherever it happens and cleared by
+    /// the next that succeeds, even a listing's: the applier thread, which
+    /// finds nothing left to apply then, must not leave it recorded.
+    #[tokio::test]
+    async fn an_application_by_a_listing_ends_the_failure_it_follows() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = paused(dir.path());
+        let fault = ledger.fail_sled(std::io::ErrorKind::Other);
+        ledger
+            .put_raw(b"probe".to_vec(), b"1".to_vec())
+            .await
+            .unwrap();
+        let err = ledger.applier.apply_pending().unwrap_err();
+        assert!(matches!(err, LedgerError::Unavailable(_)), "{err:?}");
+        assert!(
+            err.to_string().contains("cannot apply writes to sled"),
+            "{err}"
+        );
+        assert!(ledger.sled_failure().is_some());
+
+        drop(fault);
+        drop(ledger.applier.applied().expect("applied by the listing"));
+        assert!(ledger.sled_failure().is_none(), "cleared");
+        ledger.close();
+    }
+
     /// A checkpoint that cannot flush sled keeps the log segments it was
     /// given and says so until one succeeds, which then deletes them.
     #[test]
@@ -1985,6 +2012,13 @@ mod tests {
 
         drop(fault);
         until_sled_is(&ledger, false);
+        // Deleted by the checkpoint that cleared the failure.
+        for _ in 0..500 {
+            if !segment.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         assert!(!segment.exists(), "deleted once sled holds its writes");
         ledger.close();
     }

@@ -859,6 +859,49 @@ mod tests {
         ledger.close();
     }
 
+    /// While sled fails, a new send is refused, but a repeat of an
+    /// idempotent one is answered from the ledger: it writes nothing.
+    #[tokio::test]
+    async fn an_idempotent_repeat_is_answered_while_sled_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        let request = || SendMessageRequest {
+            message: Some(hi("m1")),
+            ..SendMessageRequest::default()
+        };
+        let keyed = alice(Some("key-1"));
+        let SendReply::Task(first) = gateway.send_message(&keyed, request()).await.unwrap() else {
+            panic!("a task, not a message")
+        };
+
+        let fault = ledger.fail_sled(std::io::ErrorKind::Other);
+        ledger
+            .put_raw(b"probe".to_vec(), b"1".to_vec())
+            .await
+            .unwrap();
+        let failing = async {
+            while ledger.sled_failure().is_none() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), failing)
+            .await
+            .expect("the applier meets the failure");
+
+        let SendReply::Task(repeat) = gateway.send_message(&keyed, request()).await.unwrap() else {
+            panic!("a task, not a message")
+        };
+        let id = |reply: &TaskReply| serde_json::to_value(reply).unwrap()["id"].clone();
+        assert_eq!(id(&repeat), id(&first), "the first send's task");
+        let unkeyed = alice(None);
+        let fresh = gateway.send_message(&unkeyed, request());
+        let rpc = ledger_unavailable(fresh, Duration::from_secs(2)).await;
+        let message = rpc["message"].as_str().unwrap();
+        assert!(message.contains("cannot apply writes to sled"), "{message}");
+        drop(fault);
+        ledger.close();
+    }
+
     /// While the log cannot append, a read that would show a write still
     /// waiting on it fails (LEDGER_UNAVAILABLE) instead of waiting with
     /// it, and answers once the log writes again.

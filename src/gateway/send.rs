@@ -549,16 +549,6 @@ impl Gateway {
             );
         }
         finish(violations)?;
-        // While the log cannot make writes durable, a send would run its
-        // agent for a task the ledger cannot keep; while sled fails, the
-        // log and the applier's memory would grow with it until a restart.
-        // So it is refused before that; writes already noted wait, or are
-        // kept by the log.
-        if let Some(failure) = self.ledger.failure() {
-            return Err(GatewayError::LedgerUnavailable(format!(
-                "{failure}; the send was not started"
-            )));
-        }
 
         // A continuation stays with the agent that holds the task.
         let continued = if message.task_id.is_empty() {
@@ -591,6 +581,16 @@ impl Gateway {
             && let Some(earlier) = self.ledger.claim_idempotency_peek(&ctx.principal, key)?
         {
             return self.replay(ctx, key, &claim, earlier).await;
+        }
+        // While the log cannot make writes durable, a send would run its
+        // agent for a task the ledger cannot keep; while sled fails, the
+        // log and the applier's memory would grow with it until a restart.
+        // So it is refused before it writes anything (a repeat, above, needs
+        // no write); writes already noted wait, or are kept by the log.
+        if let Some(failure) = self.ledger.failure() {
+            return Err(GatewayError::LedgerUnavailable(format!(
+                "{failure}; the send was not started"
+            )));
         }
 
         if let Some(record) = &continued {

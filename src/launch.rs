@@ -249,14 +249,8 @@ mod tests {
             listener,
             stop.clone().cancelled_owned(),
         ));
-        let client = reqwest::Client::new();
-        for _ in 0..500 {
-            if client.get(format!("{base}/healthz")).send().await.is_ok() {
-                return (base, stop);
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("Baton did not start");
+        crate::demo::wait_ready(&base).await.unwrap();
+        (base, stop)
     }
 
     /// `GET /readyz`: its status and body.
@@ -298,6 +292,12 @@ mod tests {
         json!({"message": {"messageId": message_id, "role": "ROLE_USER", "parts": [{"text": "hi"}]}})
     }
 
+    /// `reply` is -32603 LEDGER_UNAVAILABLE.
+    fn assert_unavailable(reply: &Value) {
+        assert_eq!(reply["error"]["code"], -32603, "{reply}");
+        assert_eq!(reply["error"]["data"][0]["reason"], "LEDGER_UNAVAILABLE");
+    }
+
     /// Polls `GET /readyz` for at most 5 s until it answers `status`.
     async fn until_readyz(base: &str, status: u16) -> Value {
         for _ in 0..500 {
@@ -336,9 +336,7 @@ mod tests {
                 .contains("cannot make writes durable"),
             "{body}"
         );
-        let refused = call(&base, "SendMessage", hello("refused-1")).await;
-        assert_eq!(refused["error"]["code"], -32603, "{refused}");
-        assert_eq!(refused["error"]["data"][0]["reason"], "LEDGER_UNAVAILABLE");
+        assert_unavailable(&call(&base, "SendMessage", hello("refused-1")).await);
         assert!(counter(&base, "baton_ledger_log_failed_appends_total").await > 0);
 
         drop(fault);
@@ -391,9 +389,7 @@ mod tests {
             ("ListTasks", json!({})),
             ("SendMessage", hello("refused-1")),
         ] {
-            let refused = call(&base, method, params).await;
-            assert_eq!(refused["error"]["code"], -32603, "{refused}");
-            assert_eq!(refused["error"]["data"][0]["reason"], "LEDGER_UNAVAILABLE");
+            assert_unavailable(&call(&base, method, params).await);
         }
 
         drop(fault);
@@ -401,17 +397,10 @@ mod tests {
         let second = task_id(&call(&base, "SendMessage", hello("kept-2")).await);
         stop.cancel();
         // The server closes the ledger as it stops, and lets go of it.
-        for _ in 0..500 {
-            if Arc::strong_count(&ledger) == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(
-            Arc::strong_count(&ledger),
-            1,
-            "the stopped server holds the ledger"
-        );
+        crate::store::until("the stopped server lets go of the ledger", || {
+            (Arc::strong_count(&ledger) == 1).then_some(())
+        })
+        .await;
         drop(ledger);
         let reopened = Ledger::open(&data).unwrap();
         for id in [&first, &second] {

@@ -326,7 +326,7 @@ fn vendor_view(agent: &VendorAgent) -> String {
 
 /// Waits until the in-process Baton answers `/readyz` (its start-up
 /// registers the vendor cards first).
-async fn wait_ready(base: &str) -> anyhow::Result<()> {
+pub(crate) async fn wait_ready(base: &str) -> anyhow::Result<()> {
     let client = reqwest::Client::new();
     for _ in 0..200 {
         let ready = client.get(format!("{base}/readyz")).send().await;

@@ -879,14 +879,7 @@ mod tests {
             .put_raw(b"probe".to_vec(), b"1".to_vec())
             .await
             .unwrap();
-        let failing = async {
-            while ledger.sled_failure().is_none() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(5), failing)
-            .await
-            .expect("the applier meets the failure");
+        ledger.until_sled_fails().await;
 
         let SendReply::Task(repeat) = gateway.send_message(&keyed, request()).await.unwrap() else {
             panic!("a task, not a message")

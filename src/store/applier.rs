@@ -39,7 +39,9 @@
 //! first ([`Applier::stored_record`]).
 
 use super::durable::DurableMark;
-use super::failing::{Failing, Failure};
+#[cfg(test)]
+use super::failing::FaultGuard;
+use super::failing::{Failing, Failure, InjectedFault};
 use super::hub::LedgerEvent;
 use super::record_file::{Pointer, RecordFile};
 use super::{LedgerError, ReadTask, TaskMap, TaskRecord, keys, wal};
@@ -49,7 +51,7 @@ use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -222,11 +224,8 @@ pub struct Applier {
     applying: Failing,
     /// Whether checkpoints fail (sled's flush; the log is kept meanwhile).
     checkpointing: Failing,
-    /// Applications and checkpoints that failed, for `GET /metrics`.
-    failed_attempts: AtomicU64,
-    /// Tests make applications and checkpoints fail ([`Applier::fail`]).
-    #[cfg(test)]
-    injected_fault: Mutex<Option<std::io::ErrorKind>>,
+    /// Where tests make applications and checkpoints fail (`Applier::fail`).
+    fault: Arc<InjectedFault>,
 }
 
 /// What a failing application cannot do, as its [`Failure`] says.
@@ -309,9 +308,7 @@ impl Applier {
             durable,
             applying: Failing::default(),
             checkpointing: Failing::default(),
-            failed_attempts: AtomicU64::new(0),
-            #[cfg(test)]
-            injected_fault: Mutex::new(None),
+            fault: Arc::default(),
         }))
     }
 
@@ -394,11 +391,12 @@ impl Applier {
         let kept = match self.flush() {
             Ok(()) => {
                 let kept = delete_in_order(segments, |path| std::fs::remove_file(path));
-                note_recovery(&self.checkpointing);
+                self.checkpointing.recovered();
                 kept
             }
             Err(err) => {
-                self.note_failure(&self.checkpointing, CHECKPOINT_FAILING, &err);
+                self.checkpointing
+                    .failed(CHECKPOINT_FAILING, err.to_string());
                 segments
             }
         };
@@ -411,27 +409,6 @@ impl Applier {
         false
     }
 
-    /// Records a failed attempt; logged when the failures start or their
-    /// error changes, then every 100 attempts (a full disk fails one ten
-    /// times a second). Returns the failure as the error to answer with.
-    fn note_failure(
-        &self,
-        failing: &Failing,
-        what: &'static str,
-        err: &LedgerError,
-    ) -> LedgerError {
-        self.failed_attempts.fetch_add(1, Ordering::Relaxed);
-        let (attempts, changed) = failing.failed(what, err.to_string());
-        if changed || attempts % 100 == 0 {
-            tracing::error!(%err, attempts, "{what}; retrying");
-        }
-        LedgerError::Unavailable(
-            failing
-                .failure()
-                .map_or_else(|| err.to_string(), |f| f.to_string()),
-        )
-    }
-
     /// What is failing in sled, while applications or checkpoints fail.
     pub fn failure(&self) -> Option<Failure> {
         self.applying
@@ -439,33 +416,23 @@ impl Applier {
             .or_else(|| self.checkpointing.failure())
     }
 
-    /// Fails as a test asked (with `Applier::fail`); never outside tests.
-    fn injected_fault(&self) -> Result<(), LedgerError> {
-        #[cfg(test)]
-        if let Some(kind) = *self.injected_fault.lock().expect("applier lock") {
-            return Err(storage_io(std::io::Error::new(kind, "injected by a test")));
-        }
-        Ok(())
-    }
-
     /// Makes every application and checkpoint fail with `kind` until the
     /// guard is dropped.
     #[cfg(test)]
-    pub(crate) fn fail(self: &Arc<Self>, kind: std::io::ErrorKind) -> SledFault {
-        *self.injected_fault.lock().expect("applier lock") = Some(kind);
-        SledFault(self.clone())
+    pub(crate) fn fail(&self, kind: std::io::ErrorKind) -> FaultGuard {
+        self.fault.inject(kind)
     }
 
     /// Applications and checkpoints that failed since the ledger opened.
     pub fn failed_attempts(&self) -> u64 {
-        self.failed_attempts.load(Ordering::Relaxed)
+        self.applying.attempts_total() + self.checkpointing.attempts_total()
     }
 
     /// Makes what sled holds durable: the record file first, then sled
     /// with the length the record file is durable to, so that sled never
     /// durably points past it unless the log still holds the write.
     fn flush(&self) -> Result<(), LedgerError> {
-        self.injected_fault()?;
+        self.fault.check().map_err(storage_io)?;
         let synced = self.records.sync().map_err(storage_io)?;
         self.tree
             .insert(keys::records_synced(), &synced.to_be_bytes())?;
@@ -618,7 +585,9 @@ impl Applier {
             // Recorded under the lock, so an application on another thread
             // (a scan's) cannot clear it before it is recorded, or after.
             if let Err(err) = self.apply(&set) {
-                return Err(self.note_failure(&self.applying, APPLY_FAILING, &err));
+                self.applying.failed(APPLY_FAILING, err.to_string());
+                let failure = self.applying.failure().map(|f| f.to_string());
+                return Err(LedgerError::Unavailable(failure.unwrap_or_default()));
             }
             // All in one step: the set before may hold older records of this
             // set's tasks, and sled now has the newer ones.
@@ -641,7 +610,7 @@ impl Applier {
             }
         }
         // Nothing failed is left to apply: whoever applied it, sled works.
-        note_recovery(&self.applying);
+        self.applying.recovered();
         Ok(())
     }
 
@@ -758,7 +727,7 @@ impl Applier {
     /// A task whose sled record is as new as the pending one (a log replayed
     /// after a crash, a retried application) is skipped.
     fn apply(&self, set: &PendingSet) -> Result<(), LedgerError> {
-        self.injected_fault()?;
+        self.fault.check().map_err(storage_io)?;
         // Set until the whole set is in: a failure part way leaves sled
         // holding some of it, and the retry must not trust `created`.
         let partly_applied = self.partly_applied.swap(true, Ordering::Relaxed);
@@ -934,29 +903,6 @@ impl Applier {
         if let Some(handle) = self.thread.lock().expect("applier lock").take() {
             let _ = handle.join();
         }
-    }
-}
-
-/// See [`Applier::fail`].
-#[cfg(test)]
-pub(crate) struct SledFault(Arc<Applier>);
-
-#[cfg(test)]
-impl Drop for SledFault {
-    fn drop(&mut self) {
-        *self.0.injected_fault.lock().expect("applier lock") = None;
-    }
-}
-
-/// Logs the end of `failing`'s failures, if they were failing.
-fn note_recovery(failing: &Failing) {
-    if let Some(failure) = failing.recovered() {
-        tracing::info!(
-            attempts = failure.attempts,
-            seconds = failure.since.elapsed().as_secs_f64(),
-            failed = failure.what,
-            "the ledger's work in sled succeeds again"
-        );
     }
 }
 

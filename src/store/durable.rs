@@ -55,14 +55,12 @@ impl DurableMark {
     }
 
     /// An append failed with `error` (the flusher calls it): recorded, and
-    /// every waiter woken to see it. Returns the attempts since the
-    /// failures began and whether the error changed.
-    pub fn log_failed(&self, error: String) -> (u32, bool) {
-        let noted = self.log.failed(LOG_FAILING, error);
+    /// every waiter woken to see it.
+    pub fn log_failed(&self, error: String) {
+        self.log.failed(LOG_FAILING, error);
         // Stored before the wake: a woken waiter sees the failure.
         self.ticket.send_modify(|_| {});
         self.wake_blocked();
-        noted
     }
 
     /// An append succeeded: the failure it ends, if appends were failing.
@@ -73,6 +71,11 @@ impl DurableMark {
     /// What is failing, while the log's appends fail.
     pub fn log_failure(&self) -> Option<Failure> {
         self.log.failure()
+    }
+
+    /// Appends that failed since the ledger opened.
+    pub fn log_failed_attempts(&self) -> u64 {
+        self.log.attempts_total()
     }
 
     /// Waits until the log is durable up to `ticket`.
@@ -88,6 +91,9 @@ impl DurableMark {
     /// Waits until the log is durable up to `ticket`, unless its appends
     /// are failing or begin to: then it returns that failure at once.
     pub async fn wait_unless_failing(&self, ticket: u64) -> Result<(), Failure> {
+        if self.get() >= ticket {
+            return Ok(());
+        }
         let mut durable = self.ticket.subscribe();
         loop {
             // The sender lives as long as `self`, so this cannot fail.

@@ -1,9 +1,10 @@
 //! Work of the ledger's threads that fails and is tried again until it
 //! succeeds (the log's appends, the applier's work in sled): what fails,
-//! since when and how often, for `/readyz`, refusals and the log lines.
+//! since when and how often, for `/readyz`, refusals, metrics and the log
+//! lines; and the faults tests inject into that work.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 /// A piece of the ledger's work has been failing since `since`.
@@ -40,12 +41,17 @@ pub struct Failing {
     failing: AtomicBool,
     /// What is failing, while `failing` is set.
     failure: Mutex<Option<Failure>>,
+    /// Failed attempts since the ledger opened, for `GET /metrics`.
+    attempts_total: AtomicU64,
 }
 
 impl Failing {
     /// An attempt failed with `error`; returns the attempts since the
     /// failures began and whether the error changed (a new one included).
+    /// Logged when the failures start or their error changes, then every
+    /// 100 attempts (a full disk fails one ten times a second).
     pub fn failed(&self, what: &'static str, error: String) -> (u32, bool) {
+        self.attempts_total.fetch_add(1, Ordering::Relaxed);
         let mut failure = self.failure.lock().expect("failure lock");
         let failure = failure.get_or_insert_with(|| Failure {
             what,
@@ -57,10 +63,14 @@ impl Failing {
         failure.error = error;
         failure.attempts += 1;
         self.failing.store(true, Ordering::Relaxed);
+        if changed || failure.attempts % 100 == 0 {
+            tracing::error!(error = %failure.error, attempts = failure.attempts, "{what}; retrying");
+        }
         (failure.attempts, changed)
     }
 
-    /// An attempt succeeded: the failure it ends, if attempts were failing.
+    /// An attempt succeeded: the failure it ends (and logs), if attempts
+    /// were failing.
     pub fn recovered(&self) -> Option<Failure> {
         // Most calls find nothing failing, and take no lock.
         if !self.failing.load(Ordering::Relaxed) {
@@ -70,7 +80,16 @@ impl Failing {
         // never sees it set with no failure recorded.
         let mut failure = self.failure.lock().expect("failure lock");
         self.failing.store(false, Ordering::Relaxed);
-        failure.take()
+        let ended = failure.take();
+        if let Some(ended) = &ended {
+            tracing::info!(
+                attempts = ended.attempts,
+                seconds = ended.since.elapsed().as_secs_f64(),
+                failed = ended.what,
+                "ledger work succeeds again"
+            );
+        }
+        ended
     }
 
     /// Whether attempts fail now.
@@ -84,6 +103,48 @@ impl Failing {
             return None;
         }
         self.failure.lock().expect("failure lock").clone()
+    }
+
+    /// Failed attempts since the ledger opened.
+    pub fn attempts_total(&self) -> u64 {
+        self.attempts_total.load(Ordering::Relaxed)
+    }
+}
+
+/// Where tests make a piece of the ledger's work fail; outside tests it
+/// holds nothing and never fails.
+#[derive(Default)]
+pub struct InjectedFault {
+    #[cfg(test)]
+    kind: Mutex<Option<std::io::ErrorKind>>,
+}
+
+impl InjectedFault {
+    /// The fault a test injected, as the work's I/O error.
+    pub fn check(&self) -> std::io::Result<()> {
+        #[cfg(test)]
+        if let Some(kind) = *self.kind.lock().expect("fault lock") {
+            return Err(std::io::Error::new(kind, "injected by a test"));
+        }
+        Ok(())
+    }
+
+    /// Makes the work fail with `kind` until the guard is dropped.
+    #[cfg(test)]
+    pub(crate) fn inject(self: &std::sync::Arc<Self>, kind: std::io::ErrorKind) -> FaultGuard {
+        *self.kind.lock().expect("fault lock") = Some(kind);
+        FaultGuard(self.clone())
+    }
+}
+
+/// See [`InjectedFault::inject`].
+#[cfg(test)]
+pub(crate) struct FaultGuard(std::sync::Arc<InjectedFault>);
+
+#[cfg(test)]
+impl Drop for FaultGuard {
+    fn drop(&mut self) {
+        *self.0.kind.lock().expect("fault lock") = None;
     }
 }
 

@@ -8,7 +8,9 @@
 
 use super::applier::Applier;
 use super::durable::DurableMark;
-use super::failing::Failure;
+#[cfg(test)]
+use super::failing::FaultGuard;
+use super::failing::{Failure, InjectedFault};
 use super::hub::{EventHub, LedgerEvent};
 use super::wal::Segment;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -81,11 +83,8 @@ pub struct Flusher {
     durable: Arc<DurableMark>,
     /// Groups appended durably.
     syncs: AtomicU64,
-    /// Appends that failed.
-    failed_appends: AtomicU64,
-    /// Tests make appends fail ([`Flusher::fail_appends`]).
-    #[cfg(test)]
-    injected_fault: Mutex<Option<std::io::ErrorKind>>,
+    /// Where tests make appends fail (`Flusher::fail_appends`).
+    fault: Arc<InjectedFault>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The flusher thread's id (Linux): the thread whose priority was raised.
     thread_id: OnceLock<i32>,
@@ -106,9 +105,7 @@ impl Flusher {
             wake: Condvar::new(),
             durable,
             syncs: AtomicU64::new(0),
-            failed_appends: AtomicU64::new(0),
-            #[cfg(test)]
-            injected_fault: Mutex::new(None),
+            fault: Arc::default(),
             thread: Mutex::new(None),
             thread_id: OnceLock::new(),
         });
@@ -171,7 +168,7 @@ impl Flusher {
             // new sends refused while they last).
             let mut stopping_since = None;
             while let Err(err) = self.append(&mut segment, &frames) {
-                self.note_failure(&err);
+                self.durable.log_failed(err.to_string());
                 if self.stop_requested() {
                     let since = *stopping_since.get_or_insert_with(Instant::now);
                     if since.elapsed() >= STOP_GIVES_UP_AFTER {
@@ -187,13 +184,7 @@ impl Flusher {
                 }
                 std::thread::sleep(RETRY_AFTER_FAILURE);
             }
-            if let Some(failure) = self.durable.log_recovered() {
-                tracing::info!(
-                    attempts = failure.attempts,
-                    seconds = failure.since.elapsed().as_secs_f64(),
-                    "ledger log writes again"
-                );
-            }
+            self.durable.log_recovered();
             // Counted before the mark moves (whose lock orders the two), so
             // no reading shows a write durable without the sync that made it so.
             self.syncs.fetch_add(1, Ordering::Relaxed);
@@ -212,21 +203,8 @@ impl Flusher {
 
     /// Appends `frames` durably (in tests, unless a fault is injected).
     fn append(&self, segment: &mut Segment, frames: &[u8]) -> std::io::Result<()> {
-        #[cfg(test)]
-        if let Some(kind) = *self.injected_fault.lock().expect("flusher lock") {
-            return Err(std::io::Error::new(kind, "injected by a test"));
-        }
+        self.fault.check()?;
         segment.append_durably(frames)
-    }
-
-    fn note_failure(&self, err: &std::io::Error) {
-        self.failed_appends.fetch_add(1, Ordering::Relaxed);
-        let (attempts, changed) = self.durable.log_failed(err.to_string());
-        // Tried ten times a second: logged when it starts or changes, then
-        // every 100 attempts.
-        if changed || attempts % 100 == 0 {
-            tracing::error!(%err, attempts, "ledger log write failed; retrying");
-        }
     }
 
     fn stop_requested(&self) -> bool {
@@ -240,9 +218,8 @@ impl Flusher {
 
     /// Makes every append fail with `kind` until the guard is dropped.
     #[cfg(test)]
-    pub(crate) fn fail_appends(self: &Arc<Self>, kind: std::io::ErrorKind) -> LogFault {
-        *self.injected_fault.lock().expect("flusher lock") = Some(kind);
-        LogFault(self.clone())
+    pub(crate) fn fail_appends(&self, kind: std::io::ErrorKind) -> FaultGuard {
+        self.fault.inject(kind)
     }
 
     /// Waits until writes are pending past the durable mark and the log is
@@ -298,18 +275,13 @@ impl Flusher {
         LogFigures {
             durable_writes,
             syncs: self.syncs.load(Ordering::Relaxed),
-            failed_appends: self.failed_appends.load(Ordering::Relaxed),
+            failed_appends: self.durable.log_failed_attempts(),
         }
     }
 
     /// The ticket of the latest write.
     pub fn latest_ticket(&self) -> u64 {
         self.pending.lock().expect("flusher lock").written
-    }
-
-    /// Whether the write with `ticket` is on disk.
-    pub fn is_durable(&self, ticket: u64) -> bool {
-        self.durable.get() >= ticket
     }
 
     /// Waits until the write with `ticket` is on disk.
@@ -344,17 +316,6 @@ impl Drop for LogHold {
     fn drop(&mut self) {
         self.0.pending.lock().expect("flusher lock").held = false;
         self.0.wake.notify_one();
-    }
-}
-
-/// See [`Flusher::fail_appends`].
-#[cfg(test)]
-pub(crate) struct LogFault(Arc<Flusher>);
-
-#[cfg(test)]
-impl Drop for LogFault {
-    fn drop(&mut self) {
-        *self.0.injected_fault.lock().expect("flusher lock") = None;
     }
 }
 

@@ -808,6 +808,23 @@ pub struct Ledger {
     push_configs_stored: Arc<AtomicU64>,
 }
 
+/// Polls `found` every 5 ms until it finds something, for at most 5 s
+/// (then the test fails, saying `what` it waited for).
+#[cfg(test)]
+pub(crate) async fn until<T>(what: &str, mut found: impl FnMut() -> Option<T>) -> T {
+    let polled = async {
+        loop {
+            if let Some(found) = found() {
+                return found;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(5), polled)
+        .await
+        .unwrap_or_else(|_| panic!("waited 5 s: {what}"))
+}
+
 /// Opens the sled database in `dir`. sled 0.34 writes a snapshot to
 /// `snap.<lsn>.generating` and renames it once synced, but at open it takes
 /// the highest-named `snap.` file, that one included: a snapshot write cut
@@ -866,14 +883,14 @@ impl Ledger {
     /// Makes the log's appends fail with `kind` until the guard is dropped
     /// (see [`Flusher::fail_appends`]).
     #[cfg(test)]
-    pub(crate) fn fail_log(&self, kind: std::io::ErrorKind) -> flusher::LogFault {
+    pub(crate) fn fail_log(&self, kind: std::io::ErrorKind) -> failing::FaultGuard {
         self.flusher.fail_appends(kind)
     }
 
     /// Makes applications to sled and checkpoints fail with `kind` until
     /// the guard is dropped (see [`Applier::fail`]).
     #[cfg(test)]
-    pub(crate) fn fail_sled(&self, kind: std::io::ErrorKind) -> applier::SledFault {
+    pub(crate) fn fail_sled(&self, kind: std::io::ErrorKind) -> failing::FaultGuard {
         self.applier.fail(kind)
     }
 
@@ -881,17 +898,14 @@ impl Ledger {
     /// happens only once a write is noted).
     #[cfg(test)]
     pub(crate) async fn until_log_fails(&self) -> failing::Failure {
-        let reported = async {
-            loop {
-                if let Some(failure) = self.log_failure() {
-                    return failure;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-        };
-        tokio::time::timeout(std::time::Duration::from_secs(5), reported)
-            .await
-            .expect("the log reports its failure")
+        until("the log reports its failure", || self.log_failure()).await
+    }
+
+    /// Waits, at most 5 s, until sled's work reports a failure (an
+    /// application fails only once a write is noted).
+    #[cfg(test)]
+    pub(crate) async fn until_sled_fails(&self) -> failing::Failure {
+        until("sled's work reports its failure", || self.sled_failure()).await
     }
 
     /// Opens the ledger with its applier thread stopped, so a test decides
@@ -1081,9 +1095,6 @@ impl Ledger {
     /// while the log cannot append, fails at once rather than keep the
     /// reader waiting.
     pub async fn until_durable(&self, ticket: u64) -> Result<(), LedgerError> {
-        if self.flusher.is_durable(ticket) {
-            return Ok(());
-        }
         self.flusher
             .wait_durable_unless_failing(ticket)
             .await
@@ -1953,19 +1964,6 @@ mod tests {
         reopened.close();
     }
 
-    /// Polls, for at most 5 s, until sled is failing or not, as `failing`
-    /// says; returns the failure, if any.
-    fn until_sled_is(ledger: &Ledger, failing: bool) -> Option<failing::Failure> {
-        for _ in 0..500 {
-            let failure = ledger.sled_failure();
-            if failure.is_some() == failing {
-                return failure;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        panic!("sled's failure state did not become {failing} within 5 s");
-    }
-
     /// A failed application is recorded wherever it happens and cleared by
     /// the next that succeeds, even a listing's: the applier thread, which
     /// finds nothing left to apply then, must not leave it recorded.
@@ -1994,8 +1992,8 @@ mod tests {
 
     /// A checkpoint that cannot flush sled keeps the log segments it was
     /// given and says so until one succeeds, which then deletes them.
-    #[test]
-    fn a_failing_checkpoint_keeps_the_log_and_reports_until_one_succeeds() {
+    #[tokio::test]
+    async fn a_failing_checkpoint_keeps_the_log_and_reports_until_one_succeeds() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::open(dir.path()).unwrap();
         let fault = ledger.fail_sled(std::io::ErrorKind::Other);
@@ -2004,22 +2002,22 @@ mod tests {
         std::fs::write(&segment, b"").unwrap();
         ledger.applier.retire(segment.clone());
 
-        let failure = until_sled_is(&ledger, true).expect("failing");
+        let failure = ledger.until_sled_fails().await;
         let text = failure.to_string();
         assert!(text.contains("cannot checkpoint sled"), "{text}");
         assert!(segment.exists(), "kept while sled cannot flush");
         assert!(ledger.sled_failed_attempts() >= 1);
 
         drop(fault);
-        until_sled_is(&ledger, false);
+        until("sled works again", || {
+            ledger.sled_failure().is_none().then_some(())
+        })
+        .await;
         // Deleted by the checkpoint that cleared the failure.
-        for _ in 0..500 {
-            if !segment.exists() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        assert!(!segment.exists(), "deleted once sled holds its writes");
+        until("the segment is deleted once sled holds its writes", || {
+            (!segment.exists()).then_some(())
+        })
+        .await;
         ledger.close();
     }
 

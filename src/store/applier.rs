@@ -363,11 +363,7 @@ impl Applier {
                 }
                 // Recorded and logged where it failed (`apply_pending`).
                 std::thread::sleep(Duration::from_millis(100));
-                self.overlay
-                    .lock()
-                    .expect("applier lock")
-                    .retired
-                    .extend(retired);
+                self.retire_again(retired);
                 continue;
             }
             if stop {
@@ -383,10 +379,7 @@ impl Applier {
     }
 
     /// Flushes sled, then deletes log segments whose writes it now holds,
-    /// oldest first; false if some are kept. Those go back to be retried
-    /// ahead of any segment retired since: a segment left behind a deleted
-    /// later one would, after a crash, replay its raw writes (which carry
-    /// no version) over newer ones.
+    /// oldest first; false if some are kept (see [`Applier::retire_again`]).
     fn checkpoint(&self, segments: Vec<PathBuf>) -> bool {
         let kept = match self.flush() {
             Ok(()) => {
@@ -403,10 +396,22 @@ impl Applier {
         if kept.is_empty() {
             return true;
         }
-        let mut overlay = self.overlay.lock().expect("applier lock");
-        let later = std::mem::replace(&mut overlay.retired, kept);
-        overlay.retired.extend(later);
+        self.retire_again(kept);
         false
+    }
+
+    /// Puts back retired segments that an application or a checkpoint
+    /// could not finish with, ahead of any retired since, so they are still
+    /// deleted oldest first: a segment left behind a deleted later one
+    /// would, after a crash, replay its raw writes (which carry no version)
+    /// over newer ones.
+    fn retire_again(&self, taken: Vec<PathBuf>) {
+        if taken.is_empty() {
+            return;
+        }
+        let mut overlay = self.overlay.lock().expect("applier lock");
+        let later = std::mem::replace(&mut overlay.retired, taken);
+        overlay.retired.extend(later);
     }
 
     /// What is failing in sled, while applications or checkpoints fail.
@@ -533,6 +538,12 @@ impl Applier {
             .retired
             .push(segment);
         self.wake.notify_one();
+    }
+
+    /// The retired segments waiting for a checkpoint, oldest first.
+    #[cfg(test)]
+    pub(crate) fn retired_segments(&self) -> Vec<PathBuf> {
+        self.overlay.lock().expect("applier lock").retired.clone()
     }
 
     /// A task's record if it has writes not yet in sled, or reached sled

@@ -2018,6 +2018,49 @@ mod tests {
         ledger.close();
     }
 
+    /// Segments retired while an application fails are still deleted
+    /// oldest first: the one the failed application held goes back ahead
+    /// of those retired meanwhile. A later one deleted first would leave
+    /// the older to replay its raw writes over newer values after a crash.
+    #[tokio::test]
+    async fn segments_retired_while_an_application_fails_stay_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        let wal_dir = dir.path().join("wal");
+        // The older cannot be deleted (a directory with a file in it), so
+        // a checkpoint keeps it, and every segment after it.
+        let older = wal_dir.join("older-by-test");
+        std::fs::create_dir(&older).unwrap();
+        std::fs::write(older.join("kept"), b"").unwrap();
+        let newer = wal_dir.join("newer-by-test");
+        std::fs::write(&newer, b"").unwrap();
+
+        let fault = ledger.fail_sled(std::io::ErrorKind::Other);
+        ledger.create(record("t0"), vec![]).await.unwrap();
+        ledger.applier.retire(older.clone());
+        // From the second failed application on, the applier holds the
+        // older segment while it fails (it takes them before applying).
+        ledger.until_sled_fails().await;
+        until("a second failed application", || {
+            (ledger.sled_failed_attempts() >= 2).then_some(())
+        })
+        .await;
+        ledger.applier.retire(newer.clone());
+        drop(fault);
+
+        until("sled works again", || {
+            ledger.sled_failure().is_none().then_some(())
+        })
+        .await;
+        let kept = until("the checkpoint keeps what it cannot delete", || {
+            Some(ledger.applier.retired_segments()).filter(|kept| !kept.is_empty())
+        })
+        .await;
+        assert_eq!(kept, [older, newer.clone()], "oldest first");
+        assert!(newer.exists(), "not deleted ahead of the older one");
+        ledger.close();
+    }
+
     /// A stop does not hang on a log that cannot append: it gives up on
     /// the writes still waiting, which were never reported durable, and
     /// the ledger opens again with everything that was.

@@ -239,7 +239,7 @@ impl Worker {
             let Some(ledger) = worker.ledger.upgrade() else {
                 return;
             };
-            let configs = match ledger.push_configs(&event.task_id) {
+            let configs = match ledger.push_configs(&event.task_id).await {
                 Ok(configs) => configs,
                 Err(err) => {
                     tracing::error!(task_id = %event.task_id, %err, "cannot read push configs");

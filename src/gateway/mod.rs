@@ -530,14 +530,15 @@ impl Gateway {
     }
 
     /// `GetTaskPushNotificationConfig`.
-    pub fn get_push_config(
+    pub async fn get_push_config(
         &self,
         ctx: &CallContext,
         req: TaskPushNotificationConfigRef,
     ) -> Result<TaskPushNotificationConfig, GatewayError> {
         self.check_push_ref(ctx, &req)?;
         self.ledger
-            .get_push_config(&req.task_id, &req.id)?
+            .get_push_config(&req.task_id, &req.id)
+            .await?
             .ok_or_else(|| GatewayError::PushConfigNotFound {
                 task_id: req.task_id.clone(),
                 config_id: req.id.clone(),
@@ -545,7 +546,7 @@ impl Gateway {
     }
 
     /// `ListTaskPushNotificationConfigs`.
-    pub fn list_push_configs(
+    pub async fn list_push_configs(
         &self,
         ctx: &CallContext,
         req: ListTaskPushNotificationConfigsRequest,
@@ -561,7 +562,7 @@ impl Gateway {
         }
         finish(violations)?;
         self.owned_task(ctx, &req.task_id)?;
-        let configs = self.ledger.push_configs(&req.task_id)?;
+        let configs = self.ledger.push_configs(&req.task_id).await?;
         let page_size = if req.page_size == 0 {
             validate::MAX_PAGE_SIZE
         } else {

@@ -94,14 +94,14 @@ pub fn dispatch<'a>(
             Ok(req) => Box::pin(async move { ok(id, gateway.create_push_config(ctx, req).await) }),
             Err(err) => answered(error_reply(Some(id), &err)),
         },
-        methods::GET_PUSH_CONFIG => answered(ok(
-            id,
-            decode_params(params).and_then(|req| gateway.get_push_config(ctx, req)),
-        )),
-        methods::LIST_PUSH_CONFIGS => answered(ok(
-            id,
-            decode_params(params).and_then(|req| gateway.list_push_configs(ctx, req)),
-        )),
+        methods::GET_PUSH_CONFIG => match decode_params(params) {
+            Ok(req) => Box::pin(async move { ok(id, gateway.get_push_config(ctx, req).await) }),
+            Err(err) => answered(error_reply(Some(id), &err)),
+        },
+        methods::LIST_PUSH_CONFIGS => match decode_params(params) {
+            Ok(req) => Box::pin(async move { ok(id, gateway.list_push_configs(ctx, req).await) }),
+            Err(err) => answered(error_reply(Some(id), &err)),
+        },
         methods::DELETE_PUSH_CONFIG => match decode_params(params) {
             // google.protobuf.Empty: `{}`.
             Ok(req) => Box::pin(async move {

@@ -78,14 +78,23 @@ pub struct PendingTask {
     ticket: u64,
 }
 
+/// A raw key's write not yet in sled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawWrite {
+    /// `Some` to set, `None` to remove.
+    pub value: Option<Vec<u8>>,
+    /// The log ticket of the write (0: durable already, as a replayed write is).
+    pub ticket: u64,
+}
+
 /// Writes not yet in sled.
 #[derive(Default)]
 pub struct PendingSet {
     tasks: TaskMap<PendingTask>,
     /// Task writes gathered, counting each write to the same task.
     task_writes: usize,
-    /// Raw keys: `Some` to set, `None` to remove.
-    raw: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Raw key writes, by key.
+    raw: HashMap<Vec<u8>, RawWrite>,
     /// The log ticket of the set's latest write: it is applied only once
     /// that is durable, so sled never holds what the log may lose.
     last_ticket: u64,
@@ -127,9 +136,9 @@ impl PendingSet {
         }
     }
 
-    /// Adds a raw key write.
-    pub fn set_raw(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
-        self.raw.insert(key, value);
+    /// Adds a raw key write made with log ticket `ticket`.
+    pub fn set_raw(&mut self, key: Vec<u8>, value: Option<Vec<u8>>, ticket: u64) {
+        self.raw.insert(key, RawWrite { value, ticket });
     }
 
     /// Rebuilds the pending writes of log entries read at start-up.
@@ -137,8 +146,8 @@ impl PendingSet {
         let mut set = Self::default();
         for entry in entries {
             match entry {
-                wal::Entry::Put { key, value } => set.set_raw(key, Some(value)),
-                wal::Entry::Remove { key } => set.set_raw(key, None),
+                wal::Entry::Put { key, value } => set.set_raw(key, Some(value), 0),
+                wal::Entry::Remove { key } => set.set_raw(key, None, 0),
                 wal::Entry::Task { record, events } => {
                     let events: Vec<_> = events
                         .into_iter()
@@ -473,7 +482,7 @@ impl Applier {
         let wake = {
             let mut overlay = self.overlay.lock().expect("applier lock");
             let wake = overlay.pending.is_empty();
-            overlay.pending.set_raw(key, value);
+            overlay.pending.set_raw(key, value, ticket);
             overlay.pending.last_ticket = ticket;
             wake
         };
@@ -563,22 +572,21 @@ impl Applier {
             .or_else(|| overlay.recent.as_deref().and_then(in_set))
     }
 
-    /// A raw key's pending value: `Some(None)` if it is pending removal,
-    /// `None` if sled is up to date for it.
-    pub fn raw(&self, key: &[u8]) -> Option<Option<Vec<u8>>> {
+    /// A raw key's pending write; `None` if sled is up to date for it.
+    pub fn raw(&self, key: &[u8]) -> Option<RawWrite> {
         let overlay = self.overlay.lock().expect("applier lock");
         let in_set = |set: &PendingSet| set.raw.get(key).cloned();
         in_set(&overlay.pending).or_else(|| overlay.applying.as_deref().and_then(in_set))
     }
 
     /// The pending raw writes of keys under `prefix`, oldest set first.
-    pub fn raw_under(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+    pub fn raw_under(&self, prefix: &[u8]) -> Vec<(Vec<u8>, RawWrite)> {
         let overlay = self.overlay.lock().expect("applier lock");
         let under = |set: &PendingSet| {
             set.raw
                 .iter()
                 .filter(|(key, _)| key.starts_with(prefix))
-                .map(|(key, value)| (key.clone(), value.clone()))
+                .map(|(key, write)| (key.clone(), write.clone()))
                 .collect::<Vec<_>>()
         };
         let mut found = overlay.applying.as_deref().map(under).unwrap_or_default();
@@ -793,8 +801,8 @@ impl Applier {
                 self.tree.insert(key, &next.to_be_bytes())?;
             }
         }
-        for (key, value) in &set.raw {
-            match value {
+        for (key, write) in &set.raw {
+            match &write.value {
                 Some(value) => self.tree.insert(key.as_slice(), value.as_slice())?,
                 None => self.tree.remove(key.as_slice())?,
             };

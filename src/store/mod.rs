@@ -796,6 +796,9 @@ pub fn decode_page_token(token: &str) -> Option<Vec<u8>> {
     keys::parse_order(&bytes).map(|_| bytes.clone())
 }
 
+/// Raw keys and their values, in key order.
+type RawEntries = std::collections::BTreeMap<Vec<u8>, Vec<u8>>;
+
 /// The durable task ledger.
 pub struct Ledger {
     tree: sled::Tree,
@@ -1182,10 +1185,16 @@ impl Ledger {
 
     /// Reads a raw key, pending writes included.
     fn read_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>, LedgerError> {
+        Ok(self.read_raw_at(key)?.0)
+    }
+
+    /// Reads a raw key, pending writes included, with the log ticket that
+    /// makes what it read durable (0: it is).
+    fn read_raw_at(&self, key: &[u8]) -> Result<(Option<Vec<u8>>, u64), LedgerError> {
         if let Some(pending) = self.applier.raw(key) {
-            return Ok(pending);
+            return Ok((pending.value, pending.ticket));
         }
-        Ok(self.tree.get(key)?.map(|value| value.to_vec()))
+        Ok((self.tree.get(key)?.map(|value| value.to_vec()), 0))
     }
 
     fn append_events(
@@ -1409,36 +1418,45 @@ impl Ledger {
         self.push_configs_stored.clone()
     }
 
-    /// Reads one push config.
-    pub fn get_push_config(
+    /// Reads one push config, once what it read is durable: a config
+    /// whose create or delete is still on its way to disk is shown as it
+    /// will be after a crash too.
+    pub async fn get_push_config(
         &self,
         task_id: &str,
         config_id: &str,
     ) -> Result<Option<TaskPushNotificationConfig>, LedgerError> {
-        match self.read_raw(&keys::push_config(task_id, config_id))? {
+        let (found, ticket) = self.read_raw_at(&keys::push_config(task_id, config_id))?;
+        self.until_durable(ticket).await?;
+        match found {
             Some(bytes) => Ok(Some(decode_stored(&bytes)?)),
             None => Ok(None),
         }
     }
 
-    /// Every push config of a task, by id.
-    pub fn push_configs(
+    /// Every push config of a task, by id, once what it read is durable.
+    pub async fn push_configs(
         &self,
         task_id: &str,
     ) -> Result<Vec<TaskPushNotificationConfig>, LedgerError> {
         // Read on every event (push delivery): merges pending writes rather
         // than applying them here.
-        self.scan_raw(&keys::push_prefix(task_id))?
+        let (found, ticket) = self.scan_raw_at(&keys::push_prefix(task_id))?;
+        self.until_durable(ticket).await?;
+        found
             .values()
             .map(|value| Ok(decode_stored(value)?))
             .collect()
     }
 
     /// The raw keys under `prefix` with their values, pending writes included.
-    fn scan_raw(
-        &self,
-        prefix: &[u8],
-    ) -> Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>, LedgerError> {
+    fn scan_raw(&self, prefix: &[u8]) -> Result<RawEntries, LedgerError> {
+        Ok(self.scan_raw_at(prefix)?.0)
+    }
+
+    /// [`Ledger::scan_raw`], with the log ticket that makes what it read
+    /// durable: the newest of the pending writes it merged (0: none).
+    fn scan_raw_at(&self, prefix: &[u8]) -> Result<(RawEntries, u64), LedgerError> {
         // The overlay is read first: a write it no longer holds was applied
         // before, so the sled scan after it sees that write. (A write racing
         // the scan may show its old or its new value, as for any read.)
@@ -1448,13 +1466,15 @@ impl Ledger {
             let (key, value) = entry?;
             found.insert(key.to_vec(), value.to_vec());
         }
-        for (key, value) in pending {
-            match value {
+        let mut ticket = 0;
+        for (key, write) in pending {
+            ticket = ticket.max(write.ticket);
+            match write.value {
                 Some(value) => found.insert(key, value),
                 None => found.remove(&key),
             };
         }
-        Ok(found)
+        Ok((found, ticket))
     }
 
     /// Deletes a push config durably; deleting a missing one is not an error.
@@ -2015,6 +2035,65 @@ mod tests {
         .await;
         // The checkpoint clears the failure once it has deleted the segment.
         assert!(!segment.exists(), "deleted once sled holds its writes");
+        ledger.close();
+    }
+
+    /// A push config is read only once the write that made what the read
+    /// sees (its create, or its delete) is durable: until then the read
+    /// waits, so no reader is shown what a crash could take back.
+    #[tokio::test]
+    async fn push_config_reads_wait_for_the_writes_they_see() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Arc::new(Ledger::open(dir.path()).unwrap());
+        let config = TaskPushNotificationConfig {
+            id: "c1".into(),
+            task_id: "t1".into(),
+            url: "https://hooks.example.com/baton".into(),
+            ..TaskPushNotificationConfig::default()
+        };
+        let key = keys::push_config("t1", "c1");
+        async fn still_waiting(read: impl std::future::Future) -> bool {
+            let waited = std::time::Duration::from_millis(100);
+            tokio::time::timeout(waited, read).await.is_err()
+        }
+
+        let hold = ledger.hold_log();
+        let create = tokio::spawn({
+            let (ledger, config) = (ledger.clone(), config.clone());
+            async move { ledger.put_push_config(&config, 10).await }
+        });
+        until("the create is noted", || ledger.applier.raw(&key)).await;
+        let get = ledger.get_push_config("t1", "c1");
+        let list = ledger.push_configs("t1");
+        tokio::pin!(get, list);
+        assert!(
+            still_waiting(&mut get).await,
+            "GetTaskPushNotificationConfig"
+        );
+        assert!(still_waiting(&mut list).await, "the list");
+        drop(hold);
+        assert_eq!(get.await.unwrap(), Some(config.clone()));
+        assert_eq!(list.await.unwrap(), [config]);
+        create.await.unwrap().unwrap().unwrap();
+
+        let hold = ledger.hold_log();
+        let delete = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.delete_push_config("t1", "c1").await }
+        });
+        until("the delete is noted", || {
+            ledger
+                .applier
+                .raw(&key)
+                .filter(|write| write.value.is_none())
+        })
+        .await;
+        let get = ledger.get_push_config("t1", "c1");
+        tokio::pin!(get);
+        assert!(still_waiting(&mut get).await, "a read of the delete");
+        drop(hold);
+        assert_eq!(get.await.unwrap(), None);
+        delete.await.unwrap().unwrap();
         ledger.close();
     }
 

@@ -1,9 +1,10 @@
 //! Server-sent events decoding: bytes in, complete events out.
 //!
-//! Follows the HTML event-stream rules the A2A SSE binding relies on: lines
-//! end in LF or CRLF, `:` starts a comment (keep-alives), `data:` lines of one
-//! event are joined with LF, a blank line dispatches the event, and an event
-//! left unterminated when the stream closes is dropped.
+//! Follows the HTML event-stream rules the A2A SSE binding relies on: one
+//! byte-order mark at the start is skipped, lines end in LF, CR or CRLF, `:`
+//! starts a comment (keep-alives), `data:` lines of one event are joined with
+//! LF, a blank line dispatches the event, and an event left unterminated when
+//! the stream closes is dropped.
 
 /// One dispatched event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,7 +23,14 @@ pub(crate) struct SseDecoder {
     event: String,
     data: String,
     has_data: bool,
+    /// The last line ended in CR: an LF right after it ends nothing more.
+    after_cr: bool,
+    /// A line has ended, so a byte-order mark is no longer skipped.
+    past_first_line: bool,
 }
+
+/// UTF-8's byte-order mark, which a stream may start with.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 impl SseDecoder {
     /// Bytes held for the event being assembled, to cap what an agent can
@@ -35,16 +43,22 @@ impl SseDecoder {
     pub fn push(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
         let mut events = Vec::new();
         for &byte in chunk {
-            if byte == b'\n' {
-                let mut line = std::mem::take(&mut self.line);
-                if line.last() == Some(&b'\r') {
-                    line.pop();
+            let after_cr = std::mem::replace(&mut self.after_cr, byte == b'\r');
+            match byte {
+                // The LF of a CRLF: its line ended at the CR.
+                b'\n' if after_cr => {}
+                b'\n' | b'\r' => {
+                    let line = std::mem::take(&mut self.line);
+                    let line = match line.strip_prefix(BOM) {
+                        Some(rest) if !self.past_first_line => rest,
+                        _ => &line,
+                    };
+                    self.past_first_line = true;
+                    if let Some(event) = self.line_done(line) {
+                        events.push(event);
+                    }
                 }
-                if let Some(event) = self.line_done(&line) {
-                    events.push(event);
-                }
-            } else {
-                self.line.push(byte);
+                _ => self.line.push(byte),
             }
         }
         events
@@ -108,6 +122,14 @@ mod tests {
             (&["data: {\"a\":1}\n\n"], vec![data("{\"a\":1}")]),
             (&["da", "ta: x\n", "\n"], vec![data("x")]),
             (&["data: x\r\n\r\n"], vec![data("x")]),
+            (&["data: a\r", "\ndata: b\r\n\r", "\n"], vec![data("a\nb")]),
+            (&["data: x\r\rdata: y\r\r"], vec![data("x"), data("y")]),
+            (&["data: a\rdata: b\n\r\n"], vec![data("a\nb")]),
+            (
+                &["\u{FEFF}data: first\n\ndata: second\n\n"],
+                vec![data("first"), data("second")],
+            ),
+            (&["\u{FEFF}\n\u{FEFF}data: x\n\n"], vec![]),
             (&["data:x\n\ndata: y\n\n"], vec![data("x"), data("y")]),
             (&["data: a\ndata: b\n\n"], vec![data("a\nb")]),
             (&[": keep-alive\n\n"], vec![]),
@@ -124,5 +146,13 @@ mod tests {
         for (chunks, expected) in cases {
             assert_eq!(&decode(chunks), expected, "{chunks:?}");
         }
+    }
+
+    #[test]
+    fn a_byte_order_mark_split_across_chunks_is_skipped() {
+        let mut decoder = SseDecoder::default();
+        let mut events = decoder.push(b"\xEF");
+        events.extend(decoder.push(b"\xBB\xBFdata: x\n\n"));
+        assert_eq!(events, [data("x")]);
     }
 }

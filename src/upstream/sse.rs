@@ -23,7 +23,8 @@ pub(crate) struct SseDecoder {
     event: String,
     data: String,
     has_data: bool,
-    /// The last line ended in CR: an LF right after it ends nothing more.
+    /// The last chunk ended in a line's CR: an LF first in the next one
+    /// ends nothing more.
     after_cr: bool,
     /// A line has ended, so a byte-order mark is no longer skipped.
     past_first_line: bool,
@@ -40,27 +41,37 @@ impl SseDecoder {
     }
 
     /// Decodes a chunk, returning every event it completes.
-    pub fn push(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
+    pub fn push(&mut self, mut chunk: &[u8]) -> Vec<SseEvent> {
         let mut events = Vec::new();
-        for &byte in chunk {
-            let after_cr = std::mem::replace(&mut self.after_cr, byte == b'\r');
-            match byte {
-                // The LF of a CRLF: its line ended at the CR.
-                b'\n' if after_cr => {}
-                b'\n' | b'\r' => {
-                    let line = std::mem::take(&mut self.line);
-                    let line = match line.strip_prefix(BOM) {
-                        Some(rest) if !self.past_first_line => rest,
-                        _ => &line,
-                    };
-                    self.past_first_line = true;
-                    if let Some(event) = self.line_done(line) {
-                        events.push(event);
-                    }
+        if self.after_cr && !chunk.is_empty() {
+            // The LF of a CRLF split across chunks: its line ended at the CR.
+            if chunk[0] == b'\n' {
+                chunk = &chunk[1..];
+            }
+            self.after_cr = false;
+        }
+        while let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) {
+            self.line.extend_from_slice(&chunk[..end]);
+            let ended_in_cr = chunk[end] == b'\r';
+            chunk = &chunk[end + 1..];
+            if ended_in_cr {
+                match chunk.first() {
+                    Some(b'\n') => chunk = &chunk[1..],
+                    Some(_) => {}
+                    None => self.after_cr = true,
                 }
-                _ => self.line.push(byte),
+            }
+            let line = std::mem::take(&mut self.line);
+            let line = match line.strip_prefix(BOM) {
+                Some(rest) if !self.past_first_line => rest,
+                _ => &line,
+            };
+            self.past_first_line = true;
+            if let Some(event) = self.line_done(line) {
+                events.push(event);
             }
         }
+        self.line.extend_from_slice(chunk);
         events
     }
 
@@ -122,7 +133,10 @@ mod tests {
             (&["data: {\"a\":1}\n\n"], vec![data("{\"a\":1}")]),
             (&["da", "ta: x\n", "\n"], vec![data("x")]),
             (&["data: x\r\n\r\n"], vec![data("x")]),
-            (&["data: a\r", "\ndata: b\r\n\r", "\n"], vec![data("a\nb")]),
+            (
+                &["data: a\r", "\ndata: b\r\n\r", "", "\n"],
+                vec![data("a\nb")],
+            ),
             (&["data: x\r\rdata: y\r\r"], vec![data("x"), data("y")]),
             (&["data: a\rdata: b\n\r\n"], vec![data("a\nb")]),
             (

@@ -49,10 +49,13 @@ pub fn shown<T: Serialize>(value: T) -> Result<serde_json::Value, GatewayError> 
 /// Removes the `user:password@` of every URL in `value`'s strings: a card
 /// URL or an agent interface may carry credentials, which Baton sends to
 /// the agent (as Basic auth) but shows no caller, its owner included. A
-/// health error quoting such a URL is cleaned the same way.
+/// health error quoting such a URL is cleaned the same way. As the URL
+/// parser reads them, credentials run to the last `@` before the host, and
+/// may hold spaces and `@`s of their own; in free text this may hide more
+/// than a URL's credentials, never less.
 pub fn hide_credentials(value: &mut serde_json::Value) {
     static USERINFO: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
-        regex::Regex::new(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s]*@").expect("a valid pattern")
+        regex::Regex::new(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\\\r\n]*@").expect("a valid pattern")
     });
     match value {
         serde_json::Value::String(text) => {
@@ -114,5 +117,51 @@ pub async fn dispatch(registry: &Registry, principal: &str, request: RpcRequest<
             Some(request.id),
             &GatewayError::MethodNotFound(format!("{other:?} is not a registry method")),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_hidden_as_the_url_parser_reads_them() {
+        let cases = [
+            (
+                "http://svc:S3cret@agent.example/a2a",
+                "http://agent.example/a2a",
+            ),
+            (
+                "http://svc:S3cr@tPart@agent.example/a2a",
+                "http://agent.example/a2a",
+            ),
+            ("https://svc:pa ss@agent.example", "https://agent.example"),
+            (
+                "http://svc:pw@agent.example\\a@b",
+                "http://agent.example\\a@b",
+            ),
+            (
+                "cannot reach http://u:p@a.example/x: refused",
+                "cannot reach http://a.example/x: refused",
+            ),
+            (
+                "http://agent.example/a?to=a@b",
+                "http://agent.example/a?to=a@b",
+            ),
+            ("mail ops@example.com", "mail ops@example.com"),
+        ];
+        for (text, expected) in cases {
+            let mut value = serde_json::json!({"url": text, "urls": [text]});
+            hide_credentials(&mut value);
+            assert_eq!(value["url"], expected, "{text}");
+            assert_eq!(value["urls"][0], expected, "{text}");
+            // What is shown is what the URL parser takes for the agent.
+            if let Ok(parsed) = url::Url::parse(text) {
+                assert!(
+                    !expected.contains(parsed.password().unwrap_or("\0")),
+                    "{text}"
+                );
+            }
+        }
     }
 }

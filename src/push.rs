@@ -311,6 +311,22 @@ impl Worker {
         sender
     }
 
+    /// Whether `config` is still its task's config of that id: nothing is
+    /// sent for a config deleted (or replaced) since its notification was
+    /// queued. A ledger that cannot say leaves the notification to go out.
+    async fn still_configured(&self, config: &TaskPushNotificationConfig) -> bool {
+        let Some(ledger) = self.ledger.upgrade() else {
+            return false;
+        };
+        match ledger.get_push_config(&config.task_id, &config.id).await {
+            Ok(current) => current.as_ref() == Some(config),
+            Err(err) => {
+                tracing::warn!(task_id = %config.task_id, %err, "cannot read a push config before delivery");
+                true
+            }
+        }
+    }
+
     async fn deliver(
         &self,
         config: &TaskPushNotificationConfig,
@@ -333,6 +349,10 @@ impl Worker {
         }
         let mut backoff = self.settings.initial_backoff;
         for attempt in 1..=self.settings.max_attempts {
+            if !self.still_configured(config).await {
+                tracing::debug!(task_id = %event.task_id, url = %shown, "push config deleted; notification not sent");
+                return;
+            }
             let mut request = self
                 .client
                 .post(url.clone())

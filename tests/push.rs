@@ -678,6 +678,48 @@ async fn several_5xx_within_the_attempt_budget_still_deliver_in_order() {
     baton.stop().await;
 }
 
+/// A deleted config gets nothing more, its retries and queued
+/// notifications included.
+#[tokio::test]
+async fn nothing_is_sent_to_a_config_once_it_is_deleted() {
+    let receiver = Receiver::failing_first(usize::MAX, 503).await;
+    let baton = baton().start().await;
+    let task_id = completed_with_inline_config(&baton, &receiver.url("/hook/gone")).await;
+    let start = Instant::now();
+    while receiver.all().is_empty() {
+        assert!(start.elapsed() < WAIT, "no first attempt");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let listed = baton
+        .call_at(
+            "/agents/scenario/a2a",
+            "ListTaskPushNotificationConfigs",
+            json!({"taskId": task_id}),
+        )
+        .await;
+    let config_id = listed.result()["configs"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let deleted = baton
+        .call_at(
+            "/agents/scenario/a2a",
+            "DeleteTaskPushNotificationConfig",
+            json!({"taskId": task_id, "id": config_id}),
+        )
+        .await;
+    assert_eq!(deleted.result(), &json!({}));
+    // An attempt already on its way may still land.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let at_deletion = receiver.all().len();
+
+    // The retries (after 200 and 400 ms) and the completion's notification
+    // would come within this.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(receiver.all().len(), at_deletion, "{:#?}", receiver.all());
+    baton.stop().await;
+}
+
 #[tokio::test]
 async fn a_4xx_answer_is_final() {
     let receiver = Receiver::failing_first(1, 400).await;

@@ -102,8 +102,10 @@ fn jsonrpc_interface(url: String) -> AgentInterface {
 
 /// An agent's card as Baton publishes it: interfaces point at Baton, the
 /// handoff extension is declared, and streaming and push are what Baton
-/// itself provides (it streams and notifies from its ledger). Everything else
-/// is the agency's card.
+/// itself provides (it streams and notifies from its ledger). The agency's
+/// signatures are dropped, as they sign the card Baton has just changed.
+/// With API keys, Baton's key is the one scheme, for the card and for each
+/// skill. Everything else is the agency's card.
 pub fn publish_agent_card(
     card: &AgentCard,
     agent_id: &str,
@@ -112,8 +114,13 @@ pub fn publish_agent_card(
     secured: bool,
 ) -> AgentCard {
     let mut card = card.clone();
+    card.signatures.clear();
     if secured {
         declare_api_key(&mut card);
+        // They name the agency's schemes, which the card no longer declares.
+        for skill in &mut card.skills {
+            skill.security_requirements.clear();
+        }
     }
     card.supported_interfaces = vec![jsonrpc_interface(format!(
         "{public_url}/agents/{agent_id}/a2a"
@@ -195,4 +202,57 @@ fn declare_api_key(card: &mut AgentCard) {
     card.security_requirements = vec![SecurityRequirement {
         schemes: [(API_KEY_SCHEME.to_string(), StringList::default())].into(),
     }];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A card with a signature and a skill that requires the agency's own
+    /// scheme.
+    fn signed_card() -> AgentCard {
+        serde_json::from_value(serde_json::json!({
+            "name": "Billing",
+            "description": "Refunds.",
+            "supportedInterfaces": [{"url": "http://billing.internal/a2a",
+                "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
+            "version": "1.0.0",
+            "capabilities": {},
+            "defaultInputModes": ["text/plain"],
+            "defaultOutputModes": ["text/plain"],
+            "securitySchemes": {"oauth": {"oauth2SecurityScheme": {"flows": {}}}},
+            "securityRequirements": [{"schemes": {"oauth": {"list": ["refunds"]}}}],
+            "skills": [{"id": "refund", "name": "Refund", "description": "Refunds.",
+                "tags": ["refunds"],
+                "securityRequirements": [{"schemes": {"oauth": {"list": ["refunds"]}}}]}],
+            "signatures": [{"protected": "eyJhbGciOiJFUzI1NiJ9", "signature": "c2lnbmVk"}],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn published_cards_carry_no_signature_and_only_schemes_they_declare() {
+        let card = signed_card();
+        let open = publish_agent_card(&card, "billing", "http://localhost:8080", true, false);
+        assert!(
+            open.signatures.is_empty(),
+            "the signatures cover the agency's card"
+        );
+        assert_eq!(open.security_schemes, card.security_schemes);
+        assert_eq!(
+            open.skills[0].security_requirements,
+            card.skills[0].security_requirements
+        );
+
+        let secured = publish_agent_card(&card, "billing", "http://localhost:8080", true, true);
+        assert!(secured.signatures.is_empty());
+        assert_eq!(
+            secured.security_schemes.keys().collect::<Vec<_>>(),
+            [API_KEY_SCHEME]
+        );
+        assert!(
+            secured.skills[0].security_requirements.is_empty(),
+            "no scheme it names is declared"
+        );
+    }
 }

@@ -587,7 +587,7 @@ impl Driver {
     /// for a remote agent) and the task fails with `DEADLINE_EXCEEDED`.
     pub(super) async fn expire(&mut self, agent: &Arc<AgentEntry>) {
         self.last_state = None;
-        expire_task(&self.gateway, agent, &self.task_id).await;
+        expire_task(&self.gateway, Some(agent), &self.task_id).await;
     }
 
     /// Answers the caller with an error when nothing was created; the
@@ -713,9 +713,10 @@ impl Gateway {
             if !record.task.status.state.is_interrupted() || self.is_running(&task_id) {
                 return;
             }
-            if let Some(agent) = self.agent(&record.agent) {
-                expire_task(&self, &agent, &task_id).await;
-            }
+            // An agent deregistered since is sent no CancelTask; the task
+            // still fails.
+            let agent = self.agent(&record.agent);
+            expire_task(&self, agent.as_deref(), &task_id).await;
         });
     }
 
@@ -743,8 +744,9 @@ impl Gateway {
     }
 }
 
-/// Tells the agent to stop and fails the task with `DEADLINE_EXCEEDED`.
-async fn expire_task(gateway: &Gateway, agent: &AgentEntry, task_id: &str) {
+/// Tells the agent, if still registered, to stop, and fails the task with
+/// `DEADLINE_EXCEEDED`.
+async fn expire_task(gateway: &Gateway, agent: Option<&AgentEntry>, task_id: &str) {
     let record = match gateway.ledger.get_shared(task_id) {
         Ok(Some(record)) if record.task.status.state.is_terminal() => return,
         Ok(record) => record,
@@ -756,7 +758,9 @@ async fn expire_task(gateway: &Gateway, agent: &AgentEntry, task_id: &str) {
     // often why the deadline passed, holds the failure up only that long,
     // not for its request timeout.
     let cancel = async {
-        let Some(record) = record else { return };
+        let (Some(record), Some(agent)) = (record, agent) else {
+            return;
+        };
         if let Err(err) = agent
             .agent
             .cancel(&record.task, record.upstream.as_ref())

@@ -988,6 +988,106 @@ mod tests {
         assert_eq!(stored_configs.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 
+    /// A user's handoff to whichever agent has skill `echo`.
+    fn to_skill_echo(message_id: &str) -> Message {
+        let mut part = Part::data(serde_json::json!({
+            "handoffId": "h1", "from": "client", "toSkill": "echo",
+            "reason": "specialization", "goal": "Echo it.", "summary": "s",
+        }));
+        part.media_type = crate::handoff::payload::HANDOFF_MEDIA_TYPE.to_string();
+        Message {
+            message_id: message_id.into(),
+            role: Role::User,
+            parts: vec![part],
+            ..Message::default()
+        }
+    }
+
+    /// A repeat is compared with the first send by what its caller sent,
+    /// not by the agent the skill picked, which takes turns.
+    #[tokio::test]
+    async fn an_idempotent_repeat_of_a_balanced_handoff_is_answered_like_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        let echo = gateway.agent("echo").unwrap().agent.clone();
+        for id in ["echo-1", "echo-2"] {
+            let now = chrono::Utc::now();
+            gateway
+                .directory()
+                .upsert(id, "local", echo.clone(), Default::default(), now);
+        }
+        let ctx = CallContext {
+            pinned: false,
+            ..alice(Some("k1"))
+        };
+        let send = || SendMessageRequest {
+            message: Some(to_skill_echo("m1")),
+            ..SendMessageRequest::default()
+        };
+        let task_id = |reply: SendReply| match reply {
+            SendReply::Task(task) => serde_json::to_value(&task).unwrap()["id"].clone(),
+            SendReply::Message(_) => panic!("a task, not a message"),
+        };
+        let first = task_id(gateway.send_message(&ctx, send()).await.unwrap());
+        let repeat = task_id(gateway.send_message(&ctx, send()).await.unwrap());
+        assert_eq!(repeat, first);
+        ledger.close();
+    }
+
+    /// A task waiting for input fails at its deadline also when its agent
+    /// was deregistered meanwhile (it is sent no CancelTask then).
+    #[tokio::test]
+    async fn a_waiting_task_whose_agent_left_still_fails_at_its_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        let mut ctx = CallContext {
+            agent_id: "scenario".into(),
+            ..alice(None)
+        };
+        ctx.incoming.deadline = Some(chrono::Utc::now() + chrono::Duration::milliseconds(300));
+        let send = SendMessageRequest {
+            message: Some(hi("tck-input-required-1")),
+            ..SendMessageRequest::default()
+        };
+        let SendReply::Task(task) = gateway.send_message(&ctx, send).await.unwrap() else {
+            panic!("a task, not a message");
+        };
+        assert_eq!(state_of(&task), "TASK_STATE_INPUT_REQUIRED");
+        let task_id = serde_json::to_value(&task).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        gateway.directory().remove("scenario");
+
+        store::until("the task fails at its deadline", || {
+            let record = ledger.get(&task_id).unwrap().unwrap();
+            (record.task.status.state == TaskState::Failed).then_some(())
+        })
+        .await;
+        ledger.close();
+    }
+
+    /// A hop count at its clamp is refused as over the limit; counting the
+    /// refused delivery's hop does not overflow.
+    #[tokio::test]
+    async fn a_hop_count_at_its_clamp_is_rejected_without_overflow() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        let mut ctx = alice(None);
+        ctx.incoming.hops = Some(u32::MAX);
+        let send = SendMessageRequest {
+            message: Some(hi("m1")),
+            ..SendMessageRequest::default()
+        };
+        let SendReply::Task(task) = gateway.send_message(&ctx, send).await.unwrap() else {
+            panic!("a task, not a message");
+        };
+        assert_eq!(state_of(&task), "TASK_STATE_REJECTED");
+        let task = serde_json::to_value(&task).unwrap();
+        assert!(task.to_string().contains("HOP_LIMIT_EXCEEDED"), "{task}");
+        ledger.close();
+    }
+
     /// A write is readable before it is durable (the overlay has it at
     /// once), but GetTask shows it only once it is. (A listing waits for
     /// the writes pending when it starts to be applied, durable first.)

@@ -86,6 +86,8 @@ fn start_failed(err: tokio::task::JoinError) -> GatewayError {
     GatewayError::Internal(format!("starting the send failed: {err}"))
 }
 
+/// What an idempotent send is compared by: the agent its caller addressed
+/// and its message.
 pub(super) fn fingerprint(agent_id: &str, message: &Message) -> String {
     let mut hasher = Sha256::new();
     hasher.update(agent_id.as_bytes());
@@ -560,9 +562,11 @@ impl Gateway {
             Some(record) => (record.agent.clone(), Handoff::default()),
             None => self.direct_handoff(ctx, &message, req.metadata.as_ref())?,
         };
-        // Only an idempotent send is ever compared with another.
+        // Only an idempotent send is ever compared with another, by what its
+        // caller sent and where: the agent a skill or a rule picked, or that
+        // holds the task now, may differ at a repeat.
         let fingerprint = if ctx.idempotency_key.is_some() {
-            fingerprint(&agent_id, &message)
+            fingerprint(&ctx.agent_id, &message)
         } else {
             String::new()
         };

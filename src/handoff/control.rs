@@ -360,7 +360,8 @@ impl Control {
     /// The control sent with a delivery to `agent`.
     pub fn delivered_to(&self, agent: &str) -> Self {
         let mut next = self.clone();
-        next.hops += 1;
+        // A caller's count is clamped, not trusted to leave room.
+        next.hops = next.hops.saturating_add(1);
         next.chain.push(agent.to_string());
         next
     }

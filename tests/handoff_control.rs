@@ -453,6 +453,44 @@ async fn typed_artifacts_are_checked_against_the_return_schema() {
     gateway.stop().await;
 }
 
+/// Only an agent's "not cancelable" (-32002) keeps a task from being
+/// canceled; any other refusal, such as -32001 from an agent that forgot
+/// its task, leaves the cancel to the gateway, which owns the task.
+#[tokio::test]
+async fn only_an_agents_not_cancelable_answer_keeps_a_task_from_canceling() {
+    for (code, canceled) in [(-32001, true), (-32603, true), (-32002, false)] {
+        let card = common::agents::card("refusing");
+        let agent = common::agents::RefusingCancelAgent { card, code };
+        let gateway = baton().agent("refusing", agent).start().await;
+        let reply = gateway
+            .call_at(
+                "/agents/refusing/a2a",
+                "SendMessage",
+                json!({"message": user_message(&message_id("c"), "work"),
+                       "configuration": {"returnImmediately": true}}),
+            )
+            .await;
+        let task_id = reply.result()["task"]["id"].as_str().unwrap().to_string();
+        gateway
+            .wait_for_state("/a2a", &task_id, "TASK_STATE_WORKING")
+            .await;
+        let cancel = gateway.call("CancelTask", json!({"id": task_id})).await;
+        if canceled {
+            assert_eq!(
+                cancel.result()["status"]["state"],
+                "TASK_STATE_CANCELED",
+                "{code}: {}",
+                cancel.body
+            );
+        } else {
+            assert_eq!(cancel.body["error"]["code"], code, "{}", cancel.body);
+            let task = gateway.call("GetTask", json!({"id": task_id})).await;
+            assert_eq!(task.result()["status"]["state"], "TASK_STATE_WORKING");
+        }
+        gateway.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn a_deadline_fails_the_task_at_once_even_when_the_agent_ignores_the_cancel() {
     let card = common::agents::card("unresponsive");

@@ -349,11 +349,13 @@ impl Gateway {
                 .await
             {
                 Ok(()) => {}
-                // The agent's own answer (e.g. -32002) is the caller's answer.
-                Err(refused @ crate::agents::AgentError::Refused { .. }) => {
+                // The agent says its task cannot be canceled: the caller's answer.
+                Err(refused @ crate::agents::AgentError::Refused { code: -32002, .. }) => {
                     return Err(refused.into());
                 }
-                // An agent that cannot be reached cannot keep the caller's task alive.
+                // An agent that cannot be reached, or refuses otherwise (one that
+                // forgot its task answers -32001 for a task the caller still
+                // holds), cannot keep the caller's task alive.
                 Err(err) => {
                     tracing::warn!(task_id = %req.id, %err, "agent did not confirm the cancel; canceling at the gateway");
                 }

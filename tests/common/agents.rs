@@ -121,6 +121,39 @@ impl Agent for UnresponsiveAgent {
     }
 }
 
+/// Works until canceled, and refuses every CancelTask with JSON-RPC error
+/// `code`, as a remote agent that forgot its task (-32001) or holds it past
+/// canceling (-32002) would.
+pub struct RefusingCancelAgent {
+    pub card: AgentCard,
+    pub code: i64,
+}
+
+#[async_trait]
+impl Agent for RefusingCancelAgent {
+    fn card(&self) -> &AgentCard {
+        &self.card
+    }
+
+    async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+        events.status(TaskState::Working, None).await;
+        request.cancel.cancelled().await;
+        Ok(())
+    }
+
+    async fn cancel(
+        &self,
+        _: &baton::protocol::Task,
+        _: Option<&baton::agents::UpstreamRef>,
+    ) -> Result<(), AgentError> {
+        Err(AgentError::Refused {
+            code: self.code,
+            message: "refused by the test agent".into(),
+            data: None,
+        })
+    }
+}
+
 /// Ends without reporting anything.
 pub struct SilentAgent(pub AgentCard);
 

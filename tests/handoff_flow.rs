@@ -473,6 +473,55 @@ async fn no_acknowledgement_is_retried_then_rerouted_by_skill() {
     gateway.stop().await;
 }
 
+/// The ladder reroutes only to an agent that the first choice's policy
+/// checks would have let the work reach: here one that does not allow the
+/// sender, so the ladder ends instead.
+#[tokio::test]
+async fn a_reroute_skips_an_agent_that_does_not_allow_the_sender() {
+    let gateway = baton().tune(quick_ladder).start().await;
+    let silent = VendorAgent::start("silent", &["refund"], |_| Reply::Silent)
+        .await
+        .unwrap();
+    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
+        .await
+        .unwrap();
+    register(&gateway, "silent", &silent, json!({})).await;
+    register(
+        &gateway,
+        "billing",
+        &billing,
+        json!({"allowFrom": ["support"]}),
+    )
+    .await;
+
+    let task = send(
+        &gateway,
+        "/agents/silent/a2a",
+        handoff_message(handoff_payload(
+            "triage",
+            json!({"toSkill": "refund"}),
+            json!({}),
+        )),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(&task), "TARGET_UNAVAILABLE", "{task}");
+    let full = get_task(&gateway, task["id"].as_str().unwrap()).await;
+    assert!(
+        !reasons_in_history(&full).contains(&"REROUTED".to_string()),
+        "{full}"
+    );
+    let sends = billing
+        .received()
+        .into_iter()
+        .filter(|r| r.method == "SendMessage")
+        .count();
+    assert_eq!(sends, 0, "billing does not take work from triage");
+    silent.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 #[tokio::test]
 async fn an_exhausted_ladder_fails_or_escalates() {
     let gateway = baton().tune(quick_ladder).start().await;

@@ -98,6 +98,9 @@ pub(super) struct Turn {
     pub handoff: bool,
     /// The skill the agent was chosen by: the ladder may reroute by it.
     pub skill: Option<String>,
+    /// Who handed the work off (a handoff's sender): an agent the ladder
+    /// reroutes to must allow it, as the first choice had to.
+    pub source: Option<String>,
 }
 
 /// How a task's first turn begins.

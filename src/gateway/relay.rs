@@ -253,6 +253,7 @@ impl Driver {
             },
             handoff: true,
             skill,
+            source: Some(source_id),
         })
     }
 
@@ -356,6 +357,7 @@ impl Driver {
             },
             handoff: true,
             skill: None,
+            source: Some(target.agent.id.clone()),
         })
     }
 
@@ -399,7 +401,20 @@ impl Driver {
                 .cloned()
                 .collect();
             let excluded: Vec<String> = self.tried.iter().chain(&held).cloned().collect();
-            let candidates = self.gateway.agents_for_skill(&skill, &excluded);
+            // An alternative is held to the policy the first choice met:
+            // the control as it was before the failed delivery.
+            let mut before = control.clone();
+            before.chain = held;
+            before.hops = before.hops.saturating_sub(1);
+            let candidates: Vec<_> = self
+                .gateway
+                .agents_for_skill(&skill, &excluded)
+                .into_iter()
+                .filter(|alternative| {
+                    let source = turn.source.as_deref();
+                    policy_refusal(&before, &alternative.id, Some(alternative), source).is_none()
+                })
+                .collect();
             if let Some(alternative) = self.gateway.balanced(&candidates) {
                 let detail =
                     json!({"from": agent_id, "to": alternative.id, "toSkill": skill, "why": why});
@@ -407,6 +422,8 @@ impl Driver {
                 if let Some(last) = rerouted.chain.last_mut() {
                     *last = alternative.id.clone();
                 }
+                rerouted.deadline = agent_deadline(rerouted.deadline, &alternative);
+                self.deadline = rerouted.deadline;
                 self.announce(reasons::REROUTED, detail, Some((&alternative, &rerouted)))
                     .await?;
                 self.gateway
@@ -422,6 +439,7 @@ impl Driver {
                     request,
                     handoff: true,
                     skill: Some(skill),
+                    source: turn.source,
                 });
             }
         }

@@ -808,6 +808,7 @@ impl Gateway {
             request,
             handoff: handoff.payload.is_some(),
             skill: handoff.skill.clone(),
+            source: handoff.payload.as_ref().map(|p| p.from.clone()),
         };
         // Boxed before spawning, so the task holds only the box (32 bytes, not
         // the 848 of the driver and its turn): the driver's future is large, and

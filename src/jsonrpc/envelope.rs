@@ -62,7 +62,17 @@ fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
 pub fn parse_request(body: &[u8]) -> Result<RpcRequest<'_>, EnvelopeError<'_>> {
     let fail = |id, error| Err(EnvelopeError { id, error });
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
-    let envelope: Envelope = match serde_json::from_slice(body) {
+    // Only an object is a request: serde would also fill the envelope from
+    // an array, by position.
+    let parsed = match first {
+        Some(b'{') => serde_json::from_slice::<Envelope>(body),
+        _ => serde_json::from_slice::<IgnoredAny>(body).and_then(|_| {
+            Err(serde::de::Error::custom(
+                "the request must be a JSON object",
+            ))
+        }),
+    };
+    let envelope = match parsed {
         Ok(envelope) => envelope,
         Err(err) => {
             // Valid JSON of the wrong shape is an invalid request, not a parse error.
@@ -214,6 +224,16 @@ mod tests {
             -32600
         );
         assert_eq!(code("42"), -32600);
+        // Not read by position into the envelope.
+        let positional = parse_request(br#"["2.0",8,"SendMessage",{}]"#).unwrap_err();
+        assert_eq!(positional.error.code(), -32600);
+        assert!(
+            positional.error.to_string().contains("batch"),
+            "{}",
+            positional.error
+        );
+        assert!(positional.id.is_none());
+        assert_eq!(code("[not json"), -32700);
         assert_eq!(
             code("{\"jsonrpc\":\"1.0\",\"id\":1,\"method\":\"GetTask\"}"),
             -32600

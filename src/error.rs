@@ -133,6 +133,15 @@ impl From<crate::agents::AgentError> for GatewayError {
             A::Timeout(detail) => Self::UpstreamTimeout(detail),
             A::NotJson(detail) => Self::InvalidAgentResponse(format!("not JSON: {detail}")),
             A::InvalidResponse(detail) => Self::InvalidAgentResponse(detail),
+            // Codes about the envelope Baton sent the agent, not about the
+            // caller's request: the agent did not answer as an A2A server.
+            A::Refused {
+                code: code @ (-32700 | -32600 | -32601),
+                message,
+                ..
+            } => Self::InvalidAgentResponse(format!(
+                "the agent answered JSON-RPC error {code} ({message}) to a well-formed A2A call"
+            )),
             A::Refused {
                 code,
                 message,
@@ -140,10 +149,22 @@ impl From<crate::agents::AgentError> for GatewayError {
             } => Self::Upstream {
                 code,
                 message,
-                data,
+                // A2A error details are typed objects (`@type`); others are dropped.
+                data: data.filter(is_error_details),
             },
         }
     }
+}
+
+/// Whether `data` is A2A error details: an array of objects naming their `@type`.
+fn is_error_details(data: &serde_json::Value) -> bool {
+    data.as_array().is_some_and(|details| {
+        details.iter().all(|detail| {
+            detail
+                .get("@type")
+                .is_some_and(serde_json::Value::is_string)
+        })
+    })
 }
 
 impl GatewayError {
@@ -319,5 +340,34 @@ mod tests {
         assert_eq!(error["code"], -32602);
         let violation = &error["data"][0]["fieldViolations"][0];
         assert_eq!(violation["field"], "message.parts");
+    }
+
+    #[test]
+    fn an_agents_refusal_is_passed_on_only_as_an_a2a_error() {
+        use crate::agents::AgentError;
+        let refused = |code, data| {
+            GatewayError::from(AgentError::Refused {
+                code,
+                message: "from the agent".into(),
+                data,
+            })
+            .to_rpc_error()
+        };
+        // About the envelope Baton sent, so the agent's fault, not the caller's.
+        for code in [-32700, -32600, -32601] {
+            let error = refused(code, None);
+            assert_eq!(error["code"], -32006, "{code}: {error}");
+            assert_eq!(error["data"][0]["reason"], "INVALID_AGENT_RESPONSE");
+        }
+        let details = serde_json::json!([{"@type": "type.googleapis.com/google.rpc.ErrorInfo"}]);
+        let error = refused(-32001, Some(details.clone()));
+        assert_eq!(error["code"], -32001);
+        assert_eq!(error["data"], details);
+        let error = refused(-32602, Some(serde_json::json!({"hint": "not an array"})));
+        assert_eq!(error["code"], -32602);
+        assert!(
+            error.get("data").is_none(),
+            "untyped details are dropped: {error}"
+        );
     }
 }

@@ -665,7 +665,12 @@ impl KeyStore {
             let now = Instant::now();
             if now.duration_since(state.checked_at) >= self.inner.reload_interval {
                 state.checked_at = now;
+                let had_keys = !state.keys.is_empty();
                 refresh(path, &mut state);
+                if had_keys && state.keys.is_empty() && self.inner.env_keys.is_empty() {
+                    // As DESIGN.md §6 says: no key, no authentication.
+                    tracing::warn!(path = %path.display(), "no API key is left: every call is now allowed, as the anonymous principal");
+                }
             }
         }
         (state.keys.clone(), state.error.is_some())

@@ -101,6 +101,7 @@ fn add_list_revoke() {
     );
     assert!(revoke.status.success(), "{}", stderr(&revoke));
     assert!(stdout(&revoke).contains(acme_id));
+    assert!(!stderr(&revoke).contains("no key is left"), "globex's keys are");
     assert!(principal(&file, &acme).is_err());
     assert_eq!(principal(&file, &globex1).unwrap(), "globex");
 
@@ -112,6 +113,11 @@ fn add_list_revoke() {
     assert!(revoke.status.success(), "{}", stderr(&revoke));
     assert_eq!(stdout(&revoke).lines().count(), 2);
     assert!(KeyStore::load(Some(&file), None).unwrap().is_open());
+    assert!(
+        stderr(&revoke).contains("no key is left"),
+        "{}",
+        stderr(&revoke)
+    );
 
     let again = baton(
         dir.path(),

@@ -41,6 +41,13 @@ pub fn run(args: KeysArgs) -> ExitCode {
             for key in removed {
                 println!("revoked {} (agency {})", key.key_id, key.agency);
             }
+            if file.list().is_ok_and(|left| left.is_empty()) {
+                eprintln!(
+                    "warning: no key is left in {}: a Baton using it lets every caller in, \
+                     unauthenticated, unless BATON_API_KEYS sets keys",
+                    file.path().display()
+                );
+            }
         }),
     };
     match done {

@@ -101,7 +101,10 @@ fn add_list_revoke() {
     );
     assert!(revoke.status.success(), "{}", stderr(&revoke));
     assert!(stdout(&revoke).contains(acme_id));
-    assert!(!stderr(&revoke).contains("no key is left"), "globex's keys are");
+    assert!(
+        !stderr(&revoke).contains("no key is left"),
+        "globex's keys are"
+    );
     assert!(principal(&file, &acme).is_err());
     assert_eq!(principal(&file, &globex1).unwrap(), "globex");
 

@@ -228,6 +228,11 @@ impl Serialize for Part {
     }
 }
 
+/// `Some` for a member that is present, JSON null included.
+fn present_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
+}
+
 impl<'de> Deserialize<'de> for Part {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
@@ -239,7 +244,8 @@ impl<'de> Deserialize<'de> for Part {
             raw: Option<String>,
             #[serde(default)]
             url: Option<String>,
-            #[serde(default)]
+            // A `google.protobuf.Value`: JSON null is its null value, set.
+            #[serde(default, deserialize_with = "present_value")]
             data: Option<serde_json::Value>,
             #[serde(default)]
             metadata: Option<Struct>,
@@ -761,6 +767,18 @@ impl StreamResponse {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_data_part_may_hold_null_which_other_contents_treat_as_unset() {
+        let part: Part = serde_json::from_value(json!({"data": null})).unwrap();
+        assert_eq!(part.content, PartContent::Data(serde_json::Value::Null));
+        assert_eq!(serde_json::to_value(&part).unwrap(), json!({"data": null}));
+        let part: Part = serde_json::from_value(json!({"text": "a", "url": null})).unwrap();
+        assert_eq!(part.as_text(), Some("a"));
+        let both = serde_json::from_value::<Part>(json!({"text": "a", "data": null}));
+        assert!(both.unwrap_err().to_string().contains("found 2"));
+        assert!(serde_json::from_value::<Part>(json!({})).is_err());
+    }
 
     #[test]
     fn a_turn_settles_in_a_terminal_or_an_interrupted_state_only() {

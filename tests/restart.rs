@@ -439,3 +439,47 @@ async fn a_deregistered_id_stays_its_agencys_across_a_restart() {
         .await;
     assert_eq!(again["result"]["agent"]["owner"], "acme", "{again}");
 }
+
+/// A registered agent's record shows its card as served now: after a
+/// restart on another port, so under another public URL, not the card
+/// published at registration.
+#[tokio::test]
+async fn an_agents_record_shows_the_card_served_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = || {
+        BatonProcess::builder(dir.path())
+            .args(["--allow-upstream", "127.0.0.0/8,::1"])
+            .start()
+    };
+    let mut first = start();
+    let (status, card) = first
+        .get_json("/agents/echo/.well-known/agent-card.json")
+        .await;
+    assert!(status.is_success());
+    let made = first
+        .registry("RegisterAgent", json!({"id": "support", "card": card}))
+        .await;
+    assert!(made["agent"].is_object(), "{made}");
+    first.terminate();
+    assert!(first.wait_exit(WAIT).success());
+
+    let second = start();
+    let port = second.base.rsplit(':').next().unwrap().to_string();
+    let (status, served) = second
+        .get_json("/agents/support/.well-known/agent-card.json")
+        .await;
+    assert!(status.is_success());
+    let url = served["supportedInterfaces"][0]["url"].as_str().unwrap();
+    assert_eq!(url, format!("http://localhost:{port}/agents/support/a2a"));
+    let got = second.registry("GetAgent", json!({"id": "support"})).await;
+    assert_eq!(got["agent"]["publishedCard"], served, "{got}");
+    let found = second.registry("SearchAgents", json!({})).await;
+    let listed = found["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|agent| agent["id"] == "support")
+        .cloned()
+        .unwrap();
+    assert_eq!(listed["publishedCard"], served);
+}

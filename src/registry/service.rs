@@ -586,12 +586,25 @@ impl Registry {
 
     /// `GetAgent`.
     pub fn get(&self, id: &str) -> Result<AgentRecord, GatewayError> {
-        self.records
+        let record = self
+            .records
             .read()
             .expect("registry lock")
             .get(id)
             .cloned()
-            .ok_or_else(|| not_found(id))
+            .ok_or_else(|| not_found(id))?;
+        Ok(self.as_served(record))
+    }
+
+    /// `record` with the card its agent is served with now: a record keeps
+    /// the one published when it was stored, and the directory publishes
+    /// again under another `--public-url` or once API keys appear.
+    fn as_served(&self, mut record: AgentRecord) -> AgentRecord {
+        if let Some(entry) = self.directory.get(&record.id) {
+            record.published_card = entry.card.card.clone();
+            record.etag = entry.card.etag.clone();
+        }
+        record
     }
 
     /// `SearchAgents`.
@@ -628,8 +641,9 @@ impl Registry {
             (Some(_), Some(last)) => URL_SAFE_NO_PAD.encode(last.id.as_bytes()),
             _ => String::new(),
         };
+        drop(records);
         Ok(SearchPage {
-            agents,
+            agents: agents.into_iter().map(|r| self.as_served(r)).collect(),
             next_page_token,
         })
     }

@@ -730,6 +730,77 @@ async fn a_card_registered_by_url_keeps_being_followed_as_it_changes() {
     }
 }
 
+/// An owner's update made while a health check fetches the card URL is
+/// kept: the check does not put the URL's card back over it.
+#[tokio::test]
+async fn an_update_made_during_a_health_check_is_not_undone_by_it() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    let upstream = baton().start().await;
+    let gateway = baton().start().await;
+    let served = Arc::new(Mutex::new(upstream_card(&upstream, "echo").await));
+    let gated = Arc::new(AtomicBool::new(false));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let app = axum::Router::new().route(
+        "/card.json",
+        axum::routing::get({
+            let (served, gated, gate, fetches) =
+                (served.clone(), gated.clone(), gate.clone(), fetches.clone());
+            move || {
+                let (served, gated, gate, fetches) =
+                    (served.clone(), gated.clone(), gate.clone(), fetches.clone());
+                async move {
+                    fetches.fetch_add(1, Ordering::SeqCst);
+                    if gated.load(Ordering::SeqCst) {
+                        gate.acquire().await.unwrap().forget();
+                    }
+                    let card = served.lock().unwrap().clone();
+                    axum::Json(card)
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let card_url = format!("http://{}/card.json", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let registered = registry_as(
+        &gateway,
+        ACME,
+        "RegisterAgent",
+        json!({"id": "followed", "cardUrl": card_url}),
+    )
+    .await;
+    let mut inline = registered.result()["agent"]["card"].clone();
+
+    served.lock().unwrap()["description"] = json!("changed at the URL");
+    gated.store(true, Ordering::SeqCst);
+    let fetched_before = fetches.load(Ordering::SeqCst);
+    let check = tokio::time::timeout(WAIT, gateway.registry.check_health());
+    let update = async {
+        while fetches.load(Ordering::SeqCst) == fetched_before {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        inline["description"] = json!("the owner's own");
+        let updated = registry_as(
+            &gateway,
+            ACME,
+            "UpdateAgent",
+            json!({"id": "followed", "card": inline}),
+        )
+        .await;
+        assert!(updated.result()["agent"].is_object(), "{}", updated.body);
+        gate.add_permits(1);
+    };
+    let (checked, ()) = tokio::join!(check, update);
+    checked.expect("health check in time");
+
+    let got = registry_as(&gateway, ACME, "GetAgent", json!({"id": "followed"})).await;
+    let agent = &got.result()["agent"];
+    assert_eq!(agent["card"]["description"], "the owner's own", "{agent}");
+    assert!(agent.get("cardUrl").is_none(), "{agent}");
+}
+
 #[tokio::test]
 async fn agents_that_never_answer_do_not_hold_each_others_health_checks_up() {
     let upstream = baton().start().await;

@@ -484,6 +484,39 @@ impl Registry {
     ) -> Result<AgentRecord, GatewayError> {
         let _change = self.changes.lock().await;
         let existing = self.owned(owner, id)?;
+        self.update_from(existing, params, card, card_url).await
+    }
+
+    /// A health check's update to the card its URL serves now: taken only
+    /// if the agent is still as `checked` was (its owner may have changed
+    /// it while the card was being fetched).
+    async fn refresh_to(
+        &self,
+        checked: &AgentRecord,
+        params: RegisterParams,
+        card: AgentCard,
+        card_url: Option<String>,
+    ) -> Result<AgentRecord, GatewayError> {
+        let _change = self.changes.lock().await;
+        let existing = self.owned(&checked.owner, &checked.id)?;
+        if existing.updated_at != checked.updated_at {
+            return Err(GatewayError::Internal(
+                "the agent was updated while its card was fetched".into(),
+            ));
+        }
+        self.update_from(existing, params, card, card_url).await
+    }
+
+    /// Stores `card` over `existing`, keeping the limits `params` leaves out;
+    /// call with `changes` held.
+    async fn update_from(
+        &self,
+        existing: AgentRecord,
+        params: RegisterParams,
+        card: AgentCard,
+        card_url: Option<String>,
+    ) -> Result<AgentRecord, GatewayError> {
+        let (owner, id) = (existing.owner.as_str(), existing.id.as_str());
         let mut params = params;
         params.skill_output_schemas = params
             .skill_output_schemas
@@ -693,7 +726,7 @@ impl Registry {
                                 ..RegisterParams::default()
                             };
                             let card_url = record.card_url.clone();
-                            self.update_to(&record.owner, &record.id, params, card, card_url)
+                            self.refresh_to(&record, params, card, card_url)
                                 .await
                                 .map(drop)
                         }

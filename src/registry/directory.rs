@@ -141,6 +141,12 @@ impl Directory {
         self.current().gateway_card.clone()
     }
 
+    /// `card` as it is published for agent `id` now.
+    pub fn publish(&self, id: &str, card: &AgentCard) -> AgentCard {
+        let secured = self.secured.load(Ordering::Relaxed);
+        publish::publish_agent_card(card, id, &self.public_url, self.push_enabled, secured)
+    }
+
     /// Adds or replaces an agent; `modified` is its card's Last-Modified.
     pub fn upsert(
         &self,
@@ -150,10 +156,7 @@ impl Directory {
         policy: AgentPolicy,
         modified: DateTime<Utc>,
     ) -> Arc<AgentEntry> {
-        let secured = self.secured.load(Ordering::Relaxed);
-        let publish = |card: &AgentCard| {
-            publish::publish_agent_card(card, id, &self.public_url, self.push_enabled, secured)
-        };
+        let publish = |card: &AgentCard| self.publish(id, card);
         let card = publish(agent.card());
         let extended = agent.extended_card().map(|extended| publish(&extended));
         let entry = Arc::new(AgentEntry {

@@ -4,6 +4,7 @@
 
 use super::directory::{AgentPolicy, Directory};
 use super::fetch::{CardFetcher, FetchError};
+use super::publish::PublishedCard;
 use super::record::{AgentRecord, Health, HealthStatus};
 use super::schema::CardValidator;
 use crate::agents::{Agent, AgentHandle};
@@ -568,12 +569,13 @@ impl Registry {
             allow_from: params.allow_from.clone(),
             builtin: false,
         };
-        let entry = self
-            .directory
-            .upsert(id, owner, agent, record.policy(), updated_at);
-        record.published_card = entry.card.card.clone();
-        record.etag = entry.card.etag.clone();
+        let published = PublishedCard::new(self.directory.publish(id, &record.card), updated_at);
+        record.published_card = published.card;
+        record.etag = published.etag;
+        // Durable before it is routed or shown.
         self.ledger.put_agent(id, &record).await?;
+        self.directory
+            .upsert(id, owner, agent, record.policy(), updated_at);
         self.records
             .write()
             .expect("registry lock")
@@ -843,6 +845,58 @@ fn require_jsonrpc(card: AgentCard) -> Result<AgentCard, GatewayError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::netguard::OutboundPolicy;
+
+    /// A registry over a fresh ledger, and its ledger.
+    fn registry_in(dir: &Path) -> (Arc<Ledger>, Registry) {
+        let ledger = Arc::new(Ledger::open(dir).unwrap());
+        let policy = OutboundPolicy::default();
+        let directory = Arc::new(Directory::new("http://localhost:8080", true));
+        let fetcher = CardFetcher::new(policy.clone(), std::time::Duration::from_secs(1), 1 << 20);
+        let registry = Registry::new(
+            ledger.clone(),
+            directory,
+            fetcher,
+            crate::launch::remote_agents(policy),
+        );
+        (ledger, registry)
+    }
+
+    /// An agent is routed to, and its card served, only once its
+    /// registration is durable.
+    #[tokio::test]
+    async fn an_agent_is_routable_only_once_its_registration_is_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, registry) = registry_in(dir.path());
+        let card = serde_json::json!({
+            "name": "Billing", "description": "Refunds.", "version": "1.0.0",
+            "supportedInterfaces": [{"url": "https://billing.example/a2a",
+                "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
+            "capabilities": {}, "defaultInputModes": ["text/plain"],
+            "defaultOutputModes": ["text/plain"],
+            "skills": [{"id": "refund", "name": "Refund", "description": "Refunds.", "tags": ["refunds"]}],
+        });
+        let params = RegisterParams {
+            id: Some("billing".into()),
+            card: Some(card),
+            ..RegisterParams::default()
+        };
+
+        let hold = ledger.hold_log();
+        let register = registry.register("acme", params);
+        tokio::pin!(register);
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(100), &mut register);
+        let waited = waited.await;
+        assert!(waited.is_err(), "the registration waits on the log: {waited:?}");
+        assert!(
+            registry.directory().get("billing").is_none(),
+            "not routed yet"
+        );
+        drop(hold);
+        register.await.unwrap();
+        assert!(registry.directory().get("billing").is_some());
+        ledger.close();
+    }
 
     #[test]
     fn ids() {

@@ -420,15 +420,22 @@ fn quick_ladder(settings: &mut baton::gateway::GatewaySettings) {
     settings.retry_delay = Duration::from_millis(200);
 }
 
-#[tokio::test]
-async fn no_acknowledgement_is_retried_then_rerouted_by_skill() {
-    let gateway = baton().tune(quick_ladder).start().await;
+/// Two agents with skill `refund`: `silent`, which never answers, and
+/// `billing`, which refunds.
+async fn refund_agents() -> (VendorAgent, VendorAgent) {
     let silent = VendorAgent::start("silent", &["refund"], |_| Reply::Silent)
         .await
         .unwrap();
     let billing = VendorAgent::start("billing", &["refund"], |_| refund())
         .await
         .unwrap();
+    (silent, billing)
+}
+
+#[tokio::test]
+async fn no_acknowledgement_is_retried_then_rerouted_by_skill() {
+    let gateway = baton().tune(quick_ladder).start().await;
+    let (silent, billing) = refund_agents().await;
     register(&gateway, "silent", &silent, json!({})).await;
     register(&gateway, "billing", &billing, json!({})).await;
 
@@ -479,12 +486,7 @@ async fn no_acknowledgement_is_retried_then_rerouted_by_skill() {
 #[tokio::test]
 async fn a_reroute_skips_an_agent_that_does_not_allow_the_sender() {
     let gateway = baton().tune(quick_ladder).start().await;
-    let silent = VendorAgent::start("silent", &["refund"], |_| Reply::Silent)
-        .await
-        .unwrap();
-    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
-        .await
-        .unwrap();
+    let (silent, billing) = refund_agents().await;
     register(&gateway, "silent", &silent, json!({})).await;
     register(
         &gateway,
@@ -519,6 +521,67 @@ async fn a_reroute_skips_an_agent_that_does_not_allow_the_sender() {
     assert_eq!(sends, 0, "billing does not take work from triage");
     silent.stop().await;
     billing.stop().await;
+    gateway.stop().await;
+}
+
+/// With API keys, a reroute also holds the sender to what a first choice
+/// would: a sender named by the caller that another agency registered is
+/// not let into an agent that guards who may hand it work.
+#[tokio::test]
+async fn a_reroute_does_not_take_a_sender_another_agency_registered() {
+    let gateway = baton()
+        .api_keys("acme=KEY1,globex=KEY2")
+        .tune(quick_ladder)
+        .start()
+        .await;
+    let (silent, billing) = refund_agents().await;
+    let support = VendorAgent::start("support", &["help"], |_| refund())
+        .await
+        .unwrap();
+    let agencies = [
+        ("KEY2", "silent", &silent, json!({})),
+        ("KEY1", "support", &support, json!({})),
+        (
+            "KEY1",
+            "billing",
+            &billing,
+            json!({"allowFrom": ["support"]}),
+        ),
+    ];
+    for (key, id, agent, extra) in agencies {
+        let mut params = json!({"id": id, "card": agent.card()});
+        merge(&mut params, extra);
+        let reply = gateway
+            .call_as("/registry", key, "RegisterAgent", params)
+            .await;
+        assert!(reply.code().is_none(), "register {id}: {}", reply.body);
+    }
+
+    // globex names acme's `support` as the sender.
+    let message = handoff_message(handoff_payload(
+        "support",
+        json!({"toSkill": "refund"}),
+        json!({}),
+    ));
+    let params = json!({"message": message});
+    let reply = gateway
+        .call_as("/agents/silent/a2a", "KEY2", "SendMessage", params)
+        .await;
+    let task = &reply.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(task), "TARGET_UNAVAILABLE", "{task}");
+    let sends = billing
+        .received()
+        .into_iter()
+        .filter(|r| r.method == "SendMessage")
+        .count();
+    assert_eq!(
+        sends, 0,
+        "billing takes no work in support's name from globex"
+    );
+    for agent in [silent, billing, support] {
+        agent.stop().await;
+    }
     gateway.stop().await;
 }
 

@@ -709,13 +709,13 @@ async fn nothing_is_sent_to_a_config_once_it_is_deleted() {
         )
         .await;
     assert_eq!(deleted.result(), &json!({}));
-    // An attempt already on its way may still land.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // An attempt that passed its check before the delete may still land.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let at_deletion = receiver.all().len();
 
-    // The retries (after 200 and 400 ms) and the completion's notification
-    // would come within this.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Retries come 200, 400 and 800 ms apart, and the completion's
+    // notification after them: without the check, some would land here.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(receiver.all().len(), at_deletion, "{:#?}", receiver.all());
     baton.stop().await;
 }

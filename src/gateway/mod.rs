@@ -725,6 +725,11 @@ mod tests {
 
     /// alice's task `t1`, WORKING at the echo agent, durable.
     async fn alices_working_task(ledger: &Ledger) {
+        alices_task(ledger, TaskState::Working).await;
+    }
+
+    /// alice's task `t1`, in `state` at the echo agent, durable.
+    async fn alices_task(ledger: &Ledger, state: TaskState) {
         let record = TaskRecord {
             task: Task {
                 id: "t1".into(),
@@ -735,10 +740,7 @@ mod tests {
             agent: "echo".into(),
             ..TaskRecord::default()
         };
-        ledger
-            .create(record, vec![status(TaskState::Working)])
-            .await
-            .unwrap();
+        ledger.create(record, vec![status(state)]).await.unwrap();
     }
 
     /// Completes `t1` in a task of its own, which ends once the write is
@@ -807,9 +809,8 @@ mod tests {
         let (ledger, gateway) = open_gateway(dir.path());
         let guarded = guard_with_retired_senders(&ledger, &gateway).await;
 
-        let check = |source| {
-            gateway.claimed_source_refusal(&alice(None), Some(source), Some(&guarded), None)
-        };
+        let check =
+            |source| gateway.claimed_source_refusal("alice", Some(source), Some(&guarded), None);
         let (reason, _) = check("globex-old")
             .unwrap()
             .expect("another agency's agent");
@@ -1036,6 +1037,40 @@ mod tests {
         ledger.close();
     }
 
+    /// A claim stored by a build that took the fingerprint of the agent a
+    /// send was resolved to (here the task's holder, not the agent the
+    /// repeat addresses) still answers the repeat.
+    #[tokio::test]
+    async fn a_claim_fingerprinted_by_an_older_build_still_answers_its_repeat() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        alices_task(&ledger, TaskState::Completed).await;
+        let mut message = hi("m-again");
+        message.task_id = "t1".into();
+        message.context_id = "c1".into();
+        let older = store::IdempotencyRecord {
+            fingerprint: send::fingerprint("echo", &message),
+            task_id: "t1".into(),
+            message: None,
+        };
+        let claimed = ledger.claim_idempotency("alice", "k-old", &older).await;
+        assert!(claimed.unwrap().is_none());
+
+        let ctx = CallContext {
+            agent_id: "scenario".into(),
+            ..alice(Some("k-old"))
+        };
+        let send = SendMessageRequest {
+            message: Some(message),
+            ..SendMessageRequest::default()
+        };
+        let SendReply::Task(task) = gateway.send_message(&ctx, send).await.unwrap() else {
+            panic!("a task, not a message");
+        };
+        assert_eq!(serde_json::to_value(&task).unwrap()["id"], "t1");
+        ledger.close();
+    }
+
     /// A task waiting for input fails at its deadline also when its agent
     /// was deregistered meanwhile (it is sent no CancelTask then).
     #[tokio::test]
@@ -1046,7 +1081,8 @@ mod tests {
             agent_id: "scenario".into(),
             ..alice(None)
         };
-        ctx.incoming.deadline = Some(chrono::Utc::now() + chrono::Duration::milliseconds(300));
+        // Room for the send's own log syncs on a slow machine.
+        ctx.incoming.deadline = Some(chrono::Utc::now() + chrono::Duration::seconds(2));
         let send = SendMessageRequest {
             message: Some(hi("tck-input-required-1")),
             ..SendMessageRequest::default()

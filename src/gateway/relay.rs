@@ -412,7 +412,16 @@ impl Driver {
                 .into_iter()
                 .filter(|alternative| {
                     let source = turn.source.as_deref();
+                    // With API keys, a sender named by the caller must also
+                    // be the caller's own where the alternative guards it.
+                    let claimed = self.gateway.claimed_source_refusal(
+                        &self.owner,
+                        source,
+                        Some(alternative),
+                        None,
+                    );
                     policy_refusal(&before, &alternative.id, Some(alternative), source).is_none()
+                        && matches!(claimed, Ok(None))
                 })
                 .collect();
             if let Some(alternative) = self.gateway.balanced(&candidates) {

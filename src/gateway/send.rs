@@ -324,7 +324,7 @@ impl Gateway {
     /// ledger cannot read is an error, not a pass.
     pub(super) fn claimed_source_refusal(
         &self,
-        ctx: &CallContext,
+        principal: &str,
         source: Option<&str>,
         target: Option<&AgentEntry>,
         vouched: Option<&str>,
@@ -333,11 +333,11 @@ impl Gateway {
             return Ok(None);
         };
         let guarded = target.is_some_and(|entry| entry.policy.allow_from.is_some());
-        if !guarded || ctx.principal == crate::auth::ANONYMOUS || vouched == Some(source) {
+        if !guarded || principal == crate::auth::ANONYMOUS || vouched == Some(source) {
             return Ok(None);
         }
         let unverifiable = [crate::launch::LOCAL_OWNER, crate::auth::ANONYMOUS];
-        let foreign = |owner: &str| owner != ctx.principal && !unverifiable.contains(&owner);
+        let foreign = |owner: &str| owner != principal && !unverifiable.contains(&owner);
         let impersonated = match self.agent(source) {
             Some(entry) => foreign(&entry.owner),
             // Unread, the record might have named another agency: the send
@@ -409,8 +409,12 @@ impl Gateway {
         key: &str,
         claim: &IdempotencyRecord,
         earlier: IdempotencyRecord,
+        resolved_fingerprint: impl FnOnce() -> String,
     ) -> Result<Begun<W>, GatewayError> {
-        if earlier.fingerprint != claim.fingerprint {
+        // Builds before this one took the fingerprint of the agent the send
+        // was resolved to; a claim they stored still matches by that.
+        if earlier.fingerprint != claim.fingerprint && earlier.fingerprint != resolved_fingerprint()
+        {
             return Err(GatewayError::invalid_field(
                 "message",
                 format!("idempotency key {key:?} was already used with a different message"),
@@ -584,7 +588,8 @@ impl Gateway {
         if let Some(key) = &ctx.idempotency_key
             && let Some(earlier) = self.ledger.claim_idempotency_peek(&ctx.principal, key)?
         {
-            return self.replay(ctx, key, &claim, earlier).await;
+            let resolved = || self::fingerprint(&agent_id, &message);
+            return self.replay(ctx, key, &claim, earlier, resolved).await;
         }
         // While the log cannot make writes durable, a send would run its
         // agent for a task the ledger cannot keep; while sled fails, the
@@ -636,7 +641,8 @@ impl Gateway {
                 .await?
         {
             // Another send with this key claimed it since the peek above.
-            return self.replay(ctx, key, &claim, earlier).await;
+            let resolved = || self::fingerprint(&agent_id, &message);
+            return self.replay(ctx, key, &claim, earlier, resolved).await;
         }
 
         if continued.is_none() && message.context_id.is_empty() {
@@ -725,7 +731,9 @@ impl Gateway {
                     .clone()
                     .or_else(|| policy_refusal(&merged, &agent_id, agent.as_deref(), source));
                 if refusal.is_none() {
-                    match self.claimed_source_refusal(ctx, source, agent.as_deref(), vouched) {
+                    let principal = &ctx.principal;
+                    match self.claimed_source_refusal(principal, source, agent.as_deref(), vouched)
+                    {
                         Ok(claimed) => refusal = claimed,
                         Err(err) => {
                             self.abandon_start(ctx, new_task_push.as_ref()).await;

@@ -49,23 +49,46 @@ pub fn shown<T: Serialize>(value: T) -> Result<serde_json::Value, GatewayError> 
 /// Removes the `user:password@` of every URL in `value`'s strings: a card
 /// URL or an agent interface may carry credentials, which Baton sends to
 /// the agent (as Basic auth) but shows no caller, its owner included. A
-/// health error quoting such a URL is cleaned the same way. As the URL
-/// parser reads them, credentials run to the last `@` before the host, and
-/// may hold spaces and `@`s of their own; in free text this may hide more
-/// than a URL's credentials, never less.
+/// health error quoting such a URL is cleaned the same way.
 pub fn hide_credentials(value: &mut serde_json::Value) {
-    static USERINFO: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
-        regex::Regex::new(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\\\r\n]*@").expect("a valid pattern")
-    });
     match value {
         serde_json::Value::String(text) => {
-            if let std::borrow::Cow::Owned(clean) = USERINFO.replace_all(text, "$1") {
+            if let Some(clean) = without_credentials(text) {
                 *text = clean;
             }
         }
         serde_json::Value::Array(items) => items.iter_mut().for_each(hide_credentials),
         serde_json::Value::Object(object) => object.values_mut().for_each(hide_credentials),
         _ => {}
+    }
+}
+
+/// `text` without the credentials of the URLs in it; `None` if it has none.
+/// A string that is one URL loses them as the URL parser reads them (which
+/// is what Baton sends): up to the last `@` before the host, spaces and
+/// `@`s included, tabs and line breaks dropped. In other text, a URL's
+/// credentials end at the first `@` or space, so prose is left as written.
+fn without_credentials(text: &str) -> Option<String> {
+    static URL_USERINFO: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"(?i)^([a-z][a-z0-9+.-]*://)[^/?#\\]*@").expect("a valid pattern")
+    });
+    static TEXT_USERINFO: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s]*@").expect("a valid pattern")
+    });
+    match url::Url::parse(text) {
+        Ok(url) if !url.username().is_empty() || url.password().is_some() => {
+            let read: String = text
+                .trim()
+                .chars()
+                .filter(|c| !matches!(c, '\t' | '\r' | '\n'))
+                .collect();
+            Some(URL_USERINFO.replace(&read, "$1").into_owned())
+        }
+        Ok(_) => None,
+        Err(_) => match TEXT_USERINFO.replace_all(text, "$1") {
+            std::borrow::Cow::Owned(clean) => Some(clean),
+            std::borrow::Cow::Borrowed(_) => None,
+        },
     }
 }
 
@@ -149,6 +172,14 @@ mod tests {
                 "http://agent.example/a?to=a@b",
             ),
             ("mail ops@example.com", "mail ops@example.com"),
+            (
+                "http://svc:pa\nss@agent.example/a2a",
+                "http://agent.example/a2a",
+            ),
+            (
+                "Docs at https://docs.example.com or mail help@example.com",
+                "Docs at https://docs.example.com or mail help@example.com",
+            ),
         ];
         for (text, expected) in cases {
             let mut value = serde_json::json!({"url": text, "urls": [text]});

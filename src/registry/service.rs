@@ -887,7 +887,10 @@ mod tests {
         tokio::pin!(register);
         let waited = tokio::time::timeout(std::time::Duration::from_millis(100), &mut register);
         let waited = waited.await;
-        assert!(waited.is_err(), "the registration waits on the log: {waited:?}");
+        assert!(
+            waited.is_err(),
+            "the registration waits on the log: {waited:?}"
+        );
         assert!(
             registry.directory().get("billing").is_none(),
             "not routed yet"

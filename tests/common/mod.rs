@@ -339,6 +339,16 @@ impl TestBaton {
         .await
     }
 
+    /// Calls a method on `path` as the agency holding API key `key`.
+    pub async fn call_as(&self, path: &str, key: &str, method: &str, params: Value) -> Reply {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let authorization = format!("Bearer {key}");
+        let mut headers = STANDARD_HEADERS.to_vec();
+        headers.push(("authorization", &authorization));
+        self.post_raw(path, body.to_string(), &headers).await
+    }
+
     /// Calls a method on `/a2a`.
     pub async fn call(&self, method: &str, params: Value) -> Reply {
         self.call_at("/a2a", method, params).await

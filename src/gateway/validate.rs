@@ -141,8 +141,14 @@ pub fn media_type_matches(accepted: &str, offered: &str) -> bool {
     }
 }
 
-/// The media types of the handoff extension's own parts.
-const BATON_MEDIA_PREFIX: &str = "application/vnd.baton.";
+/// The media types of the handoff extension's own parts, which Baton reads
+/// and writes itself.
+const BATON_MEDIA_TYPES: [&str; 4] = [
+    crate::handoff::payload::HANDOFF_MEDIA_TYPE,
+    crate::handoff::payload::HANDOFF_RESULT_MEDIA_TYPE,
+    crate::handoff::reasons::STATUS_MEDIA_TYPE,
+    crate::handoff::context::HISTORY_MEDIA_TYPE,
+];
 
 /// Checks that the agent accepts every declared media type in the message
 /// (-32005 otherwise). Parts without a media type are accepted.
@@ -160,8 +166,12 @@ pub fn check_input_modes(card: &AgentCard, message: &Message) -> Result<(), Gate
     }
     for part in &message.parts {
         // Baton's own parts (handoff payloads and results) are the gateway's
-        // to read, so every agent behind it takes them.
-        if part.media_type.is_empty() || part.media_type.starts_with(BATON_MEDIA_PREFIX) {
+        // to read, so every agent behind it takes them; any other label in
+        // its namespace is the agent's to accept, like any media type.
+        let baton_own = BATON_MEDIA_TYPES
+            .iter()
+            .any(|own| media_type_matches(own, &part.media_type));
+        if part.media_type.is_empty() || baton_own {
             continue;
         }
         if !accepted
@@ -181,6 +191,30 @@ pub fn check_input_modes(card: &AgentCard, message: &Message) -> Result<(), Gate
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_batons_own_parts_pass_every_agents_input_modes() {
+        let card: AgentCard = serde_json::from_value(serde_json::json!({
+            "name": "t", "description": "t", "version": "1",
+            "supportedInterfaces": [], "capabilities": {},
+            "defaultInputModes": ["text/plain"], "defaultOutputModes": ["text/plain"],
+            "skills": [],
+        }))
+        .unwrap();
+        let with = |media_type: &str| {
+            let mut part = Part::data(serde_json::json!({}));
+            part.media_type = media_type.to_string();
+            Message::user(vec![part])
+        };
+        let handoff = crate::handoff::payload::HANDOFF_MEDIA_TYPE;
+        assert!(check_input_modes(&card, &with(handoff)).is_ok());
+        let label = "application/vnd.baton.anything+json";
+        let refused = check_input_modes(&card, &with(label)).unwrap_err();
+        assert!(
+            matches!(refused, GatewayError::ContentTypeNotSupported(_)),
+            "{refused:?}"
+        );
+    }
 
     #[test]
     fn media_types_match_with_wildcards_and_parameters() {

@@ -392,7 +392,15 @@ impl Applier {
     fn checkpoint(&self, segments: Vec<PathBuf>) -> bool {
         let kept = match self.flush() {
             Ok(()) => {
-                let kept = delete_in_order(segments, |path| std::fs::remove_file(path));
+                // Each deletion is made durable before the next: a crash
+                // must not bring back an older segment but not a newer one.
+                let kept = delete_in_order(segments, |path| {
+                    std::fs::remove_file(path)?;
+                    match path.parent() {
+                        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+                        None => Ok(()),
+                    }
+                });
                 self.checkpointing.recovered();
                 kept
             }

@@ -746,6 +746,24 @@ async fn required_extension_not_activated_is_32008() {
     let wire = call(&baton, "/a2a", json!(2), "SendMessage", params).await;
     must(check_a2a(&wire, -32008, "EXTENSION_SUPPORT_REQUIRED"));
 
+    // Reached as the default agent, without naming it, its card rules too.
+    let by_default = common::baton()
+        .agent("strict", PlainAgent(card_requiring_extension("urn:x")))
+        .default_agent("strict")
+        .start()
+        .await;
+    let wire = call(
+        &by_default,
+        "/a2a",
+        json!(5),
+        "SendMessage",
+        text_params("hi"),
+    )
+    .await;
+    must(check_a2a(&wire, -32008, "EXTENSION_SUPPORT_REQUIRED"));
+    assert_eq!(task_counts(&by_default).await, (0, 0), "no task may exist");
+    by_default.stop().await;
+
     // An unrelated extension does not satisfy it.
     let headers = [
         ("content-type", "application/json"),

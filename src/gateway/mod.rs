@@ -112,6 +112,9 @@ pub struct CallContext {
     /// The caller named the agent (by path or tenant), rather than leaving
     /// the choice to the gateway.
     pub pinned: bool,
+    /// The extension URIs the caller activated (`A2A-Extensions`), checked
+    /// against the card of the agent a send reaches.
+    pub extensions: Vec<String>,
 }
 
 /// Gateway-wide settings the methods need.
@@ -789,6 +792,7 @@ mod tests {
             idempotency_key: idempotency_key.map(str::to_string),
             incoming: Default::default(),
             pinned: true,
+            extensions: Vec::new(),
         }
     }
 

@@ -624,7 +624,11 @@ impl Gateway {
         // A refused handoff may name no agent at all; it never reaches one.
         let agent = self.agent(&agent_id);
         match &agent {
-            Some(agent) => validate::check_input_modes(agent.agent.card(), &message)?,
+            Some(agent) => {
+                // The agent a default or a rule picked had its card unchecked.
+                validate::check_required_extensions(agent.agent.card(), &ctx.extensions)?;
+                validate::check_input_modes(agent.agent.card(), &message)?;
+            }
             None if handoff.refusal.is_none() => {
                 return Err(GatewayError::invalid_field(
                     "tenant",

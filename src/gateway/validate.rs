@@ -150,6 +150,22 @@ const BATON_MEDIA_TYPES: [&str; 4] = [
     crate::handoff::context::HISTORY_MEDIA_TYPE,
 ];
 
+/// -32008 when the card requires an extension the caller did not activate.
+pub fn check_required_extensions(
+    card: &AgentCard,
+    activated: &[String],
+) -> Result<(), GatewayError> {
+    match card
+        .capabilities
+        .extensions
+        .iter()
+        .find(|e| e.required && !activated.contains(&e.uri))
+    {
+        Some(missing) => Err(GatewayError::ExtensionSupportRequired(missing.uri.clone())),
+        None => Ok(()),
+    }
+}
+
 /// Checks that the agent accepts every declared media type in the message
 /// (-32005 otherwise). Parts without a media type are accepted.
 pub fn check_input_modes(card: &AgentCard, message: &Message) -> Result<(), GatewayError> {

@@ -345,6 +345,7 @@ async fn task_trace(
         idempotency_key: None,
         incoming: Default::default(),
         pinned: false,
+        extensions: Vec::new(),
     };
     match state.gateway.trace(&ctx, &id) {
         Ok(report) => axum::Json(report).into_response(),
@@ -465,28 +466,21 @@ fn is_json_content_type(headers: &HeaderMap) -> bool {
 
 /// Extensions the client asked for that the card declares.
 fn activated_extensions(headers: &HeaderMap, card: &AgentCard) -> Vec<String> {
+    requested_extensions(headers)
+        .filter(|uri| card.capabilities.extensions.iter().any(|e| e.uri == *uri))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The extension URIs listed in the request's `A2A-Extensions` headers.
+fn requested_extensions(headers: &HeaderMap) -> impl Iterator<Item = &str> {
     headers
         .get_all(A2A_EXTENSIONS)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(str::trim)
-        .filter(|uri| card.capabilities.extensions.iter().any(|e| e.uri == *uri))
-        .map(str::to_string)
-        .collect()
-}
-
-/// -32008 when the card requires an extension the client did not activate.
-fn check_required_extensions(card: &AgentCard, activated: &[String]) -> Result<(), GatewayError> {
-    match card
-        .capabilities
-        .extensions
-        .iter()
-        .find(|e| e.required && !activated.contains(&e.uri))
-    {
-        Some(missing) => Err(GatewayError::ExtensionSupportRequired(missing.uri.clone())),
-        None => Ok(()),
-    }
+        .filter(|uri| !uri.is_empty())
 }
 
 /// Reads `message.messageId` from the params without decoding the rest.
@@ -613,7 +607,9 @@ async fn serve_rpc(
         &*request.method,
         methods::SEND_MESSAGE | methods::SEND_STREAMING_MESSAGE
     );
-    if is_send && let Err(error) = check_required_extensions(card, &extensions) {
+    if is_send
+        && let Err(error) = crate::gateway::validate::check_required_extensions(card, &extensions)
+    {
         return error_reply(Some(request.id), &error);
     }
     let extended_card = if card.capabilities.extended_agent_card != Some(true) {
@@ -646,6 +642,7 @@ async fn serve_rpc(
         idempotency_key,
         incoming: crate::handoff::control::Incoming::read(&headers, None),
         pinned,
+        extensions: requested_extensions(&headers).map(str::to_string).collect(),
     };
     // dispatch boxes the method's future, sized for that method alone, and
     // answers the methods that need no waiting at once: both in the span.

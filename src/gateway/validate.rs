@@ -124,19 +124,16 @@ pub fn finish(violations: Vec<FieldViolation>) -> Result<(), GatewayError> {
 /// True when `offered` (e.g. `text/plain`) is covered by `accepted`
 /// (e.g. `text/plain`, `text/*` or `*/*`), ignoring parameters and case.
 pub fn media_type_matches(accepted: &str, offered: &str) -> bool {
-    let essence = |m: &str| {
-        m.split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase()
-    };
+    // Compared without copies: this runs for every part of every send.
+    fn essence(m: &str) -> &str {
+        m.split(';').next().unwrap_or("").trim()
+    }
     let (accepted, offered) = (essence(accepted), essence(offered));
-    if accepted == "*/*" || accepted == "*" || accepted == offered {
+    if accepted == "*/*" || accepted == "*" || accepted.eq_ignore_ascii_case(offered) {
         return true;
     }
     match (accepted.split_once('/'), offered.split_once('/')) {
-        (Some((a_type, "*")), Some((o_type, _))) => a_type == o_type,
+        (Some((a_type, "*")), Some((o_type, _))) => a_type.eq_ignore_ascii_case(o_type),
         _ => false,
     }
 }
@@ -184,10 +181,11 @@ pub fn check_input_modes(card: &AgentCard, message: &Message) -> Result<(), Gate
         // Baton's own parts (handoff payloads and results) are the gateway's
         // to read, so every agent behind it takes them; any other label in
         // its namespace is the agent's to accept, like any media type.
-        let baton_own = BATON_MEDIA_TYPES
-            .iter()
-            .any(|own| media_type_matches(own, &part.media_type));
-        if part.media_type.is_empty() || baton_own {
+        if part.media_type.is_empty()
+            || BATON_MEDIA_TYPES
+                .iter()
+                .any(|own| media_type_matches(own, &part.media_type))
+        {
             continue;
         }
         if !accepted
@@ -242,5 +240,10 @@ mod tests {
         assert!(media_type_matches("*/*", "image/png"));
         assert!(!media_type_matches("text/plain", "image/png"));
         assert!(!media_type_matches("text/*", "image/png"));
+        assert!(media_type_matches(
+            "Text/Plain",
+            "text/plain; charset=utf-8"
+        ));
+        assert!(media_type_matches("image/*", "IMAGE/png"));
     }
 }

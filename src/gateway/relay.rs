@@ -413,15 +413,18 @@ impl Driver {
                 .filter(|alternative| {
                     let source = turn.source.as_deref();
                     // With API keys, a sender named by the caller must also
-                    // be the caller's own where the alternative guards it.
-                    let claimed = self.gateway.claimed_source_refusal(
-                        &self.owner,
-                        source,
-                        Some(alternative),
-                        None,
-                    );
+                    // be the caller's own where the alternative guards it
+                    // (checked last: it may read the ledger).
                     policy_refusal(&before, &alternative.id, Some(alternative), source).is_none()
-                        && matches!(claimed, Ok(None))
+                        && matches!(
+                            self.gateway.claimed_source_refusal(
+                                &self.owner,
+                                source,
+                                Some(alternative),
+                                None,
+                            ),
+                            Ok(None)
+                        )
                 })
                 .collect();
             if let Some(alternative) = self.gateway.balanced(&candidates) {

@@ -569,11 +569,13 @@ impl Gateway {
         // Only an idempotent send is ever compared with another, by what its
         // caller sent and where: the agent a skill or a rule picked, or that
         // holds the task now, may differ at a repeat.
-        let fingerprint = if ctx.idempotency_key.is_some() {
+        let sent_fingerprint = if ctx.idempotency_key.is_some() {
             fingerprint(&ctx.agent_id, &message)
         } else {
             String::new()
         };
+        // Older builds' claims are matched by the agent the send resolved to.
+        let resolved_fingerprint = || fingerprint(&agent_id, &message);
 
         // A repeated idempotent send answers like the first, whatever the task
         // has become since; so this comes before the state checks.
@@ -581,15 +583,16 @@ impl Gateway {
             .as_ref()
             .map_or_else(|| uuid::Uuid::now_v7().to_string(), |r| r.task.id.clone());
         let claim = IdempotencyRecord {
-            fingerprint: fingerprint.clone(),
+            fingerprint: sent_fingerprint.clone(),
             task_id: task_id.clone(),
             message: None,
         };
         if let Some(key) = &ctx.idempotency_key
             && let Some(earlier) = self.ledger.claim_idempotency_peek(&ctx.principal, key)?
         {
-            let resolved = || self::fingerprint(&agent_id, &message);
-            return self.replay(ctx, key, &claim, earlier, resolved).await;
+            return self
+                .replay(ctx, key, &claim, earlier, resolved_fingerprint)
+                .await;
         }
         // While the log cannot make writes durable, a send would run its
         // agent for a task the ledger cannot keep; while sled fails, the
@@ -645,8 +648,9 @@ impl Gateway {
                 .await?
         {
             // Another send with this key claimed it since the peek above.
-            let resolved = || self::fingerprint(&agent_id, &message);
-            return self.replay(ctx, key, &claim, earlier, resolved).await;
+            return self
+                .replay(ctx, key, &claim, earlier, resolved_fingerprint)
+                .await;
         }
 
         if continued.is_none() && message.context_id.is_empty() {
@@ -790,7 +794,7 @@ impl Gateway {
             gateway: self.clone(),
             owner: ctx.principal.clone(),
             idempotency_key: ctx.idempotency_key.clone(),
-            fingerprint,
+            fingerprint: sent_fingerprint,
             task_id: task_id.clone(),
             context_id: request.context_id.clone(),
             task_cancel,

@@ -69,6 +69,10 @@ pub fn hide_credentials(value: &mut serde_json::Value) {
 /// `@`s included, tabs and line breaks dropped. In other text, a URL's
 /// credentials end at the first `@` or space, so prose is left as written.
 fn without_credentials(text: &str) -> Option<String> {
+    // Credentials end at an `@`: most strings need no parse at all.
+    if !text.contains('@') {
+        return None;
+    }
     static URL_USERINFO: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
         regex::Regex::new(r"(?i)^([a-z][a-z0-9+.-]*://)[^/?#\\]*@").expect("a valid pattern")
     });

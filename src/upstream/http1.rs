@@ -166,33 +166,39 @@ async fn read_answer(
 ) -> Result<(Answer, bool), Failed> {
     let mut buffer = Vec::with_capacity(ANSWER_CAPACITY);
     let mut start = 0;
+    // How long the head was at its last parse, and at its last look for
+    // the blank line that ends it: 0 before the first.
+    let (mut parsed, mut scanned) = (0, 0);
     loop {
-        if buffer.len() > start
-            && let Some(head) = parse_head(&buffer[start..])?
-        {
-            let body_start = start + head.length;
-            if head.status.is_informational() {
-                // Dropped, so that interim heads without end stay bounded
-                // by the head limit (and the caller's timeout).
-                buffer.drain(..body_start);
-                start = 0;
-                continue;
+        let seen = buffer.len() - start;
+        if seen > scanned && worth_parsing(&buffer[start..], parsed, scanned) {
+            parsed = seen;
+            if let Some(head) = parse_head(&buffer[start..])? {
+                let body_start = start + head.length;
+                if head.status.is_informational() {
+                    // Dropped, so that interim heads without end stay
+                    // bounded by the head limit (and the caller's timeout).
+                    buffer.drain(..body_start);
+                    (start, parsed, scanned) = (0, 0, 0);
+                    continue;
+                }
+                let Head {
+                    status,
+                    content_type,
+                    framing,
+                    keep_alive,
+                    ..
+                } = head;
+                let (body, exact) = read_body(reader, buffer, body_start, framing, limit).await?;
+                let answer = Answer {
+                    status,
+                    content_type,
+                    body,
+                };
+                return Ok((answer, keep_alive && exact && framing != Framing::Close));
             }
-            let Head {
-                status,
-                content_type,
-                framing,
-                keep_alive,
-                ..
-            } = head;
-            let (body, exact) = read_body(reader, buffer, body_start, framing, limit).await?;
-            let answer = Answer {
-                status,
-                content_type,
-                body,
-            };
-            return Ok((answer, keep_alive && exact && framing != Framing::Close));
         }
+        scanned = seen;
         if buffer.len() - start > MAX_HEAD_BYTES {
             return Err(Failed::Malformed(format!(
                 "the answer's head is longer than {MAX_HEAD_BYTES} bytes"
@@ -208,6 +214,23 @@ async fn read_answer(
     }
 }
 
+/// Whether the start of an answer, incomplete when `parsed` bytes of it
+/// were parsed and `scanned` looked at, is worth parsing again. A head is
+/// whole only once a blank line ends it, so it is parsed when one may have
+/// arrived, or when it doubled since its last parse (which still finds a
+/// malformed head early): an agent feeding its head a byte at a time costs
+/// linear parsing, not quadratic.
+fn worth_parsing(head: &[u8], parsed: usize, scanned: usize) -> bool {
+    if parsed == 0 || head.len() >= parsed.saturating_mul(2) {
+        return true;
+    }
+    // A blank line is "\n\n" or "\n\r\n"; its first bytes may have come
+    // with the earlier reads.
+    let fresh = &head[scanned.saturating_sub(2)..];
+    memchr::memchr_iter(b'\n', fresh)
+        .any(|at| matches!(&fresh[at + 1..], [b'\n', ..] | [b'\r', b'\n', ..]))
+}
+
 /// An answer's head, as far as the client acts on it.
 struct Head {
     status: StatusCode,
@@ -220,6 +243,8 @@ struct Head {
 
 /// The head at the start of `bytes`, or `None` until all of it is there.
 fn parse_head(bytes: &[u8]) -> Result<Option<Head>, Failed> {
+    #[cfg(test)]
+    tests::counted_parse();
     let malformed = |why: String| Failed::Malformed(format!("the answer's head: {why}"));
     let mut headers = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut []);
@@ -341,22 +366,54 @@ async fn read_body(
         Framing::Chunked => {
             let mut body = Vec::new();
             let mut at = start;
+            // The trailers' length so far, once the last chunk was read.
+            let mut trailers = None;
             loop {
-                let step = dechunk(&buffer[at..], &mut body, limit)?;
+                let step = match trailers {
+                    None => dechunk(&buffer[at..], &mut body, limit)?,
+                    Some(_) => trailer_line(&buffer[at..]),
+                };
                 match step {
                     Dechunked::Data(used) => at += used,
+                    Dechunked::Last(used) => {
+                        at += used;
+                        trailers = Some(0);
+                    }
+                    Dechunked::Trailer(used) => {
+                        at += used;
+                        let read = trailers.unwrap_or_default() + used;
+                        // Trailers carry nothing used: no more of them
+                        // than a head may have.
+                        if read > MAX_HEAD_BYTES {
+                            return Err(chunks_malformed());
+                        }
+                        trailers = Some(read);
+                    }
                     Dechunked::End(used) => return Ok((body, at + used == buffer.len())),
-                    Dechunked::More => {
+                    Dechunked::More { line } => {
                         // Only the chunk not yet decoded is kept; with its
-                        // framing (size line, extensions, trailers) it may
-                        // not grow past the limit by more than a head may.
+                        // framing it may not grow past the limit by more
+                        // than a head may.
                         buffer.drain(..at);
                         at = 0;
                         if buffer.len() > limit.saturating_add(MAX_HEAD_BYTES) {
                             return Err(Failed::TooLarge);
                         }
-                        if fill(reader, &mut buffer).await.map_err(Failed::Io)? == 0 {
-                            return Err(eof());
+                        // A line is looked at again only once its end may
+                        // have come: a line fed a byte at a time costs
+                        // linear scanning, not quadratic.
+                        loop {
+                            let before = buffer.len();
+                            if fill(reader, &mut buffer).await.map_err(Failed::Io)? == 0 {
+                                return Err(eof());
+                            }
+                            let fresh = &buffer[before.saturating_sub(1)..];
+                            if !line || line_end(fresh).is_some() {
+                                break;
+                            }
+                            if buffer.len() > MAX_HEAD_BYTES {
+                                return Err(chunks_malformed());
+                            }
                         }
                     }
                 }
@@ -370,46 +427,40 @@ async fn read_body(
 enum Dechunked {
     /// A chunk of this many bytes (framing included) was decoded.
     Data(usize),
-    /// The last chunk and the trailers, this many bytes, were read.
+    /// The last chunk's size line, this many bytes, was read: trailers,
+    /// if any, and an empty line follow.
+    Last(usize),
+    /// A trailer line of this many bytes was read.
+    Trailer(usize),
+    /// The empty line that ends the trailers, this many bytes, was read.
     End(usize),
-    /// More bytes are needed.
-    More,
+    /// More bytes are needed: for a line's end, or for a chunk's data.
+    More { line: bool },
+}
+
+fn chunks_malformed() -> Failed {
+    Failed::Malformed("the answer's chunked body is invalid".into())
 }
 
 /// Decodes the chunk at the start of `bytes` into `body`.
 fn dechunk(bytes: &[u8], body: &mut Vec<u8>, limit: usize) -> Result<Dechunked, Failed> {
-    let malformed = || Failed::Malformed("the answer's chunked body is invalid".into());
+    #[cfg(test)]
+    tests::counted_parse();
     // httparse reads a size line without digits as zero, the last chunk.
     if bytes.first().is_some_and(|b| !b.is_ascii_hexdigit()) {
-        return Err(malformed());
+        return Err(chunks_malformed());
     }
-    // A size line, or the trailers, longer than a head may be is refused
-    // rather than scanned again at every read.
-    let more = |framing: usize| {
-        if framing > MAX_HEAD_BYTES {
-            Err(malformed())
-        } else {
-            Ok(Dechunked::More)
-        }
-    };
     let (size_line, size) = match httparse::parse_chunk_size(bytes) {
         Ok(httparse::Status::Complete(found)) => found,
-        Ok(httparse::Status::Partial) => return more(bytes.len()),
-        Err(_) => return Err(malformed()),
+        // A size line longer than a head may be is refused.
+        Ok(httparse::Status::Partial) if bytes.len() > MAX_HEAD_BYTES => {
+            return Err(chunks_malformed());
+        }
+        Ok(httparse::Status::Partial) => return Ok(Dechunked::More { line: true }),
+        Err(_) => return Err(chunks_malformed()),
     };
     if size == 0 {
-        // Trailers, if any, end at an empty line; they carry nothing used.
-        let mut at = size_line;
-        loop {
-            let rest = &bytes[at..];
-            let Some(line) = rest.windows(2).position(|w| w == b"\r\n") else {
-                return more(bytes.len());
-            };
-            at += line + 2;
-            if line == 0 {
-                return Ok(Dechunked::End(at));
-            }
-        }
+        return Ok(Dechunked::Last(size_line));
     }
     let size = usize::try_from(size).map_err(|_| Failed::TooLarge)?;
     if body.len().saturating_add(size) > limit {
@@ -417,13 +468,31 @@ fn dechunk(bytes: &[u8], body: &mut Vec<u8>, limit: usize) -> Result<Dechunked, 
     }
     let end = size_line + size;
     if bytes.len() < end + 2 {
-        return Ok(Dechunked::More);
+        return Ok(Dechunked::More { line: false });
     }
     if &bytes[end..end + 2] != b"\r\n" {
-        return Err(malformed());
+        return Err(chunks_malformed());
     }
     body.extend_from_slice(&bytes[size_line..end]);
     Ok(Dechunked::Data(end + 2))
+}
+
+/// Reads the trailer line at the start of `bytes`: the trailers end at an
+/// empty line.
+fn trailer_line(bytes: &[u8]) -> Dechunked {
+    #[cfg(test)]
+    tests::counted_parse();
+    match line_end(bytes) {
+        None => Dechunked::More { line: true },
+        Some(0) => Dechunked::End(2),
+        Some(end) => Dechunked::Trailer(end + 2),
+    }
+}
+
+/// Where the first CRLF in `bytes` starts: chunked framing's lines end in
+/// one.
+fn line_end(bytes: &[u8]) -> Option<usize> {
+    memchr::memmem::find(bytes, b"\r\n")
 }
 
 /// Reads once into `buffer`'s spare room, growing it when full; 0 at the
@@ -454,8 +523,102 @@ pub fn is_open(stream: &TcpStream) -> bool {
 mod tests {
     use super::*;
 
+    thread_local! {
+        /// How often this thread parsed a head or chunked framing.
+        static PARSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    pub(super) fn counted_parse() {
+        PARSES.with(|parses| parses.set(parses.get() + 1));
+    }
+
     async fn answer_of(wire: &[u8]) -> Result<(Answer, bool), Failed> {
         read_answer(&mut &wire[..], 1024).await
+    }
+
+    /// Gives its bytes one per read, as an agent dripping its answer.
+    struct Drip<'a>(&'a [u8]);
+
+    impl AsyncRead for Drip<'_> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            if let Some((&first, rest)) = self.0.split_first() {
+                buf.put_slice(&[first]);
+                self.0 = rest;
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// The answer read a byte at a time, and how often its head or its
+    /// chunked framing was parsed.
+    async fn dripped(wire: &[u8]) -> (Result<(Answer, bool), Failed>, usize) {
+        PARSES.with(|parses| parses.set(0));
+        let answer = read_answer(&mut Drip(wire), 1024).await;
+        (answer, PARSES.with(|parses| parses.get()))
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_head_dripped_a_byte_at_a_time_is_parsed_a_few_times() {
+        let mut wire = b"HTTP/1.1 200 OK\r\n".to_vec();
+        for line in 0..40 {
+            wire.extend(format!("x-filler-{line}: {}\r\n", "v".repeat(1000)).as_bytes());
+        }
+        wire.extend(b"content-length: 2\r\n\r\n{}");
+        assert!(wire.len() > MAX_HEAD_BYTES / 2 && wire.len() < MAX_HEAD_BYTES);
+        let (answer, parses) = dripped(&wire).await;
+        let (answer, keep) = answer.unwrap();
+        assert_eq!((answer.body.as_slice(), keep), (&b"{}"[..], true));
+        // Once per doubling and once at the blank line, not once per byte.
+        assert!(parses <= 20, "{parses} parses");
+
+        // Bare line feeds end a head too, and interim heads before it.
+        for wire in [
+            &b"HTTP/1.1 200 OK\ncontent-length: 2\n\n{}"[..],
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\n\r\n{}",
+        ] {
+            let (answer, _) = dripped(wire).await;
+            let text = String::from_utf8_lossy(wire);
+            assert_eq!(answer.expect(&text).0.body, b"{}", "{text}");
+        }
+        // What is not HTTP is still refused before its head could end.
+        for wire in [&b"SMTP ready\r\n"[..], b"HTTP/1.1 20x OK\r\n"] {
+            let (answer, parses) = dripped(wire).await;
+            assert!(matches!(answer, Err(Failed::Malformed(_))), "{answer:?}");
+            assert!(parses <= 6, "{parses} parses");
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn chunked_framing_dripped_a_byte_at_a_time_is_parsed_once_a_line() {
+        let head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+        let mut wire = head.to_vec();
+        wire.extend(format!("5;ext={}\r\nhello\r\n0\r\n", "x".repeat(20_000)).as_bytes());
+        for line in 0..1000 {
+            wire.extend(format!("x-trailer-{line}: 1\r\n").as_bytes());
+        }
+        wire.extend(b"\r\n");
+        let (answer, parses) = dripped(&wire).await;
+        let (answer, keep) = answer.unwrap();
+        assert_eq!((answer.body.as_slice(), keep), (&b"hello"[..], true));
+        // About twice a line and once a byte of chunk data, where each byte
+        // of framing used to scan it all again.
+        assert!(parses <= 2_100, "{parses} parses for {} bytes", wire.len());
+
+        // Framing without end is still refused at a head's length.
+        let mut endless = head.to_vec();
+        endless.extend(format!("5;ext={}", "x".repeat(MAX_HEAD_BYTES)).as_bytes());
+        let (answer, _) = dripped(&endless).await;
+        assert!(matches!(answer, Err(Failed::Malformed(_))), "{answer:?}");
+        let mut endless = head.to_vec();
+        endless.extend(b"0\r\n");
+        endless.extend(b"x-trailer: 1\r\n".repeat(MAX_HEAD_BYTES / 8));
+        let (answer, _) = dripped(&endless).await;
+        assert!(matches!(answer, Err(Failed::Malformed(_))), "{answer:?}");
     }
 
     #[tokio::test]

@@ -641,6 +641,84 @@ async fn an_exhausted_ladder_fails_or_escalates() {
     gateway.stop().await;
 }
 
+/// The agent's tasks that got a CancelTask, once `count` have (or after
+/// five seconds).
+async fn canceled_tasks(agent: &VendorAgent, count: usize) -> Vec<String> {
+    for _ in 0..100 {
+        if agent.cancels().len() >= count {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    agent.cancels().into_iter().map(|(id, _)| id).collect()
+}
+
+#[tokio::test]
+async fn a_task_an_abandoned_attempt_created_is_canceled() {
+    let gateway = baton().tune(quick_ladder).start().await;
+    // Answers the first try only after the ackTimeout, with a task it
+    // created at once; the retry completes.
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let slow = VendorAgent::start("slow", &["refund"], move |_| {
+        match calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+            0 => Reply::Late(Duration::from_millis(900), Box::new(Reply::Working)),
+            _ => refund(),
+        }
+    })
+    .await
+    .unwrap();
+    register(&gateway, "slow", &slow, json!({})).await;
+    let message = handoff_message(handoff_payload("triage", json!({"to": "slow"}), json!({})));
+    let task = send(&gateway, "/a2a", message).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let full = get_task(&gateway, task["id"].as_str().unwrap()).await;
+    assert_eq!(reasons_in_history(&full), ["RETRY"], "{full}");
+    let taken_up = gateway
+        .ledger
+        .get(task["id"].as_str().unwrap())
+        .unwrap()
+        .unwrap()
+        .upstream
+        .unwrap()
+        .task_id;
+
+    // The first try's task, learned from its late answer, was canceled;
+    // the task the retry created, which the gateway task took up, was not.
+    let canceled = canceled_tasks(&slow, 1).await;
+    assert_eq!(canceled.len(), 1, "{canceled:?}");
+    assert_ne!(canceled[0], taken_up);
+    let orphan = slow
+        .task(&canceled[0])
+        .expect("the first try created a task");
+    assert_eq!(orphan.status.state, TaskState::Canceled);
+    slow.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn an_exhausted_ladder_cancels_the_tasks_its_attempts_created() {
+    let gateway = baton().tune(quick_ladder).start().await;
+    let slow = VendorAgent::start("slow", &["refund"], |_| {
+        Reply::Late(Duration::from_millis(900), Box::new(Reply::Working))
+    })
+    .await
+    .unwrap();
+    register(&gateway, "slow", &slow, json!({})).await;
+    let message = handoff_message(handoff_payload("triage", json!({"to": "slow"}), json!({})));
+    let task = send(&gateway, "/a2a", message).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(&task), "TARGET_UNAVAILABLE");
+    // Both tries created a task the gateway task never took up.
+    let mut canceled = canceled_tasks(&slow, 2).await;
+    canceled.dedup();
+    assert_eq!(canceled.len(), 2, "{canceled:?}");
+    for id in canceled {
+        assert_eq!(slow.task(&id).unwrap().status.state, TaskState::Canceled);
+    }
+    slow.stop().await;
+    gateway.stop().await;
+}
+
 #[tokio::test]
 async fn a_deadline_cancels_a_non_baton_target_within_a_second() {
     let gateway = baton().start().await;

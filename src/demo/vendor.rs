@@ -93,6 +93,9 @@ pub enum Reply {
     Silent,
     /// The task FAILED, with this text as status message.
     Fail(String),
+    /// The reply, with its task created at once but the answer held back
+    /// this long (until [`VendorAgent::stop`] at most): a slow agent.
+    Late(Duration, Box<Reply>),
 }
 
 impl Reply {
@@ -391,7 +394,10 @@ async fn send_message(inner: &Inner, params: &Value) -> Result<Value, RpcError> 
         (turn, task)
     };
 
-    let reply = (inner.script)(&turn);
+    let (reply, held) = match (inner.script)(&turn) {
+        Reply::Late(held, reply) => (*reply, Some(held)),
+        reply => (reply, None),
+    };
     let (state, status_text, artifacts, payload) = match reply {
         Reply::Message(text) => {
             let mut answer = Message::agent(vec![Part::text(text)]);
@@ -410,6 +416,9 @@ async fn send_message(inner: &Inner, params: &Value) -> Result<Value, RpcError> 
         Reply::Handoff { payload, state } => (state, None, Vec::new(), Some(payload)),
         Reply::Working => (TaskState::Working, None, Vec::new(), None),
         Reply::Fail(reason) => (TaskState::Failed, Some(reason), Vec::new(), None),
+        Reply::Late(..) => {
+            return Err((INTERNAL_ERROR, "a late reply must hold another".into()));
+        }
     };
 
     let mut incoming = message;
@@ -446,6 +455,12 @@ async fn send_message(inner: &Inner, params: &Value) -> Result<Value, RpcError> 
     lock(&inner.tasks).insert(id.clone(), task);
     if return_immediately {
         settle(inner, &id, final_status);
+    }
+    if let Some(held) = held {
+        tokio::select! {
+            _ = tokio::time::sleep(held) => {}
+            _ = inner.shutdown.cancelled() => {}
+        }
     }
     Ok(answer)
 }

@@ -22,7 +22,7 @@ use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 /// An agent execution in progress, polled by the driver's own task rather
@@ -154,6 +154,36 @@ pub(super) struct Driver {
     /// The task's state after the driver's last own write, when that was
     /// the last write; saves reading the record back at the end.
     pub last_state: Option<TaskState>,
+    /// What the delivery took up since its first abandoned attempt, for
+    /// that attempt's sweeper; `None` until an attempt is abandoned.
+    pub adoptions: Option<watch::Sender<Adoptions>>,
+}
+
+/// The agents' tasks a delivery took up, as its abandoned attempts' sweepers
+/// see them.
+#[derive(Debug, Default)]
+pub(super) struct Adoptions {
+    /// Each agent's task the gateway task was bound to: agent id and the
+    /// agent's task id, in order.
+    pub bound: Vec<(String, String)>,
+    /// The driver stopped: nothing more will be taken up.
+    pub ended: bool,
+}
+
+impl Adoptions {
+    /// Whether `agent`'s task `task_id`, which an attempt abandoned after
+    /// `seen` adoptions created, is an orphan to cancel. It is not while the
+    /// delivery may still take it up: the retry goes to the same agent with
+    /// the same messageId, and an agent that deduplicates answers it with
+    /// that same task. Once a later attempt was taken up, or the driver
+    /// stopped, a task not taken up never will be.
+    pub fn orphans(&self, seen: usize, agent: &str, task_id: &str) -> Option<bool> {
+        let adopted = |(a, t): &(String, String)| a == agent && t == task_id;
+        if self.bound.iter().any(adopted) {
+            return Some(false);
+        }
+        (self.ended || self.bound.len() > seen).then_some(true)
+    }
 }
 
 impl Driver {
@@ -231,6 +261,9 @@ impl Driver {
         self.watch_interrupted_deadline();
         if handed_on {
             self.gateway.metrics_finished(&self.task_id);
+        }
+        if let Some(adoptions) = &self.adoptions {
+            adoptions.send_modify(|adoptions| adoptions.ended = true);
         }
         self.gateway.unregister_running(&self.task_id);
     }
@@ -339,7 +372,7 @@ impl Driver {
                     return TurnEnd::Settled;
                 }
                 _ = &mut ack_timer, if ack_timeout.is_some() && !acked => {
-                    execution.abort();
+                    self.sweep_abandoned(agent.clone(), execution, receiver);
                     let waited = ack_timeout.unwrap_or_default().as_millis();
                     return TurnEnd::NoAck(format!("no answer within the ackTimeout of {waited} ms"));
                 }
@@ -364,6 +397,7 @@ impl Driver {
             if let Some(offer) = find_transfer(&batch, &agent.id) {
                 execution.abort();
                 let bound = last_bound(&batch);
+                self.adopt(&agent.id, bound.as_ref());
                 // Results the source reported with its transfer are the
                 // task's; the event that carried the payload is spent.
                 let reported: Vec<StreamResponse> = batch
@@ -415,6 +449,7 @@ impl Driver {
             }
             // The agent's own ids go with the record, not into the event log.
             let bound = last_bound(&batch);
+            self.adopt(&agent.id, bound.as_ref());
             // A handoff's reply, or a returning target's, is a result to keep.
             if handoff || returns {
                 batch = batch.into_iter().flat_map(reply_as_response).collect();
@@ -532,6 +567,80 @@ impl Driver {
                 TurnEnd::Settled
             }
             (None, true) => TurnEnd::Settled,
+        }
+    }
+
+    /// Hands an attempt the ladder gave up on to a sweeper of its own. The
+    /// agent may still answer it with a task it created; that task is sent
+    /// CancelTask unless the delivery takes it up (DESIGN.md §3.3).
+    fn sweep_abandoned(
+        &mut self,
+        agent: Arc<AgentEntry>,
+        mut execution: Execution,
+        mut receiver: mpsc::Receiver<AgentEvent>,
+    ) {
+        let adoptions = self
+            .adoptions
+            .get_or_insert_with(|| watch::channel(Adoptions::default()).0);
+        let seen = adoptions.borrow().bound.len();
+        let mut verdict = adoptions.subscribe();
+        let task_id = self.task_id.clone();
+        tokio::spawn(async move {
+            let answered = async {
+                loop {
+                    tokio::select! {
+                        event = receiver.recv() => match event {
+                            Some(AgentEvent::Bound(upstream)) => return Some(upstream),
+                            Some(_) => {}
+                            None => return None,
+                        },
+                        () = execution.progress(), if execution.running() => {}
+                    }
+                }
+            };
+            let created = tokio::time::timeout(ABANDONED_ANSWER_WAIT, answered)
+                .await
+                .ok()
+                .flatten();
+            execution.abort();
+            drop(receiver);
+            let Some(upstream) = created else {
+                return;
+            };
+            let orphans =
+                |adoptions: &Adoptions| adoptions.orphans(seen, &agent.id, &upstream.task_id);
+            // A driver gone without a word takes nothing up any more.
+            let orphan = match verdict.wait_for(|a| orphans(a).is_some()).await {
+                Ok(adoptions) => orphans(&adoptions) == Some(true),
+                Err(_) => true,
+            };
+            if !orphan {
+                return;
+            }
+            let task = Task {
+                id: task_id,
+                ..Task::default()
+            };
+            match agent.agent.cancel(&task, Some(&upstream)).await {
+                Ok(()) => {
+                    tracing::info!(task_id = %task.id, agent = %agent.id, upstream_task = %upstream.task_id, "canceled the task of an abandoned attempt");
+                }
+                Err(err) => {
+                    tracing::warn!(task_id = %task.id, agent = %agent.id, upstream_task = %upstream.task_id, %err, "the task of an abandoned attempt was not canceled");
+                }
+            }
+        });
+    }
+
+    /// Tells the sweepers of abandoned attempts, if any, that `agent`'s task
+    /// `bound` was taken up.
+    fn adopt(&self, agent: &str, bound: Option<&UpstreamRef>) {
+        if let (Some(adoptions), Some(bound)) = (&self.adoptions, bound) {
+            adoptions.send_modify(|adoptions| {
+                adoptions
+                    .bound
+                    .push((agent.to_string(), bound.task_id.clone()));
+            });
         }
     }
 
@@ -785,6 +894,10 @@ async fn expire_task(gateway: &Gateway, agent: Option<&AgentEntry>, task_id: &st
     }
 }
 
+/// How long an abandoned attempt's call is kept to learn what task, if
+/// any, the agent created for it.
+const ABANDONED_ANSWER_WAIT: Duration = Duration::from_secs(60);
+
 /// How long a deadline's FAILED waits for the agent to answer its CancelTask.
 const CANCEL_HEAD_START: Duration = Duration::from_millis(200);
 
@@ -1025,6 +1138,49 @@ fn to_stream_event(event: AgentEvent, task_id: &str, context_id: &str) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_abandoned_task_is_an_orphan_once_it_can_no_longer_be_taken_up() {
+        let bound = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(agent, task)| (agent.to_string(), task.to_string()))
+                .collect()
+        };
+        // Abandoned after one adoption (an earlier turn's), the retry pending.
+        let pending = Adoptions {
+            bound: bound(&[("triage", "t0")]),
+            ended: false,
+        };
+        assert_eq!(pending.orphans(1, "slow", "x"), None);
+        // The retry was answered with the same task (the agent deduplicates
+        // by messageId): taken up, never canceled, even once the driver ends.
+        let same = Adoptions {
+            bound: bound(&[("triage", "t0"), ("slow", "x")]),
+            ended: true,
+        };
+        assert_eq!(same.orphans(1, "slow", "x"), Some(false));
+        // Another task was taken up, by this agent or by a reroute's.
+        for agent in ["slow", "other"] {
+            let other = Adoptions {
+                bound: bound(&[("triage", "t0"), (agent, "y")]),
+                ended: false,
+            };
+            assert_eq!(other.orphans(1, "slow", "x"), Some(true));
+        }
+        // The same task id at another agent is not this one.
+        let elsewhere = Adoptions {
+            bound: bound(&[("other", "x")]),
+            ended: false,
+        };
+        assert_eq!(elsewhere.orphans(0, "slow", "x"), Some(true));
+        // The ladder ended with nothing taken up.
+        let ended = Adoptions {
+            bound: bound(&[("triage", "t0")]),
+            ended: true,
+        };
+        assert_eq!(ended.orphans(1, "slow", "x"), Some(true));
+    }
 
     #[tokio::test]
     async fn an_execution_ends_with_its_outcome_a_panic_or_nothing_when_aborted() {

@@ -803,6 +803,7 @@ impl Gateway {
             first_tx: Some(first_tx),
             tried: Vec::new(),
             last_state: None,
+            adoptions: None,
         };
         let start = match continued {
             Some(record) => Start::Continued(record),
@@ -965,6 +966,7 @@ impl Gateway {
                 first_tx: None,
                 tried: Vec::new(),
                 last_state: None,
+                adoptions: None,
             };
             tokio::spawn(driver.recover(agent, record));
             recovered += 1;

@@ -385,6 +385,54 @@ async fn transfers_are_refused_by_cycle_and_allow_list() {
 }
 
 #[tokio::test]
+async fn a_transfer_that_names_no_sender_is_refused_with_its_violations() {
+    let gateway = baton().start().await;
+    let triage = VendorAgent::start("triage", &["triage"], |turn| {
+        let mut payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
+        if turn.message.text().contains("anonymous") {
+            payload.as_object_mut().unwrap().remove("from");
+        } else {
+            payload["from"] = json!("intake");
+        }
+        Reply::Handoff {
+            payload,
+            state: TaskState::Completed,
+        }
+    })
+    .await
+    .unwrap();
+    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
+        .await
+        .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(&gateway, "billing", &billing, json!({})).await;
+
+    let task = send(
+        &gateway,
+        "/agents/triage/a2a",
+        user_message(&message_id("a"), "anonymous"),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
+    assert_eq!(reason(&task), "SCHEMA_INVALID");
+    let violations = task["status"]["message"]["parts"][0]["data"]["detail"]["violations"].clone();
+    assert!(violations.to_string().contains("from"), "{violations}");
+
+    // A payload naming another sender is data passed along, not a transfer.
+    let task = send(
+        &gateway,
+        "/agents/triage/a2a",
+        user_message(&message_id("q"), "quote"),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert!(billing.received().is_empty(), "nothing reached billing");
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn skill_output_schemas_type_results_of_handoffs_by_skill() {
     let gateway = baton().start().await;
     let billing = VendorAgent::start("billing", &["refund"], |_| {

@@ -1045,7 +1045,9 @@ fn last_bound(batch: &[AgentEvent]) -> Option<UpstreamRef> {
 /// A transfer (DESIGN.md §3.3): a payload part in a status message, an
 /// artifact or a reply of `agent`'s, naming `agent` as its sender. A payload
 /// naming someone else is data the agent passes along (an echo, a quote),
-/// not a handoff of its own.
+/// not a handoff of its own. One naming no sender is the agent's own: no
+/// valid payload it could quote lacks one, so it is validated, and refused
+/// with the violations, rather than passed along unread.
 fn find_transfer(batch: &[AgentEvent], agent: &str) -> Option<TransferOffer> {
     let mut state = TaskState::Working;
     let mut data = None;
@@ -1064,7 +1066,10 @@ fn find_transfer(batch: &[AgentEvent], agent: &str) -> Option<TransferOffer> {
         };
         if data.is_none()
             && let Some(found) = parts.and_then(|p| find_data(p, HANDOFF_MEDIA_TYPE))
-            && found.get("from").and_then(|v| v.as_str()) == Some(agent)
+            && found
+                .get("from")
+                .and_then(|from| from.as_str())
+                .is_none_or(|from| from == agent)
         {
             data = Some(found.clone());
         }

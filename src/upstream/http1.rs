@@ -390,7 +390,7 @@ async fn read_body(
                         trailers = Some(read);
                     }
                     Dechunked::End(used) => return Ok((body, at + used == buffer.len())),
-                    Dechunked::More { line } => {
+                    Dechunked::More(wanted) => {
                         // Only the chunk not yet decoded is kept; with its
                         // framing it may not grow past the limit by more
                         // than a head may.
@@ -399,20 +399,26 @@ async fn read_body(
                         if buffer.len() > limit.saturating_add(MAX_HEAD_BYTES) {
                             return Err(Failed::TooLarge);
                         }
-                        // A line is looked at again only once its end may
-                        // have come: a line fed a byte at a time costs
-                        // linear scanning, not quadratic.
+                        // Decoded again only once what it waits for may be
+                        // there: a line's end, or the chunk's data. Framing
+                        // or data fed a byte at a time costs linear work,
+                        // not quadratic.
                         loop {
                             let before = buffer.len();
                             if fill(reader, &mut buffer).await.map_err(Failed::Io)? == 0 {
                                 return Err(eof());
                             }
-                            let fresh = &buffer[before.saturating_sub(1)..];
-                            if !line || line_end(fresh).is_some() {
-                                break;
-                            }
-                            if buffer.len() > MAX_HEAD_BYTES {
-                                return Err(chunks_malformed());
+                            match wanted {
+                                Wanted::Bytes(length) if buffer.len() >= length => break,
+                                Wanted::Bytes(_) => {}
+                                Wanted::LineEnd => {
+                                    if line_end(&buffer[before.saturating_sub(1)..]).is_some() {
+                                        break;
+                                    }
+                                    if buffer.len() > MAX_HEAD_BYTES {
+                                        return Err(chunks_malformed());
+                                    }
+                                }
                             }
                         }
                     }
@@ -434,8 +440,17 @@ enum Dechunked {
     Trailer(usize),
     /// The empty line that ends the trailers, this many bytes, was read.
     End(usize),
-    /// More bytes are needed: for a line's end, or for a chunk's data.
-    More { line: bool },
+    /// More bytes are needed.
+    More(Wanted),
+}
+
+/// What a step of chunked decoding waits for.
+#[derive(Debug, PartialEq)]
+enum Wanted {
+    /// The end of a line: a size line or a trailer.
+    LineEnd,
+    /// This many bytes from the chunk's start: its size line, data and CRLF.
+    Bytes(usize),
 }
 
 fn chunks_malformed() -> Failed {
@@ -456,7 +471,7 @@ fn dechunk(bytes: &[u8], body: &mut Vec<u8>, limit: usize) -> Result<Dechunked, 
         Ok(httparse::Status::Partial) if bytes.len() > MAX_HEAD_BYTES => {
             return Err(chunks_malformed());
         }
-        Ok(httparse::Status::Partial) => return Ok(Dechunked::More { line: true }),
+        Ok(httparse::Status::Partial) => return Ok(Dechunked::More(Wanted::LineEnd)),
         Err(_) => return Err(chunks_malformed()),
     };
     if size == 0 {
@@ -468,7 +483,7 @@ fn dechunk(bytes: &[u8], body: &mut Vec<u8>, limit: usize) -> Result<Dechunked, 
     }
     let end = size_line + size;
     if bytes.len() < end + 2 {
-        return Ok(Dechunked::More { line: false });
+        return Ok(Dechunked::More(Wanted::Bytes(end + 2)));
     }
     if &bytes[end..end + 2] != b"\r\n" {
         return Err(chunks_malformed());
@@ -483,7 +498,7 @@ fn trailer_line(bytes: &[u8]) -> Dechunked {
     #[cfg(test)]
     tests::counted_parse();
     match line_end(bytes) {
-        None => Dechunked::More { line: true },
+        None => Dechunked::More(Wanted::LineEnd),
         Some(0) => Dechunked::End(2),
         Some(end) => Dechunked::Trailer(end + 2),
     }
@@ -557,7 +572,7 @@ mod tests {
     /// chunked framing was parsed.
     async fn dripped(wire: &[u8]) -> (Result<(Answer, bool), Failed>, usize) {
         PARSES.with(|parses| parses.set(0));
-        let answer = read_answer(&mut Drip(wire), 1024).await;
+        let answer = read_answer(&mut Drip(wire), 64 * 1024).await;
         (answer, PARSES.with(|parses| parses.get()))
     }
 
@@ -605,9 +620,25 @@ mod tests {
         let (answer, parses) = dripped(&wire).await;
         let (answer, keep) = answer.unwrap();
         assert_eq!((answer.body.as_slice(), keep), (&b"hello"[..], true));
-        // About twice a line and once a byte of chunk data, where each byte
-        // of framing used to scan it all again.
+        // About twice a line, where each byte of framing or chunk data used
+        // to scan it all again.
         assert!(parses <= 2_100, "{parses} parses for {} bytes", wire.len());
+
+        // A long chunk after a long size line: its data does not have the
+        // line parsed again at every read.
+        let mut wire = head.to_vec();
+        let data = "d".repeat(30_000);
+        wire.extend(
+            format!(
+                "{:x};ext={}\r\n{data}\r\n0\r\n\r\n",
+                data.len(),
+                "x".repeat(20_000)
+            )
+            .as_bytes(),
+        );
+        let (answer, parses) = dripped(&wire).await;
+        assert_eq!(answer.unwrap().0.body.len(), data.len());
+        assert!(parses <= 50, "{parses} parses for {} bytes", wire.len());
 
         // Framing without end is still refused at a head's length.
         let mut endless = head.to_vec();

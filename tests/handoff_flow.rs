@@ -768,6 +768,107 @@ async fn an_exhausted_ladder_cancels_the_tasks_its_attempts_created() {
 }
 
 #[tokio::test]
+async fn a_canceled_task_still_cancels_what_its_abandoned_attempt_created() {
+    // A long retry delay: the caller cancels while the ladder waits.
+    let gateway = baton()
+        .tune(|settings| {
+            quick_ladder(settings);
+            settings.retry_delay = Duration::from_secs(5);
+        })
+        .start()
+        .await;
+    let slow = VendorAgent::start("slow", &["refund"], |_| {
+        Reply::Late(Duration::from_millis(900), Box::new(Reply::Working))
+    })
+    .await
+    .unwrap();
+    register(&gateway, "slow", &slow, json!({})).await;
+    let message = handoff_message(handoff_payload("triage", json!({"to": "slow"}), json!({})));
+    let reply = gateway
+        .call(
+            "SendMessage",
+            json!({"message": message, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
+    // The first attempt was abandoned once the retry is announced.
+    for _ in 0..100 {
+        if reasons_in_history(&get_task(&gateway, &id).await).contains(&"RETRY".to_string()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let canceled = gateway.call("CancelTask", json!({"id": id})).await;
+    assert_eq!(
+        canceled.result()["status"]["state"],
+        "TASK_STATE_CANCELED",
+        "{}",
+        canceled.body
+    );
+    // The abandoned call went on, learned the agent's task, and canceled it.
+    let orphans = canceled_tasks(&slow, 1).await;
+    assert_eq!(orphans.len(), 1, "{orphans:?}");
+    assert_eq!(
+        slow.task(&orphans[0]).unwrap().status.state,
+        TaskState::Canceled
+    );
+    slow.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_return_leg_past_its_ack_timeout_leaves_the_source_task_alone() {
+    let gateway = baton().tune(quick_ladder).start().await;
+    // Triage waits for the result on its own task, then answers it late.
+    let triage = VendorAgent::start("triage", &["triage"], |turn| {
+        if turn.task_id.is_none() {
+            return Reply::Handoff {
+                payload: handoff_payload(
+                    "triage",
+                    json!({"toSkill": "refund"}),
+                    json!({"returnToParent": true}),
+                ),
+                state: TaskState::InputRequired,
+            };
+        }
+        Reply::Late(Duration::from_millis(900), Box::new(Reply::Working))
+    })
+    .await
+    .unwrap();
+    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
+        .await
+        .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(&gateway, "billing", &billing, json!({})).await;
+    let task = send(
+        &gateway,
+        "/agents/triage/a2a",
+        user_message(&message_id("r"), "refund please"),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(&task), "TARGET_UNAVAILABLE");
+    // Both late answers are in: each continued triage's own task, which
+    // no attempt created, and which the gateway task still holds.
+    for _ in 0..100 {
+        let answered = triage
+            .received()
+            .iter()
+            .filter(|r| r.method == "SendMessage")
+            .count();
+        if answered >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(triage.cancels(), [], "the source's task was left alone");
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn a_deadline_cancels_a_non_baton_target_within_a_second() {
     let gateway = baton().start().await;
     let slow = VendorAgent::start("slow", &["refund"], |_| Reply::Working)

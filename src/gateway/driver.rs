@@ -36,6 +36,10 @@ pub(super) struct Execution {
     outcome: Option<Result<(), AgentError>>,
     /// The turn's token, which the agent watches.
     cancel: CancellationToken,
+    /// The token is not a child of the task's, so that the execution may
+    /// outlive the task once abandoned (see `Driver::run`); meanwhile the
+    /// driver passes a cancel of the task on itself.
+    detached: bool,
 }
 
 impl Execution {
@@ -44,6 +48,7 @@ impl Execution {
     fn new(
         future: impl Future<Output = Result<(), AgentError>> + Send + 'static,
         cancel: CancellationToken,
+        detached: bool,
     ) -> Self {
         let caught = std::panic::AssertUnwindSafe(future)
             .catch_unwind()
@@ -56,6 +61,7 @@ impl Execution {
             future: Some(caught.boxed()),
             outcome: None,
             cancel,
+            detached,
         }
     }
 
@@ -214,14 +220,24 @@ impl Driver {
             let agent = turn.agent.agent.clone();
             // Only a handoff's turn may be sent again (a retry or a reroute,
             // `next_attempt`); any other gives its message to the agent.
-            let request = if turn.handoff {
+            let mut request = if turn.handoff {
                 turn.request.clone()
             } else {
                 turn.request.hand_over()
             };
-            let cancel = turn.request.cancel.clone();
-            let execution =
-                Execution::new(async move { agent.execute(request, events).await }, cancel);
+            // An attempt that may create a task at the agent, if abandoned,
+            // outlives a cancel of the gateway task to learn that task and
+            // cancel it (`sweep_abandoned`); it still ends at shutdown.
+            let detached = turn.handoff && request.upstream.is_none();
+            if detached {
+                request.cancel = self.gateway.shutdown.child_token();
+            }
+            let cancel = request.cancel.clone();
+            let execution = Execution::new(
+                async move { agent.execute(request, events).await },
+                cancel,
+                detached,
+            );
             let turn_started = std::time::Instant::now();
             let end = self
                 .pump(
@@ -284,6 +300,7 @@ impl Driver {
                     .await
             },
             cancel,
+            false,
         );
         self.created = true;
         // A recovered turn has no request to hand on: a transfer or return
@@ -359,6 +376,11 @@ impl Driver {
                 // The agent runs here; its end closes the channel, which
                 // ends this loop once its last events are in.
                 () = execution.progress(), if execution.running() => continue,
+                // As a child token would be: the agent's work ends with the task.
+                () = self.task_cancel.cancelled(), if execution.detached && !execution.cancel.is_cancelled() => {
+                    execution.cancel.cancel();
+                    continue;
+                }
                 _ = &mut expiry => {
                     execution.abort();
                     if self.created {
@@ -372,7 +394,12 @@ impl Driver {
                     return TurnEnd::Settled;
                 }
                 _ = &mut ack_timer, if ack_timeout.is_some() && !acked => {
-                    self.sweep_abandoned(agent.clone(), execution, receiver);
+                    // A turn continuing the agent's task creates none.
+                    if execution.detached {
+                        self.sweep_abandoned(agent.clone(), execution, receiver);
+                    } else {
+                        execution.abort();
+                    }
                     let waited = ack_timeout.unwrap_or_default().as_millis();
                     return TurnEnd::NoAck(format!("no answer within the ackTimeout of {waited} ms"));
                 }
@@ -1192,6 +1219,7 @@ mod tests {
         let done = Execution::new(
             async { Err(AgentError::Timeout("slow".into())) },
             CancellationToken::new(),
+            false,
         );
         assert!(matches!(
             done.finish().await,
@@ -1205,13 +1233,14 @@ mod tests {
                 Ok(())
             },
             CancellationToken::new(),
+            false,
         );
         assert!(matches!(
             panicking.finish().await,
             Some(Err(AgentError::Failed(why))) if why.contains("panicked")
         ));
 
-        let mut endless = Execution::new(std::future::pending(), CancellationToken::new());
+        let mut endless = Execution::new(std::future::pending(), CancellationToken::new(), false);
         assert!(endless.running());
         endless.abort();
         assert!(!endless.running());

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::sync::oneshot::{self, error::TryRecvError};
 
 /// The notification token header, as the official SDKs send it.
 pub const TOKEN_HEADER: &str = "X-A2A-Notification-Token";
@@ -218,6 +219,20 @@ struct Notification {
 /// Notifications one webhook may have waiting; more are dropped (counted).
 const WEBHOOK_QUEUE: usize = 256;
 
+/// A webhook's pipeline, as its shard holds it.
+struct Pipeline {
+    sender: mpsc::Sender<Notification>,
+    /// Ends once the pipeline has delivered (or given up) all it took.
+    finished: oneshot::Receiver<()>,
+}
+
+impl Pipeline {
+    /// Whether it takes no more and has nothing left to deliver.
+    fn is_over(&mut self) -> bool {
+        self.sender.is_closed() && !matches!(self.finished.try_recv(), Err(TryRecvError::Empty))
+    }
+}
+
 /// Fewest pipelines a shard holds before it lets go of idle ones.
 const PRUNE_AT_LEAST: usize = 64;
 
@@ -231,7 +246,7 @@ impl Worker {
     /// notifications (in order), never another's.
     async fn run(self, mut receiver: mpsc::Receiver<Arc<LedgerEvent>>) {
         let worker = Arc::new(self);
-        let mut pipelines: HashMap<(String, String), mpsc::Sender<Notification>> = HashMap::new();
+        let mut pipelines: HashMap<(String, String), Pipeline> = HashMap::new();
         // Pipelines that ended idle are let go when the map doubles, not
         // looked over at every event.
         let mut prune_at = PRUNE_AT_LEAST;
@@ -258,7 +273,8 @@ impl Worker {
                 }
             };
             if pipelines.len() >= prune_at {
-                pipelines.retain(|_, pipeline| !pipeline.is_closed());
+                // One still delivering is kept: its successor waits for it.
+                pipelines.retain(|_, pipeline| !pipeline.is_over());
                 prune_at = (pipelines.len() * 2).max(PRUNE_AT_LEAST);
             }
             for config in configs {
@@ -270,13 +286,17 @@ impl Worker {
                 };
                 let pipeline = pipelines
                     .entry(key)
-                    .or_insert_with(|| Worker::pipeline(&worker));
-                let refused = match pipeline.try_send(notification) {
+                    .or_insert_with(|| Worker::pipeline(&worker, None));
+                let refused = match pipeline.sender.try_send(notification) {
                     Ok(()) => None,
-                    // Ended idle since: a new one takes it.
+                    // Ended idle since: a new one takes it, after the old
+                    // one delivered what it still held, so that the
+                    // webhook sees the task's events in order.
                     Err(mpsc::error::TrySendError::Closed(notification)) => {
-                        *pipeline = Worker::pipeline(&worker);
-                        pipeline.try_send(notification).err()
+                        let (_, earlier) = oneshot::channel();
+                        let earlier = std::mem::replace(&mut pipeline.finished, earlier);
+                        *pipeline = Worker::pipeline(&worker, Some(earlier));
+                        pipeline.sender.try_send(notification).err()
                     }
                     Err(full) => Some(full),
                 };
@@ -289,11 +309,20 @@ impl Worker {
     }
 
     /// Starts a webhook's pipeline: its notifications delivered one after
-    /// another, until none comes for [`WEBHOOK_IDLE`].
-    fn pipeline(worker: &Arc<Self>) -> mpsc::Sender<Notification> {
+    /// another, once the webhook's `earlier` pipeline has finished, until
+    /// none comes for [`WEBHOOK_IDLE`].
+    fn pipeline(worker: &Arc<Self>, earlier: Option<oneshot::Receiver<()>>) -> Pipeline {
         let (sender, mut receiver) = mpsc::channel::<Notification>(WEBHOOK_QUEUE);
+        let (finish, finished) = oneshot::channel();
         let worker = worker.clone();
         tokio::spawn(async move {
+            // An earlier pipeline that ended idle may still be delivering
+            // what came in as it closed (or retrying it).
+            if let Some(earlier) = earlier {
+                let _ = earlier.await;
+            }
+            // Dropped with this task, however it ends: the next one goes on.
+            let _finish = finish;
             loop {
                 match tokio::time::timeout(WEBHOOK_IDLE, receiver.recv()).await {
                     Ok(Some(Notification {
@@ -308,7 +337,7 @@ impl Worker {
                 }
             }
         });
-        sender
+        Pipeline { sender, finished }
     }
 
     /// Whether `config` is still its task's config of that id: nothing is
@@ -392,5 +421,99 @@ impl Worker {
             backoff *= 2;
         }
         self.stats.failed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{StreamResponse, TaskState, TaskStatus, TaskStatusUpdateEvent};
+    use std::sync::Mutex;
+
+    /// A webhook on loopback that records the states it is sent, in order;
+    /// it holds its first answer back a while.
+    async fn slow_first_webhook() -> (String, Arc<Mutex<Vec<String>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorded = seen.clone();
+        let arrived = Arc::new(AtomicU64::new(0));
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |body: String| {
+                let (recorded, arrived) = (recorded.clone(), arrived.clone());
+                async move {
+                    if arrived.fetch_add(1, Ordering::SeqCst) == 0 {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    }
+                    let event: serde_json::Value = serde_json::from_str(&body).unwrap();
+                    let state = event["statusUpdate"]["status"]["state"].to_string();
+                    recorded.lock().unwrap().push(state);
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, seen)
+    }
+
+    fn notification(config: &TaskPushNotificationConfig, state: TaskState) -> Notification {
+        let event = StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+            task_id: config.task_id.clone(),
+            context_id: "c".into(),
+            status: TaskStatus::now(state, None),
+            metadata: None,
+        });
+        let body = bytes::Bytes::from(serde_json::to_vec(&event).unwrap());
+        Notification {
+            config: config.clone(),
+            event: Arc::new(LedgerEvent::new(config.task_id.clone(), 1, event)),
+            body,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_webhook_s_next_pipeline_waits_for_the_one_that_ended_idle() {
+        let (url, seen) = slow_first_webhook().await;
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Arc::new(Ledger::open(dir.path()).unwrap());
+        let config = TaskPushNotificationConfig {
+            id: "hook".into(),
+            task_id: "t".into(),
+            url,
+            ..TaskPushNotificationConfig::default()
+        };
+        ledger.put_push_config(&config, 10).await.unwrap().unwrap();
+        let policy = OutboundPolicy {
+            allow: vec!["127.0.0.0/8".parse().unwrap()],
+            ..OutboundPolicy::default()
+        };
+        let settings = PushSettings::default();
+        let worker = Arc::new(Worker {
+            ledger: Arc::downgrade(&ledger),
+            client: policy.client(settings.request_timeout),
+            policy,
+            settings,
+            stats: Arc::default(),
+        });
+        // A pipeline closes as it ends idle, still holding a notification;
+        // the webhook's next one starts while that is being delivered.
+        let earlier = Worker::pipeline(&worker, None);
+        earlier
+            .sender
+            .try_send(notification(&config, TaskState::Working))
+            .unwrap();
+        drop(earlier.sender);
+        let next = Worker::pipeline(&worker, Some(earlier.finished));
+        next.sender
+            .try_send(notification(&config, TaskState::Completed))
+            .unwrap();
+        for _ in 0..100 {
+            if seen.lock().unwrap().len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen, ["\"TASK_STATE_WORKING\"", "\"TASK_STATE_COMPLETED\""]);
     }
 }

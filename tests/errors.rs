@@ -978,6 +978,11 @@ async fn json_rpc_posts_are_answered_alike_with_or_without_the_front_door() {
         }
         let wire = post(&baton, "/agents/nope/a2a", body(), &STANDARD_HEADERS).await;
         must(check_bad_request(&wire, 404, None).map_err(|e| format!("{label}: {e}")));
+        assert_eq!(
+            id_of(&wire),
+            json!("g"),
+            "{label}: the answer names its request"
+        );
         baton.stop().await;
     }
 }
@@ -1022,6 +1027,17 @@ async fn only_oversized_bodies_and_unknown_agents_leave_http_200() {
     )
     .await;
     must(check_bad_request(&wire, 404, None));
+    assert_eq!(id_of(&wire), json!(2), "the answer names its request");
+    // Whatever else is wrong with the request, the unknown agent is the error.
+    let wire = post(
+        &baton,
+        "/agents/nope/a2a",
+        "not a request",
+        &STANDARD_HEADERS,
+    )
+    .await;
+    must(check_bad_request(&wire, 404, None));
+    assert_eq!(id_of(&wire), Value::Null);
 
     // An unknown agent by tenant is invalid params over HTTP 200.
     let wire = call(

@@ -406,10 +406,19 @@ async fn serve_agent_rpc(
         if let Err(response) = state.authenticate(&headers) {
             return response;
         }
+        // The answer names the request it answers, when its id can be read
+        // (JSON-RPC 2.0 §5); the unknown agent is the error, whatever else.
+        let body = axum::body::to_bytes(body, state.settings.max_body_bytes)
+            .await
+            .unwrap_or_default();
+        let request_id = match parse_request(&body) {
+            Ok(request) => Some(request.id),
+            Err(failure) => failure.id,
+        };
         let error = GatewayError::invalid_field("agent", format!("no agent {id:?} is registered"));
         return json_reply(
             StatusCode::NOT_FOUND,
-            crate::jsonrpc::error_body(None, &error),
+            crate::jsonrpc::error_body(request_id, &error),
         );
     }
     serve_rpc(state, Some(id), query, headers, body).await

@@ -40,7 +40,7 @@ pub struct ServeArgs {
     /// Log format: text or json.
     #[arg(long, env = "BATON_LOG_FORMAT")]
     pub log_format: Option<String>,
-    /// Seconds to drain connections at shutdown.
+    /// Seconds to drain connections at shutdown, then queued push notifications.
     #[arg(long, env = "BATON_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: Option<u64>,
     /// Longest a blocking SendMessage waits, in seconds.

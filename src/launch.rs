@@ -137,7 +137,7 @@ async fn run_over(
     let gateway = Gateway::new(
         ledger.clone(),
         directory,
-        push,
+        push.clone(),
         GatewaySettings {
             task_timeout: config.task_timeout,
             push_enabled: config.push_enabled,
@@ -182,6 +182,8 @@ async fn run_over(
     // A line tests and scripts can wait for.
     println!("baton listening on {bound}");
     server::run(listener, state, stop, config.shutdown_grace).await?;
+    // What was made durable is also told to its webhooks, within a bound.
+    push.drain(config.shutdown_grace).await;
     ledger.close();
     tracing::info!("stopped");
     Ok(())

@@ -118,6 +118,9 @@ pub struct PushStats {
     pub failed: AtomicU64,
     /// Notifications dropped because a queue was full.
     pub dropped: AtomicU64,
+    /// Events and notifications queued and not yet delivered or given up:
+    /// what a stop waits for ([`PushDispatcher::drain`]).
+    pub pending: AtomicU64,
 }
 
 /// Queues events for webhook delivery.
@@ -185,9 +188,34 @@ impl PushDispatcher {
         }
     }
 
+    /// Waits, at most `within`, until every notification queued so far was
+    /// delivered or given up; says whether all were. A stop calls it once
+    /// no more work comes in, so that what was made durable is also told.
+    pub async fn drain(&self, within: Duration) -> bool {
+        let started = tokio::time::Instant::now();
+        loop {
+            let pending = self.stats.pending.load(Ordering::Acquire);
+            if pending == 0 {
+                return true;
+            }
+            if started.elapsed() >= within {
+                tracing::warn!(
+                    pending,
+                    ?within,
+                    "push notifications still queued at the stop; dropped"
+                );
+                return false;
+            }
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
+    }
+
     fn enqueue(&self, event: &Arc<LedgerEvent>) {
         let shard = shard_of(&event.task_id, self.shards.len());
+        // Counted before it is queued, so that no worker finishes it first.
+        self.stats.pending.fetch_add(1, Ordering::AcqRel);
         if self.shards[shard].try_send(event.clone()).is_err() {
+            self.stats.pending.fetch_sub(1, Ordering::AcqRel);
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(task_id = %event.task_id, seq = event.seq, "push queue full; notification dropped");
         }
@@ -218,6 +246,9 @@ struct Notification {
 
 /// Notifications one webhook may have waiting; more are dropped (counted).
 const WEBHOOK_QUEUE: usize = 256;
+
+/// How often a stop looks whether the queues are empty.
+const DRAIN_POLL: Duration = Duration::from_millis(10);
 
 /// A webhook's pipeline, as its shard holds it.
 struct Pipeline {
@@ -251,59 +282,73 @@ impl Worker {
         // looked over at every event.
         let mut prune_at = PRUNE_AT_LEAST;
         while let Some(event) = receiver.recv().await {
-            let Some(ledger) = worker.ledger.upgrade() else {
+            worker.hand_out(&event, &mut pipelines, &mut prune_at).await;
+            worker.stats.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Hands one notification of `event` per config of its task to that
+    /// webhook's pipeline.
+    async fn hand_out(
+        self: &Arc<Self>,
+        event: &Arc<LedgerEvent>,
+        pipelines: &mut HashMap<(String, String), Pipeline>,
+        prune_at: &mut usize,
+    ) {
+        let Some(ledger) = self.ledger.upgrade() else {
+            return;
+        };
+        let configs = match ledger.push_configs(&event.task_id).await {
+            Ok(configs) => configs,
+            Err(err) => {
+                tracing::error!(task_id = %event.task_id, %err, "cannot read push configs");
                 return;
-            };
-            let configs = match ledger.push_configs(&event.task_id).await {
-                Ok(configs) => configs,
-                Err(err) => {
-                    tracing::error!(task_id = %event.task_id, %err, "cannot read push configs");
-                    continue;
-                }
-            };
-            drop(ledger);
-            if configs.is_empty() {
-                continue;
             }
-            let body = match serde_json::to_vec(&event.event) {
-                Ok(body) => bytes::Bytes::from(body),
-                Err(err) => {
-                    tracing::error!(%err, "cannot encode push notification");
-                    continue;
-                }
-            };
-            if pipelines.len() >= prune_at {
-                // One still delivering is kept: its successor waits for it.
-                pipelines.retain(|_, pipeline| !pipeline.is_over());
-                prune_at = (pipelines.len() * 2).max(PRUNE_AT_LEAST);
+        };
+        drop(ledger);
+        if configs.is_empty() {
+            return;
+        }
+        let body = match serde_json::to_vec(&event.event) {
+            Ok(body) => bytes::Bytes::from(body),
+            Err(err) => {
+                tracing::error!(%err, "cannot encode push notification");
+                return;
             }
-            for config in configs {
-                let key = (config.task_id.clone(), config.id.clone());
-                let notification = Notification {
-                    config,
-                    event: event.clone(),
-                    body: body.clone(),
-                };
-                let pipeline = pipelines
-                    .entry(key)
-                    .or_insert_with(|| Worker::pipeline(&worker, None));
-                let refused = match pipeline.sender.try_send(notification) {
-                    Ok(()) => None,
-                    // Ended idle since: a new one takes it, after the old
-                    // one delivered what it still held, so that the
-                    // webhook sees the task's events in order.
-                    Err(mpsc::error::TrySendError::Closed(notification)) => {
-                        let (_, earlier) = oneshot::channel();
-                        let earlier = std::mem::replace(&mut pipeline.finished, earlier);
-                        *pipeline = Worker::pipeline(&worker, Some(earlier));
-                        pipeline.sender.try_send(notification).err()
-                    }
-                    Err(full) => Some(full),
-                };
-                if refused.is_some() {
-                    worker.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(task_id = %event.task_id, seq = event.seq, "webhook queue full; notification dropped");
+        };
+        if pipelines.len() >= *prune_at {
+            // One still delivering is kept: its successor waits for it.
+            pipelines.retain(|_, pipeline| !pipeline.is_over());
+            *prune_at = (pipelines.len() * 2).max(PRUNE_AT_LEAST);
+        }
+        for config in configs {
+            let key = (config.task_id.clone(), config.id.clone());
+            let notification = Notification {
+                config,
+                event: event.clone(),
+                body: body.clone(),
+            };
+            let pipeline = pipelines
+                .entry(key)
+                .or_insert_with(|| Worker::pipeline(self, None));
+            self.stats.pending.fetch_add(1, Ordering::AcqRel);
+            let refused = match pipeline.sender.try_send(notification) {
+                Ok(()) => None,
+                // Ended idle since: a new one takes it, after the old one
+                // delivered what it still held, so that the webhook sees
+                // the task's events in order.
+                Err(mpsc::error::TrySendError::Closed(notification)) => {
+                    let (_, earlier) = oneshot::channel();
+                    let earlier = std::mem::replace(&mut pipeline.finished, earlier);
+                    *pipeline = Worker::pipeline(self, Some(earlier));
+                    pipeline.sender.try_send(notification).err()
                 }
+                Err(full) => Some(full),
+            };
+            if refused.is_some() {
+                self.stats.pending.fetch_sub(1, Ordering::AcqRel);
+                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(task_id = %event.task_id, seq = event.seq, "webhook queue full; notification dropped");
             }
         }
     }
@@ -329,7 +374,10 @@ impl Worker {
                         config,
                         event,
                         body,
-                    })) => worker.deliver(&config, &event, body).await,
+                    })) => {
+                        worker.deliver(&config, &event, body).await;
+                        worker.stats.pending.fetch_sub(1, Ordering::AcqRel);
+                    }
                     Ok(None) => return,
                     // No more is taken; what is queued still goes out, then
                     // `recv` ends the loop.
@@ -497,6 +545,8 @@ mod tests {
         });
         // A pipeline closes as it ends idle, still holding a notification;
         // the webhook's next one starts while that is being delivered.
+        // Counted as the shard counts what it hands out.
+        worker.stats.pending.fetch_add(2, Ordering::AcqRel);
         let earlier = Worker::pipeline(&worker, None);
         earlier
             .sender
@@ -515,5 +565,13 @@ mod tests {
         }
         let seen = seen.lock().unwrap().clone();
         assert_eq!(seen, ["\"TASK_STATE_WORKING\"", "\"TASK_STATE_COMPLETED\""]);
+        // Each is counted out once delivered.
+        for _ in 0..100 {
+            if worker.stats.pending.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(worker.stats.pending.load(Ordering::Acquire), 0);
     }
 }

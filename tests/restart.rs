@@ -483,3 +483,68 @@ async fn an_agents_record_shows_the_card_served_after_a_restart() {
         .unwrap();
     assert_eq!(listed["publishedCard"], served);
 }
+
+/// A webhook on loopback that answers its first `failing` requests 503,
+/// then 200; records the state of each notification it accepts.
+async fn flaky_webhook(failing: usize) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let accepted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recorded = accepted.clone();
+    let arrived = std::sync::Arc::new(AtomicUsize::new(0));
+    let app = axum::Router::new().fallback(move |body: axum::body::Bytes| {
+        let (recorded, arrived) = (recorded.clone(), arrived.clone());
+        async move {
+            if arrived.fetch_add(1, Ordering::SeqCst) < failing {
+                return axum::http::StatusCode::SERVICE_UNAVAILABLE;
+            }
+            let event: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            let state = event["statusUpdate"]["status"]["state"]
+                .as_str()
+                .or(event["task"]["status"]["state"].as_str())
+                .unwrap_or_default()
+                .to_string();
+            recorded.lock().unwrap().push(state);
+            axum::http::StatusCode::OK
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, accepted)
+}
+
+// Multi-threaded: the webhook must answer while the test waits, blocking,
+// for the process to exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_still_delivers_the_push_notifications_it_holds() {
+    // Three refusals first: with retry backoff, the task's two
+    // notifications take about 1.5 s to be accepted.
+    let (url, accepted) = flaky_webhook(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut baton = BatonProcess::builder(dir.path())
+        .args(["--allow-upstream", "127.0.0.0/8"])
+        .start();
+    let message = user_message(&message_id("tck-complete-task"), "hi");
+    let config = json!({"url": url, "token": "t"});
+    let result = baton
+        .call(
+            "SendMessage",
+            json!({"message": message, "configuration": {"taskPushNotificationConfig": config}}),
+        )
+        .await;
+    assert_eq!(
+        result["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{result}"
+    );
+    assert!(accepted.lock().unwrap().is_empty(), "still being retried");
+
+    baton.terminate();
+    assert!(baton.wait_exit(WAIT).success(), "{}", baton.logs());
+    // Delivered before the process ended, within its shutdown grace.
+    assert_eq!(
+        *accepted.lock().unwrap(),
+        ["TASK_STATE_SUBMITTED", "TASK_STATE_COMPLETED"],
+        "{}",
+        baton.logs()
+    );
+}

@@ -869,6 +869,51 @@ async fn a_return_leg_past_its_ack_timeout_leaves_the_source_task_alone() {
 }
 
 #[tokio::test]
+async fn a_return_leg_to_a_finished_source_cancels_the_tasks_it_abandoned() {
+    let gateway = baton().tune(quick_ladder).start().await;
+    // Triage finished its own task when it handed off; the result comes
+    // back as a new task, which it answers late.
+    let triage = VendorAgent::start("triage", &["triage"], |turn| {
+        if data_of(&turn.message.parts, HANDOFF_RESULT_MEDIA_TYPE).is_some() {
+            return Reply::Late(Duration::from_millis(900), Box::new(Reply::Working));
+        }
+        Reply::Handoff {
+            payload: handoff_payload(
+                "triage",
+                json!({"toSkill": "refund"}),
+                json!({"returnToParent": true}),
+            ),
+            state: TaskState::Completed,
+        }
+    })
+    .await
+    .unwrap();
+    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
+        .await
+        .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(&gateway, "billing", &billing, json!({})).await;
+    let task = send(
+        &gateway,
+        "/agents/triage/a2a",
+        user_message(&message_id("r"), "refund please"),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(&task), "TARGET_UNAVAILABLE");
+    // Each late return created a task at triage that nothing took up.
+    let mut canceled = canceled_tasks(&triage, 2).await;
+    canceled.dedup();
+    assert_eq!(canceled.len(), 2, "{canceled:?}");
+    for id in canceled {
+        assert_eq!(triage.task(&id).unwrap().status.state, TaskState::Canceled);
+    }
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn a_deadline_cancels_a_non_baton_target_within_a_second() {
     let gateway = baton().start().await;
     let slow = VendorAgent::start("slow", &["refund"], |_| Reply::Working)

@@ -228,7 +228,13 @@ impl Driver {
             // An attempt that may create a task at the agent, if abandoned,
             // outlives a cancel of the gateway task to learn that task and
             // cancel it (`sweep_abandoned`); it still ends at shutdown.
-            let detached = turn.handoff && request.upstream.is_none();
+            // (A return to a source whose task ended starts a new one: its
+            // upstream names the context only.)
+            let detached = turn.handoff
+                && request
+                    .upstream
+                    .as_ref()
+                    .is_none_or(|upstream| upstream.task_id.is_empty());
             if detached {
                 request.cancel = self.gateway.shutdown.child_token();
             }
@@ -375,12 +381,13 @@ impl Driver {
                 event = receiver.recv() => event,
                 // The agent runs here; its end closes the channel, which
                 // ends this loop once its last events are in.
-                () = execution.progress(), if execution.running() => continue,
-                // As a child token would be: the agent's work ends with the task.
+                // As a child token would be: the agent's work ends with the
+                // task, before the agent is polled again.
                 () = self.task_cancel.cancelled(), if execution.detached && !execution.cancel.is_cancelled() => {
                     execution.cancel.cancel();
                     continue;
                 }
+                () = execution.progress(), if execution.running() => continue,
                 _ = &mut expiry => {
                     execution.abort();
                     if self.created {

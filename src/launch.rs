@@ -181,12 +181,19 @@ async fn run_over(
     );
     // A line tests and scripts can wait for.
     println!("baton listening on {bound}");
-    server::run(listener, state, stop, config.shutdown_grace).await?;
-    // What was made durable is also told to its webhooks, within a bound.
-    push.drain(config.shutdown_grace).await;
+    let served = server::run(listener, state, stop, config.shutdown_grace).await;
+    // What was made durable is also told to its webhooks, within the grace:
+    // the writes made so far first (their events are queued as they become
+    // durable), then their notifications.
+    let grace = config.shutdown_grace;
+    let started = tokio::time::Instant::now();
+    if tokio::time::timeout(grace, ledger.sync()).await.is_err() {
+        tracing::warn!(?grace, "writes still not durable at the stop");
+    }
+    push.drain(grace.saturating_sub(started.elapsed())).await;
     ledger.close();
     tracing::info!("stopped");
-    Ok(())
+    Ok(served?)
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -126,7 +126,7 @@ pub struct PushStats {
 /// Queues events for webhook delivery.
 #[derive(Clone)]
 pub struct PushDispatcher {
-    shards: Arc<Vec<mpsc::Sender<Arc<LedgerEvent>>>>,
+    shards: Arc<Vec<mpsc::Sender<Queued>>>,
     /// Where deliveries may go.
     policy: OutboundPolicy,
     /// Delivery counters.
@@ -212,14 +212,40 @@ impl PushDispatcher {
 
     fn enqueue(&self, event: &Arc<LedgerEvent>) {
         let shard = shard_of(&event.task_id, self.shards.len());
-        // Counted before it is queued, so that no worker finishes it first.
-        self.stats.pending.fetch_add(1, Ordering::AcqRel);
-        if self.shards[shard].try_send(event.clone()).is_err() {
-            self.stats.pending.fetch_sub(1, Ordering::AcqRel);
+        let queued = Queued {
+            event: event.clone(),
+            _pending: Pending::count(&self.stats),
+        };
+        if self.shards[shard].try_send(queued).is_err() {
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(task_id = %event.task_id, seq = event.seq, "push queue full; notification dropped");
         }
     }
+}
+
+/// One of [`PushStats::pending`], counted from its making until it is
+/// dropped: however an event or notification ends (delivered, given up,
+/// refused by a full queue, or lost with a task that panicked), a stop does
+/// not wait for it any more.
+struct Pending(Arc<PushStats>);
+
+impl Pending {
+    fn count(stats: &Arc<PushStats>) -> Self {
+        stats.pending.fetch_add(1, Ordering::AcqRel);
+        Self(stats.clone())
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An event in a shard's queue.
+struct Queued {
+    event: Arc<LedgerEvent>,
+    _pending: Pending,
 }
 
 fn shard_of(task_id: &str, shards: usize) -> usize {
@@ -242,6 +268,7 @@ struct Notification {
     config: TaskPushNotificationConfig,
     event: Arc<LedgerEvent>,
     body: bytes::Bytes,
+    _pending: Pending,
 }
 
 /// Notifications one webhook may have waiting; more are dropped (counted).
@@ -275,15 +302,17 @@ impl Worker {
     /// Reads each event's configs and hands one notification per config to
     /// that webhook's own pipeline: a webhook that hangs delays its own
     /// notifications (in order), never another's.
-    async fn run(self, mut receiver: mpsc::Receiver<Arc<LedgerEvent>>) {
+    async fn run(self, mut receiver: mpsc::Receiver<Queued>) {
         let worker = Arc::new(self);
         let mut pipelines: HashMap<(String, String), Pipeline> = HashMap::new();
         // Pipelines that ended idle are let go when the map doubles, not
         // looked over at every event.
         let mut prune_at = PRUNE_AT_LEAST;
-        while let Some(event) = receiver.recv().await {
-            worker.hand_out(&event, &mut pipelines, &mut prune_at).await;
-            worker.stats.pending.fetch_sub(1, Ordering::AcqRel);
+        while let Some(queued) = receiver.recv().await {
+            // Its notifications are counted before the event stops being.
+            worker
+                .hand_out(&queued.event, &mut pipelines, &mut prune_at)
+                .await;
         }
     }
 
@@ -327,11 +356,11 @@ impl Worker {
                 config,
                 event: event.clone(),
                 body: body.clone(),
+                _pending: Pending::count(&self.stats),
             };
             let pipeline = pipelines
                 .entry(key)
                 .or_insert_with(|| Worker::pipeline(self, None));
-            self.stats.pending.fetch_add(1, Ordering::AcqRel);
             let refused = match pipeline.sender.try_send(notification) {
                 Ok(()) => None,
                 // Ended idle since: a new one takes it, after the old one
@@ -346,7 +375,6 @@ impl Worker {
                 Err(full) => Some(full),
             };
             if refused.is_some() {
-                self.stats.pending.fetch_sub(1, Ordering::AcqRel);
                 self.stats.dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(task_id = %event.task_id, seq = event.seq, "webhook queue full; notification dropped");
             }
@@ -370,13 +398,14 @@ impl Worker {
             let _finish = finish;
             loop {
                 match tokio::time::timeout(WEBHOOK_IDLE, receiver.recv()).await {
-                    Ok(Some(Notification {
-                        config,
-                        event,
-                        body,
-                    })) => {
+                    Ok(Some(notification)) => {
+                        let Notification {
+                            config,
+                            event,
+                            body,
+                            _pending,
+                        } = notification;
                         worker.deliver(&config, &event, body).await;
-                        worker.stats.pending.fetch_sub(1, Ordering::AcqRel);
                     }
                     Ok(None) => return,
                     // No more is taken; what is queued still goes out, then
@@ -504,7 +533,11 @@ mod tests {
         (url, seen)
     }
 
-    fn notification(config: &TaskPushNotificationConfig, state: TaskState) -> Notification {
+    fn notification(
+        worker: &Worker,
+        config: &TaskPushNotificationConfig,
+        state: TaskState,
+    ) -> Notification {
         let event = StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
             task_id: config.task_id.clone(),
             context_id: "c".into(),
@@ -516,6 +549,7 @@ mod tests {
             config: config.clone(),
             event: Arc::new(LedgerEvent::new(config.task_id.clone(), 1, event)),
             body,
+            _pending: Pending::count(&worker.stats),
         }
     }
 
@@ -545,17 +579,15 @@ mod tests {
         });
         // A pipeline closes as it ends idle, still holding a notification;
         // the webhook's next one starts while that is being delivered.
-        // Counted as the shard counts what it hands out.
-        worker.stats.pending.fetch_add(2, Ordering::AcqRel);
         let earlier = Worker::pipeline(&worker, None);
         earlier
             .sender
-            .try_send(notification(&config, TaskState::Working))
+            .try_send(notification(&worker, &config, TaskState::Working))
             .unwrap();
         drop(earlier.sender);
         let next = Worker::pipeline(&worker, Some(earlier.finished));
         next.sender
-            .try_send(notification(&config, TaskState::Completed))
+            .try_send(notification(&worker, &config, TaskState::Completed))
             .unwrap();
         for _ in 0..100 {
             if seen.lock().unwrap().len() == 2 {

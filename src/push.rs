@@ -8,7 +8,8 @@
 //! its own. A full queue drops the notification and counts it rather than
 //! slowing the ledger. Failed deliveries (connection errors, 5xx, 429) are
 //! retried with exponential backoff; other 4xx answers are final. A task
-//! holds at most [`MAX_CONFIGS_PER_TASK`] configs.
+//! holds at most [`MAX_CONFIGS_PER_TASK`] configs. A stop waits, within its
+//! grace, for what is still queued ([`PushDispatcher::drain`]).
 
 use crate::error::FieldViolation;
 use crate::netguard::OutboundPolicy;
@@ -188,8 +189,8 @@ impl PushDispatcher {
         }
     }
 
-    /// Waits, at most `within`, until every notification queued so far was
-    /// delivered or given up; says whether all were. A stop calls it once
+    /// Waits, at most `within`, until every event and notification queued
+    /// so far was delivered or given up; says whether all were. A stop calls it once
     /// no more work comes in, so that what was made durable is also told.
     pub async fn drain(&self, within: Duration) -> bool {
         let started = tokio::time::Instant::now();

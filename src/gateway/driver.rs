@@ -379,14 +379,14 @@ impl Driver {
                 // An answer already queued counts before any timer.
                 biased;
                 event = receiver.recv() => event,
-                // The agent runs here; its end closes the channel, which
-                // ends this loop once its last events are in.
                 // As a child token would be: the agent's work ends with the
                 // task, before the agent is polled again.
                 () = self.task_cancel.cancelled(), if execution.detached && !execution.cancel.is_cancelled() => {
                     execution.cancel.cancel();
                     continue;
                 }
+                // The agent runs here; its end closes the channel, which
+                // ends this loop once its last events are in.
                 () = execution.progress(), if execution.running() => continue,
                 _ = &mut expiry => {
                     execution.abort();

@@ -160,7 +160,7 @@ async fn run_over(
         registry.clone(),
         keys.clone(),
         config.health_interval,
-        shutdown,
+        shutdown.clone(),
     ));
     let state = AppState::new(
         gateway,
@@ -182,6 +182,9 @@ async fn run_over(
     // A line tests and scripts can wait for.
     println!("baton listening on {bound}");
     let served = server::run(listener, state, stop, config.shutdown_grace).await;
+    // Already so after a stop; after a server error, drivers and streams
+    // must stop too before the ledger closes.
+    shutdown.cancel();
     // What was made durable is also told to its webhooks, within the grace:
     // the writes made so far first (their events are queued as they become
     // durable), then their notifications.

@@ -768,6 +768,34 @@ async fn an_exhausted_ladder_cancels_the_tasks_its_attempts_created() {
 }
 
 #[tokio::test]
+async fn a_task_two_abandoned_attempts_share_is_canceled_once() {
+    let cancels = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let agent = common::agents::DeduplicatingLateAgent {
+        card: common::agents::card("dedup"),
+        delay: Duration::from_millis(900),
+        cancels: cancels.clone(),
+    };
+    let gateway = baton()
+        .agent("dedup", agent)
+        .tune(quick_ladder)
+        .start()
+        .await;
+    let message = handoff_message(handoff_payload("triage", json!({"to": "dedup"}), json!({})));
+    let task = send(&gateway, "/a2a", message).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    // Both late answers name the one task; it is canceled once.
+    for _ in 0..100 {
+        if cancels.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(cancels.load(std::sync::atomic::Ordering::SeqCst), 1);
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn a_canceled_task_still_cancels_what_its_abandoned_attempt_created() {
     // A long retry delay: the caller cancels while the ladder waits.
     let gateway = baton()

@@ -174,6 +174,9 @@ pub(super) struct Adoptions {
     pub bound: Vec<(String, String)>,
     /// The driver stopped: nothing more will be taken up.
     pub ended: bool,
+    /// The agents' tasks a sweeper has canceled: two attempts an agent
+    /// answered with the same task (it deduplicates) cancel it once.
+    pub swept: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 impl Adoptions {
@@ -648,7 +651,14 @@ impl Driver {
                 Ok(adoptions) => orphans(&adoptions) == Some(true),
                 Err(_) => true,
             };
-            if !orphan {
+            let first = orphan
+                && verdict
+                    .borrow()
+                    .swept
+                    .lock()
+                    .expect("sweep lock")
+                    .insert((agent.id.clone(), upstream.task_id.clone()));
+            if !first {
                 return;
             }
             let task = Task {
@@ -1190,6 +1200,7 @@ mod tests {
         let pending = Adoptions {
             bound: bound(&[("triage", "t0")]),
             ended: false,
+            ..Adoptions::default()
         };
         assert_eq!(pending.orphans(1, "slow", "x"), None);
         // The retry was answered with the same task (the agent deduplicates
@@ -1197,6 +1208,7 @@ mod tests {
         let same = Adoptions {
             bound: bound(&[("triage", "t0"), ("slow", "x")]),
             ended: true,
+            ..Adoptions::default()
         };
         assert_eq!(same.orphans(1, "slow", "x"), Some(false));
         // Another task was taken up, by this agent or by a reroute's.
@@ -1204,6 +1216,7 @@ mod tests {
             let other = Adoptions {
                 bound: bound(&[("triage", "t0"), (agent, "y")]),
                 ended: false,
+                ..Adoptions::default()
             };
             assert_eq!(other.orphans(1, "slow", "x"), Some(true));
         }
@@ -1211,12 +1224,14 @@ mod tests {
         let elsewhere = Adoptions {
             bound: bound(&[("other", "x")]),
             ended: false,
+            ..Adoptions::default()
         };
         assert_eq!(elsewhere.orphans(0, "slow", "x"), Some(true));
         // The ladder ended with nothing taken up.
         let ended = Adoptions {
             bound: bound(&[("triage", "t0")]),
             ended: true,
+            ..Adoptions::default()
         };
         assert_eq!(ended.orphans(1, "slow", "x"), Some(true));
     }

@@ -136,9 +136,7 @@ impl Agent for RefusingCancelAgent {
     }
 
     async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
-        events.status(TaskState::Working, None).await;
-        request.cancel.cancelled().await;
-        Ok(())
+        work_until_canceled(&request, &events).await
     }
 
     async fn cancel(
@@ -231,4 +229,53 @@ pub fn card_with_unconfigured_extended_card() -> AgentCard {
     let mut card = card("extended");
     card.capabilities.extended_agent_card = Some(true);
     card
+}
+
+/// Answers each message only after `delay`, always with its one task
+/// `same-task`, as an agent that deduplicates retries by messageId would;
+/// counts the CancelTasks it gets.
+pub struct DeduplicatingLateAgent {
+    pub card: AgentCard,
+    pub delay: std::time::Duration,
+    pub cancels: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[async_trait]
+impl Agent for DeduplicatingLateAgent {
+    fn card(&self) -> &AgentCard {
+        &self.card
+    }
+
+    async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+        tokio::select! {
+            _ = tokio::time::sleep(self.delay) => {}
+            _ = request.cancel.cancelled() => return Ok(()),
+        }
+        let bound = baton::agents::UpstreamRef {
+            task_id: "same-task".into(),
+            context_id: String::new(),
+        };
+        events.send(baton::agents::AgentEvent::Bound(bound)).await;
+        work_until_canceled(&request, &events).await
+    }
+
+    async fn cancel(
+        &self,
+        _: &baton::protocol::Task,
+        _: Option<&baton::agents::UpstreamRef>,
+    ) -> Result<(), AgentError> {
+        self.cancels
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Reports WORKING, then works until the turn is canceled.
+async fn work_until_canceled(
+    request: &AgentRequest,
+    events: &AgentEvents,
+) -> Result<(), AgentError> {
+    events.status(TaskState::Working, None).await;
+    request.cancel.cancelled().await;
+    Ok(())
 }

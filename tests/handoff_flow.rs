@@ -22,6 +22,17 @@ async fn register(gateway: &TestBaton, id: &str, agent: &VendorAgent, extra: Val
     assert!(reply.code().is_none(), "register {id}: {}", reply.body);
 }
 
+/// Registers `triage` and `billing`, a vendor agent that refunds; returns
+/// `billing`.
+async fn register_with_billing(gateway: &TestBaton, triage: &VendorAgent) -> VendorAgent {
+    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
+        .await
+        .unwrap();
+    register(gateway, "triage", triage, json!({})).await;
+    register(gateway, "billing", &billing, json!({})).await;
+    billing
+}
+
 /// Every reason code in the task's history, in order.
 fn reasons_in_history(task: &Value) -> Vec<String> {
     task["history"]
@@ -251,11 +262,7 @@ async fn return_to_parent_delivers_the_result_and_the_source_finishes() {
     })
     .await
     .unwrap();
-    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
-        .await
-        .unwrap();
-    register(&gateway, "triage", &triage, json!({})).await;
-    register(&gateway, "billing", &billing, json!({})).await;
+    let billing = register_with_billing(&gateway, &triage).await;
 
     let task = send(
         &gateway,
@@ -401,11 +408,7 @@ async fn a_transfer_that_names_no_sender_is_refused_with_its_violations() {
     })
     .await
     .unwrap();
-    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
-        .await
-        .unwrap();
-    register(&gateway, "triage", &triage, json!({})).await;
-    register(&gateway, "billing", &billing, json!({})).await;
+    let billing = register_with_billing(&gateway, &triage).await;
 
     let task = send(
         &gateway,
@@ -863,11 +866,7 @@ async fn a_return_leg_past_its_ack_timeout_leaves_the_source_task_alone() {
     })
     .await
     .unwrap();
-    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
-        .await
-        .unwrap();
-    register(&gateway, "triage", &triage, json!({})).await;
-    register(&gateway, "billing", &billing, json!({})).await;
+    let billing = register_with_billing(&gateway, &triage).await;
     let task = send(
         &gateway,
         "/agents/triage/a2a",
@@ -916,11 +915,7 @@ async fn a_return_leg_to_a_finished_source_cancels_the_tasks_it_abandoned() {
     })
     .await
     .unwrap();
-    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
-        .await
-        .unwrap();
-    register(&gateway, "triage", &triage, json!({})).await;
-    register(&gateway, "billing", &billing, json!({})).await;
+    let billing = register_with_billing(&gateway, &triage).await;
     let task = send(
         &gateway,
         "/agents/triage/a2a",

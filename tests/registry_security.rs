@@ -706,9 +706,7 @@ async fn a_card_registered_by_url_keeps_being_followed_as_it_changes() {
             async move { axum::Json(card) }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let card_url = format!("http://{}/card.json", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let card_url = format!("{}/card.json", serve_on_loopback(app).await);
     let registered = registry_as(
         &gateway,
         ACME,
@@ -761,9 +759,7 @@ async fn an_update_made_during_a_health_check_is_not_undone_by_it() {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let card_url = format!("http://{}/card.json", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let card_url = format!("{}/card.json", serve_on_loopback(app).await);
     let registered = registry_as(
         &gateway,
         ACME,

@@ -6,11 +6,19 @@ mod common;
 #[path = "common/process.rs"]
 mod process;
 
-use common::{WAIT, message_id, read_sse, user_message};
+use common::{WAIT, message_id, read_sse, serve_on_loopback, user_message};
 use process::BatonProcess;
 use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+/// A process over the ledger in `data` that may reach agents and webhooks
+/// on loopback.
+fn loopback_process(data: &std::path::Path) -> BatonProcess {
+    BatonProcess::builder(data)
+        .args(["--allow-upstream", "127.0.0.0/8,::1"])
+        .start()
+}
 
 /// The push configs of a task.
 async fn push_configs(baton: &BatonProcess, task_id: &str) -> serde_json::Value {
@@ -342,11 +350,7 @@ async fn a_deadline_passed_while_stopped_ends_a_waiting_task_after_restart() {
     .await
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let start = || {
-        BatonProcess::builder(dir.path())
-            .args(["--allow-upstream", "127.0.0.0/8,::1"])
-            .start()
-    };
+    let start = || loopback_process(dir.path());
     let mut first = start();
     first
         .registry(
@@ -446,11 +450,7 @@ async fn a_deregistered_id_stays_its_agencys_across_a_restart() {
 #[tokio::test]
 async fn an_agents_record_shows_the_card_served_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let start = || {
-        BatonProcess::builder(dir.path())
-            .args(["--allow-upstream", "127.0.0.0/8,::1"])
-            .start()
-    };
+    let start = || loopback_process(dir.path());
     let mut first = start();
     let (status, card) = first
         .get_json("/agents/echo/.well-known/agent-card.json")
@@ -507,10 +507,7 @@ async fn flaky_webhook(failing: usize) -> (String, std::sync::Arc<std::sync::Mut
             axum::http::StatusCode::OK
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, accepted)
+    (format!("{}/hook", serve_on_loopback(app).await), accepted)
 }
 
 // Multi-threaded: the webhook must answer while the test waits, blocking,
@@ -521,9 +518,7 @@ async fn sigterm_still_delivers_the_push_notifications_it_holds() {
     // notifications take about 1.5 s to be accepted.
     let (url, accepted) = flaky_webhook(3).await;
     let dir = tempfile::tempdir().unwrap();
-    let mut baton = BatonProcess::builder(dir.path())
-        .args(["--allow-upstream", "127.0.0.0/8"])
-        .start();
+    let mut baton = loopback_process(dir.path());
     let message = user_message(&message_id("tck-complete-task"), "hi");
     let config = json!({"url": url, "token": "t"});
     let result = baton

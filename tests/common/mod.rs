@@ -390,6 +390,15 @@ impl TestBaton {
     }
 }
 
+/// Serves `app` on 127.0.0.1:0 for the rest of the test; its base URL,
+/// `http://127.0.0.1:PORT`.
+pub async fn serve_on_loopback(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    base
+}
+
 /// The headers every A2A 1.0 client sends.
 pub const STANDARD_HEADERS: [(&str, &str); 2] =
     [("content-type", "application/json"), ("a2a-version", "1.0")];

@@ -40,7 +40,7 @@ pub struct ServeArgs {
     /// Log format: text or json.
     #[arg(long, env = "BATON_LOG_FORMAT")]
     pub log_format: Option<String>,
-    /// Seconds to drain connections at shutdown, then queued push notifications.
+    /// Seconds a stop may take: connections drain, then queued push notifications.
     #[arg(long, env = "BATON_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: Option<u64>,
     /// Longest a blocking SendMessage waits, in seconds.
@@ -135,7 +135,7 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Log format.
     pub log_format: LogFormat,
-    /// Drain bound at shutdown.
+    /// Bound on a stop, from its signal.
     pub shutdown_grace: Duration,
     /// Blocking SendMessage bound, and the longest deadline of a task.
     pub task_timeout: Duration,

@@ -15,8 +15,9 @@ use crate::server::{self, AppState, ServerSettings};
 use crate::store::Ledger;
 use crate::upstream::{RemoteAgent, UpstreamSettings};
 use anyhow::Context as _;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// The owner of the agents Baton itself provides.
@@ -181,19 +182,33 @@ async fn run_over(
     );
     // A line tests and scripts can wait for.
     println!("baton listening on {bound}");
-    let served = server::run(listener, state, stop, config.shutdown_grace).await;
+    // One grace bounds the whole stop, from its signal: the connections'
+    // drain, then the ledger's sync and the push drain share what is left.
+    let stop_began = Arc::new(OnceLock::new());
+    let stop = {
+        let stop_began = stop_began.clone();
+        async move {
+            stop.await;
+            let _ = stop_began.set(Instant::now());
+        }
+    };
+    let grace = config.shutdown_grace;
+    let served = server::run(listener, state, stop, grace).await;
     // Already so after a stop; after a server error, drivers and streams
     // must stop too before the ledger closes.
     shutdown.cancel();
-    // What was made durable is also told to its webhooks, within the grace:
-    // the writes made so far first (their events are queued as they become
-    // durable), then their notifications.
-    let grace = config.shutdown_grace;
-    let started = tokio::time::Instant::now();
-    if tokio::time::timeout(grace, ledger.sync()).await.is_err() {
+    let deadline = *stop_began.get_or_init(Instant::now) + grace;
+    // What was made durable is also told to its webhooks: the writes made so
+    // far first (their events are queued as they become durable), then their
+    // notifications.
+    if tokio::time::timeout_at(deadline, ledger.sync())
+        .await
+        .is_err()
+    {
         tracing::warn!(?grace, "writes still not durable at the stop");
     }
-    push.drain(grace.saturating_sub(started.elapsed())).await;
+    push.drain(deadline.saturating_duration_since(Instant::now()))
+        .await;
     ledger.close();
     tracing::info!("stopped");
     Ok(served?)

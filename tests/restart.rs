@@ -510,15 +510,9 @@ async fn flaky_webhook(failing: usize) -> (String, std::sync::Arc<std::sync::Mut
     (format!("{}/hook", serve_on_loopback(app).await), accepted)
 }
 
-// Multi-threaded: the webhook must answer while the test waits, blocking,
-// for the process to exit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_still_delivers_the_push_notifications_it_holds() {
-    // Three refusals first: with retry backoff, the task's two
-    // notifications take about 1.5 s to be accepted.
-    let (url, accepted) = flaky_webhook(3).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut baton = loopback_process(dir.path());
+/// Sends a message the agent completes at once, with a push config for
+/// the webhook at `url`.
+async fn completed_task_with_webhook(baton: &BatonProcess, url: &str) {
     let message = user_message(&message_id("tck-complete-task"), "hi");
     let config = json!({"url": url, "token": "t"});
     let result = baton
@@ -531,6 +525,18 @@ async fn sigterm_still_delivers_the_push_notifications_it_holds() {
         result["task"]["status"]["state"], "TASK_STATE_COMPLETED",
         "{result}"
     );
+}
+
+// Multi-threaded: the webhook must answer while the test waits, blocking,
+// for the process to exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_still_delivers_the_push_notifications_it_holds() {
+    // Three refusals first: with retry backoff, the task's two
+    // notifications take about 1.5 s to be accepted.
+    let (url, accepted) = flaky_webhook(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut baton = loopback_process(dir.path());
+    completed_task_with_webhook(&baton, &url).await;
     assert!(accepted.lock().unwrap().is_empty(), "still being retried");
 
     baton.terminate();
@@ -542,4 +548,43 @@ async fn sigterm_still_delivers_the_push_notifications_it_holds() {
         "{}",
         baton.logs()
     );
+}
+
+// Multi-threaded: the webhook must answer while the test waits, blocking,
+// for the process to exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_shutdown_grace_bounds_both_the_connections_and_the_push_drain() {
+    use tokio::io::AsyncWriteExt as _;
+    // A webhook that never accepts: its retries outlast any grace.
+    let (url, _accepted) = flaky_webhook(usize::MAX).await;
+    let dir = tempfile::tempdir().unwrap();
+    let grace = Duration::from_secs(3);
+    let mut baton = BatonProcess::builder(dir.path())
+        .args(["--allow-upstream", "127.0.0.0/8,::1"])
+        .shutdown_grace_secs(grace.as_secs())
+        .start();
+    completed_task_with_webhook(&baton, &url).await;
+    // A request whose body never ends holds its connection open through
+    // the whole drain.
+    let address = baton.base.trim_start_matches("http://").to_string();
+    let mut held = tokio::net::TcpStream::connect(address).await.unwrap();
+    held.write_all(
+        b"POST /a2a HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+          content-length: 1000\r\n\r\n{",
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let started = Instant::now();
+    baton.terminate();
+    assert!(baton.wait_exit(WAIT).success(), "{}", baton.logs());
+    let stopped_in = started.elapsed();
+    // Each drain alone would take the whole grace.
+    assert!(
+        stopped_in < grace + Duration::from_millis(1500),
+        "the stop took {stopped_in:?} with a grace of {grace:?}: {}",
+        baton.logs()
+    );
+    drop(held);
 }

@@ -151,6 +151,9 @@ pub fn gateway_card(
         .flat_map(|(id, card)| {
             card.skills.iter().map(move |skill| AgentSkill {
                 id: format!("{id}/{}", skill.id),
+                // They name the agencies' schemes, which this card does not
+                // declare.
+                security_requirements: Vec::new(),
                 ..skill.clone()
             })
         })
@@ -254,5 +257,24 @@ mod tests {
             secured.skills[0].security_requirements.is_empty(),
             "no scheme it names is declared"
         );
+    }
+
+    #[test]
+    fn the_gateway_card_names_no_agencys_scheme() {
+        let card = signed_card();
+        for secured in [false, true] {
+            let gateway = gateway_card(
+                &[("billing", &card)],
+                "http://localhost:8080",
+                true,
+                secured,
+            );
+            assert_eq!(gateway.skills[0].id, "billing/refund");
+            assert!(
+                gateway.skills[0].security_requirements.is_empty(),
+                "the gateway card declares no agency's scheme"
+            );
+            assert!(!gateway.security_schemes.contains_key("oauth"));
+        }
     }
 }

@@ -195,6 +195,20 @@ async fn without_a_key_every_send_is_new() {
 }
 
 #[tokio::test]
+async fn a_blank_key_is_no_key() {
+    let baton = baton().start().await;
+    let mut tasks = Vec::new();
+    for (key, text) in [("", "one"), ("", "two"), (" ", "three")] {
+        let params = json!({"message": user_message(&message_id("tck-complete-task"), text)});
+        let reply = send_keyed(&baton, SCENARIO, key, params).await;
+        tasks.push(task_id(&reply));
+    }
+    tasks.dedup();
+    assert_eq!(tasks.len(), 3, "each send is new: {tasks:?}");
+    baton.stop().await;
+}
+
+#[tokio::test]
 async fn with_the_handoff_extension_the_message_id_is_the_key() {
     let baton = baton().start().await;
     let extension = [("a2a-extensions", HANDOFF)];

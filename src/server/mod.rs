@@ -637,6 +637,9 @@ async fn serve_rpc(
     let idempotency_key = headers
         .get(IDEMPOTENCY_KEY)
         .and_then(|v| v.to_str().ok())
+        // A blank value is no key a client chose: every such send would
+        // share it.
+        .filter(|key| !key.trim().is_empty())
         .map(str::to_string)
         .or_else(|| {
             // With the handoff extension active, the messageId is the key (DESIGN.md §2).

@@ -338,13 +338,17 @@ async fn search_filters_and_pages() {
         .await
         .unwrap();
     assert_eq!(by_q["agents"][0]["id"], "agent-5");
-    let bad = gateway
-        .http
-        .get(gateway.url("/registry/agents?pageSize=0"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(bad.status(), 400);
+    for query in ["pageSize=0", "pageSize=abc"] {
+        let bad = gateway
+            .http
+            .get(gateway.url(&format!("/registry/agents?{query}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(bad.status(), 400, "{query}");
+        let body: Value = bad.json().await.unwrap();
+        assert_eq!(body["error"]["code"], -32602, "{query}: {body}");
+    }
     gateway.stop().await;
     upstream.stop().await;
 }

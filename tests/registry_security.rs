@@ -440,14 +440,17 @@ async fn calls_without_a_valid_key_get_401_and_cards_stay_public() {
             assert!(reply.body.get("result").is_none());
         }
     }
-    for authorization in refused {
-        let (status, headers, body) = get_with(&gateway, "/registry/agents", authorization).await;
-        assert_unauthorized(
-            status,
-            &headers,
-            &format!("GET /registry/agents with {authorization:?}"),
-        );
-        assert!(body.get("agents").is_none(), "{body}");
+    // A malformed query is no way past the key check.
+    for path in ["/registry/agents", "/registry/agents?pageSize=abc"] {
+        for authorization in refused {
+            let (status, headers, body) = get_with(&gateway, path, authorization).await;
+            assert_unauthorized(
+                status,
+                &headers,
+                &format!("GET {path} with {authorization:?}"),
+            );
+            assert!(body.get("agents").is_none(), "{body}");
+        }
     }
 
     // With a key it works (the scheme name is case-insensitive).

@@ -12,6 +12,7 @@ use crate::registry::service::{Registry, SearchParams};
 use crate::upstream::client::VERSION_HEADER_NAME;
 use axum::Router;
 use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -257,14 +258,15 @@ async fn registry_rpc(State(state): State<AppState>, headers: HeaderMap, body: B
 async fn registry_search(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Query(params): Query<SearchParams>,
+    // Read after the key check: nobody without a key probes the parser.
+    query: Result<Query<SearchParams>, QueryRejection>,
 ) -> Response {
     if let Err(response) = state.authenticate(&headers) {
         return response;
     }
-    let page = state
-        .registry
-        .search(&params)
+    let page = query
+        .map_err(|rejection| GatewayError::invalid_field("query", rejection.body_text()))
+        .and_then(|Query(params)| state.registry.search(&params))
         .and_then(crate::registry::rpc::shown);
     match page {
         Ok(page) => axum::Json(page).into_response(),

@@ -1151,3 +1151,89 @@ async fn a_transfer_keeps_the_artifacts_reported_with_it() {
     assert!(artifacts.contains(&"triage-notes"), "{task}");
     gateway.stop().await;
 }
+
+/// How many SendMessage calls `agent` received.
+fn sends_to(agent: &VendorAgent) -> usize {
+    agent
+        .received()
+        .iter()
+        .filter(|r| r.method == "SendMessage")
+        .count()
+}
+
+#[tokio::test]
+async fn a_skill_handoff_skips_agents_already_in_the_chain() {
+    let gateway = baton().start().await;
+    // Triage also refunds, but it held the work before billing did.
+    let triage = VendorAgent::start("triage", &["triage", "refund"], |_| Reply::Handoff {
+        payload: handoff_payload("triage", json!({"to": "billing"}), json!({})),
+        state: TaskState::Completed,
+    })
+    .await
+    .unwrap();
+    let billing = VendorAgent::start("billing", &["refund"], |_| Reply::Handoff {
+        payload: handoff_payload("billing", json!({"toSkill": "refund"}), json!({})),
+        state: TaskState::Completed,
+    })
+    .await
+    .unwrap();
+    let refunds = VendorAgent::start("refunds", &["refund"], |_| refund())
+        .await
+        .unwrap();
+    for (id, agent) in [
+        ("triage", &triage),
+        ("billing", &billing),
+        ("refunds", &refunds),
+    ] {
+        register(&gateway, id, agent, json!({})).await;
+    }
+
+    // Turns taken between the skill's agents land on each in turn: every
+    // transfer must still reach the one outside the chain.
+    for n in 0..4 {
+        let message = user_message(&message_id(&format!("c{n}")), "refund please");
+        let task = send(&gateway, "/agents/triage/a2a", message).await;
+        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    }
+    // So must a direct handoff whose control names an agent of the skill.
+    for n in 0..4 {
+        let mut message = handoff_message(handoff_payload(
+            "triage",
+            json!({"toSkill": "refund"}),
+            json!({}),
+        ));
+        message["metadata"] = json!({"urn:baton:handoff:v1": {"hops": 1, "chain": ["billing"]}});
+        let task = send(&gateway, "/a2a", message).await;
+        assert_eq!(
+            task["status"]["state"], "TASK_STATE_COMPLETED",
+            "{n}: {task}"
+        );
+    }
+    assert_eq!(sends_to(&refunds), 8);
+    assert_eq!(sends_to(&triage), 4, "triage was only the first hop");
+    for agent in [triage, billing, refunds] {
+        agent.stop().await;
+    }
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_skill_whose_agents_all_failed_their_health_check_is_still_tried() {
+    let gateway = baton().start().await;
+    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
+        .await
+        .unwrap();
+    register(&gateway, "billing", &billing, json!({})).await;
+    gateway.gateway.directory().set_healthy("billing", false);
+
+    let message = handoff_message(handoff_payload(
+        "triage",
+        json!({"toSkill": "refund"}),
+        json!({}),
+    ));
+    let task = send(&gateway, "/a2a", message).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(sends_to(&billing), 1);
+    billing.stop().await;
+    gateway.stop().await;
+}

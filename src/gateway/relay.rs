@@ -22,7 +22,9 @@ use std::sync::Arc;
 pub(super) type Refusal = (&'static str, Value);
 
 impl super::Gateway {
-    /// Healthy agents declaring `skill`, other than those in `excluded`.
+    /// Agents declaring `skill`, other than those in `excluded`: the healthy
+    /// ones, or all of them when none is healthy (one may still answer, and
+    /// the failure ladder takes over if it does not).
     pub(super) fn agents_for_skill(
         &self,
         skill: &str,
@@ -32,7 +34,7 @@ impl super::Gateway {
             .directory()
             .list()
             .into_iter()
-            .filter(|e| e.is_healthy() && !excluded.contains(&e.id))
+            .filter(|e| !excluded.contains(&e.id))
             .collect();
         let views = agent_views(&entries);
         let chosen = agents_with_skill(skill, &views);
@@ -50,6 +52,27 @@ impl super::Gateway {
         }
         let turn = self.next_balance() as usize % candidates.len();
         Some(candidates[turn].clone())
+    }
+
+    /// One of `candidates` that `control` lets `source` hand work to (not in
+    /// the chain, allowing the source), taking turns; when none is, any of
+    /// them, whose refusal then says why.
+    pub(super) fn balanced_allowed(
+        &self,
+        candidates: &[Arc<AgentEntry>],
+        control: &Control,
+        source: Option<&str>,
+    ) -> Option<Arc<AgentEntry>> {
+        let allowed: Vec<Arc<AgentEntry>> = candidates
+            .iter()
+            .filter(|c| policy_refusal(control, &c.id, Some(c), source).is_none())
+            .cloned()
+            .collect();
+        self.balanced(if allowed.is_empty() {
+            candidates
+        } else {
+            &allowed
+        })
     }
 }
 
@@ -129,6 +152,8 @@ impl Driver {
                 return None;
             }
         };
+        let record = self.gateway.ledger.get(&self.task_id).ok().flatten()?;
+        let control = Control::read_from(record.task.metadata.as_ref()).unwrap_or_default();
         let (target, skill) = match &payload.target {
             HandoffTarget::Agent(to) => match self.gateway.agent(to) {
                 Some(target) => (target, None),
@@ -142,7 +167,10 @@ impl Driver {
                 let candidates = self
                     .gateway
                     .agents_for_skill(skill, std::slice::from_ref(&source_id));
-                match self.gateway.balanced(&candidates) {
+                let chosen = self
+                    .gateway
+                    .balanced_allowed(&candidates, &control, Some(&source_id));
+                match chosen {
                     Some(target) => (target, Some(skill.clone())),
                     None => {
                         let detail = json!({"toSkill": skill});
@@ -153,8 +181,6 @@ impl Driver {
                 }
             }
         };
-        let record = self.gateway.ledger.get(&self.task_id).ok().flatten()?;
-        let control = Control::read_from(record.task.metadata.as_ref()).unwrap_or_default();
         if let Some(refusal) = policy_refusal(&control, &target.id, Some(&target), Some(&source_id))
         {
             self.refuse_handoff(refusal).await;

@@ -274,12 +274,19 @@ impl Gateway {
                 }
             }
             HandoffTarget::Skill(skill) => {
-                let mut candidates = self.agents_for_skill(skill, &[]);
+                // Not back to its sender, as a transfer is not.
+                let sender = std::slice::from_ref(&payload.from);
+                let mut candidates = self.agents_for_skill(skill, sender);
                 if ctx.pinned {
                     candidates.retain(|e| e.id == addressed);
                 }
-                // Balanced across the healthy agents declaring the skill.
-                match self.balanced(&candidates) {
+                // Balanced across the healthy agents declaring the skill
+                // that the control the caller sent lets its sender reach.
+                let mut control = Control::read_from(message.metadata.as_ref()).unwrap_or_default();
+                if control.max_hops == 0 {
+                    control.max_hops = self.settings.max_hops;
+                }
+                match self.balanced_allowed(&candidates, &control, Some(&payload.from)) {
                     Some(target) => Ok((target.id.clone(), accepted(Some(skill.clone())))),
                     None => {
                         let refusal = (

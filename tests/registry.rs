@@ -7,7 +7,6 @@ mod common;
 use common::*;
 use serde_json::{Value, json};
 
-/// Calls a registry method, returning the reply.
 #[tokio::test]
 async fn register_inline_publish_and_route_through_the_gateway() {
     let upstream = baton().start().await;
@@ -207,6 +206,67 @@ async fn invalid_cards_are_rejected_with_every_failing_field() {
         json!([])
     );
     gateway.stop().await;
+}
+
+#[tokio::test]
+async fn agents_are_called_and_checked_on_their_jsonrpc_interface_of_version_1() {
+    let upstream = baton().start().await;
+    let gateway = baton().start().await;
+    let card = upstream.published_card("echo").await;
+    let interface = card["supportedInterfaces"][0].clone();
+    let with_interfaces = |interfaces: Value| {
+        let mut card = card.clone();
+        card["supportedInterfaces"] = interfaces;
+        card
+    };
+    // Only A2A 0.3 over JSON-RPC: Baton could not speak to it.
+    let old_only = with_interfaces(json!([
+        {"url": upstream.url("/agents/echo/a2a"), "protocolBinding": "JSONRPC", "protocolVersion": "0.3"}
+    ]));
+    let reply = gateway
+        .registry("RegisterAgent", json!({"id": "old-echo", "card": old_only}))
+        .await;
+    assert_eq!(reply.code(), Some(-32602), "{}", reply.body);
+    assert!(reply.body.to_string().contains("/card/supportedInterfaces"));
+
+    // Another binding and an older version come first; the 1.0 JSON-RPC
+    // interface is the one called and checked.
+    let listed_first = with_interfaces(json!([
+        {"url": "grpc.example.com:443", "protocolBinding": "GRPC", "protocolVersion": "1.0"},
+        {"url": upstream.url("/agents/nowhere/a2a"), "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
+        interface,
+    ]));
+    let reply = gateway
+        .registry(
+            "RegisterAgent",
+            json!({"id": "far-echo", "card": listed_first}),
+        )
+        .await;
+    assert!(reply.code().is_none(), "{}", reply.body);
+    let params = json!({"message": user_message(&message_id("m"), "hi")});
+    let sent = gateway
+        .call_at("/agents/far-echo/a2a", "SendMessage", params)
+        .await;
+    assert_eq!(
+        sent.result()["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED",
+        "{}",
+        sent.body
+    );
+    tokio::time::timeout(WAIT, gateway.registry.check_health())
+        .await
+        .expect("health check in time");
+    let got = gateway
+        .registry("GetAgent", json!({"id": "far-echo"}))
+        .await;
+    assert_eq!(
+        got.result()["agent"]["health"]["status"],
+        "healthy",
+        "{}",
+        got.body
+    );
+    gateway.stop().await;
+    upstream.stop().await;
 }
 
 #[tokio::test]

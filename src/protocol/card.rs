@@ -66,6 +66,24 @@ pub struct AgentCard {
     pub icon_url: Option<String>,
 }
 
+/// The protocol binding Baton speaks, to callers and to agents.
+pub const JSONRPC_BINDING: &str = "JSONRPC";
+
+impl AgentCard {
+    /// The interface Baton calls the agent on: the first JSON-RPC one of
+    /// protocol version 1 (Baton speaks A2A 1.0 to agents; spec §8.3.2:
+    /// the first supported transport). A version left out counts as 1.
+    pub fn jsonrpc_interface(&self) -> Option<&AgentInterface> {
+        self.supported_interfaces.iter().find(|interface| {
+            let version = interface.protocol_version.trim();
+            interface
+                .protocol_binding
+                .eq_ignore_ascii_case(JSONRPC_BINDING)
+                && (version.is_empty() || version == "1" || version.starts_with("1."))
+        })
+    }
+}
+
 /// `AgentInterface`: one URL and the protocol binding spoken there.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

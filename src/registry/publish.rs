@@ -4,8 +4,8 @@
 
 use crate::protocol::{
     AgentCapabilities, AgentCard, AgentExtension, AgentInterface, AgentProvider, AgentSkill,
-    HANDOFF_EXTENSION, HttpAuthSecurityScheme, PROTOCOL_VERSION, SecurityRequirement,
-    SecurityScheme, StringList,
+    HANDOFF_EXTENSION, HttpAuthSecurityScheme, JSONRPC_BINDING, PROTOCOL_VERSION,
+    SecurityRequirement, SecurityScheme, StringList,
 };
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -94,7 +94,7 @@ pub fn handoff_extension() -> AgentExtension {
 fn jsonrpc_interface(url: String) -> AgentInterface {
     AgentInterface {
         url,
-        protocol_binding: "JSONRPC".into(),
+        protocol_binding: JSONRPC_BINDING.into(),
         tenant: String::new(),
         protocol_version: PROTOCOL_VERSION.into(),
     }

@@ -705,7 +705,8 @@ impl Registry {
     /// Re-fetches one agent's card and records its health.
     async fn check_one(&self, record: AgentRecord) {
         let location = record.card_url.clone().or_else(|| {
-            let interface = record.card.supported_interfaces.first()?;
+            // Where Baton calls it, not whatever interface comes first.
+            let interface = record.card.jsonrpc_interface()?;
             let url = reqwest::Url::parse(&interface.url).ok()?;
             Some(url.origin().ascii_serialization())
         });
@@ -827,16 +828,13 @@ fn matches_search(card: &AgentCard, id: &str, params: &SearchParams) -> bool {
     true
 }
 
-/// `card`, if Baton can reach its agent: over JSON-RPC.
+/// `card`, if Baton can reach its agent: over JSON-RPC, protocol version 1.
 fn require_jsonrpc(card: AgentCard) -> Result<AgentCard, GatewayError> {
-    if !card
-        .supported_interfaces
-        .iter()
-        .any(|i| i.protocol_binding == "JSONRPC")
-    {
+    if card.jsonrpc_interface().is_none() {
         return Err(GatewayError::invalid_field(
             "/card/supportedInterfaces",
-            "Baton reaches agents over JSON-RPC: declare a JSONRPC interface",
+            "Baton reaches agents over JSON-RPC, protocol version 1.x: declare a JSONRPC \
+             interface with protocolVersion 1.0",
         ));
     }
     Ok(card)

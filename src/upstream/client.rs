@@ -32,8 +32,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const VERSION_HEADER: &str = "A2A-Version";
 /// [`VERSION_HEADER`] as a header name made at compile time.
 pub const VERSION_HEADER_NAME: HeaderName = HeaderName::from_static("a2a-version");
-/// The protocol binding a card must declare for this client.
-pub const JSONRPC_BINDING: &str = "JSONRPC";
 const APPLICATION_JSON: &str = "application/json";
 const EVENT_STREAM: &str = "text/event-stream";
 /// Bytes first reserved for a call's body: a relayed short text message
@@ -99,16 +97,15 @@ impl UpstreamClient {
         })
     }
 
-    /// A client for the card's first `JSONRPC` interface (its URL and tenant).
+    /// A client for the card's [`AgentCard::jsonrpc_interface`] (its URL
+    /// and tenant).
     pub fn for_card(
         card: &AgentCard,
         policy: &OutboundPolicy,
         settings: UpstreamSettings,
     ) -> Result<Self, UpstreamConfigError> {
         let interface = card
-            .supported_interfaces
-            .iter()
-            .find(|i| i.protocol_binding.eq_ignore_ascii_case(JSONRPC_BINDING))
+            .jsonrpc_interface()
             .ok_or_else(|| UpstreamConfigError::NoJsonRpcInterface(card.name.clone()))?;
         Self::new(&interface.url, interface.tenant.clone(), policy, settings)
     }

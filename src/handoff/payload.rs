@@ -370,12 +370,25 @@ impl PayloadValidator {
         if violations.is_empty() {
             // The schema is stricter than the serde types, so this only fails
             // if the two disagree (or a count overflows); report, not panic.
-            return serde_path_to_error::deserialize(data).map_err(|err| {
-                vec![Violation::new(
-                    serde_pointer(err.path()),
-                    err.inner().to_string(),
-                )]
-            });
+            let payload: HandoffPayload =
+                serde_path_to_error::deserialize(data).map_err(|err| {
+                    vec![Violation::new(
+                        serde_pointer(err.path()),
+                        err.inner().to_string(),
+                    )]
+                })?;
+            // A result is checked against it only once the target's work is
+            // done: a schema that cannot check anything is refused now.
+            if let Some(schema) = &payload.return_schema {
+                let schema = Value::Object(schema.clone());
+                if let Err(err) = jsonschema::draft202012::options().build(&schema) {
+                    return Err(vec![Violation::new(
+                        "/returnSchema",
+                        format!("is not a valid JSON Schema 2020-12: {err}"),
+                    )]);
+                }
+            }
+            return Ok(payload);
         }
         violations.sort();
         violations.dedup();
@@ -557,6 +570,27 @@ mod tests {
         assert!(payload.decisions.is_empty() && payload.task_progress.is_none());
         // Serialising writes back what was given.
         assert_eq!(serde_json::to_value(&payload).unwrap(), minimal());
+    }
+
+    #[test]
+    fn a_return_schema_that_is_no_json_schema_is_refused_up_front() {
+        for schema in [
+            json!({"type": 12}),
+            json!({"type": "object", "properties": {"amount": {"minimum": "zero"}}}),
+        ] {
+            let mut payload = minimal();
+            payload["returnSchema"] = schema.clone();
+            let violations = PayloadValidator::shared().validate(&payload).unwrap_err();
+            assert_eq!(violations.len(), 1, "{schema}: {violations:?}");
+            assert_eq!(violations[0].pointer, "/returnSchema", "{schema}");
+            assert!(
+                violations[0].message.contains("JSON Schema"),
+                "{violations:?}"
+            );
+        }
+        let mut payload = minimal();
+        payload["returnSchema"] = json!({"type": "object", "required": ["refundId"]});
+        assert!(PayloadValidator::shared().validate(&payload).is_ok());
     }
 
     #[test]

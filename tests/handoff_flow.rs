@@ -847,6 +847,68 @@ async fn a_canceled_task_still_cancels_what_its_abandoned_attempt_created() {
     gateway.stop().await;
 }
 
+/// Hands off to `slow`, an agent that creates its task at once but answers
+/// only after 900 ms, and returns the gateway task's id at once.
+async fn hand_off_to_a_slow_agent(gateway: &TestBaton, metadata: Value) -> (VendorAgent, String) {
+    let slow = VendorAgent::start("slow", &["refund"], |_| {
+        Reply::Late(Duration::from_millis(900), Box::new(Reply::Working))
+    })
+    .await
+    .unwrap();
+    register(gateway, "slow", &slow, json!({})).await;
+    let mut message = handoff_message(handoff_payload("triage", json!({"to": "slow"}), json!({})));
+    message["metadata"] = metadata;
+    let reply = gateway
+        .call(
+            "SendMessage",
+            json!({"message": message, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
+    (slow, id)
+}
+
+/// Asserts that `slow` was sent CancelTask for the one task it created.
+async fn assert_its_task_was_canceled(slow: &VendorAgent) {
+    let canceled = canceled_tasks(slow, 1).await;
+    assert_eq!(canceled.len(), 1, "{canceled:?}");
+    assert_eq!(
+        slow.task(&canceled[0]).unwrap().status.state,
+        TaskState::Canceled
+    );
+}
+
+#[tokio::test]
+async fn a_cancel_before_the_target_answers_still_reaches_its_task() {
+    let gateway = baton().start().await;
+    let (slow, id) = hand_off_to_a_slow_agent(&gateway, Value::Null).await;
+    let canceled = gateway.call("CancelTask", json!({"id": id})).await;
+    assert_eq!(
+        canceled.result()["status"]["state"],
+        "TASK_STATE_CANCELED",
+        "{}",
+        canceled.body
+    );
+    // The call went on until the agent named its task, which was canceled.
+    assert_its_task_was_canceled(&slow).await;
+    slow.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_deadline_passed_before_the_target_answers_still_reaches_its_task() {
+    let gateway = baton().start().await;
+    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(300);
+    let control = json!({"urn:baton:handoff:v1": {"deadline": deadline.to_rfc3339()}});
+    let (slow, id) = hand_off_to_a_slow_agent(&gateway, control).await;
+    assert_its_task_was_canceled(&slow).await;
+    let task = get_task(&gateway, &id).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(&task), "DEADLINE_EXCEEDED");
+    slow.stop().await;
+    gateway.stop().await;
+}
+
 #[tokio::test]
 async fn a_return_leg_past_its_ack_timeout_leaves_the_source_task_alone() {
     let gateway = baton().tune(quick_ladder).start().await;

@@ -383,16 +383,28 @@ impl Driver {
                 biased;
                 event = receiver.recv() => event,
                 // As a child token would be: the agent's work ends with the
-                // task, before the agent is polled again.
+                // task, before the agent is polled again. Before it answered,
+                // the call goes on instead, to learn the task it may create
+                // and cancel it (the cancel found no upstream task to reach).
                 () = self.task_cancel.cancelled(), if execution.detached && !execution.cancel.is_cancelled() => {
-                    execution.cancel.cancel();
-                    continue;
+                    if acked {
+                        execution.cancel.cancel();
+                        continue;
+                    }
+                    self.sweep_abandoned(agent.clone(), execution, receiver);
+                    return TurnEnd::Settled;
                 }
                 // The agent runs here; its end closes the channel, which
                 // ends this loop once its last events are in.
                 () = execution.progress(), if execution.running() => continue,
                 _ = &mut expiry => {
-                    execution.abort();
+                    // As at a cancel: a task the agent has not named yet is
+                    // learned and canceled.
+                    if execution.detached && !acked {
+                        self.sweep_abandoned(agent.clone(), execution, receiver);
+                    } else {
+                        execution.abort();
+                    }
                     if self.created {
                         self.expire(agent).await;
                     } else {
@@ -607,9 +619,10 @@ impl Driver {
         }
     }
 
-    /// Hands an attempt the ladder gave up on to a sweeper of its own. The
-    /// agent may still answer it with a task it created; that task is sent
-    /// CancelTask unless the delivery takes it up (DESIGN.md §3.3).
+    /// Hands an attempt the ladder gave up on, or one a cancel or the
+    /// deadline ended before the agent answered, to a sweeper of its own.
+    /// The agent may still answer it with a task it created; that task is
+    /// sent CancelTask unless the delivery takes it up (DESIGN.md §3.3).
     fn sweep_abandoned(
         &mut self,
         agent: Arc<AgentEntry>,

@@ -896,6 +896,34 @@ async fn a_cancel_before_the_target_answers_still_reaches_its_task() {
 }
 
 #[tokio::test]
+async fn a_message_to_a_handoff_no_agent_took_up_yet_is_refused() {
+    let gateway = baton().start().await;
+    let (slow, id) = hand_off_to_a_slow_agent(&gateway, Value::Null).await;
+    let mut more = user_message(&message_id("more"), "one more thing");
+    more["taskId"] = json!(id);
+    let refused = gateway.call("SendMessage", json!({"message": more})).await;
+    assert_eq!(refused.code(), Some(-32004), "{}", refused.body);
+    // The attempt goes on alone, and the target's answer is the task's.
+    for _ in 0..100 {
+        if get_task(&gateway, &id).await["status"]["state"] == "TASK_STATE_WORKING" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        get_task(&gateway, &id).await["status"]["state"],
+        "TASK_STATE_WORKING"
+    );
+    assert_eq!(sends_to(&slow), 1, "the message never reached the agent");
+    // Taken up, the task takes more.
+    let params = json!({"message": more, "configuration": {"returnImmediately": true}});
+    let accepted = gateway.call("SendMessage", params).await;
+    assert!(accepted.code().is_none(), "{}", accepted.body);
+    slow.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn a_deadline_passed_before_the_target_answers_still_reaches_its_task() {
     let gateway = baton().start().await;
     let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(300);

@@ -621,6 +621,16 @@ impl Gateway {
                     state.proto_name()
                 )));
             }
+            // A handoff's ladder is still looking for an agent to take it:
+            // there is no agent task yet that a message could continue.
+            if state == TaskState::Submitted && record.upstream.is_none() {
+                return Err(GatewayError::UnsupportedOperation(format!(
+                    "task {} has not been taken up by an agent yet ({}); send more once it \
+                     is working or asks for input",
+                    record.task.id,
+                    state.proto_name()
+                )));
+            }
             if !message.context_id.is_empty() && message.context_id != record.task.context_id {
                 return Err(GatewayError::invalid_field(
                     "message.contextId",

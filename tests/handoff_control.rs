@@ -316,6 +316,10 @@ async fn routing_rules_choose_the_agent_of_calls_that_name_none() {
             [[route]]
             when = { text = "(?i)refund" }
             to = { agent = "scenario" }
+
+            [[route]]
+            when = { tenant = "acme" }
+            to = { agent = "scenario" }
             "#,
         )
         .start()
@@ -343,6 +347,33 @@ async fn routing_rules_choose_the_agent_of_calls_that_name_none() {
         )
         .await;
     assert_eq!(pinned.result()["task"]["artifacts"][0]["name"], "echo");
+    // A tenant that names no agent is a label the rules may match; the
+    // label also reaches the task on the gateway's endpoint.
+    let labeled = gateway
+        .call(
+            "SendMessage",
+            json!({"tenant": "acme", "message": user_message(&message_id("tck-message-response"), "hello")}),
+        )
+        .await;
+    assert_eq!(
+        labeled.result()["message"]["parts"][0]["text"],
+        "Direct message response",
+        "{}",
+        labeled.body
+    );
+    let task_id = default.result()["task"]["id"].clone();
+    let read = gateway
+        .call("GetTask", json!({"tenant": "acme", "id": task_id}))
+        .await;
+    assert_eq!(read.result()["id"], task_id, "{}", read.body);
+    // A label no rule matches is still refused.
+    let unknown = gateway
+        .call(
+            "SendMessage",
+            json!({"tenant": "acne", "message": user_message(&message_id("m"), "hello")}),
+        )
+        .await;
+    assert_eq!(unknown.code(), Some(-32602), "{}", unknown.body);
     gateway.stop().await;
 }
 

@@ -115,6 +115,9 @@ pub struct CallContext {
     /// The extension URIs the caller activated (`A2A-Extensions`), checked
     /// against the card of the agent a send reaches.
     pub extensions: Vec<String>,
+    /// A `params.tenant` naming no agent that a routing rule matches
+    /// (DESIGN.md §5): the call is the gateway's, and its rules see it.
+    pub tenant_label: Option<String>,
 }
 
 /// Gateway-wide settings the methods need.
@@ -622,6 +625,11 @@ impl Gateway {
         entry.0.clone()
     }
 
+    /// Whether a routing rule matches `params.tenant` = `label`.
+    pub fn routes_tenant(&self, label: &str) -> bool {
+        self.settings.routing.names_tenant(label)
+    }
+
     /// Whether a driver is working on the task now.
     pub(crate) fn is_running(&self, task_id: &str) -> bool {
         self.running
@@ -793,6 +801,7 @@ mod tests {
             incoming: Default::default(),
             pinned: true,
             extensions: Vec::new(),
+            tenant_label: None,
         }
     }
 

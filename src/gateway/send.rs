@@ -218,7 +218,7 @@ impl Gateway {
         let Some(data) = find_payload(message) else {
             // Routed (§3.3): the rules choose when the caller named no agent.
             let routed = (!ctx.pinned)
-                .then(|| self.route(message, metadata))
+                .then(|| self.route(ctx, message, metadata))
                 .flatten();
             let kind = if routed.is_some() {
                 HopKind::Routed
@@ -303,13 +303,14 @@ impl Gateway {
     /// The agent the routing rules choose for a message, if any rule matches.
     fn route(
         &self,
+        ctx: &CallContext,
         message: &Message,
         metadata: Option<&crate::protocol::wire::Struct>,
     ) -> Option<String> {
         let entries = self.directory().list();
         let views = agent_views(&entries);
         let input = RouteInput {
-            tenant: None,
+            tenant: ctx.tenant_label.as_deref(),
             message,
             metadata,
         };

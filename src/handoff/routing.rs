@@ -68,20 +68,13 @@
 //! starts with `route[i]`, where `i` is the 0-based index of the `[[route]]`
 //! table.
 //!
-//! # Wiring (not done yet)
-//! 1. `config.rs`: give `FileConfig` a `#[serde(default)] route: Vec<RouteRule>`
-//!    field. In `Config::load`, call `RoutingRules::compile(&file.route)`: keep
-//!    the rules, or `errors.extend(..)` the errors. Give `Config` a
-//!    `routing: RoutingRules` field (it is `Clone + Debug`).
-//! 2. Put the rules and an `AtomicU64` counter in the server state.
-//! 3. For `SendMessage`/`SendStreamingMessage` on `/a2a`: first, a tenant that
-//!    names an agent; then, a handoff payload (direct). Otherwise build
-//!    `AgentView { id: &e.id, card: &e.card.card, healthy }` for each entry of
-//!    `Directory::list()`. Count `HealthStatus::Unknown` as healthy, because
-//!    built-in and new agents are unchecked. Then call
-//!    `decide(&RouteInput { tenant, message, metadata }, &views,
-//!    counter.fetch_add(1, Relaxed))`, or use the default agent when that gives
-//!    `None`. Keep `Routed::skill` with the task for the failure ladder.
+//! # Where it runs
+//! `Config::load` compiles the tables, reporting every error at once. The
+//! gateway asks the rules for each send on `/a2a` that names no agent and
+//! carries no payload (`route` in `gateway/send.rs`); a `params.tenant`
+//! that names no agent reaches them as [`RouteInput::tenant`] when some
+//! rule matches it ([`RoutingRules::names_tenant`]), and is refused
+//! otherwise. `None` leaves the call to the default agent.
 
 use crate::protocol::wire::Struct;
 use crate::protocol::{AgentCard, AgentSkill, Message, Part};
@@ -213,6 +206,14 @@ impl RoutingRules {
         } else {
             Err(errors)
         }
+    }
+
+    /// Whether some rule matches `params.tenant` = `label` (a tenant that
+    /// names no agent is refused unless one does).
+    pub fn names_tenant(&self, label: &str) -> bool {
+        self.rules
+            .iter()
+            .any(|rule| rule.tenant.as_deref() == Some(label))
     }
 
     /// How many rules there are.

@@ -348,6 +348,7 @@ async fn task_trace(
         incoming: Default::default(),
         pinned: false,
         extensions: Vec::new(),
+        tenant_label: None,
     };
     match state.gateway.trace(&ctx, &id) {
         Ok(report) => axum::Json(report).into_response(),
@@ -597,10 +598,19 @@ async fn serve_rpc(
 
     // The card of the endpoint addressed: an agent's, or the gateway's own.
     let tenant = peek_tenant(request.params);
-    let pinned = path_agent.is_some() || !tenant.is_empty();
+    let path_pinned = path_agent.is_some();
+    let mut pinned = path_pinned || !tenant.is_empty();
+    let mut tenant_label = None;
     let (agent_id, published) = match path_agent.or((!tenant.is_empty()).then_some(tenant)) {
         Some(id) => match state.gateway.agent(&id) {
             Some(published) => (id, Some(published)),
+            // Not an agent, but a label the routing rules match: the call
+            // is the gateway's, as one without a tenant.
+            None if pinned && !path_pinned && state.gateway.routes_tenant(&id) => {
+                pinned = false;
+                tenant_label = Some(id);
+                (state.settings.default_agent.clone(), None)
+            }
             None => {
                 let error =
                     GatewayError::invalid_field("tenant", format!("no agent {id:?} is registered"));
@@ -657,6 +667,7 @@ async fn serve_rpc(
         incoming: crate::handoff::control::Incoming::read(&headers, None),
         pinned,
         extensions: requested_extensions(&headers).map(str::to_string).collect(),
+        tenant_label,
     };
     // dispatch boxes the method's future, sized for that method alone, and
     // answers the methods that need no waiting at once: both in the span.

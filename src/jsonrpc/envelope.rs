@@ -75,20 +75,22 @@ pub fn parse_request(body: &[u8]) -> Result<RpcRequest<'_>, EnvelopeError<'_>> {
     let envelope = match parsed {
         Ok(envelope) => envelope,
         Err(err) => {
-            // Valid JSON of the wrong shape is an invalid request, not a parse error.
-            return if serde_json::from_slice::<IgnoredAny>(body).is_err() {
-                fail(None, GatewayError::Parse(strip_position(&err.to_string())))
+            // Valid JSON of the wrong shape is an invalid request, not a parse
+            // error. Skipping values does not check the UTF-8 of strings,
+            // which JSON requires (RFC 8259 §8.1).
+            let json = std::str::from_utf8(body).is_ok()
+                && serde_json::from_slice::<IgnoredAny>(body).is_ok();
+            let why = if !json {
+                return fail(None, GatewayError::Parse(strip_position(&err.to_string())));
             } else if first == Some(b'[') {
-                fail(
-                    None,
-                    GatewayError::InvalidRequest("batch requests are not supported".into()),
-                )
+                "batch requests are not supported".to_string()
+            } else if first == Some(b'{') {
+                // An object all the same: serde says what is wrong with it.
+                strip_position(&err.to_string())
             } else {
-                fail(
-                    None,
-                    GatewayError::InvalidRequest("the request must be a JSON object".into()),
-                )
+                "the request must be a JSON object".to_string()
             };
+            return fail(None, GatewayError::InvalidRequest(why));
         }
     };
 
@@ -234,6 +236,20 @@ mod tests {
         );
         assert!(positional.id.is_none());
         assert_eq!(code("[not json"), -32700);
+        // Invalid UTF-8 in a string is no JSON, wherever it is.
+        let mut latin1 = br#"{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":""#.to_vec();
+        latin1.extend_from_slice(b"\xff\"}}");
+        assert_eq!(parse_request(&latin1).unwrap_err().error.code(), -32700);
+        // An object of the wrong shape says what is wrong, not that it is
+        // no object.
+        let repeated =
+            parse_request(br#"{"jsonrpc":"2.0","id":1,"id":2,"method":"GetTask"}"#).unwrap_err();
+        assert_eq!(repeated.error.code(), -32600);
+        assert!(
+            repeated.error.to_string().contains("duplicate field"),
+            "{}",
+            repeated.error
+        );
         assert_eq!(
             code("{\"jsonrpc\":\"1.0\",\"id\":1,\"method\":\"GetTask\"}"),
             -32600

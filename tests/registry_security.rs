@@ -709,7 +709,9 @@ async fn a_card_registered_by_url_keeps_being_followed_as_it_changes() {
             async move { axum::Json(card) }
         }),
     );
-    let card_url = format!("{}/card.json", serve_on_loopback(app).await);
+    // A signed URL: its query is followed, and shown to no caller.
+    let shown_url = format!("{}/card.json", serve_on_loopback(app).await);
+    let card_url = format!("{shown_url}?sig=S3cret#top");
     let registered = registry_as(
         &gateway,
         ACME,
@@ -717,7 +719,13 @@ async fn a_card_registered_by_url_keeps_being_followed_as_it_changes() {
         json!({"id": "followed", "cardUrl": card_url}),
     )
     .await;
-    assert_eq!(registered.result()["agent"]["cardUrl"], card_url.as_str());
+    assert_eq!(registered.result()["agent"]["cardUrl"], shown_url.as_str());
+    let searched = registry_as(&gateway, GLOBEX, "SearchAgents", json!({})).await;
+    assert!(
+        !searched.body.to_string().contains("S3cret"),
+        "{}",
+        searched.body
+    );
 
     for description in ["first change", "second change"] {
         served.lock().unwrap()["description"] = json!(description);
@@ -727,7 +735,7 @@ async fn a_card_registered_by_url_keeps_being_followed_as_it_changes() {
         let got = registry_as(&gateway, ACME, "GetAgent", json!({"id": "followed"})).await;
         let agent = &got.result()["agent"];
         assert_eq!(agent["card"]["description"], description, "{agent}");
-        assert_eq!(agent["cardUrl"], card_url.as_str(), "{agent}");
+        assert_eq!(agent["cardUrl"], shown_url.as_str(), "{agent}");
     }
 }
 

@@ -49,7 +49,8 @@ pub fn shown<T: Serialize>(value: T) -> Result<serde_json::Value, GatewayError> 
 /// Removes the `user:password@` of every URL in `value`'s strings: a card
 /// URL or an agent interface may carry credentials, which Baton sends to
 /// the agent (as Basic auth) but shows no caller, its owner included. A
-/// health error quoting such a URL is cleaned the same way.
+/// health error quoting such a URL is cleaned the same way. A `cardUrl`
+/// also loses its query and fragment, where a signed URL keeps its secret.
 pub fn hide_credentials(value: &mut serde_json::Value) {
     match value {
         serde_json::Value::String(text) => {
@@ -58,7 +59,14 @@ pub fn hide_credentials(value: &mut serde_json::Value) {
             }
         }
         serde_json::Value::Array(items) => items.iter_mut().for_each(hide_credentials),
-        serde_json::Value::Object(object) => object.values_mut().for_each(hide_credentials),
+        serde_json::Value::Object(object) => {
+            if let Some(serde_json::Value::String(card_url)) = object.get_mut("cardUrl")
+                && let Some(end) = card_url.find(['?', '#'])
+            {
+                card_url.truncate(end);
+            }
+            object.values_mut().for_each(hide_credentials);
+        }
         _ => {}
     }
 }

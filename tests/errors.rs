@@ -395,6 +395,8 @@ async fn agent_failing_before_any_task_is_32603() {
 struct FlakyAgent {
     card: baton::protocol::AgentCard,
     calls: std::sync::atomic::AtomicUsize,
+    /// How long its first call takes to fail.
+    fails_after: std::time::Duration,
 }
 
 #[async_trait::async_trait]
@@ -409,6 +411,7 @@ impl baton::agents::Agent for FlakyAgent {
         events: baton::agents::AgentEvents,
     ) -> Result<(), baton::agents::AgentError> {
         if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            tokio::time::sleep(self.fails_after).await;
             return Err(baton::agents::AgentError::Failed("transient".into()));
         }
         events
@@ -417,6 +420,12 @@ impl baton::agents::Agent for FlakyAgent {
         Ok(())
     }
 }
+
+const RETRY_HEADERS: [(&str, &str); 3] = [
+    ("content-type", "application/json"),
+    ("a2a-version", "1.0"),
+    ("idempotency-key", "retry-1"),
+];
 
 /// -32603 is retryable, and a send that failed before any task existed
 /// created nothing: repeating it with the same Idempotency-Key must reach the
@@ -427,13 +436,10 @@ async fn a_send_failed_with_32603_can_be_retried_with_its_idempotency_key() {
     let flaky = FlakyAgent {
         card: card("flaky"),
         calls: std::sync::atomic::AtomicUsize::new(0),
+        fails_after: std::time::Duration::ZERO,
     };
     let baton = baton().agent("flaky", flaky).start().await;
-    let headers = [
-        ("content-type", "application/json"),
-        ("a2a-version", "1.0"),
-        ("idempotency-key", "retry-1"),
-    ];
+    let headers = RETRY_HEADERS;
     let params = text_params("hi");
     let body = rpc(json!(1), "SendMessage", params.clone());
     let wire = post(&baton, "/agents/flaky/a2a", body, &headers).await;
@@ -450,6 +456,39 @@ async fn a_send_failed_with_32603_can_be_retried_with_its_idempotency_key() {
     );
     assert!(elapsed < std::time::Duration::from_secs(2), "{elapsed:?}");
     baton.stop().await;
+}
+
+/// A repeat that arrives while the first send is still running, and that
+/// send then fails before any task existed, runs again in its place.
+#[tokio::test]
+async fn a_repeat_waiting_on_a_send_that_fails_runs_again() {
+    let flaky = FlakyAgent {
+        card: card("flaky"),
+        calls: std::sync::atomic::AtomicUsize::new(0),
+        fails_after: std::time::Duration::from_millis(300),
+    };
+    let baton = std::sync::Arc::new(baton().agent("flaky", flaky).start().await);
+    let params = text_params("hi");
+    let first = {
+        let (baton, params) = (baton.clone(), params.clone());
+        tokio::spawn(async move {
+            let body = rpc(json!(1), "SendMessage", params);
+            post(&baton, "/agents/flaky/a2a", body, &RETRY_HEADERS).await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let body = rpc(json!(2), "SendMessage", params);
+    let repeat = post(&baton, "/agents/flaky/a2a", body, &RETRY_HEADERS).await;
+    let elapsed = started.elapsed();
+    must(check_error(&first.await.unwrap(), 200, -32603));
+    assert_eq!(
+        repeat.result()["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED",
+        "after {elapsed:?}"
+    );
+    assert!(elapsed < std::time::Duration::from_secs(3), "{elapsed:?}");
+    std::sync::Arc::into_inner(baton).unwrap().stop().await;
 }
 
 #[tokio::test]

@@ -410,7 +410,9 @@ impl Gateway {
         Ok(Begun::Settled(record))
     }
 
-    /// Checks a repeat against the first send with its key.
+    /// Checks a repeat against the first send with its key; `None` if that
+    /// send failed before any task existed and let go of the key, which a
+    /// repeat may then claim.
     async fn replay<W>(
         &self,
         ctx: &CallContext,
@@ -418,7 +420,7 @@ impl Gateway {
         claim: &IdempotencyRecord,
         earlier: IdempotencyRecord,
         resolved_fingerprint: impl FnOnce() -> String,
-    ) -> Result<Begun<W>, GatewayError> {
+    ) -> Result<Option<Begun<W>>, GatewayError> {
         // Builds before this one took the fingerprint of the agent the send
         // was resolved to; a claim they stored still matches by that.
         if earlier.fingerprint != claim.fingerprint && earlier.fingerprint != resolved_fingerprint()
@@ -429,7 +431,7 @@ impl Gateway {
             ));
         }
         let earlier = self.await_idempotent_result(ctx, earlier).await?;
-        Ok(Begun::Replay(earlier))
+        Ok(earlier.map(Begun::Replay))
     }
 
     /// Waits until the task is terminal or interrupted, its driver (if
@@ -597,10 +599,11 @@ impl Gateway {
         };
         if let Some(key) = &ctx.idempotency_key
             && let Some(earlier) = self.ledger.claim_idempotency_peek(&ctx.principal, key)?
-        {
-            return self
+            && let Some(replayed) = self
                 .replay(ctx, key, &claim, earlier, resolved_fingerprint)
-                .await;
+                .await?
+        {
+            return Ok(replayed);
         }
         // While the log cannot make writes durable, a send would run its
         // agent for a task the ledger cannot keep; while sled fails, the
@@ -659,16 +662,21 @@ impl Gateway {
             None => {}
         }
 
-        if let Some(key) = &ctx.idempotency_key
-            && let Some(earlier) = self
+        if let Some(key) = &ctx.idempotency_key {
+            // Another send with this key may have claimed it since the peek
+            // above; if it lets go of it, this one claims it in turn.
+            while let Some(earlier) = self
                 .ledger
                 .claim_idempotency(&ctx.principal, key, &claim)
                 .await?
-        {
-            // Another send with this key claimed it since the peek above.
-            return self
-                .replay(ctx, key, &claim, earlier, resolved_fingerprint)
-                .await;
+            {
+                if let Some(replayed) = self
+                    .replay(ctx, key, &claim, earlier, resolved_fingerprint)
+                    .await?
+                {
+                    return Ok(replayed);
+                }
+            }
         }
 
         if continued.is_none() && message.context_id.is_empty() {
@@ -1004,21 +1012,23 @@ impl Gateway {
     }
 
     /// A repeated send may arrive while the first is still deciding between
-    /// a task and a message; wait briefly for the outcome.
+    /// a task and a message; wait briefly for the outcome. `None` if the
+    /// first failed before any task existed and let go of the key.
     async fn await_idempotent_result(
         &self,
         ctx: &CallContext,
         mut earlier: IdempotencyRecord,
-    ) -> Result<IdempotencyRecord, GatewayError> {
+    ) -> Result<Option<IdempotencyRecord>, GatewayError> {
         for _ in 0..250 {
             if earlier.message.is_some() || self.owned_task(ctx, &earlier.task_id).is_ok() {
-                return Ok(earlier);
+                return Ok(Some(earlier));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
-            if let Some(key) = &ctx.idempotency_key
-                && let Some(latest) = self.ledger.claim_idempotency_peek(&ctx.principal, key)?
-            {
-                earlier = latest;
+            if let Some(key) = &ctx.idempotency_key {
+                match self.ledger.claim_idempotency_peek(&ctx.principal, key)? {
+                    Some(latest) => earlier = latest,
+                    None => return Ok(None),
+                }
             }
         }
         Err(GatewayError::Internal(

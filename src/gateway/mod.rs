@@ -246,6 +246,22 @@ impl Gateway {
             .ok_or_else(|| GatewayError::TaskNotFound(task_id.to_string()))
     }
 
+    /// A task of the caller's, returned once what it shows is durable: a
+    /// read may see writes noted after any sync the caller waited for.
+    async fn owned_durable_task(
+        &self,
+        ctx: &CallContext,
+        task_id: &str,
+    ) -> Result<Arc<TaskRecord>, GatewayError> {
+        match self.ledger.get_for_reply(task_id)? {
+            Some(task) if task.owner()? == ctx.principal => {
+                self.ledger.until_durable(task.ticket()).await?;
+                Ok(task.into_record()?)
+            }
+            _ => Err(GatewayError::TaskNotFound(task_id.to_string())),
+        }
+    }
+
     /// A task of the caller's, read for a reply once what it shows is
     /// durable.
     async fn owned_reply(
@@ -346,6 +362,8 @@ impl Gateway {
             state: state.proto_name().to_string(),
         };
         if record.task.status.state.is_terminal() {
+            // A terminal state read may not be durable yet.
+            self.ledger.sync().await;
             return Err(not_cancelable(record.task.status.state));
         }
         if let Some(agent) = self.agent(&record.agent) {
@@ -460,10 +478,9 @@ impl Gateway {
         let mut violations = Vec::new();
         check_required(&req.id, "id", &mut violations);
         finish(violations)?;
+        // Watch before reading, so no event falls between the two.
         let watcher = self.ledger.hub().watch(&req.id);
-        // The snapshot must be durable before it is shown.
-        self.ledger.sync().await;
-        let record = self.owned_task(ctx, &req.id)?;
+        let record = self.owned_durable_task(ctx, &req.id).await?;
         if record.task.status.state.is_terminal() {
             return Err(GatewayError::UnsupportedOperation(format!(
                 "task {} is in terminal state {} and cannot be subscribed to",
@@ -1167,6 +1184,49 @@ mod tests {
 
         drop(hold);
         assert_eq!(state_of(&get.await.unwrap()), "TASK_STATE_COMPLETED");
+        writer.await.unwrap().unwrap();
+        ledger.close();
+    }
+
+    /// Refusals that quote a terminal state (CancelTask's -32002, a
+    /// message's -32004) come only once that state is durable.
+    #[tokio::test]
+    async fn refusals_quote_a_terminal_state_only_once_it_is_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        alices_working_task(&ledger).await;
+        let ctx = alice(None);
+
+        let hold = ledger.hold_log();
+        let writer = complete_in_background(&ledger);
+        until_noted(|| {
+            ledger.get("t1").unwrap().unwrap().task.status.state == TaskState::Completed
+        })
+        .await;
+        let cancel = gateway.cancel_task(
+            &ctx,
+            CancelTaskRequest {
+                id: "t1".into(),
+                ..CancelTaskRequest::default()
+            },
+        );
+        tokio::pin!(cancel);
+        assert!(still_waiting(&mut cancel).await, "CancelTask waited");
+        let mut more = hi("m-more");
+        more.task_id = "t1".into();
+        let send = gateway.send_message(
+            &ctx,
+            SendMessageRequest {
+                message: Some(more),
+                ..SendMessageRequest::default()
+            },
+        );
+        tokio::pin!(send);
+        assert!(still_waiting(&mut send).await, "SendMessage waited");
+
+        drop(hold);
+        assert_eq!(cancel.await.unwrap_err().code(), -32002);
+        assert_eq!(send.await.unwrap_err().code(), -32004);
         writer.await.unwrap().unwrap();
         ledger.close();
     }

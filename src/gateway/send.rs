@@ -152,8 +152,7 @@ impl Gateway {
                 }
                 // Watch before reading, so no event falls between the two.
                 let watcher = self.ledger.hub().watch(&earlier.task_id);
-                self.ledger.sync().await;
-                let record = self.owned_task(ctx, &earlier.task_id)?;
+                let record = self.owned_durable_task(ctx, &earlier.task_id).await?;
                 return Ok(SendOutcome::Task(TaskEventStream::from_snapshot(
                     self.clone(),
                     &record,
@@ -619,6 +618,8 @@ impl Gateway {
         if let Some(record) = &continued {
             let state = record.task.status.state;
             if state.is_terminal() {
+                // A terminal state read may not be durable yet.
+                self.ledger.sync().await;
                 return Err(GatewayError::UnsupportedOperation(format!(
                     "task {} is in terminal state {} and accepts no more messages",
                     record.task.id,

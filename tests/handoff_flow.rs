@@ -1327,3 +1327,78 @@ async fn a_skill_whose_agents_all_failed_their_health_check_is_still_tried() {
     billing.stop().await;
     gateway.stop().await;
 }
+
+/// Triage hands its task to billing for the result, waiting on its own
+/// task; billing works on and on. Returns both and the gateway task's id.
+async fn handed_on_for_its_result(
+    gateway: &TestBaton,
+    metadata: Value,
+) -> (VendorAgent, VendorAgent, String) {
+    let triage = VendorAgent::start("triage", &["triage"], |_| Reply::Handoff {
+        payload: handoff_payload(
+            "triage",
+            json!({"toSkill": "refund"}),
+            json!({"returnToParent": true}),
+        ),
+        state: TaskState::InputRequired,
+    })
+    .await
+    .unwrap();
+    let billing = VendorAgent::start("billing", &["refund"], |_| Reply::Working)
+        .await
+        .unwrap();
+    register(gateway, "triage", &triage, json!({})).await;
+    register(gateway, "billing", &billing, json!({})).await;
+    let mut message = user_message(&message_id("r"), "refund please");
+    message["metadata"] = metadata;
+    let reply = gateway
+        .call_at(
+            "/agents/triage/a2a",
+            "SendMessage",
+            json!({"message": message, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
+    for _ in 0..100 {
+        if sends_to(&billing) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(sends_to(&billing), 1, "billing holds the task");
+    (triage, billing, id)
+}
+
+#[tokio::test]
+async fn a_cancel_ends_the_task_its_source_keeps_waiting_for_the_result() {
+    let gateway = baton().start().await;
+    let (triage, billing, id) = handed_on_for_its_result(&gateway, Value::Null).await;
+    let canceled = gateway.call("CancelTask", json!({"id": id})).await;
+    assert_eq!(
+        canceled.result()["status"]["state"],
+        "TASK_STATE_CANCELED",
+        "{}",
+        canceled.body
+    );
+    assert_its_task_was_canceled(&billing).await;
+    assert_its_task_was_canceled(&triage).await;
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_deadline_ends_the_task_its_source_keeps_waiting_for_the_result() {
+    let gateway = baton().start().await;
+    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(600);
+    let control = json!({"urn:baton:handoff:v1": {"deadline": deadline.to_rfc3339()}});
+    let (triage, billing, id) = handed_on_for_its_result(&gateway, control).await;
+    assert_its_task_was_canceled(&billing).await;
+    assert_its_task_was_canceled(&triage).await;
+    let task = get_task(&gateway, &id).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(&task), "DEADLINE_EXCEEDED");
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}

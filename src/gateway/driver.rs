@@ -927,16 +927,22 @@ async fn expire_task(gateway: &Gateway, agent: Option<&AgentEntry>, task_id: &st
     // often why the deadline passed, holds the failure up only that long,
     // not for its request timeout.
     let cancel = async {
-        let (Some(record), Some(agent)) = (record, agent) else {
+        let Some(record) = record else {
             return;
         };
-        if let Err(err) = agent
-            .agent
-            .cancel(&record.task, record.upstream.as_ref())
-            .await
-        {
-            tracing::warn!(task_id, %err, "agent did not confirm the cancel at the deadline");
-        }
+        let holder = async {
+            let Some(agent) = agent else {
+                return;
+            };
+            if let Err(err) = agent
+                .agent
+                .cancel(&record.task, record.upstream.as_ref())
+                .await
+            {
+                tracing::warn!(task_id, %err, "agent did not confirm the cancel at the deadline");
+            }
+        };
+        tokio::join!(holder, gateway.cancel_paused_source(&record));
     };
     tokio::pin!(cancel);
     let answered = tokio::time::timeout(CANCEL_HEAD_START, &mut cancel)

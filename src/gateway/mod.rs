@@ -385,6 +385,7 @@ impl Gateway {
                 }
             }
         }
+        self.cancel_paused_source(&record).await;
         if let Some((token, _)) = self.running.lock().expect("running lock").get(&req.id) {
             token.cancel();
         }
@@ -415,6 +416,25 @@ impl Gateway {
         Ok(record.task.view(None, true))
     }
 
+    /// A source that handed the task on with `returnToParent` keeps its own
+    /// task paused for the result: that task ends with the gateway task.
+    pub(crate) async fn cancel_paused_source(&self, record: &TaskRecord) {
+        let Some(transfer) = record
+            .transfer
+            .as_ref()
+            .filter(|t| t.return_to_parent && !t.state.is_terminal())
+        else {
+            return;
+        };
+        let (Some(upstream), Some(source)) = (&transfer.upstream, self.agent(&transfer.agent))
+        else {
+            return;
+        };
+        if let Err(err) = source.agent.cancel(&record.task, Some(upstream)).await {
+            tracing::warn!(task_id = %record.task.id, source = %transfer.agent, %err, "the source's paused task was not canceled");
+        }
+    }
+
     /// Cancels every task in the handoff graph below `task_id`, depth first;
     /// the children belong to the graph, whoever created them.
     async fn cancel_children(&self, task_id: &str) {
@@ -442,6 +462,7 @@ impl Gateway {
                 {
                     tracing::warn!(task_id = %child, %err, "agent did not confirm the cascaded cancel");
                 }
+                self.cancel_paused_source(&record).await;
                 if let Some((token, _)) = self.running.lock().expect("running lock").get(&child) {
                     token.cancel();
                 }

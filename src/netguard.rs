@@ -80,8 +80,9 @@ impl OutboundPolicy {
     }
 }
 
-/// Loopback, private, link-local, unspecified, multicast, CGNAT, ULA and the
-/// cloud metadata address. An IPv6 address that carries an IPv4 one (mapped,
+/// Loopback, private, link-local, unspecified ("this network"), multicast,
+/// CGNAT, the IETF, benchmarking and reserved IPv4 blocks, ULA, IPv6
+/// site-local, and the cloud metadata address. An IPv6 address that carries an IPv4 one (mapped,
 /// compatible, or the NAT64 prefix `64:ff9b::/96`) is judged by that.
 pub fn is_internal(ip: IpAddr) -> bool {
     match ip {
@@ -90,10 +91,14 @@ pub fn is_internal(ip: IpAddr) -> bool {
             v4.is_loopback()
                 || v4.is_private()
                 || v4.is_link_local()
-                || v4.is_unspecified()
                 || v4.is_multicast()
                 || v4.is_broadcast()
+                // 0.0.0.0/8: Linux takes 0.0.0.0 for this host.
+                || a == 0
                 || (a == 100 && (64..128).contains(&b))
+                || (a == 192 && b == 0 && v4.octets()[2] == 0)
+                || (a == 198 && (18..20).contains(&b))
+                || a >= 240
         }
         IpAddr::V6(v6) => {
             if let Some(v4) = v6.to_ipv4_mapped() {
@@ -116,6 +121,8 @@ pub fn is_internal(ip: IpAddr) -> bool {
                 || v6.is_multicast()
                 || (first & 0xfe00) == 0xfc00
                 || (first & 0xffc0) == 0xfe80
+                // Site-local, deprecated but still routed by some networks.
+                || (first & 0xffc0) == 0xfec0
         }
     }
 }
@@ -223,7 +230,13 @@ mod tests {
             "10.1.2.3",
             "192.168.0.1",
             "169.254.169.254",
+            "0.1.2.3",
+            "192.0.0.8",
+            "198.18.0.1",
+            "198.19.255.254",
+            "240.0.0.1",
             "::1",
+            "fec0::1",
             "::",
             "fd00::1",
             // IPv4 inside IPv6: NAT64, compatible, mapped.
@@ -236,6 +249,8 @@ mod tests {
         }
         for ip in [
             "93.184.216.34",
+            "198.20.0.1",
+            "192.0.2.1",
             "64:ff9b::808:808",
             "::8.8.8.8",
             "2001:db8::1",

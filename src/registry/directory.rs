@@ -156,22 +156,39 @@ impl Directory {
         policy: AgentPolicy,
         modified: DateTime<Utc>,
     ) -> Arc<AgentEntry> {
+        let mut inserted = None;
+        // Published under the lock, so that a change of `secured` cannot
+        // slip between the card's publication and its insertion.
+        self.change(|agents| {
+            let entry = Arc::new(self.entry(id, owner, agent, policy, modified, true));
+            agents.insert(id.to_string(), entry.clone());
+            inserted = Some(entry);
+        });
+        inserted.expect("inserted under the lock")
+    }
+
+    /// An agent's entry, its cards published as Baton serves them now.
+    fn entry(
+        &self,
+        id: &str,
+        owner: &str,
+        agent: Arc<dyn Agent>,
+        policy: AgentPolicy,
+        modified: DateTime<Utc>,
+        healthy: bool,
+    ) -> AgentEntry {
         let publish = |card: &AgentCard| self.publish(id, card);
         let card = publish(agent.card());
         let extended = agent.extended_card().map(|extended| publish(&extended));
-        let entry = Arc::new(AgentEntry {
+        AgentEntry {
             id: id.to_string(),
             owner: owner.to_string(),
             agent,
             card: PublishedCard::new(card, modified),
             extended,
             policy,
-            healthy: AtomicBool::new(true),
-        });
-        self.change(|agents| {
-            agents.insert(id.to_string(), entry.clone());
-        });
-        entry
+            healthy: AtomicBool::new(healthy),
+        }
     }
 
     /// Records the outcome of an agent's health check.
@@ -183,24 +200,26 @@ impl Directory {
 
     /// Says whether API keys are required, re-publishing every card when
     /// that changes (the cards then declare, or stop declaring, the scheme).
+    /// The entries are rebuilt under the lock from the directory as it is
+    /// then: an agent removed or replaced meanwhile stays so.
     pub fn set_secured(&self, secured: bool) {
         if self.secured.swap(secured, Ordering::Relaxed) == secured {
             return;
         }
         let now = Utc::now();
-        for entry in self.list() {
-            let replaced = self.upsert(
-                &entry.id,
-                &entry.owner,
-                entry.agent.clone(),
-                entry.policy.clone(),
-                now,
-            );
-            replaced
-                .healthy
-                .store(entry.is_healthy(), Ordering::Relaxed);
-        }
-        self.change(|_| {});
+        self.change(|agents| {
+            for entry in agents.values_mut() {
+                let republished = self.entry(
+                    &entry.id,
+                    &entry.owner,
+                    entry.agent.clone(),
+                    entry.policy.clone(),
+                    now,
+                    entry.is_healthy(),
+                );
+                *entry = Arc::new(republished);
+            }
+        });
     }
 
     /// Removes an agent; false when there was none.

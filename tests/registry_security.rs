@@ -695,65 +695,6 @@ async fn tasks_belong_to_the_principal_that_created_them() {
 }
 
 #[tokio::test]
-async fn a_context_baton_minted_for_another_principal_is_not_joined() {
-    let gateway = baton().api_keys(KEYS).start().await;
-    let send = |context: Option<&str>| {
-        let mut message = user_message(&message_id("tck-complete-task"), "hi");
-        if let Some(context) = context {
-            message["contextId"] = json!(context);
-        }
-        json!({"message": message})
-    };
-    let first = rpc_as(&gateway, "/a2a", ACME, "SendMessage", send(None)).await;
-    let context = first.result()["task"]["contextId"]
-        .as_str()
-        .unwrap()
-        .to_string();
-
-    // globex names acme's context for a new task: refused.
-    let foreign = rpc_as(
-        &gateway,
-        "/a2a",
-        GLOBEX,
-        "SendMessage",
-        send(Some(&context)),
-    )
-    .await;
-    assert_eq!(foreign.code(), Some(-32602), "{}", foreign.body);
-    assert!(
-        foreign.body.to_string().contains("message.contextId"),
-        "{}",
-        foreign.body
-    );
-    let listed = rpc_as(&gateway, "/a2a", GLOBEX, "ListTasks", json!({})).await;
-    assert_eq!(listed.result()["totalSize"], 0);
-
-    // acme goes on in its own context, and globex in one it chose.
-    let own = rpc_as(&gateway, "/a2a", ACME, "SendMessage", send(Some(&context))).await;
-    assert_eq!(
-        own.result()["task"]["contextId"],
-        context.as_str(),
-        "{}",
-        own.body
-    );
-    let chosen = rpc_as(
-        &gateway,
-        "/a2a",
-        GLOBEX,
-        "SendMessage",
-        send(Some("globex-1")),
-    )
-    .await;
-    assert_eq!(
-        chosen.result()["task"]["contextId"],
-        "globex-1",
-        "{}",
-        chosen.body
-    );
-    gateway.stop().await;
-}
-
-#[tokio::test]
 async fn a_card_registered_by_url_keeps_being_followed_as_it_changes() {
     let upstream = baton().start().await;
     let gateway = baton().start().await;

@@ -646,22 +646,6 @@ impl Gateway {
                 ));
             }
         }
-        // A context Baton minted for another caller's task is not joined:
-        // the agent would take the new task into that caller's conversation.
-        if continued.is_none()
-            && let Some(minted_for) = crate::store::keys::minting_task(&message.context_id)
-            && let Some(first) = self.ledger.get_shared(&minted_for)?
-            && first.task.context_id == message.context_id
-            && first.owner != ctx.principal
-        {
-            return Err(GatewayError::invalid_field(
-                "message.contextId",
-                format!(
-                    "{:?} is not a context of the caller's tasks",
-                    message.context_id
-                ),
-            ));
-        }
         // A refused handoff may name no agent at all; it never reaches one.
         let agent = self.agent(&agent_id);
         match &agent {

@@ -130,6 +130,7 @@ async fn run_over(
     for handle in agents::builtin_agents() {
         registry.add_builtin(handle, LOCAL_OWNER);
     }
+    registry.reserve_ids(config.routing.tenant_labels().map(str::to_string));
     let stored = registry.load()?;
     let from_files = registry
         .register_card_files(&config.agent_cards_dir, LOCAL_OWNER)

@@ -366,6 +366,17 @@ async fn routing_rules_choose_the_agent_of_calls_that_name_none() {
         .call("GetTask", json!({"tenant": "acme", "id": task_id}))
         .await;
     assert_eq!(read.result()["id"], task_id, "{}", read.body);
+    // No agency may register an agent under a label, and take its calls.
+    let card = gateway.published_card("echo").await;
+    let taken = gateway
+        .registry("RegisterAgent", json!({"id": "acme", "card": card}))
+        .await;
+    assert_eq!(taken.code(), Some(-32602), "{}", taken.body);
+    assert!(
+        taken.body.to_string().contains("tenant label"),
+        "{}",
+        taken.body
+    );
     // A label no rule matches is still refused.
     let unknown = gateway
         .call(

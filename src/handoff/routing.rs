@@ -208,6 +208,11 @@ impl RoutingRules {
         }
     }
 
+    /// The tenant labels the rules match.
+    pub fn tenant_labels(&self) -> impl Iterator<Item = &str> {
+        self.rules.iter().filter_map(|rule| rule.tenant.as_deref())
+    }
+
     /// Whether some rule matches `params.tenant` = `label` (a tenant that
     /// names no agent is refused unless one does).
     pub fn names_tenant(&self, label: &str) -> bool {

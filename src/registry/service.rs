@@ -154,6 +154,9 @@ pub struct Registry {
     /// Deregistered ids, by the agency that held them: only it may take one
     /// again, since its old tasks still name the id.
     retired: RwLock<std::collections::HashMap<String, String>>,
+    /// Ids no agency may take: the tenant labels of the routing rules,
+    /// which an agent of that id would take over.
+    reserved: RwLock<std::collections::BTreeSet<String>>,
 }
 
 fn not_found(id: &str) -> GatewayError {
@@ -211,7 +214,13 @@ impl Registry {
             records: RwLock::new(BTreeMap::new()),
             changes: tokio::sync::Mutex::new(()),
             retired: RwLock::default(),
+            reserved: RwLock::default(),
         }
+    }
+
+    /// Keeps `ids` from being registered: tenant labels of the routing rules.
+    pub fn reserve_ids(&self, ids: impl IntoIterator<Item = String>) {
+        self.reserved.write().expect("registry lock").extend(ids);
     }
 
     /// The directory the registry feeds.
@@ -418,7 +427,11 @@ impl Registry {
                             format!("{base}-{n}")
                         }
                     })
-                    .find(|id| !records.contains_key(id) && !self.retired_by_another(id, owner))
+                    .find(|id| {
+                        !records.contains_key(id)
+                            && !self.retired_by_another(id, owner)
+                            && !self.is_reserved(id)
+                    })
                     .unwrap_or(base)
             }
         };
@@ -434,6 +447,12 @@ impl Registry {
                 format!(
                     "the agent id {id:?} is taken (registered, or once registered by another agency); choose another id, or UpdateAgent your own"
                 ),
+            ));
+        }
+        if self.is_reserved(&id) {
+            return Err(GatewayError::invalid_field(
+                "id",
+                format!("the agent id {id:?} is a tenant label of the gateway's routing rules"),
             ));
         }
         let held = self
@@ -585,6 +604,10 @@ impl Registry {
     }
 
     /// Whether another agency than `owner` deregistered `id`.
+    fn is_reserved(&self, id: &str) -> bool {
+        self.reserved.read().expect("registry lock").contains(id)
+    }
+
     fn retired_by_another(&self, id: &str, owner: &str) -> bool {
         self.retired
             .read()

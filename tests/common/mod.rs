@@ -176,6 +176,7 @@ impl BatonBuilder {
         for handle in self.agents {
             registry.add_builtin(handle, "local");
         }
+        registry.reserve_ids(self.routing.tenant_labels().map(str::to_string));
         let mut settings = GatewaySettings {
             task_timeout: Duration::from_secs(30),
             push_enabled: self.push_enabled,

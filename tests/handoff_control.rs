@@ -366,6 +366,24 @@ async fn routing_rules_choose_the_agent_of_calls_that_name_none() {
         .call("GetTask", json!({"tenant": "acme", "id": task_id}))
         .await;
     assert_eq!(read.result()["id"], task_id, "{}", read.body);
+    // A label is part of what an idempotent send is compared by.
+    let keyed = |tenant: Option<&str>| {
+        let mut params = json!({"message": user_message("same-message", "hello")});
+        if let Some(tenant) = tenant {
+            params["tenant"] = json!(tenant);
+        }
+        let body = json!({"jsonrpc": "2.0", "id": 9, "method": "SendMessage", "params": params});
+        let mut headers = STANDARD_HEADERS.to_vec();
+        headers.push(("idempotency-key", "label-key"));
+        let gateway = &gateway;
+        async move { gateway.post_raw("/a2a", body.to_string(), &headers).await }
+    };
+    assert!(keyed(Some("acme")).await.code().is_none());
+    assert_eq!(
+        keyed(None).await.code(),
+        Some(-32602),
+        "another address, same key"
+    );
     // No agency may register an agent under a label, and take its calls.
     let card = gateway.published_card("echo").await;
     let taken = gateway

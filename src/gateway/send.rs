@@ -579,7 +579,9 @@ impl Gateway {
         // caller sent and where: the agent a skill or a rule picked, or that
         // holds the task now, may differ at a repeat.
         let sent_fingerprint = if ctx.idempotency_key.is_some() {
-            fingerprint(&ctx.agent_id, &message)
+            // A tenant label addresses the gateway as a label of its own.
+            let addressed = ctx.tenant_label.as_deref().unwrap_or(&ctx.agent_id);
+            fingerprint(addressed, &message)
         } else {
             String::new()
         };

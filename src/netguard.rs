@@ -19,6 +19,15 @@ pub fn without_credentials(url: &reqwest::Url) -> reqwest::Url {
     bare
 }
 
+/// A URL as logs and replies show it: without credentials, query or
+/// fragment, which may carry secrets (a signed URL's signature, say).
+pub fn shown_url(url: &reqwest::Url) -> String {
+    let mut shown = without_credentials(url);
+    shown.set_query(None);
+    shown.set_fragment(None);
+    shown.to_string()
+}
+
 /// Which outbound addresses are allowed, and which TLS servers trusted.
 #[derive(Clone, Debug, Default)]
 pub struct OutboundPolicy {

@@ -101,15 +101,6 @@ fn check_fields(
     }
 }
 
-/// A webhook URL as logs show it: without credentials, query or fragment,
-/// which may carry secrets.
-fn shown_url(url: &reqwest::Url) -> String {
-    let mut shown = crate::netguard::without_credentials(url);
-    shown.set_query(None);
-    shown.set_fragment(None);
-    shown.to_string()
-}
-
 /// Counters of push delivery.
 #[derive(Debug, Default)]
 pub struct PushStats {
@@ -448,7 +439,7 @@ impl Worker {
                 return;
             }
         };
-        let shown = shown_url(&url);
+        let shown = crate::netguard::shown_url(&url);
         if let Err(reason) = self.policy.check_url(&url) {
             tracing::warn!(task_id = %event.task_id, url = %shown, %reason, "push delivery refused");
             self.stats.failed.fetch_add(1, Ordering::Relaxed);

@@ -706,7 +706,14 @@ async fn a_card_registered_by_url_keeps_being_followed_as_it_changes() {
         "/card.json",
         axum::routing::get(move || {
             let card = card_server.lock().unwrap().clone();
-            async move { axum::Json(card) }
+            // No card: the signature has expired.
+            async move {
+                use axum::response::IntoResponse as _;
+                if card.is_null() {
+                    return axum::http::StatusCode::FORBIDDEN.into_response();
+                }
+                axum::Json(card).into_response()
+            }
         }),
     );
     // A signed URL: its query is followed, and shown to no caller.
@@ -737,6 +744,27 @@ async fn a_card_registered_by_url_keeps_being_followed_as_it_changes() {
         assert_eq!(agent["card"]["description"], description, "{agent}");
         assert_eq!(agent["cardUrl"], shown_url.as_str(), "{agent}");
     }
+
+    // Nor does the error of a failed check show it.
+    *served.lock().unwrap() = Value::Null;
+    tokio::time::timeout(WAIT, gateway.registry.check_health())
+        .await
+        .expect("health check in time");
+    let searched = registry_as(&gateway, GLOBEX, "SearchAgents", json!({})).await;
+    let followed = searched.result()["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["id"] == "followed")
+        .cloned()
+        .unwrap();
+    let error = followed["health"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("403"), "{followed}");
+    assert!(
+        !searched.body.to_string().contains("S3cret"),
+        "{}",
+        searched.body
+    );
 }
 
 /// An owner's update made while a health check fetches the card URL is

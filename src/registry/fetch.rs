@@ -100,16 +100,19 @@ impl CardFetcher {
         let url = Self::card_location(given)?;
         self.policy.check_url(&url).map_err(FetchError::Refused)?;
         let started = Instant::now();
+        // What errors say of the URL: a health error is shown to every
+        // agency, and a signed URL's query is its secret.
+        let shown = crate::netguard::shown_url(&url);
         let unreachable = |err: reqwest::Error| {
             // The whole chain: the cause (refused, a certificate not
             // trusted) is often several errors down.
-            let reason = crate::upstream::error_chain(&err);
+            let reason = crate::upstream::error_chain(&err.without_url());
             // The guard refuses in the resolver; say so plainly.
             if reason.contains("--allow-upstream") {
                 FetchError::Refused(reason)
             } else {
                 FetchError::Unreachable {
-                    url: url.to_string(),
+                    url: shown.clone(),
                     reason,
                 }
             }
@@ -123,12 +126,12 @@ impl CardFetcher {
             .map_err(unreachable)?;
         if !response.status().is_success() {
             return Err(FetchError::Status {
-                url: url.to_string(),
+                url: shown.clone(),
                 status: response.status().as_u16(),
             });
         }
         let too_large = || FetchError::TooLarge {
-            url: url.to_string(),
+            url: shown.clone(),
             limit: self.max_bytes,
         };
         if response
@@ -145,7 +148,7 @@ impl CardFetcher {
             body.extend_from_slice(&chunk);
         }
         let json = serde_json::from_slice(&body).map_err(|e| FetchError::NotJson {
-            url: url.to_string(),
+            url: shown.clone(),
             reason: e.to_string(),
         })?;
         Ok(FetchedCard {

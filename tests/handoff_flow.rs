@@ -924,6 +924,47 @@ async fn a_message_to_a_handoff_no_agent_took_up_yet_is_refused() {
 }
 
 #[tokio::test]
+async fn a_message_to_a_transfer_its_target_has_not_answered_is_refused() {
+    let gateway = baton().start().await;
+    let triage = VendorAgent::start("triage", &["triage"], |_| Reply::Handoff {
+        payload: handoff_payload("triage", json!({"to": "slow"}), json!({})),
+        state: TaskState::Completed,
+    })
+    .await
+    .unwrap();
+    let slow = VendorAgent::start("slow", &["refund"], |_| {
+        Reply::Late(Duration::from_millis(900), Box::new(Reply::Working))
+    })
+    .await
+    .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(&gateway, "slow", &slow, json!({})).await;
+    let message = user_message(&message_id("t"), "refund please");
+    let reply = gateway
+        .call_at(
+            "/agents/triage/a2a",
+            "SendMessage",
+            json!({"message": message, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
+    for _ in 0..100 {
+        if sends_to(&slow) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut more = user_message(&message_id("more"), "one more thing");
+    more["taskId"] = json!(id);
+    let refused = gateway.call("SendMessage", json!({"message": more})).await;
+    assert_eq!(refused.code(), Some(-32004), "{}", refused.body);
+    assert_eq!(sends_to(&slow), 1, "the message never reached the target");
+    triage.stop().await;
+    slow.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn a_deadline_passed_before_the_target_answers_still_reaches_its_task() {
     let gateway = baton().start().await;
     let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(300);

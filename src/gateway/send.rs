@@ -628,9 +628,12 @@ impl Gateway {
                     state.proto_name()
                 )));
             }
-            // A handoff's ladder is still looking for an agent to take it:
-            // there is no agent task yet that a message could continue.
-            if state == TaskState::Submitted && record.upstream.is_none() {
+            // A handoff's ladder is still looking for an agent to take it
+            // (SUBMITTED, or a transfer's target yet to answer): there is
+            // no agent task yet that a message could continue.
+            let unanswered = state == TaskState::Submitted
+                || (record.transfer.is_some() && !state.is_interrupted());
+            if unanswered && record.upstream.is_none() {
                 return Err(GatewayError::UnsupportedOperation(format!(
                     "task {} has not been taken up by an agent yet ({}); send more once it \
                      is working or asks for input",

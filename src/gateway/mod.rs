@@ -363,7 +363,7 @@ impl Gateway {
         };
         if record.task.status.state.is_terminal() {
             // A terminal state read may not be durable yet.
-            self.ledger.sync().await;
+            self.ledger.sync_unless_failing().await?;
             return Err(not_cancelable(record.task.status.state));
         }
         if let Some(agent) = self.agent(&record.agent) {
@@ -1248,6 +1248,31 @@ mod tests {
         drop(hold);
         assert_eq!(cancel.await.unwrap_err().code(), -32002);
         assert_eq!(send.await.unwrap_err().code(), -32004);
+        writer.await.unwrap().unwrap();
+        ledger.close();
+    }
+
+    /// While the log cannot make a terminal state durable, a refusal that
+    /// would quote it is LEDGER_UNAVAILABLE, not left waiting.
+    #[tokio::test]
+    async fn a_cancel_of_a_task_ending_while_the_log_fails_is_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        alices_working_task(&ledger).await;
+        let fault = ledger.fail_log(std::io::ErrorKind::StorageFull);
+        let writer = complete_in_background(&ledger);
+        ledger.until_log_fails().await;
+
+        let ctx = alice(None);
+        let cancel = gateway.cancel_task(
+            &ctx,
+            CancelTaskRequest {
+                id: "t1".into(),
+                ..CancelTaskRequest::default()
+            },
+        );
+        ledger_unavailable(cancel, Duration::from_secs(2)).await;
+        drop(fault);
         writer.await.unwrap().unwrap();
         ledger.close();
     }

@@ -621,7 +621,7 @@ impl Gateway {
             let state = record.task.status.state;
             if state.is_terminal() {
                 // A terminal state read may not be durable yet.
-                self.ledger.sync().await;
+                self.ledger.sync_unless_failing().await?;
                 return Err(GatewayError::UnsupportedOperation(format!(
                     "task {} is in terminal state {} and accepts no more messages",
                     record.task.id,

@@ -992,6 +992,12 @@ impl Ledger {
         self.flusher.wait_durable(ticket).await;
     }
 
+    /// As [`Ledger::sync`], but answers `Unavailable` while the log cannot
+    /// make writes durable, instead of waiting for it to recover.
+    pub async fn sync_unless_failing(&self) -> Result<(), LedgerError> {
+        self.until_durable(self.flusher.latest_ticket()).await
+    }
+
     /// Makes everything durable, moves it into sled, and stops the
     /// background threads; call once at shutdown.
     pub fn close(&self) {

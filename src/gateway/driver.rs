@@ -930,19 +930,17 @@ async fn expire_task(gateway: &Gateway, agent: Option<&AgentEntry>, task_id: &st
         let Some(record) = record else {
             return;
         };
-        let holder = async {
-            let Some(agent) = agent else {
-                return;
-            };
-            if let Err(err) = agent
-                .agent
-                .cancel(&record.task, record.upstream.as_ref())
-                .await
-            {
-                tracing::warn!(task_id, %err, "agent did not confirm the cancel at the deadline");
-            }
+        gateway.cancel_paused_source(&record);
+        let Some(agent) = agent else {
+            return;
         };
-        tokio::join!(holder, gateway.cancel_paused_source(&record));
+        if let Err(err) = agent
+            .agent
+            .cancel(&record.task, record.upstream.as_ref())
+            .await
+        {
+            tracing::warn!(task_id, %err, "agent did not confirm the cancel at the deadline");
+        }
     };
     tokio::pin!(cancel);
     let answered = tokio::time::timeout(CANCEL_HEAD_START, &mut cancel)

@@ -385,7 +385,7 @@ impl Gateway {
                 }
             }
         }
-        self.cancel_paused_source(&record).await;
+        self.cancel_paused_source(&record);
         if let Some((token, _)) = self.running.lock().expect("running lock").get(&req.id) {
             token.cancel();
         }
@@ -418,7 +418,9 @@ impl Gateway {
 
     /// A source that handed the task on with `returnToParent` keeps its own
     /// task paused for the result: that task ends with the gateway task.
-    pub(crate) async fn cancel_paused_source(&self, record: &TaskRecord) {
+    /// Sent on its own, so that an unreachable source holds up neither the
+    /// caller's answer nor the target's cancel.
+    pub(crate) fn cancel_paused_source(&self, record: &TaskRecord) {
         let Some(transfer) = record
             .transfer
             .as_ref()
@@ -430,9 +432,12 @@ impl Gateway {
         else {
             return;
         };
-        if let Err(err) = source.agent.cancel(&record.task, Some(upstream)).await {
-            tracing::warn!(task_id = %record.task.id, source = %transfer.agent, %err, "the source's paused task was not canceled");
-        }
+        let (task, upstream) = (record.task.clone(), upstream.clone());
+        tokio::spawn(async move {
+            if let Err(err) = source.agent.cancel(&task, Some(&upstream)).await {
+                tracing::warn!(task_id = %task.id, source = %source.id, %err, "the source's paused task was not canceled");
+            }
+        });
     }
 
     /// Cancels every task in the handoff graph below `task_id`, depth first;
@@ -462,7 +467,7 @@ impl Gateway {
                 {
                     tracing::warn!(task_id = %child, %err, "agent did not confirm the cascaded cancel");
                 }
-                self.cancel_paused_source(&record).await;
+                self.cancel_paused_source(&record);
                 if let Some((token, _)) = self.running.lock().expect("running lock").get(&child) {
                     token.cancel();
                 }

@@ -1340,7 +1340,25 @@ async fn a_skill_handoff_skips_agents_already_in_the_chain() {
             "{n}: {task}"
         );
     }
-    assert_eq!(sends_to(&refunds), 8);
+    // And one whose chain comes in the Baton-* headers only.
+    for n in 0..4 {
+        let message = handoff_message(handoff_payload(
+            "triage",
+            json!({"toSkill": "refund"}),
+            json!({}),
+        ));
+        let body = json!({"jsonrpc": "2.0", "id": n, "method": "SendMessage", "params": {"message": message}});
+        let mut headers = STANDARD_HEADERS.to_vec();
+        headers.extend([("baton-hops", "1"), ("baton-chain", "billing")]);
+        let reply = gateway.post_raw("/a2a", body.to_string(), &headers).await;
+        assert_eq!(
+            reply.result()["task"]["status"]["state"],
+            "TASK_STATE_COMPLETED",
+            "{n}: {}",
+            reply.body
+        );
+    }
+    assert_eq!(sends_to(&refunds), 12);
     assert_eq!(sends_to(&triage), 4, "triage was only the first hop");
     for agent in [triage, billing, refunds] {
         agent.stop().await;

@@ -280,11 +280,15 @@ impl Gateway {
                     candidates.retain(|e| e.id == addressed);
                 }
                 // Balanced across the healthy agents declaring the skill
-                // that the control the caller sent lets its sender reach.
-                let mut control = Control::read_from(message.metadata.as_ref()).unwrap_or_default();
-                if control.max_hops == 0 {
-                    control.max_hops = self.settings.max_hops;
-                }
+                // that the control the caller sent (in the message and its
+                // headers) lets its sender reach.
+                let mut incoming = ctx.incoming.clone();
+                incoming.metadata = Control::read_from(message.metadata.as_ref());
+                let limits = Limits {
+                    max_hops: self.settings.max_hops,
+                    task_timeout: self.settings.task_timeout,
+                };
+                let control = Control::merge(&incoming, None, limits, chrono::Utc::now());
                 match self.balanced_allowed(&candidates, &control, Some(&payload.from)) {
                     Some(target) => Ok((target.id.clone(), accepted(Some(skill.clone())))),
                     None => {

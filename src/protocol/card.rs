@@ -73,13 +73,30 @@ impl AgentCard {
     /// The interface Baton calls the agent on: the first JSON-RPC one of
     /// protocol version 1 (Baton speaks A2A 1.0 to agents; spec §8.3.2:
     /// the first supported transport). A version left out counts as 1.
+    /// A leading `v` ("v1", "V1.0") is read as written by hand, not as
+    /// another version.
     pub fn jsonrpc_interface(&self) -> Option<&AgentInterface> {
-        self.supported_interfaces.iter().find(|interface| {
+        self.jsonrpc_interfaces().find(|interface| {
             let version = interface.protocol_version.trim();
+            let version = version.strip_prefix(['v', 'V']).unwrap_or(version);
+            version.is_empty() || version == "1" || version.starts_with("1.")
+        })
+    }
+
+    /// The interface Baton calls an agent it already routes to:
+    /// [`Self::jsonrpc_interface`], else the first JSON-RPC one of any
+    /// version. Registration requires the former; an agent stored before
+    /// it did keeps its route rather than vanish at the next start.
+    pub fn calling_interface(&self) -> Option<&AgentInterface> {
+        self.jsonrpc_interface()
+            .or_else(|| self.jsonrpc_interfaces().next())
+    }
+
+    fn jsonrpc_interfaces(&self) -> impl Iterator<Item = &AgentInterface> {
+        self.supported_interfaces.iter().filter(|interface| {
             interface
                 .protocol_binding
                 .eq_ignore_ascii_case(JSONRPC_BINDING)
-                && (version.is_empty() || version == "1" || version.starts_with("1."))
         })
     }
 }
@@ -382,4 +399,63 @@ pub struct MutualTlsSecurityScheme {
         skip_serializing_if = "String::is_empty"
     )]
     pub description: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn card_with(interfaces: &[(&str, &str, &str)]) -> AgentCard {
+        AgentCard {
+            supported_interfaces: interfaces
+                .iter()
+                .map(|(url, binding, version)| AgentInterface {
+                    url: url.to_string(),
+                    protocol_binding: binding.to_string(),
+                    protocol_version: version.to_string(),
+                    ..AgentInterface::default()
+                })
+                .collect(),
+            ..AgentCard::default()
+        }
+    }
+
+    #[test]
+    fn the_jsonrpc_interface_is_the_first_of_version_1() {
+        let url = |card: &AgentCard| card.jsonrpc_interface().map(|i| i.url.clone());
+        let card = card_with(&[
+            ("grpc", "GRPC", "1.0"),
+            ("old", "JSONRPC", "0.3"),
+            ("new", "jsonrpc", "1.0"),
+        ]);
+        assert_eq!(url(&card).as_deref(), Some("new"));
+        for version in ["", "1", "1.0", "1.1", "v1", "V1.0", " v1.0 "] {
+            let card = card_with(&[("it", "JSONRPC", version)]);
+            assert_eq!(url(&card).as_deref(), Some("it"), "{version:?}");
+        }
+        for version in ["0.3", "2.0", "v0.3", "10", "vv1"] {
+            let card = card_with(&[("it", "JSONRPC", version)]);
+            assert_eq!(url(&card), None, "{version:?}");
+        }
+    }
+
+    #[test]
+    fn an_agent_already_routed_is_called_on_any_jsonrpc_interface() {
+        let card = card_with(&[("grpc", "GRPC", "1.0"), ("old", "JSONRPC", "0.3")]);
+        assert!(card.jsonrpc_interface().is_none());
+        assert_eq!(
+            card.calling_interface().map(|i| i.url.as_str()),
+            Some("old")
+        );
+        let card = card_with(&[("old", "JSONRPC", "0.3"), ("new", "JSONRPC", "1.0")]);
+        assert_eq!(
+            card.calling_interface().map(|i| i.url.as_str()),
+            Some("new")
+        );
+        assert!(
+            card_with(&[("grpc", "GRPC", "1.0")])
+                .calling_interface()
+                .is_none()
+        );
+    }
 }

@@ -729,7 +729,7 @@ impl Registry {
     async fn check_one(&self, record: AgentRecord) {
         let location = record.card_url.clone().or_else(|| {
             // Where Baton calls it, not whatever interface comes first.
-            let interface = record.card.jsonrpc_interface()?;
+            let interface = record.card.calling_interface()?;
             let url = reqwest::Url::parse(&interface.url).ok()?;
             Some(url.origin().ascii_serialization())
         });
@@ -871,16 +871,20 @@ mod tests {
     /// A registry over a fresh ledger, and its ledger.
     fn registry_in(dir: &Path) -> (Arc<Ledger>, Registry) {
         let ledger = Arc::new(Ledger::open(dir).unwrap());
+        (ledger.clone(), registry_over(ledger))
+    }
+
+    /// A registry, with an empty directory, over `ledger`.
+    fn registry_over(ledger: Arc<Ledger>) -> Registry {
         let policy = OutboundPolicy::default();
         let directory = Arc::new(Directory::new("http://localhost:8080", true));
         let fetcher = CardFetcher::new(policy.clone(), std::time::Duration::from_secs(1), 1 << 20);
-        let registry = Registry::new(
-            ledger.clone(),
+        Registry::new(
+            ledger,
             directory,
             fetcher,
             crate::launch::remote_agents(policy),
-        );
-        (ledger, registry)
+        )
     }
 
     /// An agent is routed to, and its card served, only once its
@@ -919,6 +923,37 @@ mod tests {
         drop(hold);
         register.await.unwrap();
         assert!(registry.directory().get("billing").is_some());
+        ledger.close();
+    }
+
+    /// A card stored before registration required a version-1 JSON-RPC
+    /// interface is still routed after a restart.
+    #[tokio::test]
+    async fn a_stored_agent_with_an_older_interface_keeps_its_route() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, registry) = registry_in(dir.path());
+        let card = serde_json::json!({
+            "name": "Billing", "description": "Refunds.", "version": "1.0.0",
+            "supportedInterfaces": [{"url": "https://billing.example/a2a",
+                "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
+            "capabilities": {}, "defaultInputModes": ["text/plain"],
+            "defaultOutputModes": ["text/plain"],
+            "skills": [{"id": "refund", "name": "Refund", "description": "Refunds.", "tags": ["refunds"]}],
+        });
+        let params = RegisterParams {
+            id: Some("billing".into()),
+            card: Some(card),
+            ..RegisterParams::default()
+        };
+        registry.register("acme", params).await.unwrap();
+        let mut stored: Vec<AgentRecord> = ledger.agents().unwrap();
+        let mut record = stored.pop().unwrap();
+        record.card.supported_interfaces[0].protocol_version = "0.3".into();
+        ledger.put_agent("billing", &record).await.unwrap();
+
+        let restarted = registry_over(ledger.clone());
+        assert_eq!(restarted.load().unwrap(), 1);
+        assert!(restarted.directory().get("billing").is_some());
         ledger.close();
     }
 

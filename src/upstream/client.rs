@@ -97,7 +97,7 @@ impl UpstreamClient {
         })
     }
 
-    /// A client for the card's [`AgentCard::jsonrpc_interface`] (its URL
+    /// A client for the card's [`AgentCard::calling_interface`] (its URL
     /// and tenant).
     pub fn for_card(
         card: &AgentCard,
@@ -105,7 +105,7 @@ impl UpstreamClient {
         settings: UpstreamSettings,
     ) -> Result<Self, UpstreamConfigError> {
         let interface = card
-            .jsonrpc_interface()
+            .calling_interface()
             .ok_or_else(|| UpstreamConfigError::NoJsonRpcInterface(card.name.clone()))?;
         Self::new(&interface.url, interface.tenant.clone(), policy, settings)
     }

@@ -895,6 +895,73 @@ async fn a_cancel_before_the_target_answers_still_reaches_its_task() {
     gateway.stop().await;
 }
 
+/// Never answers; `ended` is set once its work stops (it returns or is
+/// dropped).
+struct QuietInProcessAgent {
+    card: baton::protocol::AgentCard,
+    ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[async_trait::async_trait]
+impl baton::agents::Agent for QuietInProcessAgent {
+    fn card(&self) -> &baton::protocol::AgentCard {
+        &self.card
+    }
+
+    async fn execute(
+        &self,
+        request: baton::agents::AgentRequest,
+        _: baton::agents::AgentEvents,
+    ) -> Result<(), baton::agents::AgentError> {
+        let _ended = SetOnDrop(self.ended.clone());
+        request.cancel.cancelled().await;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_canceled_handoff_to_an_in_process_agent_ends_its_work_at_once() {
+    let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let quiet = QuietInProcessAgent {
+        card: common::agents::card("quiet"),
+        ended: ended.clone(),
+    };
+    let gateway = baton().agent("quiet", quiet).start().await;
+    let message = handoff_message(handoff_payload("triage", json!({"to": "quiet"}), json!({})));
+    let reply = gateway
+        .call(
+            "SendMessage",
+            json!({"message": message, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
+    let canceled = gateway.call("CancelTask", json!({"id": id})).await;
+    assert_eq!(
+        canceled.result()["status"]["state"],
+        "TASK_STATE_CANCELED",
+        "{}",
+        canceled.body
+    );
+    // No task of its own to learn and cancel: its work is not kept going.
+    for _ in 0..100 {
+        if ended.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ended.load(std::sync::atomic::Ordering::SeqCst));
+    gateway.stop().await;
+}
+
 #[tokio::test]
 async fn a_message_to_a_handoff_no_agent_took_up_yet_is_refused() {
     let gateway = baton().start().await;

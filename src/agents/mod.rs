@@ -170,6 +170,14 @@ pub trait Agent: Send + Sync + 'static {
         None
     }
 
+    /// Whether the agent may create a task of its own, learned only from
+    /// its answer (`AgentEvent::Bound`). A handoff attempt abandoned before
+    /// that answer is then followed to cancel the task; an in-process
+    /// agent's work just ends with the turn.
+    fn creates_remote_tasks(&self) -> bool {
+        false
+    }
+
     /// Handles one message, reporting through `events` until done.
     async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError>;
 

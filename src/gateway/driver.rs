@@ -234,6 +234,7 @@ impl Driver {
             // (A return to a source whose task ended starts a new one: its
             // upstream names the context only.)
             let detached = turn.handoff
+                && turn.agent.agent.creates_remote_tasks()
                 && request
                     .upstream
                     .as_ref()

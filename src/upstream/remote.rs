@@ -212,6 +212,10 @@ impl Agent for RemoteAgent {
         &self.card
     }
 
+    fn creates_remote_tasks(&self) -> bool {
+        true
+    }
+
     async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
         let cancel = request.cancel.clone();
         // Dropping the work drops its HTTP call or stream at once. The

@@ -246,6 +246,10 @@ impl Agent for DeduplicatingLateAgent {
         &self.card
     }
 
+    fn creates_remote_tasks(&self) -> bool {
+        true
+    }
+
     async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
         tokio::select! {
             _ = tokio::time::sleep(self.delay) => {}

@@ -315,6 +315,172 @@ async fn return_to_parent_delivers_the_result_and_the_source_finishes() {
     gateway.stop().await;
 }
 
+/// A source agent that hands every new task to `to` for its result, and
+/// closes it with an artifact `name` once the result came back.
+async fn source_awaiting_result(
+    id: &'static str,
+    to: &'static str,
+    name: &'static str,
+) -> VendorAgent {
+    VendorAgent::start(id, &[id], move |turn| {
+        if turn.task_id.is_none() {
+            return Reply::Handoff {
+                payload: handoff_payload(id, json!({"to": to}), json!({"returnToParent": true})),
+                state: TaskState::InputRequired,
+            };
+        }
+        match data_of(&turn.message.parts, HANDOFF_RESULT_MEDIA_TYPE) {
+            Some(result) => {
+                let got: Vec<_> = result["artifacts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|a| a["name"].clone())
+                    .collect();
+                Reply::artifact(name, json!({"from": result["from"], "got": got}))
+            }
+            None => Reply::Fail("no handoff result".into()),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_result_returns_through_every_source_that_waits_for_it() {
+    let gateway = baton().start().await;
+    // triage hands to manager, which hands to billing; both wait.
+    let triage = source_awaiting_result("triage", "manager", "case").await;
+    let manager = source_awaiting_result("manager", "billing", "approval").await;
+    let billing = register_with_billing(&gateway, &triage).await;
+    register(&gateway, "manager", &manager, json!({})).await;
+
+    let task = send(
+        &gateway,
+        "/agents/triage/a2a",
+        user_message(&message_id("n"), "refund please"),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let names: Vec<_> = task["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["refund", "approval", "case"]);
+    // Each source got the result of the agent it handed to, with all that
+    // was made after it handed on.
+    assert_eq!(task["artifacts"][1]["parts"][0]["data"]["from"], "billing");
+    assert_eq!(
+        task["artifacts"][2]["parts"][0]["data"],
+        json!({"from": "manager", "got": ["refund", "approval"]})
+    );
+    let record = gateway
+        .ledger
+        .get(task["id"].as_str().unwrap())
+        .unwrap()
+        .unwrap();
+    let hops: Vec<_> = record
+        .hops
+        .iter()
+        .map(|h| format!("{}:{:?}", h.agent, h.kind))
+        .collect();
+    assert_eq!(
+        hops,
+        [
+            "triage:Call",
+            "manager:Transfer",
+            "billing:Transfer",
+            "manager:Return",
+            "triage:Return"
+        ]
+    );
+    for agent in [triage, manager, billing] {
+        agent.stop().await;
+    }
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_result_handed_on_without_a_return_still_reaches_the_waiting_source() {
+    // triage waits for reporter, which notes something and hands the work
+    // on to billing for good: billing's completion answers triage.
+    let card = common::agents::card("reporter");
+    let reporter = ReportThenTransfer {
+        card,
+        to: "billing",
+    };
+    let gateway = baton().agent("reporter", reporter).start().await;
+    let triage = source_awaiting_result("triage", "reporter", "case").await;
+    let billing = register_with_billing(&gateway, &triage).await;
+    let task = send(
+        &gateway,
+        "/agents/triage/a2a",
+        user_message(&message_id("w"), "refund please"),
+    )
+    .await;
+    let task_id = task["id"].as_str().unwrap();
+    let task = gateway
+        .wait_for_state("/a2a", task_id, "TASK_STATE_COMPLETED")
+        .await;
+    let case = task["artifacts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|a| a["name"] == "case")
+        .unwrap_or_else(|| panic!("no case artifact: {task}"));
+    assert_eq!(
+        case["parts"][0]["data"],
+        json!({"from": "billing", "got": ["notes", "refund"]})
+    );
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_cancel_ends_the_task_of_every_source_waiting_for_the_result() {
+    let gateway = baton().start().await;
+    let triage = source_awaiting_result("triage", "manager", "case").await;
+    let manager = source_awaiting_result("manager", "billing", "approval").await;
+    let billing = VendorAgent::start("billing", &["refund"], |_| Reply::Working)
+        .await
+        .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(&gateway, "manager", &manager, json!({})).await;
+    register(&gateway, "billing", &billing, json!({})).await;
+    let body = json!({
+        "message": user_message(&message_id("c"), "refund please"),
+        "configuration": {"returnImmediately": true},
+    });
+    let reply = gateway
+        .call_at("/agents/triage/a2a", "SendMessage", body)
+        .await;
+    let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
+    for _ in 0..100 {
+        if sends_to(&billing) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let canceled = gateway.call("CancelTask", json!({"id": id})).await;
+    assert_eq!(
+        canceled.result()["status"]["state"],
+        "TASK_STATE_CANCELED",
+        "{}",
+        canceled.body
+    );
+    for source in [&triage, &manager] {
+        let canceled = canceled_tasks(source, 1).await;
+        assert_eq!(canceled.len(), 1, "{canceled:?}");
+    }
+    for agent in [triage, manager, billing] {
+        agent.stop().await;
+    }
+    gateway.stop().await;
+}
+
 #[tokio::test]
 async fn transfers_are_refused_by_cycle_and_allow_list() {
     let gateway = baton().start().await;
@@ -1291,13 +1457,16 @@ async fn one_trace_id_reaches_the_third_agent_of_a_chain() {
 }
 
 /// Reports an artifact of its own and, in the same breath, hands the task
-/// to `echo`.
-struct ReportThenTransfer(baton::protocol::AgentCard);
+/// to `to` (as `reporter`).
+struct ReportThenTransfer {
+    card: baton::protocol::AgentCard,
+    to: &'static str,
+}
 
 #[async_trait::async_trait]
 impl baton::agents::Agent for ReportThenTransfer {
     fn card(&self) -> &baton::protocol::AgentCard {
-        &self.0
+        &self.card
     }
 
     async fn execute(
@@ -1307,13 +1476,14 @@ impl baton::agents::Agent for ReportThenTransfer {
     ) -> Result<(), baton::agents::AgentError> {
         let report = baton::protocol::Artifact {
             artifact_id: "triage-notes".into(),
+            name: "notes".into(),
             parts: vec![Part::text("the charge was made twice")],
             ..baton::protocol::Artifact::default()
         };
         events.artifact(report).await;
         let mut transfer = Part::data(handoff_payload(
             "reporter",
-            json!({"to": "echo"}),
+            json!({"to": self.to}),
             json!({}),
         ));
         transfer.media_type = HANDOFF_MEDIA_TYPE.into();
@@ -1327,7 +1497,7 @@ impl baton::agents::Agent for ReportThenTransfer {
 async fn a_transfer_keeps_the_artifacts_reported_with_it() {
     let card = common::agents::card("reporter");
     let gateway = baton()
-        .agent("reporter", ReportThenTransfer(card))
+        .agent("reporter", ReportThenTransfer { card, to: "echo" })
         .start()
         .await;
     let task = send(

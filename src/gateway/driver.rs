@@ -710,7 +710,7 @@ impl Driver {
         }
         matches!(
             self.gateway.ledger.get(&self.task_id),
-            Ok(Some(record)) if record.transfer.as_ref().is_some_and(|t| t.return_to_parent)
+            Ok(Some(record)) if record.transfer.as_ref().is_some_and(|t| t.result_goes_to().is_some())
         )
     }
 
@@ -720,22 +720,31 @@ impl Driver {
         let Ok(Some(record)) = self.gateway.ledger.get(&self.task_id) else {
             return TurnEnd::Settled;
         };
-        let from = record.transfer.as_ref().map_or(0, |t| t.artifacts_before);
-        let artifacts = record
-            .task
-            .artifacts
-            .get(from..)
-            .unwrap_or_default()
-            .to_vec();
+        let transfer = record.transfer.as_ref();
+        let from = transfer.map_or(0, |t| t.artifacts_before);
+        let since = |from: usize| {
+            record
+                .task
+                .artifacts
+                .get(from..)
+                .unwrap_or_default()
+                .to_vec()
+        };
+        // The source gets every artifact made since it handed the task on,
+        // also by agents its target handed on to without a return.
+        let returned_from = transfer
+            .and_then(|t| t.result_goes_to())
+            .map_or(from, |t| t.artifacts_before);
         if let Some(schema) = &record.return_schema
-            && let Err(violations) = crate::handoff::artifacts::check_artifacts(schema, &artifacts)
+            && let Err(violations) =
+                crate::handoff::artifacts::check_artifacts(schema, &since(from))
         {
             let detail = crate::handoff::payload::violations_detail(&violations);
             self.fail(vec![status_part(reasons::OUTPUT_SCHEMA_INVALID, detail)])
                 .await;
             return TurnEnd::Settled;
         }
-        TurnEnd::Return(artifacts)
+        TurnEnd::Return(since(returned_from))
     }
 
     /// The first event of a task created on the agent's first answer.

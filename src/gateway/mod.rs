@@ -417,27 +417,29 @@ impl Gateway {
     }
 
     /// A source that handed the task on with `returnToParent` keeps its own
-    /// task paused for the result: that task ends with the gateway task.
+    /// task paused for the result: that task, and those of earlier sources
+    /// still waiting, end with the gateway task.
     /// Sent on its own, so that an unreachable source holds up neither the
     /// caller's answer nor the target's cancel.
     pub(crate) fn cancel_paused_source(&self, record: &TaskRecord) {
-        let Some(transfer) = record
-            .transfer
-            .as_ref()
-            .filter(|t| t.return_to_parent && !t.state.is_terminal())
-        else {
+        let Some(transfer) = &record.transfer else {
             return;
         };
-        let (Some(upstream), Some(source)) = (&transfer.upstream, self.agent(&transfer.agent))
-        else {
-            return;
-        };
-        let (task, upstream) = (record.task.clone(), upstream.clone());
-        tokio::spawn(async move {
-            if let Err(err) = source.agent.cancel(&task, Some(&upstream)).await {
-                tracing::warn!(task_id = %task.id, source = %source.id, %err, "the source's paused task was not canceled");
+        for waiting in transfer.waiting_sources() {
+            if waiting.state.is_terminal() {
+                continue;
             }
-        });
+            let (Some(upstream), Some(source)) = (&waiting.upstream, self.agent(&waiting.agent))
+            else {
+                continue;
+            };
+            let (task, upstream) = (record.task.clone(), upstream.clone());
+            tokio::spawn(async move {
+                if let Err(err) = source.agent.cancel(&task, Some(&upstream)).await {
+                    tracing::warn!(task_id = %task.id, source = %source.id, %err, "the source's paused task was not canceled");
+                }
+            });
+        }
     }
 
     /// Cancels every task in the handoff graph below `task_id`, depth first;

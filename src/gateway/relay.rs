@@ -228,14 +228,16 @@ impl Driver {
                     attempts: 1,
                     ..HopRecord::default()
                 });
-                record.transfer = Some(TransferSource {
+                let transfer = TransferSource {
                     agent: source_id.clone(),
                     upstream: source_upstream,
                     state: offer.state,
                     handoff_id: payload.handoff_id.clone(),
                     return_to_parent: payload.return_to_parent,
                     artifacts_before: record.task.artifacts.len(),
-                });
+                    waiting: Vec::new(),
+                };
+                record.transfer = Some(transfer.after(record.transfer.take()));
                 record.agent = target.id.clone();
                 record.return_schema = return_schema;
                 delivered.write_into(&mut record.task.metadata);
@@ -292,7 +294,7 @@ impl Driver {
         artifacts: Vec<Artifact>,
     ) -> Option<Turn> {
         let record = self.gateway.ledger.get(&self.task_id).ok().flatten()?;
-        let source = record.transfer.clone()?;
+        let source = record.transfer.as_ref()?.result_goes_to()?.clone();
         let Some(source_agent) = self.gateway.agent(&source.agent) else {
             let detail = json!({"to": source.agent});
             self.fail(vec![status_part(reasons::TARGET_NOT_FOUND, detail)])
@@ -348,7 +350,11 @@ impl Driver {
                 });
                 record.agent = source.agent.clone();
                 record.upstream = upstream.clone().filter(|u| !u.task_id.is_empty());
-                record.transfer = None;
+                // An earlier source still waits for this one's result.
+                record.transfer = record
+                    .transfer
+                    .as_ref()
+                    .and_then(TransferSource::after_return);
                 record.return_schema = None;
                 delivered.write_into(&mut record.task.metadata);
                 Ok(Vec::new())

@@ -362,6 +362,59 @@ pub struct TransferSource {
     /// target's own are checked against the handoff's returnSchema.
     #[serde(default)]
     pub artifacts_before: usize,
+    /// Earlier sources on this task still waiting for a result, outermost
+    /// first (each with none of its own): a target that hands the task on
+    /// again does not drop its own source.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<TransferSource>,
+}
+
+impl TransferSource {
+    /// The record of a new transfer away from the task's holder, which
+    /// takes over what `earlier` (the transfer to that holder) still owes.
+    pub fn after(mut self, earlier: Option<TransferSource>) -> Self {
+        self.waiting = match earlier {
+            Some(mut earlier) => {
+                let mut waiting = std::mem::take(&mut earlier.waiting);
+                if earlier.return_to_parent {
+                    waiting.push(earlier);
+                }
+                waiting
+            }
+            None => Vec::new(),
+        };
+        self
+    }
+
+    /// The source the holder's result goes to: this one if it asked for
+    /// it, else the nearest earlier one waiting.
+    pub fn result_goes_to(&self) -> Option<&TransferSource> {
+        if self.return_to_parent {
+            Some(self)
+        } else {
+            self.waiting.last()
+        }
+    }
+
+    /// What is still owed once the result went to [`Self::result_goes_to`]:
+    /// the next source out, holding the rest.
+    pub fn after_return(&self) -> Option<TransferSource> {
+        let mut waiting = self.waiting.clone();
+        if !self.return_to_parent {
+            waiting.pop();
+        }
+        let mut next = waiting.pop()?;
+        next.waiting = waiting;
+        Some(next)
+    }
+
+    /// Every source waiting for a result, nearest first.
+    pub fn waiting_sources(&self) -> impl Iterator<Item = &TransferSource> {
+        self.return_to_parent
+            .then_some(self)
+            .into_iter()
+            .chain(self.waiting.iter().rev())
+    }
 }
 
 /// What an idempotency key was first used for.
@@ -1772,6 +1825,11 @@ mod tests {
                 handoff_id: "h1".into(),
                 return_to_parent: true,
                 artifacts_before: 2,
+                waiting: vec![TransferSource {
+                    agent: "first".into(),
+                    return_to_parent: true,
+                    ..TransferSource::default()
+                }],
             }),
             ..record("t1")
         }

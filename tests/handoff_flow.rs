@@ -322,10 +322,24 @@ async fn source_awaiting_result(
     to: &'static str,
     name: &'static str,
 ) -> VendorAgent {
+    source_awaiting_typed_result(id, to, name, None).await
+}
+
+/// [`source_awaiting_result`], its handoff with `return_schema`.
+async fn source_awaiting_typed_result(
+    id: &'static str,
+    to: &'static str,
+    name: &'static str,
+    return_schema: Option<Value>,
+) -> VendorAgent {
+    let mut options = json!({"returnToParent": true});
+    if let Some(schema) = return_schema {
+        options["returnSchema"] = schema;
+    }
     VendorAgent::start(id, &[id], move |turn| {
         if turn.task_id.is_none() {
             return Reply::Handoff {
-                payload: handoff_payload(id, json!({"to": to}), json!({"returnToParent": true})),
+                payload: handoff_payload(id, json!({"to": to}), options.clone()),
                 state: TaskState::InputRequired,
             };
         }
@@ -440,6 +454,43 @@ async fn a_result_handed_on_without_a_return_still_reaches_the_waiting_source() 
 }
 
 #[tokio::test]
+async fn a_result_handed_on_is_checked_against_the_waiting_source_schema() {
+    // triage asks reporter for an approval; reporter hands the work on to
+    // billing for good, whose refund is no approval.
+    let card = common::agents::card("reporter");
+    let reporter = ReportThenTransfer {
+        card,
+        to: "billing",
+    };
+    let gateway = baton().agent("reporter", reporter).start().await;
+    let approval = json!({"type": "object", "required": ["approved"]});
+    let triage = source_awaiting_typed_result("triage", "reporter", "case", Some(approval)).await;
+    let billing = register_with_billing(&gateway, &triage).await;
+    let task = send(
+        &gateway,
+        "/agents/triage/a2a",
+        user_message(&message_id("s"), "refund please"),
+    )
+    .await;
+    let task_id = task["id"].as_str().unwrap();
+    let task = gateway
+        .wait_for_state("/a2a", task_id, "TASK_STATE_FAILED")
+        .await;
+    assert_eq!(
+        reasons_in_history(&task).last().map(String::as_str),
+        Some("OUTPUT_SCHEMA_INVALID"),
+        "{task}"
+    );
+    // triage's own task, paused for the result, ends with it.
+    let canceled = canceled_tasks(&triage, 1).await;
+    assert_eq!(canceled.len(), 1, "{canceled:?}");
+    assert_eq!(sends_to(&triage), 1, "no result went back");
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn a_cancel_ends_the_task_of_every_source_waiting_for_the_result() {
     let gateway = baton().start().await;
     let triage = source_awaiting_result("triage", "manager", "case").await;
@@ -464,6 +515,7 @@ async fn a_cancel_ends_the_task_of_every_source_waiting_for_the_result() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    assert_eq!(sends_to(&billing), 1, "billing holds the task");
     let canceled = gateway.call("CancelTask", json!({"id": id})).await;
     assert_eq!(
         canceled.result()["status"]["state"],

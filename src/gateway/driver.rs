@@ -285,6 +285,7 @@ impl Driver {
             }
         }
         self.watch_interrupted_deadline();
+        self.release_waiting_sources();
         if handed_on {
             self.gateway.metrics_finished(&self.task_id);
         }
@@ -324,6 +325,7 @@ impl Driver {
             self.fail(vec![Part::text(reason)]).await;
         }
         self.watch_interrupted_deadline();
+        self.release_waiting_sources();
         self.gateway.unregister_running(&self.task_id);
     }
 
@@ -735,14 +737,22 @@ impl Driver {
         let returned_from = transfer
             .and_then(|t| t.result_goes_to())
             .map_or(from, |t| t.artifacts_before);
-        if let Some(schema) = &record.return_schema
-            && let Err(violations) =
-                crate::handoff::artifacts::check_artifacts(schema, &since(from))
-        {
-            let detail = crate::handoff::payload::violations_detail(&violations);
-            self.fail(vec![status_part(reasons::OUTPUT_SCHEMA_INVALID, detail)])
-                .await;
-            return TurnEnd::Settled;
+        // The holder's own artifacts against its handoff's schema; all the
+        // source gets against the source's, when that is another handoff.
+        let checks = [
+            (record.return_schema.as_ref(), from),
+            (transfer.and_then(|t| t.waiting_schema()), returned_from),
+        ];
+        for (schema, from) in checks {
+            if let Some(schema) = schema
+                && let Err(violations) =
+                    crate::handoff::artifacts::check_artifacts(schema, &since(from))
+            {
+                let detail = crate::handoff::payload::violations_detail(&violations);
+                self.fail(vec![status_part(reasons::OUTPUT_SCHEMA_INVALID, detail)])
+                    .await;
+                return TurnEnd::Settled;
+            }
         }
         TurnEnd::Return(since(returned_from))
     }
@@ -766,7 +776,8 @@ impl Driver {
     /// for a remote agent) and the task fails with `DEADLINE_EXCEEDED`.
     pub(super) async fn expire(&mut self, agent: &Arc<AgentEntry>) {
         self.last_state = None;
-        expire_task(&self.gateway, Some(agent), &self.task_id).await;
+        // The paused sources are released at the driver's end.
+        expire_task(&self.gateway, Some(agent), &self.task_id, false).await;
     }
 
     /// Answers the caller with an error when nothing was created; the
@@ -855,6 +866,25 @@ impl Driver {
         settle_task(&self.gateway, &self.task_id, state, parts).await;
     }
 
+    /// A task that ended short of its result (failed, rejected, or canceled
+    /// by its agent) while sources waited for it: their paused tasks end
+    /// too. A gateway cancel has seen to that already.
+    fn release_waiting_sources(&self) {
+        if self.task_cancel.is_cancelled()
+            || self
+                .last_state
+                .is_some_and(|state| state == TaskState::Completed || !state.is_terminal())
+        {
+            return;
+        }
+        if let Ok(Some(record)) = self.gateway.ledger.get(&self.task_id)
+            && record.task.status.state.is_terminal()
+            && record.task.status.state != TaskState::Completed
+        {
+            self.gateway.cancel_paused_source(&record);
+        }
+    }
+
     /// An interrupted task still has a deadline: nobody drives it while it
     /// waits for input, so a timer fails it when the deadline passes.
     fn watch_interrupted_deadline(&self) {
@@ -895,7 +925,7 @@ impl Gateway {
             // An agent deregistered since is sent no CancelTask; the task
             // still fails.
             let agent = self.agent(&record.agent);
-            expire_task(&self, agent.as_deref(), &task_id).await;
+            expire_task(&self, agent.as_deref(), &task_id, true).await;
         });
     }
 
@@ -924,8 +954,14 @@ impl Gateway {
 }
 
 /// Tells the agent, if still registered, to stop, and fails the task with
-/// `DEADLINE_EXCEEDED`.
-async fn expire_task(gateway: &Gateway, agent: Option<&AgentEntry>, task_id: &str) {
+/// `DEADLINE_EXCEEDED`; with `release_sources`, also the sources waiting
+/// for its result.
+async fn expire_task(
+    gateway: &Gateway,
+    agent: Option<&AgentEntry>,
+    task_id: &str,
+    release_sources: bool,
+) {
     let record = match gateway.ledger.get_shared(task_id) {
         Ok(Some(record)) if record.task.status.state.is_terminal() => return,
         Ok(record) => record,
@@ -940,7 +976,9 @@ async fn expire_task(gateway: &Gateway, agent: Option<&AgentEntry>, task_id: &st
         let Some(record) = record else {
             return;
         };
-        gateway.cancel_paused_source(&record);
+        if release_sources {
+            gateway.cancel_paused_source(&record);
+        }
         let Some(agent) = agent else {
             return;
         };

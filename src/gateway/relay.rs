@@ -236,8 +236,10 @@ impl Driver {
                     return_to_parent: payload.return_to_parent,
                     artifacts_before: record.task.artifacts.len(),
                     waiting: Vec::new(),
+                    return_schema: None,
                 };
-                record.transfer = Some(transfer.after(record.transfer.take()));
+                let earlier = record.transfer.take();
+                record.transfer = Some(transfer.after(earlier, record.return_schema.take()));
                 record.agent = target.id.clone();
                 record.return_schema = return_schema;
                 delivered.write_into(&mut record.task.metadata);
@@ -355,7 +357,10 @@ impl Driver {
                     .transfer
                     .as_ref()
                     .and_then(TransferSource::after_return);
-                record.return_schema = None;
+                record.return_schema = record
+                    .transfer
+                    .as_mut()
+                    .and_then(|next| next.return_schema.take());
                 delivered.write_into(&mut record.task.metadata);
                 Ok(Vec::new())
             })

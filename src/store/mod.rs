@@ -367,16 +367,26 @@ pub struct TransferSource {
     /// again does not drop its own source.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting: Vec<TransferSource>,
+    /// For a source in `waiting`: its handoff's returnSchema, the record's
+    /// own again once the result is due to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_schema: Option<serde_json::Value>,
 }
 
 impl TransferSource {
     /// The record of a new transfer away from the task's holder, which
-    /// takes over what `earlier` (the transfer to that holder) still owes.
-    pub fn after(mut self, earlier: Option<TransferSource>) -> Self {
+    /// takes over what `earlier` (the transfer to that holder, whose
+    /// returnSchema was `earlier_schema`) still owes.
+    pub fn after(
+        mut self,
+        earlier: Option<TransferSource>,
+        earlier_schema: Option<serde_json::Value>,
+    ) -> Self {
         self.waiting = match earlier {
             Some(mut earlier) => {
                 let mut waiting = std::mem::take(&mut earlier.waiting);
                 if earlier.return_to_parent {
+                    earlier.return_schema = earlier_schema;
                     waiting.push(earlier);
                 }
                 waiting
@@ -384,6 +394,15 @@ impl TransferSource {
             None => Vec::new(),
         };
         self
+    }
+
+    /// The returnSchema of the waiting source the result goes to, when that
+    /// is not this transfer's own (whose schema is the record's).
+    pub fn waiting_schema(&self) -> Option<&serde_json::Value> {
+        if self.return_to_parent {
+            return None;
+        }
+        self.waiting.last()?.return_schema.as_ref()
     }
 
     /// The source the holder's result goes to: this one if it asked for
@@ -1828,8 +1847,10 @@ mod tests {
                 waiting: vec![TransferSource {
                     agent: "first".into(),
                     return_to_parent: true,
+                    return_schema: Some(serde_json::json!({"type": "array"})),
                     ..TransferSource::default()
                 }],
+                return_schema: None,
             }),
             ..record("t1")
         }
@@ -1919,6 +1940,48 @@ mod tests {
         ] {
             assert!(minimal.get(absent).is_none(), "{absent} written");
         }
+    }
+
+    #[test]
+    fn a_transfer_written_before_sources_were_kept_still_reads() {
+        let mut whole = serde_json::to_value(full_record()).unwrap();
+        let transfer = whole["transfer"].as_object_mut().unwrap();
+        transfer.remove("waiting");
+        let read: TaskRecord = serde_json::from_value(whole).unwrap();
+        let transfer = read.transfer.unwrap();
+        assert!(transfer.waiting.is_empty());
+        assert_eq!(transfer.result_goes_to().unwrap().agent, "source");
+        assert_eq!(transfer.after_return(), None);
+    }
+
+    #[test]
+    fn a_result_goes_back_through_each_waiting_source_in_turn() {
+        let source = |agent: &str, return_to_parent: bool| TransferSource {
+            agent: agent.into(),
+            return_to_parent,
+            ..TransferSource::default()
+        };
+        let schema = |n: u64| Some(serde_json::json!({"minItems": n}));
+        // a -> b (return, schema 1) -> c (no return) -> d (return).
+        let to_b = source("a", true);
+        let to_c = source("b", false).after(Some(to_b), schema(1));
+        assert_eq!(to_c.result_goes_to().unwrap().agent, "a");
+        assert_eq!(to_c.waiting_schema(), schema(1).as_ref());
+        let to_d = source("c", true).after(Some(to_c), schema(2));
+        let agents = |t: &TransferSource| {
+            t.waiting_sources()
+                .map(|s| s.agent.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(agents(&to_d), ["c", "a"], "b asked for nothing back");
+        assert_eq!(to_d.result_goes_to().unwrap().agent, "c");
+        assert_eq!(to_d.waiting_schema(), None, "d's schema is the record's");
+        // d's result went to c: a waits next, with its schema.
+        let next = to_d.after_return().unwrap();
+        assert_eq!(next.agent, "a");
+        assert_eq!(next.return_schema, schema(1));
+        assert!(next.waiting.is_empty());
+        assert_eq!(next.after_return(), None);
     }
 
     #[tokio::test]

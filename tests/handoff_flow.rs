@@ -1582,6 +1582,45 @@ fn sends_to(agent: &VendorAgent) -> usize {
 }
 
 #[tokio::test]
+async fn a_skill_handoff_skips_agents_in_its_parent_task_chain() {
+    let gateway = baton().start().await;
+    let alpha = VendorAgent::start("alpha", &["audit"], |_| refund())
+        .await
+        .unwrap();
+    let beta = VendorAgent::start("beta", &["audit"], |_| refund())
+        .await
+        .unwrap();
+    register(&gateway, "alpha", &alpha, json!({})).await;
+    register(&gateway, "beta", &beta, json!({})).await;
+    // alpha held the parent task, so it is in every child's chain.
+    let parent = send(
+        &gateway,
+        "/agents/alpha/a2a",
+        user_message(&message_id("p"), "audit this"),
+    )
+    .await;
+    let parent_id = parent["id"].as_str().unwrap();
+    for n in 0..4 {
+        let mut message = handoff_message(handoff_payload(
+            "triage",
+            json!({"toSkill": "audit"}),
+            json!({}),
+        ));
+        message["metadata"] = json!({"urn:baton:handoff:v1": {"parentTaskId": parent_id}});
+        let task = send(&gateway, "/a2a", message).await;
+        assert_eq!(
+            task["status"]["state"], "TASK_STATE_COMPLETED",
+            "{n}: {task}"
+        );
+    }
+    assert_eq!(sends_to(&alpha), 1, "only the parent's own call");
+    assert_eq!(sends_to(&beta), 4);
+    alpha.stop().await;
+    beta.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn a_skill_handoff_skips_agents_already_in_the_chain() {
     let gateway = baton().start().await;
     // Triage also refunds, but it held the work before billing did.

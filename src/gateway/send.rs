@@ -10,7 +10,7 @@ use super::{CallContext, Gateway, TaskReply};
 use crate::agents::AgentRequest;
 use crate::error::GatewayError;
 use crate::handoff::context::{direct_history, message_bytes};
-use crate::handoff::control::{Control, Limits};
+use crate::handoff::control::{Control, Incoming, Limits};
 use crate::handoff::payload::{
     HandoffPayload, HandoffTarget, PayloadValidator, find_payload, violations_detail,
 };
@@ -202,6 +202,14 @@ impl Gateway {
         Ok(SendReply::Task(reply))
     }
 
+    /// The control of the task the incoming control names as its parent,
+    /// when the caller may read that task.
+    fn parent_lineage(&self, ctx: &CallContext, incoming: &Incoming) -> Option<Control> {
+        let parent_id = incoming.metadata.as_ref()?.parent_task_id.as_deref()?;
+        let parent = self.owned_task(ctx, parent_id).ok()?;
+        Control::read_from(parent.task.metadata.as_ref())
+    }
+
     /// Resolves a direct handoff (DESIGN.md §3.3): a message with a payload
     /// part goes to the payload's `to`, or to an agent with its `toSkill`.
     /// An invalid payload or an unknown target becomes a refusal (a REJECTED
@@ -284,11 +292,13 @@ impl Gateway {
                 // headers) lets its sender reach.
                 let mut incoming = ctx.incoming.clone();
                 incoming.metadata = Control::read_from(message.metadata.as_ref());
+                let lineage = self.parent_lineage(ctx, &incoming);
                 let limits = Limits {
                     max_hops: self.settings.max_hops,
                     task_timeout: self.settings.task_timeout,
                 };
-                let control = Control::merge(&incoming, None, limits, chrono::Utc::now());
+                let control =
+                    Control::merge(&incoming, lineage.as_ref(), limits, chrono::Utc::now());
                 match self.balanced_allowed(&candidates, &control, Some(&payload.from)) {
                     Some(target) => Ok((target.id.clone(), accepted(Some(skill.clone())))),
                     None => {

@@ -173,7 +173,8 @@ pub trait Agent: Send + Sync + 'static {
     /// Whether the agent may create a task of its own, learned only from
     /// its answer (`AgentEvent::Bound`). A handoff attempt abandoned before
     /// that answer is then followed to cancel the task; an in-process
-    /// agent's work just ends with the turn.
+    /// agent's work just ends with the turn. A wrapper around another
+    /// agent must pass this on.
     fn creates_remote_tasks(&self) -> bool {
         false
     }

@@ -78,8 +78,11 @@ impl AgentCard {
     pub fn jsonrpc_interface(&self) -> Option<&AgentInterface> {
         self.jsonrpc_interfaces().find(|interface| {
             let version = interface.protocol_version.trim();
-            let version = version.strip_prefix(['v', 'V']).unwrap_or(version);
-            version.is_empty() || version == "1" || version.starts_with("1.")
+            let is_1 = |number: &str| number == "1" || number.starts_with("1.");
+            match version.strip_prefix(['v', 'V']) {
+                Some(number) => is_1(number),
+                None => version.is_empty() || is_1(version),
+            }
         })
     }
 
@@ -433,7 +436,7 @@ mod tests {
             let card = card_with(&[("it", "JSONRPC", version)]);
             assert_eq!(url(&card).as_deref(), Some("it"), "{version:?}");
         }
-        for version in ["0.3", "2.0", "v0.3", "10", "vv1"] {
+        for version in ["0.3", "2.0", "v0.3", "10", "vv1", "v", "V"] {
             let card = card_with(&[("it", "JSONRPC", version)]);
             assert_eq!(url(&card), None, "{version:?}");
         }

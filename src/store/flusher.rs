@@ -60,7 +60,7 @@ impl Pending {
 /// (`CAP_SYS_NICE`, or an `RLIMIT_NICE` that allows it) the flusher keeps
 /// the process's priority.
 ///
-/// Woken, the flusher yields its core [`FLUSHER_YIELDS`] times before it
+/// Woken, the flusher yields its core `FLUSHER_YIELDS` times before it
 /// takes the pending writes, so that writers it would preempt mid-request
 /// may join the group (README history, round 30: groups at concurrency 64
 /// two to three times larger).

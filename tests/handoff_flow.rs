@@ -33,6 +33,16 @@ async fn register_with_billing(gateway: &TestBaton, triage: &VendorAgent) -> Ven
     billing
 }
 
+/// The names of the task's artifacts, in order.
+fn artifact_names(task: &Value) -> Vec<&str> {
+    task["artifacts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["name"].as_str())
+        .collect()
+}
+
 /// Every reason code in the task's history, in order.
 fn reasons_in_history(task: &Value) -> Vec<String> {
     task["history"]
@@ -271,12 +281,7 @@ async fn return_to_parent_delivers_the_result_and_the_source_finishes() {
     )
     .await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
-    let names: Vec<_> = task["artifacts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["name"].as_str().unwrap())
-        .collect();
+    let names = artifact_names(&task);
     assert_eq!(names, ["refund", "case"]);
     assert_eq!(task["artifacts"][1]["parts"][0]["data"]["refundId"], "rf_1");
 
@@ -376,12 +381,7 @@ async fn a_result_returns_through_every_source_that_waits_for_it() {
     )
     .await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
-    let names: Vec<_> = task["artifacts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["name"].as_str().unwrap())
-        .collect();
+    let names = artifact_names(&task);
     assert_eq!(names, ["refund", "approval", "case"]);
     // Each source got the result of the agent it handed to, with all that
     // was made after it handed on.
@@ -416,17 +416,19 @@ async fn a_result_returns_through_every_source_that_waits_for_it() {
     gateway.stop().await;
 }
 
-#[tokio::test]
-async fn a_result_handed_on_without_a_return_still_reaches_the_waiting_source() {
-    // triage waits for reporter, which notes something and hands the work
-    // on to billing for good: billing's completion answers triage.
+/// triage hands a new task to reporter for its result (with
+/// `return_schema`); reporter notes something and hands the work on to
+/// billing for good. Returns the gateway, triage, billing and the task id.
+async fn hand_on_past_reporter(
+    return_schema: Option<Value>,
+) -> (TestBaton, VendorAgent, VendorAgent, String) {
     let card = common::agents::card("reporter");
     let reporter = ReportThenTransfer {
         card,
         to: "billing",
     };
     let gateway = baton().agent("reporter", reporter).start().await;
-    let triage = source_awaiting_result("triage", "reporter", "case").await;
+    let triage = source_awaiting_typed_result("triage", "reporter", "case", return_schema).await;
     let billing = register_with_billing(&gateway, &triage).await;
     let task = send(
         &gateway,
@@ -434,9 +436,15 @@ async fn a_result_handed_on_without_a_return_still_reaches_the_waiting_source() 
         user_message(&message_id("w"), "refund please"),
     )
     .await;
-    let task_id = task["id"].as_str().unwrap();
+    let task_id = task["id"].as_str().unwrap().to_string();
+    (gateway, triage, billing, task_id)
+}
+
+#[tokio::test]
+async fn a_result_handed_on_without_a_return_still_reaches_the_waiting_source() {
+    let (gateway, triage, billing, task_id) = hand_on_past_reporter(None).await;
     let task = gateway
-        .wait_for_state("/a2a", task_id, "TASK_STATE_COMPLETED")
+        .wait_for_state("/a2a", &task_id, "TASK_STATE_COMPLETED")
         .await;
     let case = task["artifacts"]
         .as_array()
@@ -455,26 +463,11 @@ async fn a_result_handed_on_without_a_return_still_reaches_the_waiting_source() 
 
 #[tokio::test]
 async fn a_result_handed_on_is_checked_against_the_waiting_source_schema() {
-    // triage asks reporter for an approval; reporter hands the work on to
-    // billing for good, whose refund is no approval.
-    let card = common::agents::card("reporter");
-    let reporter = ReportThenTransfer {
-        card,
-        to: "billing",
-    };
-    let gateway = baton().agent("reporter", reporter).start().await;
+    // triage asks for an approval; billing's refund is none.
     let approval = json!({"type": "object", "required": ["approved"]});
-    let triage = source_awaiting_typed_result("triage", "reporter", "case", Some(approval)).await;
-    let billing = register_with_billing(&gateway, &triage).await;
-    let task = send(
-        &gateway,
-        "/agents/triage/a2a",
-        user_message(&message_id("s"), "refund please"),
-    )
-    .await;
-    let task_id = task["id"].as_str().unwrap();
+    let (gateway, triage, billing, task_id) = hand_on_past_reporter(Some(approval)).await;
     let task = gateway
-        .wait_for_state("/a2a", task_id, "TASK_STATE_FAILED")
+        .wait_for_state("/a2a", &task_id, "TASK_STATE_FAILED")
         .await;
     assert_eq!(
         reasons_in_history(&task).last().map(String::as_str),

@@ -890,12 +890,8 @@ mod tests {
         )
     }
 
-    /// An agent is routed to, and its card served, only once its
-    /// registration is durable.
-    #[tokio::test]
-    async fn an_agent_is_routable_only_once_its_registration_is_durable() {
-        let dir = tempfile::tempdir().unwrap();
-        let (ledger, registry) = registry_in(dir.path());
+    /// A registration of agent `billing` with a valid inline card.
+    fn billing_params() -> RegisterParams {
         let card = serde_json::json!({
             "name": "Billing", "description": "Refunds.", "version": "1.0.0",
             "supportedInterfaces": [{"url": "https://billing.example/a2a",
@@ -904,11 +900,20 @@ mod tests {
             "defaultOutputModes": ["text/plain"],
             "skills": [{"id": "refund", "name": "Refund", "description": "Refunds.", "tags": ["refunds"]}],
         });
-        let params = RegisterParams {
+        RegisterParams {
             id: Some("billing".into()),
             card: Some(card),
             ..RegisterParams::default()
-        };
+        }
+    }
+
+    /// An agent is routed to, and its card served, only once its
+    /// registration is durable.
+    #[tokio::test]
+    async fn an_agent_is_routable_only_once_its_registration_is_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, registry) = registry_in(dir.path());
+        let params = billing_params();
 
         let hold = ledger.hold_log();
         let register = registry.register("acme", params);
@@ -935,19 +940,7 @@ mod tests {
     async fn a_stored_agent_with_an_older_interface_keeps_its_route() {
         let dir = tempfile::tempdir().unwrap();
         let (ledger, registry) = registry_in(dir.path());
-        let card = serde_json::json!({
-            "name": "Billing", "description": "Refunds.", "version": "1.0.0",
-            "supportedInterfaces": [{"url": "https://billing.example/a2a",
-                "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
-            "capabilities": {}, "defaultInputModes": ["text/plain"],
-            "defaultOutputModes": ["text/plain"],
-            "skills": [{"id": "refund", "name": "Refund", "description": "Refunds.", "tags": ["refunds"]}],
-        });
-        let params = RegisterParams {
-            id: Some("billing".into()),
-            card: Some(card),
-            ..RegisterParams::default()
-        };
+        let params = billing_params();
         registry.register("acme", params).await.unwrap();
         let mut stored: Vec<AgentRecord> = ledger.agents().unwrap();
         let mut record = stored.pop().unwrap();

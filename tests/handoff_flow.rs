@@ -272,7 +272,18 @@ async fn return_to_parent_delivers_the_result_and_the_source_finishes() {
     })
     .await
     .unwrap();
-    let billing = register_with_billing(&gateway, &triage).await;
+    // billing's own taskTimeout bounds its work, not what triage does after.
+    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
+        .await
+        .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(
+        &gateway,
+        "billing",
+        &billing,
+        json!({"taskTimeoutMs": 2000}),
+    )
+    .await;
 
     let task = send(
         &gateway,
@@ -281,6 +292,17 @@ async fn return_to_parent_delivers_the_result_and_the_source_finishes() {
     )
     .await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let deadline = |task: &Value| {
+        let control = &task["metadata"]["urn:baton:handoff:v1"];
+        let at = control["deadline"].as_str().unwrap_or_default().to_string();
+        chrono::DateTime::parse_from_rfc3339(&at).unwrap_or_else(|_| panic!("{task}"))
+    };
+    let ended = chrono::DateTime::parse_from_rfc3339(task["status"]["timestamp"].as_str().unwrap())
+        .unwrap();
+    assert!(
+        deadline(&task) - ended > chrono::Duration::seconds(20),
+        "the task's deadline is triage's again: {task}"
+    );
     let names = artifact_names(&task);
     assert_eq!(names, ["refund", "case"]);
     assert_eq!(task["artifacts"][1]["parts"][0]["data"]["refundId"], "rf_1");

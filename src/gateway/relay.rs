@@ -237,6 +237,7 @@ impl Driver {
                     artifacts_before: record.task.artifacts.len(),
                     waiting: Vec::new(),
                     return_schema: None,
+                    deadline_before: control.deadline,
                 };
                 let earlier = record.transfer.take();
                 record.transfer = Some(transfer.after(earlier, record.return_schema.take()));
@@ -311,7 +312,12 @@ impl Driver {
         );
         // The return leg is the gateway's own: never a cycle, never refused.
         let control = Control::read_from(record.task.metadata.as_ref()).unwrap_or_default();
-        let delivered = control.delivered_to(&source.agent);
+        let mut delivered = control.delivered_to(&source.agent);
+        // The source's deadline, not its target's shorter one.
+        if let Some(before) = source.deadline_before {
+            delivered.deadline = Some(before);
+            self.deadline = Some(before);
+        }
         let mut message = Message::user(parts);
         message.task_id = self.task_id.clone();
         message.context_id = self.context_id.clone();

@@ -371,6 +371,15 @@ pub struct TransferSource {
     /// own again once the result is due to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_schema: Option<serde_json::Value>,
+    /// The task's deadline when the source handed it on, its own again
+    /// when the result returns to it: a target's shorter taskTimeout
+    /// binds that target's work only.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::protocol::wire::record_timestamp::option"
+    )]
+    pub deadline_before: Option<DateTime<Utc>>,
 }
 
 impl TransferSource {
@@ -1851,6 +1860,7 @@ mod tests {
                     ..TransferSource::default()
                 }],
                 return_schema: None,
+                deadline_before: DateTime::from_timestamp(1_700_000_100, 5_000_000),
             }),
             ..record("t1")
         }

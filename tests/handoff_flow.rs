@@ -497,9 +497,37 @@ async fn a_result_handed_on_is_checked_against_the_waiting_source_schema() {
         "{task}"
     );
     // triage's own task, paused for the result, ends with it.
-    let canceled = canceled_tasks(&triage, 1).await;
-    assert_eq!(canceled.len(), 1, "{canceled:?}");
+    assert_its_task_was_canceled(&triage).await;
     assert_eq!(sends_to(&triage), 1, "no result went back");
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_handoff_schema_still_binds_its_target_after_a_result_returned_to_it() {
+    // The caller hands the task to triage for a closed case; triage asks
+    // billing for a refund and closes the case with its own artifact.
+    let gateway = baton().start().await;
+    let triage = source_awaiting_result("triage", "billing", "case").await;
+    let billing = register_with_billing(&gateway, &triage).await;
+    let closed_case = json!({"type": "object", "required": ["closed"]});
+    let payload = handoff_payload(
+        "caller",
+        json!({"to": "triage"}),
+        json!({"returnSchema": closed_case}),
+    );
+    let task = send(&gateway, "/a2a", handoff_message(payload)).await;
+    let task_id = task["id"].as_str().unwrap();
+    let task = gateway
+        .wait_for_state("/a2a", task_id, "TASK_STATE_FAILED")
+        .await;
+    assert_eq!(
+        reasons_in_history(&task).last().map(String::as_str),
+        Some("OUTPUT_SCHEMA_INVALID"),
+        "triage's case has no `closed`: {task}"
+    );
+    assert_eq!(sends_to(&triage), 2, "the refund went back to triage");
     triage.stop().await;
     billing.stop().await;
     gateway.stop().await;
@@ -539,8 +567,7 @@ async fn a_cancel_ends_the_task_of_every_source_waiting_for_the_result() {
         canceled.body
     );
     for source in [&triage, &manager] {
-        let canceled = canceled_tasks(source, 1).await;
-        assert_eq!(canceled.len(), 1, "{canceled:?}");
+        assert_its_task_was_canceled(source).await;
     }
     for agent in [triage, manager, billing] {
         agent.stop().await;
@@ -1101,10 +1128,13 @@ async fn hand_off_to_a_slow_agent(gateway: &TestBaton, metadata: Value) -> (Vend
     (slow, id)
 }
 
-/// Asserts that `slow` was sent CancelTask for the one task it created.
+/// Asserts that `slow` was sent CancelTask for the one task it created,
+/// once (no later duplicate either).
 async fn assert_its_task_was_canceled(slow: &VendorAgent) {
     let canceled = canceled_tasks(slow, 1).await;
     assert_eq!(canceled.len(), 1, "{canceled:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(slow.cancels().len(), 1, "{:?}", slow.cancels());
     assert_eq!(
         slow.task(&canceled[0]).unwrap().status.state,
         TaskState::Canceled

@@ -285,7 +285,7 @@ impl Driver {
             }
         }
         self.watch_interrupted_deadline();
-        self.release_waiting_sources();
+        self.release_waiting_sources().await;
         if handed_on {
             self.gateway.metrics_finished(&self.task_id);
         }
@@ -325,7 +325,7 @@ impl Driver {
             self.fail(vec![Part::text(reason)]).await;
         }
         self.watch_interrupted_deadline();
-        self.release_waiting_sources();
+        self.release_waiting_sources().await;
         self.gateway.unregister_running(&self.task_id);
     }
 
@@ -776,8 +776,7 @@ impl Driver {
     /// for a remote agent) and the task fails with `DEADLINE_EXCEEDED`.
     pub(super) async fn expire(&mut self, agent: &Arc<AgentEntry>) {
         self.last_state = None;
-        // The paused sources are released at the driver's end.
-        expire_task(&self.gateway, Some(agent), &self.task_id, false).await;
+        expire_task(&self.gateway, Some(agent), &self.task_id).await;
     }
 
     /// Answers the caller with an error when nothing was created; the
@@ -866,22 +865,21 @@ impl Driver {
         settle_task(&self.gateway, &self.task_id, state, parts).await;
     }
 
-    /// A task that ended short of its result (failed, rejected, or canceled
-    /// by its agent) while sources waited for it: their paused tasks end
-    /// too. A gateway cancel has seen to that already.
-    fn release_waiting_sources(&self) {
-        if self.task_cancel.is_cancelled()
-            || self
-                .last_state
-                .is_some_and(|state| state == TaskState::Completed || !state.is_terminal())
+    /// A task that ended short of its result (failed, rejected, or
+    /// canceled) while sources waited for it: their paused tasks end too.
+    async fn release_waiting_sources(&self) {
+        if self
+            .last_state
+            .is_some_and(|state| state == TaskState::Completed || !state.is_terminal())
         {
             return;
         }
         if let Ok(Some(record)) = self.gateway.ledger.get(&self.task_id)
+            && record.transfer.is_some()
             && record.task.status.state.is_terminal()
             && record.task.status.state != TaskState::Completed
         {
-            self.gateway.cancel_paused_source(&record);
+            self.gateway.release_paused_sources(&self.task_id).await;
         }
     }
 
@@ -925,7 +923,7 @@ impl Gateway {
             // An agent deregistered since is sent no CancelTask; the task
             // still fails.
             let agent = self.agent(&record.agent);
-            expire_task(&self, agent.as_deref(), &task_id, true).await;
+            expire_task(&self, agent.as_deref(), &task_id).await;
         });
     }
 
@@ -954,14 +952,8 @@ impl Gateway {
 }
 
 /// Tells the agent, if still registered, to stop, and fails the task with
-/// `DEADLINE_EXCEEDED`; with `release_sources`, also the sources waiting
-/// for its result.
-async fn expire_task(
-    gateway: &Gateway,
-    agent: Option<&AgentEntry>,
-    task_id: &str,
-    release_sources: bool,
-) {
+/// `DEADLINE_EXCEEDED`; the sources waiting for its result are released.
+async fn expire_task(gateway: &Gateway, agent: Option<&AgentEntry>, task_id: &str) {
     let record = match gateway.ledger.get_shared(task_id) {
         Ok(Some(record)) if record.task.status.state.is_terminal() => return,
         Ok(record) => record,
@@ -976,8 +968,8 @@ async fn expire_task(
         let Some(record) = record else {
             return;
         };
-        if release_sources {
-            gateway.cancel_paused_source(&record);
+        if record.transfer.is_some() {
+            gateway.release_paused_sources(task_id).await;
         }
         let Some(agent) = agent else {
             return;

@@ -385,7 +385,7 @@ impl Gateway {
                 }
             }
         }
-        self.cancel_paused_source(&record);
+        self.release_paused_sources(&req.id).await;
         if let Some((token, _)) = self.running.lock().expect("running lock").get(&req.id) {
             token.cancel();
         }
@@ -418,22 +418,37 @@ impl Gateway {
 
     /// A source that handed the task on with `returnToParent` keeps its own
     /// task paused for the result: that task, and those of earlier sources
-    /// still waiting, end with the gateway task.
-    /// Sent on its own, so that an unreachable source holds up neither the
-    /// caller's answer nor the target's cancel.
-    pub(crate) fn cancel_paused_source(&self, record: &TaskRecord) {
-        let Some(transfer) = &record.transfer else {
-            return;
-        };
-        for waiting in transfer.waiting_sources() {
-            if waiting.state.is_terminal() {
-                continue;
+    /// still waiting, end with the gateway task. The record notes them
+    /// released, so each gets one CancelTask whichever path ends the task
+    /// first; the calls go out on their own, so that an unreachable source
+    /// holds up neither the caller's answer nor the target's cancel.
+    pub(crate) async fn release_paused_sources(&self, task_id: &str) {
+        let mut released = Vec::new();
+        let marked = self
+            .ledger
+            .update(task_id, |record| {
+                if let Some(transfer) = record.transfer.as_mut() {
+                    released = transfer.release_waiting();
+                }
+                Ok::<_, GatewayError>(if released.is_empty() {
+                    Change::Unchanged
+                } else {
+                    Change::Made(Vec::new())
+                })
+            })
+            .await;
+        let task = match marked {
+            Ok(record) => record.task.clone(),
+            Err(err) => {
+                tracing::error!(task_id, %err, "could not release the sources waiting for a result");
+                return;
             }
-            let (Some(upstream), Some(source)) = (&waiting.upstream, self.agent(&waiting.agent))
-            else {
+        };
+        for (agent, upstream) in released {
+            let (Some(upstream), Some(source)) = (upstream, self.agent(&agent)) else {
                 continue;
             };
-            let (task, upstream) = (record.task.clone(), upstream.clone());
+            let task = task.clone();
             tokio::spawn(async move {
                 if let Err(err) = source.agent.cancel(&task, Some(&upstream)).await {
                     tracing::warn!(task_id = %task.id, source = %source.id, %err, "the source's paused task was not canceled");
@@ -469,7 +484,7 @@ impl Gateway {
                 {
                     tracing::warn!(task_id = %child, %err, "agent did not confirm the cascaded cancel");
                 }
-                self.cancel_paused_source(&record);
+                self.release_paused_sources(&child).await;
                 if let Some((token, _)) = self.running.lock().expect("running lock").get(&child) {
                     token.cancel();
                 }

@@ -237,6 +237,7 @@ impl Driver {
                     artifacts_before: record.task.artifacts.len(),
                     waiting: Vec::new(),
                     return_schema: None,
+                    source_schema: record.return_schema.clone(),
                     deadline_before: control.deadline,
                 };
                 let earlier = record.transfer.take();
@@ -358,15 +359,16 @@ impl Driver {
                 });
                 record.agent = source.agent.clone();
                 record.upstream = upstream.clone().filter(|u| !u.task_id.is_empty());
-                // An earlier source still waits for this one's result.
+                // An earlier source still waits for this one's result; the
+                // source's work is bound again by the schema it was.
                 record.transfer = record
                     .transfer
                     .as_ref()
                     .and_then(TransferSource::after_return);
-                record.return_schema = record
-                    .transfer
-                    .as_mut()
-                    .and_then(|next| next.return_schema.take());
+                if let Some(next) = record.transfer.as_mut() {
+                    next.return_schema = None;
+                }
+                record.return_schema = source.source_schema.clone();
                 delivered.write_into(&mut record.task.metadata);
                 Ok(Vec::new())
             })

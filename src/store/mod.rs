@@ -371,6 +371,11 @@ pub struct TransferSource {
     /// own again once the result is due to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_schema: Option<serde_json::Value>,
+    /// The returnSchema that bound the source's own work when it handed
+    /// on (a handoff's to it), the record's again when the result returns
+    /// to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_schema: Option<serde_json::Value>,
     /// The task's deadline when the source handed it on, its own again
     /// when the result returns to it: a target's shorter taskTimeout
     /// binds that target's work only.
@@ -436,12 +441,24 @@ impl TransferSource {
         Some(next)
     }
 
-    /// Every source waiting for a result, nearest first.
-    pub fn waiting_sources(&self) -> impl Iterator<Item = &TransferSource> {
-        self.return_to_parent
-            .then_some(self)
-            .into_iter()
-            .chain(self.waiting.iter().rev())
+    /// Marks every source still waiting for a result as canceled, once:
+    /// the task ended short of it. Returns those it marked (their agents
+    /// and own tasks), nearest first, to be sent CancelTask.
+    pub fn release_waiting(&mut self) -> Vec<(String, Option<crate::agents::UpstreamRef>)> {
+        let mut released = Vec::new();
+        let mut release = |source: &mut TransferSource| {
+            if !source.state.is_terminal() {
+                source.state = TaskState::Canceled;
+                released.push((source.agent.clone(), source.upstream.clone()));
+            }
+        };
+        if self.return_to_parent {
+            release(&mut *self);
+        }
+        for source in self.waiting.iter_mut().rev() {
+            release(source);
+        }
+        released
     }
 }
 
@@ -1860,6 +1877,7 @@ mod tests {
                     ..TransferSource::default()
                 }],
                 return_schema: None,
+                source_schema: Some(serde_json::json!({"type": "object"})),
                 deadline_before: DateTime::from_timestamp(1_700_000_100, 5_000_000),
             }),
             ..record("t1")
@@ -1978,12 +1996,14 @@ mod tests {
         assert_eq!(to_c.result_goes_to().unwrap().agent, "a");
         assert_eq!(to_c.waiting_schema(), schema(1).as_ref());
         let to_d = source("c", true).after(Some(to_c), schema(2));
-        let agents = |t: &TransferSource| {
-            t.waiting_sources()
-                .map(|s| s.agent.clone())
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(agents(&to_d), ["c", "a"], "b asked for nothing back");
+        let mut released = to_d.clone();
+        let agents: Vec<_> = released
+            .release_waiting()
+            .into_iter()
+            .map(|(agent, _)| agent)
+            .collect();
+        assert_eq!(agents, ["c", "a"], "b asked for nothing back");
+        assert!(released.release_waiting().is_empty(), "released once");
         assert_eq!(to_d.result_goes_to().unwrap().agent, "c");
         assert_eq!(to_d.waiting_schema(), None, "d's schema is the record's");
         // d's result went to c: a waits next, with its schema.

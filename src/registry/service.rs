@@ -270,7 +270,10 @@ impl Registry {
         let stored: Vec<AgentRecord> = self.ledger.agents()?;
         let mut loaded = 0;
         for record in stored {
-            if record.card.jsonrpc_interface().is_none() && !record.builtin {
+            if record.card.jsonrpc_interface().is_none()
+                && record.card.calling_interface().is_some()
+                && !record.builtin
+            {
                 tracing::warn!(agent = %record.id, "the agent's card has no JSON-RPC interface of protocol version 1; Baton calls its first JSON-RPC one, in 1.0: register the agent again with a 1.0 interface");
             }
             match (self.connect)(&record.id, &record.card) {

@@ -60,15 +60,15 @@ impl Pending {
 /// (`CAP_SYS_NICE`, or an `RLIMIT_NICE` that allows it) the flusher keeps
 /// the process's priority.
 ///
-/// Woken, the flusher yields its core `FLUSHER_YIELDS` times before it
-/// takes the pending writes, so that writers it would preempt mid-request
-/// may join the group (README history, round 30: groups at concurrency 64
-/// two to three times larger).
+/// Woken, the flusher yields its core before it takes the pending writes
+/// (`FLUSHER_YIELDS`), so that writers it would preempt mid-request may join
+/// the group (README history, round 30: with one yield, groups at
+/// concurrency 64 two to three times larger).
 pub const FLUSHER_NICE: i32 = -10;
 
 /// How often the woken flusher yields its core before it takes the pending
-/// writes. Each yield lets one more thread runnable on that core reach its
-/// write; on an idle core each returns at once. Measured on a 2-core VM
+/// writes: threads runnable on that core run first, and may add their
+/// writes to the group; on an idle core each yield returns at once. Measured on a 2-core VM
 /// (round 40, quick runs in rotated order): three yields against one
 /// raised the c=16 ratio in five of five rounds (mean of nine runs 0.231
 /// against 0.208 over five), with larger groups and no longer p99 at c=1;

@@ -385,7 +385,9 @@ impl Gateway {
                 }
             }
         }
-        self.release_paused_sources(&req.id).await;
+        if record.transfer.is_some() {
+            self.release_paused_sources(&req.id).await;
+        }
         if let Some((token, _)) = self.running.lock().expect("running lock").get(&req.id) {
             token.cancel();
         }
@@ -484,7 +486,9 @@ impl Gateway {
                 {
                     tracing::warn!(task_id = %child, %err, "agent did not confirm the cascaded cancel");
                 }
-                self.release_paused_sources(&child).await;
+                if record.transfer.is_some() {
+                    self.release_paused_sources(&child).await;
+                }
                 if let Some((token, _)) = self.running.lock().expect("running lock").get(&child) {
                     token.cancel();
                 }

@@ -534,6 +534,53 @@ async fn a_handoff_schema_still_binds_its_target_after_a_result_returned_to_it()
 }
 
 #[tokio::test]
+async fn a_result_returning_through_a_chain_meets_the_first_source_schema() {
+    // triage (wants an approval) -> manager, who hands the work to clerk for
+    // good -> clerk asks billing for a refund and approves it. Each inner
+    // schema holds; triage's does not, as a refund is no approval.
+    let gateway = baton().start().await;
+    let approval = json!({"type": "object", "required": ["approved"]});
+    let triage = source_awaiting_typed_result("triage", "manager", "case", Some(approval)).await;
+    let manager = VendorAgent::start("manager", &["manager"], |_| Reply::Handoff {
+        payload: handoff_payload(
+            "manager",
+            json!({"to": "clerk"}),
+            json!({"returnSchema": {"type": "object"}}),
+        ),
+        state: TaskState::Completed,
+    })
+    .await
+    .unwrap();
+    let refund_id = json!({"type": "object", "required": ["refundId"]});
+    let clerk = source_awaiting_typed_result("clerk", "billing", "approval", Some(refund_id)).await;
+    let billing = register_with_billing(&gateway, &triage).await;
+    register(&gateway, "manager", &manager, json!({})).await;
+    register(&gateway, "clerk", &clerk, json!({})).await;
+    let task = send(
+        &gateway,
+        "/agents/triage/a2a",
+        user_message(&message_id("x"), "refund please"),
+    )
+    .await;
+    let task_id = task["id"].as_str().unwrap();
+    let task = gateway
+        .wait_for_state("/a2a", task_id, "TASK_STATE_FAILED")
+        .await;
+    assert_eq!(
+        reasons_in_history(&task).last().map(String::as_str),
+        Some("OUTPUT_SCHEMA_INVALID"),
+        "{task}"
+    );
+    assert_eq!(sends_to(&clerk), 2, "billing's refund went back to clerk");
+    assert_eq!(sends_to(&triage), 1, "nothing went back to triage");
+    assert_its_task_was_canceled(&triage).await;
+    for agent in [triage, manager, clerk, billing] {
+        agent.stop().await;
+    }
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn a_cancel_ends_the_task_of_every_source_waiting_for_the_result() {
     let gateway = baton().start().await;
     let triage = source_awaiting_result("triage", "manager", "case").await;

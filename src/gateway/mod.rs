@@ -385,11 +385,13 @@ impl Gateway {
                 }
             }
         }
-        if record.transfer.is_some() {
-            self.release_paused_sources(&req.id).await;
-        }
+        // The driver stops first, so that no result returns to a source
+        // being released.
         if let Some((token, _)) = self.running.lock().expect("running lock").get(&req.id) {
             token.cancel();
+        }
+        if record.transfer.is_some() {
+            self.release_paused_sources(&req.id).await;
         }
         let record = self
             .ledger
@@ -486,11 +488,11 @@ impl Gateway {
                 {
                     tracing::warn!(task_id = %child, %err, "agent did not confirm the cascaded cancel");
                 }
-                if record.transfer.is_some() {
-                    self.release_paused_sources(&child).await;
-                }
                 if let Some((token, _)) = self.running.lock().expect("running lock").get(&child) {
                     token.cancel();
+                }
+                if record.transfer.is_some() {
+                    self.release_paused_sources(&child).await;
                 }
                 let canceled = self
                     .ledger

@@ -238,12 +238,14 @@ impl Driver {
                     waiting: Vec::new(),
                     return_schema: None,
                     source_schema: record.return_schema.clone(),
+                    source_schema_from: record.return_schema_from,
                     deadline_before: control.deadline,
                 };
                 let earlier = record.transfer.take();
                 record.transfer = Some(transfer.after(earlier, record.return_schema.take()));
                 record.agent = target.id.clone();
                 record.return_schema = return_schema;
+                record.return_schema_from = record.task.artifacts.len();
                 delivered.write_into(&mut record.task.metadata);
                 // Still WORKING for the caller; the control shows the new holder.
                 let mut metadata = None;
@@ -365,10 +367,8 @@ impl Driver {
                     .transfer
                     .as_ref()
                     .and_then(TransferSource::after_return);
-                if let Some(next) = record.transfer.as_mut() {
-                    next.return_schema = None;
-                }
                 record.return_schema = source.source_schema.clone();
+                record.return_schema_from = source.source_schema_from;
                 delivered.write_into(&mut record.task.metadata);
                 Ok(Vec::new())
             })

@@ -95,6 +95,10 @@ pub struct TaskRecord {
     /// Where a transfer came from, while its target works on the task.
     #[serde(default)]
     pub transfer: Option<TransferSource>,
+    /// The first of the artifacts `return_schema` checks: the current
+    /// holder's own, since the handoff that made it the holder.
+    #[serde(default)]
+    pub return_schema_from: usize,
 }
 
 impl Serialize for TaskRecord {
@@ -126,6 +130,12 @@ struct RecordJson<'a, T> {
     hops: &'a [HopRecord],
     #[serde(skip_serializing_if = "Option::is_none")]
     transfer: Option<&'a TransferSource>,
+    #[serde(skip_serializing_if = "is_zero_usize")]
+    return_schema_from: usize,
+}
+
+fn is_zero_usize(n: &usize) -> bool {
+    *n == 0
 }
 
 impl<'a, T> RecordJson<'a, T> {
@@ -143,6 +153,7 @@ impl<'a, T> RecordJson<'a, T> {
             return_schema,
             hops,
             transfer,
+            return_schema_from,
         } = record;
         Self {
             task,
@@ -156,6 +167,7 @@ impl<'a, T> RecordJson<'a, T> {
             return_schema: return_schema.as_ref(),
             hops,
             transfer: transfer.as_ref(),
+            return_schema_from: *return_schema_from,
         }
     }
 }
@@ -376,6 +388,9 @@ pub struct TransferSource {
     /// to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_schema: Option<serde_json::Value>,
+    /// The first artifact `source_schema` checks (the source's own work).
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub source_schema_from: usize,
     /// The task's deadline when the source handed it on, its own again
     /// when the result returns to it: a target's shorter taskTimeout
     /// binds that target's work only.
@@ -410,13 +425,11 @@ impl TransferSource {
         self
     }
 
-    /// The returnSchema of the waiting source the result goes to, when that
-    /// is not this transfer's own (whose schema is the record's).
-    pub fn waiting_schema(&self) -> Option<&serde_json::Value> {
-        if self.return_to_parent {
-            return None;
-        }
-        self.waiting.last()?.return_schema.as_ref()
+    /// The returnSchema the result must satisfy on its way back, where it
+    /// is not the record's own: a waiting source's, or this transfer's once
+    /// it is open again after an inner result returned.
+    pub fn returned_schema(&self) -> Option<&serde_json::Value> {
+        self.result_goes_to()?.return_schema.as_ref()
     }
 
     /// The source the holder's result goes to: this one if it asked for
@@ -1878,8 +1891,10 @@ mod tests {
                 }],
                 return_schema: None,
                 source_schema: Some(serde_json::json!({"type": "object"})),
+                source_schema_from: 1,
                 deadline_before: DateTime::from_timestamp(1_700_000_100, 5_000_000),
             }),
+            return_schema_from: 2,
             ..record("t1")
         }
     }
@@ -1965,6 +1980,7 @@ mod tests {
             "returnSchema",
             "hops",
             "transfer",
+            "returnSchemaFrom",
         ] {
             assert!(minimal.get(absent).is_none(), "{absent} written");
         }
@@ -1994,7 +2010,7 @@ mod tests {
         let to_b = source("a", true);
         let to_c = source("b", false).after(Some(to_b), schema(1));
         assert_eq!(to_c.result_goes_to().unwrap().agent, "a");
-        assert_eq!(to_c.waiting_schema(), schema(1).as_ref());
+        assert_eq!(to_c.returned_schema(), schema(1).as_ref());
         let to_d = source("c", true).after(Some(to_c), schema(2));
         let mut released = to_d.clone();
         let agents: Vec<_> = released
@@ -2005,11 +2021,12 @@ mod tests {
         assert_eq!(agents, ["c", "a"], "b asked for nothing back");
         assert!(released.release_waiting().is_empty(), "released once");
         assert_eq!(to_d.result_goes_to().unwrap().agent, "c");
-        assert_eq!(to_d.waiting_schema(), None, "d's schema is the record's");
+        assert_eq!(to_d.returned_schema(), None, "d's schema is the record's");
         // d's result went to c: a waits next, with its schema.
         let next = to_d.after_return().unwrap();
         assert_eq!(next.agent, "a");
         assert_eq!(next.return_schema, schema(1));
+        assert_eq!(next.returned_schema(), schema(1).as_ref());
         assert!(next.waiting.is_empty());
         assert_eq!(next.after_return(), None);
     }

@@ -553,7 +553,7 @@ impl Driver {
                         if let Some(schema) = &record.return_schema
                             && !returning
                         {
-                            let from = record.return_schema_from;
+                            let from = record.schema_from();
                             enforce_return_schema(&record.task, schema, from, &mut stream_events);
                         }
                         note_hop(record, &stream_events, first_answer, now);
@@ -735,11 +735,11 @@ impl Driver {
         // also by agents its target handed on to without a return.
         let returned_from = transfer
             .and_then(|t| t.result_goes_to())
-            .map_or(record.return_schema_from, |t| t.artifacts_before);
+            .map_or(record.schema_from(), |t| t.artifacts_before);
         // The holder's own artifacts against its handoff's schema; all the
         // source gets against the source's, when that is another handoff.
         let checks = [
-            (record.return_schema.as_ref(), record.return_schema_from),
+            (record.return_schema.as_ref(), record.schema_from()),
             (transfer.and_then(|t| t.returned_schema()), returned_from),
         ];
         for (schema, from) in checks {

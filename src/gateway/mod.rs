@@ -385,8 +385,8 @@ impl Gateway {
                 }
             }
         }
-        // The driver stops first, so that no result returns to a source
-        // being released.
+        // The driver is told to stop first, so that a result is less
+        // likely to return to a source being released.
         if let Some((token, _)) = self.running.lock().expect("running lock").get(&req.id) {
             token.cancel();
         }

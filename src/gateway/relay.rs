@@ -238,14 +238,14 @@ impl Driver {
                     waiting: Vec::new(),
                     return_schema: None,
                     source_schema: record.return_schema.clone(),
-                    source_schema_from: record.return_schema_from,
+                    source_schema_from: record.schema_from(),
                     deadline_before: control.deadline,
                 };
                 let earlier = record.transfer.take();
                 record.transfer = Some(transfer.after(earlier, record.return_schema.take()));
                 record.agent = target.id.clone();
                 record.return_schema = return_schema;
-                record.return_schema_from = record.task.artifacts.len();
+                record.return_schema_from = Some(record.task.artifacts.len());
                 delivered.write_into(&mut record.task.metadata);
                 // Still WORKING for the caller; the control shows the new holder.
                 let mut metadata = None;
@@ -368,7 +368,7 @@ impl Driver {
                     .as_ref()
                     .and_then(TransferSource::after_return);
                 record.return_schema = source.source_schema.clone();
-                record.return_schema_from = source.source_schema_from;
+                record.return_schema_from = Some(source.source_schema_from);
                 delivered.write_into(&mut record.task.metadata);
                 Ok(Vec::new())
             })

@@ -96,9 +96,19 @@ pub struct TaskRecord {
     #[serde(default)]
     pub transfer: Option<TransferSource>,
     /// The first of the artifacts `return_schema` checks: the current
-    /// holder's own, since the handoff that made it the holder.
+    /// holder's own, since the handoff that made it the holder. Unset in
+    /// records written before it was kept: see [`Self::schema_from`].
     #[serde(default)]
-    pub return_schema_from: usize,
+    pub return_schema_from: Option<usize>,
+}
+
+impl TaskRecord {
+    /// The first of the artifacts `return_schema` checks; a record written
+    /// before that was kept checks from its transfer's start, as then.
+    pub fn schema_from(&self) -> usize {
+        self.return_schema_from
+            .unwrap_or_else(|| self.transfer.as_ref().map_or(0, |t| t.artifacts_before))
+    }
 }
 
 impl Serialize for TaskRecord {
@@ -130,8 +140,8 @@ struct RecordJson<'a, T> {
     hops: &'a [HopRecord],
     #[serde(skip_serializing_if = "Option::is_none")]
     transfer: Option<&'a TransferSource>,
-    #[serde(skip_serializing_if = "is_zero_usize")]
-    return_schema_from: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    return_schema_from: Option<usize>,
 }
 
 fn is_zero_usize(n: &usize) -> bool {
@@ -379,8 +389,9 @@ pub struct TransferSource {
     /// again does not drop its own source.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting: Vec<TransferSource>,
-    /// For a source in `waiting`: its handoff's returnSchema, the record's
-    /// own again once the result is due to it.
+    /// For a source in `waiting`, and for a transfer open again after an
+    /// inner result returned: its handoff's returnSchema, checked on all
+    /// that goes back to its source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_schema: Option<serde_json::Value>,
     /// The returnSchema that bound the source's own work when it handed
@@ -1894,7 +1905,7 @@ mod tests {
                 source_schema_from: 1,
                 deadline_before: DateTime::from_timestamp(1_700_000_100, 5_000_000),
             }),
-            return_schema_from: 2,
+            return_schema_from: Some(3),
             ..record("t1")
         }
     }
@@ -1996,6 +2007,17 @@ mod tests {
         assert!(transfer.waiting.is_empty());
         assert_eq!(transfer.result_goes_to().unwrap().agent, "source");
         assert_eq!(transfer.after_return(), None);
+    }
+
+    #[test]
+    fn a_record_written_before_schema_ranges_were_kept_checks_from_its_transfer() {
+        let mut whole = serde_json::to_value(full_record()).unwrap();
+        whole.as_object_mut().unwrap().remove("returnSchemaFrom");
+        let read: TaskRecord = serde_json::from_value(whole).unwrap();
+        assert_eq!(read.return_schema_from, None);
+        assert_eq!(read.schema_from(), 2, "the transfer's artifactsBefore");
+        assert_eq!(full_record().schema_from(), 3);
+        assert_eq!(record("t1").schema_from(), 0);
     }
 
     #[test]

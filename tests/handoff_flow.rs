@@ -43,6 +43,35 @@ fn artifact_names(task: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// A vendor agent `id` declaring `skills` that hands every task on to
+/// `target` (`{"to": ..}` or `{"toSkill": ..}`) for good.
+async fn handing_on(id: &str, skills: &[&str], target: Value) -> VendorAgent {
+    let from = id.to_string();
+    VendorAgent::start(id, skills, move |_| Reply::Handoff {
+        payload: handoff_payload(&from, target.clone(), json!({})),
+        state: TaskState::Completed,
+    })
+    .await
+    .unwrap()
+}
+
+/// Sends `message` to triage without waiting for the task to end; returns
+/// the task's id once `holder` has been sent the work (or after 2 s).
+async fn start_at_triage(gateway: &TestBaton, message: Value, holder: &VendorAgent) -> String {
+    let params = json!({"message": message, "configuration": {"returnImmediately": true}});
+    let reply = gateway
+        .call_at("/agents/triage/a2a", "SendMessage", params)
+        .await;
+    let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
+    for _ in 0..100 {
+        if sends_to(holder) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    id
+}
+
 /// Every reason code in the task's history, in order.
 fn reasons_in_history(task: &Value) -> Vec<String> {
     task["history"]
@@ -591,20 +620,8 @@ async fn a_cancel_ends_the_task_of_every_source_waiting_for_the_result() {
     register(&gateway, "triage", &triage, json!({})).await;
     register(&gateway, "manager", &manager, json!({})).await;
     register(&gateway, "billing", &billing, json!({})).await;
-    let body = json!({
-        "message": user_message(&message_id("c"), "refund please"),
-        "configuration": {"returnImmediately": true},
-    });
-    let reply = gateway
-        .call_at("/agents/triage/a2a", "SendMessage", body)
-        .await;
-    let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
-    for _ in 0..100 {
-        if sends_to(&billing) == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let message = user_message(&message_id("c"), "refund please");
+    let id = start_at_triage(&gateway, message, &billing).await;
     assert_eq!(sends_to(&billing), 1, "billing holds the task");
     let canceled = gateway.call("CancelTask", json!({"id": id})).await;
     assert_eq!(
@@ -1303,12 +1320,7 @@ async fn a_message_to_a_handoff_no_agent_took_up_yet_is_refused() {
 #[tokio::test]
 async fn a_message_to_a_transfer_its_target_has_not_answered_is_refused() {
     let gateway = baton().start().await;
-    let triage = VendorAgent::start("triage", &["triage"], |_| Reply::Handoff {
-        payload: handoff_payload("triage", json!({"to": "slow"}), json!({})),
-        state: TaskState::Completed,
-    })
-    .await
-    .unwrap();
+    let triage = handing_on("triage", &["triage"], json!({"to": "slow"})).await;
     let slow = VendorAgent::start("slow", &["refund"], |_| {
         Reply::Late(Duration::from_millis(900), Box::new(Reply::Working))
     })
@@ -1317,20 +1329,7 @@ async fn a_message_to_a_transfer_its_target_has_not_answered_is_refused() {
     register(&gateway, "triage", &triage, json!({})).await;
     register(&gateway, "slow", &slow, json!({})).await;
     let message = user_message(&message_id("t"), "refund please");
-    let reply = gateway
-        .call_at(
-            "/agents/triage/a2a",
-            "SendMessage",
-            json!({"message": message, "configuration": {"returnImmediately": true}}),
-        )
-        .await;
-    let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
-    for _ in 0..100 {
-        if sends_to(&slow) > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let id = start_at_triage(&gateway, message, &slow).await;
     let mut more = user_message(&message_id("more"), "one more thing");
     more["taskId"] = json!(id);
     let refused = gateway.call("SendMessage", json!({"message": more})).await;
@@ -1513,18 +1512,8 @@ async fn a_deadline_also_ends_a_task_waiting_for_input() {
 #[tokio::test]
 async fn one_trace_id_reaches_the_third_agent_of_a_chain() {
     let gateway = baton().start().await;
-    let triage = VendorAgent::start("triage", &["triage"], |_| Reply::Handoff {
-        payload: handoff_payload("triage", json!({"to": "billing"}), json!({})),
-        state: TaskState::Completed,
-    })
-    .await
-    .unwrap();
-    let billing = VendorAgent::start("billing", &["refund"], |_| Reply::Handoff {
-        payload: handoff_payload("billing", json!({"toSkill": "diagnose"}), json!({})),
-        state: TaskState::Completed,
-    })
-    .await
-    .unwrap();
+    let triage = handing_on("triage", &["triage"], json!({"to": "billing"})).await;
+    let billing = handing_on("billing", &["refund"], json!({"toSkill": "diagnose"})).await;
     let technical = VendorAgent::start("technical", &["diagnose"], |_| Reply::Complete {
         text: Some("fixed".into()),
         artifacts: vec![],
@@ -1716,18 +1705,8 @@ async fn a_skill_handoff_skips_agents_in_its_parent_task_chain() {
 async fn a_skill_handoff_skips_agents_already_in_the_chain() {
     let gateway = baton().start().await;
     // Triage also refunds, but it held the work before billing did.
-    let triage = VendorAgent::start("triage", &["triage", "refund"], |_| Reply::Handoff {
-        payload: handoff_payload("triage", json!({"to": "billing"}), json!({})),
-        state: TaskState::Completed,
-    })
-    .await
-    .unwrap();
-    let billing = VendorAgent::start("billing", &["refund"], |_| Reply::Handoff {
-        payload: handoff_payload("billing", json!({"toSkill": "refund"}), json!({})),
-        state: TaskState::Completed,
-    })
-    .await
-    .unwrap();
+    let triage = handing_on("triage", &["triage", "refund"], json!({"to": "billing"})).await;
+    let billing = handing_on("billing", &["refund"], json!({"toSkill": "refund"})).await;
     let refunds = VendorAgent::start("refunds", &["refund"], |_| refund())
         .await
         .unwrap();
@@ -1830,20 +1809,7 @@ async fn handed_on_for_its_result(
     register(gateway, "billing", &billing, json!({})).await;
     let mut message = user_message(&message_id("r"), "refund please");
     message["metadata"] = metadata;
-    let reply = gateway
-        .call_at(
-            "/agents/triage/a2a",
-            "SendMessage",
-            json!({"message": message, "configuration": {"returnImmediately": true}}),
-        )
-        .await;
-    let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
-    for _ in 0..100 {
-        if sends_to(&billing) > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let id = start_at_triage(gateway, message, &billing).await;
     assert_eq!(sends_to(&billing), 1, "billing holds the task");
     (triage, billing, id)
 }

@@ -834,6 +834,23 @@ mod tests {
         })
     }
 
+    /// Holds the log and completes `t1` behind it: the COMPLETED state is
+    /// noted (readable) but not durable until the hold is dropped.
+    async fn completed_behind_held_log(
+        ledger: &Arc<Ledger>,
+    ) -> (
+        crate::store::flusher::LogHold,
+        tokio::task::JoinHandle<Result<Arc<TaskRecord>, LedgerError>>,
+    ) {
+        let hold = ledger.hold_log();
+        let writer = complete_in_background(ledger);
+        until_noted(|| {
+            ledger.get("t1").unwrap().unwrap().task.status.state == TaskState::Completed
+        })
+        .await;
+        (hold, writer)
+    }
+
     /// `answer`'s error as JSON-RPC, which must come within `limit` (not
     /// wait on the log) and be -32603 LEDGER_UNAVAILABLE.
     async fn ledger_unavailable<T: std::fmt::Debug>(
@@ -1215,12 +1232,7 @@ mod tests {
         alices_working_task(&ledger).await;
         let ctx = alice(None);
 
-        let hold = ledger.hold_log();
-        let writer = complete_in_background(&ledger);
-        until_noted(|| {
-            ledger.get("t1").unwrap().unwrap().task.status.state == TaskState::Completed
-        })
-        .await;
+        let (hold, writer) = completed_behind_held_log(&ledger).await;
         let get = gateway.get_task(
             &ctx,
             GetTaskRequest {
@@ -1246,12 +1258,7 @@ mod tests {
         alices_working_task(&ledger).await;
         let ctx = alice(None);
 
-        let hold = ledger.hold_log();
-        let writer = complete_in_background(&ledger);
-        until_noted(|| {
-            ledger.get("t1").unwrap().unwrap().task.status.state == TaskState::Completed
-        })
-        .await;
+        let (hold, writer) = completed_behind_held_log(&ledger).await;
         let cancel = gateway.cancel_task(
             &ctx,
             CancelTaskRequest {

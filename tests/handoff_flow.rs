@@ -1847,3 +1847,76 @@ async fn a_deadline_ends_the_task_its_source_keeps_waiting_for_the_result() {
     billing.stop().await;
     gateway.stop().await;
 }
+
+/// A result can return to its source while a CancelTask waits for the
+/// holder's answer: the source then holds the task, its own task resumed,
+/// and is asked to cancel it too, whether the old holder answers that it
+/// canceled or that its task (now finished) cannot be.
+#[tokio::test]
+async fn a_cancel_reaches_the_source_a_result_returned_to_meanwhile() {
+    for refuses in [false, true] {
+        cancel_while_the_result_returns(refuses).await;
+    }
+}
+
+async fn cancel_while_the_result_returns(refuses: bool) {
+    let billing = common::agents::FinishesOnCancel::new("billing", refuses);
+    let gateway = baton().agent("billing", billing.handle()).start().await;
+    let triage = VendorAgent::start("triage", &["triage"], |turn| {
+        if turn.task_id.is_some() {
+            return Reply::Working;
+        }
+        Reply::Handoff {
+            payload: handoff_payload(
+                "triage",
+                json!({"to": "billing"}),
+                json!({"returnToParent": true}),
+            ),
+            state: TaskState::InputRequired,
+        }
+    })
+    .await
+    .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    let params = json!({
+        "message": user_message(&message_id("r"), "refund please"),
+        "configuration": {"returnImmediately": true}
+    });
+    let reply = gateway
+        .call_at("/agents/triage/a2a", "SendMessage", params)
+        .await;
+    let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
+    for _ in 0..250 {
+        let record = gateway.ledger.get(&id).unwrap();
+        if record.is_some_and(|r| r.agent == "billing") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Billing finishes as the cancel reaches it; the cancel is answered
+    // only once the result is back at triage.
+    let result_returned = async {
+        for _ in 0..250 {
+            if sends_to(&triage) == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        billing.answer.notify_one();
+    };
+    let (canceled, ()) = tokio::join!(
+        gateway.call("CancelTask", json!({"id": id})),
+        result_returned
+    );
+    assert_eq!(sends_to(&triage), 2, "the result returned to triage");
+    assert_eq!(
+        canceled.result()["status"]["state"],
+        "TASK_STATE_CANCELED",
+        "refuses {refuses}: {}",
+        canceled.body
+    );
+    assert_its_task_was_canceled(&triage).await;
+    triage.stop().await;
+    gateway.stop().await;
+}

@@ -22,6 +22,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use validate::{check_history_length, check_required, finish};
 
+/// How many holders one CancelTask asks in turn, when each answers "not
+/// cancelable" because the task moved on to the next.
+const MAX_HOLDERS_ASKED: usize = 4;
+
 impl From<LedgerError> for GatewayError {
     fn from(err: LedgerError) -> Self {
         match err {
@@ -356,32 +360,42 @@ impl Gateway {
         let mut violations = Vec::new();
         check_required(&req.id, "id", &mut violations);
         finish(violations)?;
-        let record = self.owned_task(ctx, &req.id)?;
         let not_cancelable = |state: TaskState| GatewayError::TaskNotCancelable {
             task_id: req.id.clone(),
             state: state.proto_name().to_string(),
         };
-        if record.task.status.state.is_terminal() {
-            // A terminal state read may not be durable yet.
-            self.ledger.sync_unless_failing().await?;
-            return Err(not_cancelable(record.task.status.state));
-        }
-        if let Some(agent) = self.agent(&record.agent) {
+        let mut asked = self.owned_task(ctx, &req.id)?;
+        for _ in 0..MAX_HOLDERS_ASKED {
+            if asked.task.status.state.is_terminal() {
+                // A terminal state read may not be durable yet.
+                self.ledger.sync_unless_failing().await?;
+                return Err(not_cancelable(asked.task.status.state));
+            }
+            let Some(agent) = self.agent(&asked.agent) else {
+                break;
+            };
             match agent
                 .agent
-                .cancel(&record.task, record.upstream.as_ref())
+                .cancel(&asked.task, asked.upstream.as_ref())
                 .await
             {
-                Ok(()) => {}
-                // The agent says its task cannot be canceled: the caller's answer.
+                Ok(()) => break,
+                // The agent says its task cannot be canceled: the caller's
+                // answer, unless the task moved on meanwhile (a result
+                // returned to its source), whose new holder is asked.
                 Err(refused @ crate::agents::AgentError::Refused { code: -32002, .. }) => {
-                    return Err(refused.into());
+                    let now = self.owned_task(ctx, &req.id)?;
+                    if now.same_holder(&asked) {
+                        return Err(refused.into());
+                    }
+                    asked = now;
                 }
                 // An agent that cannot be reached, or refuses otherwise (one that
                 // forgot its task answers -32001 for a task the caller still
                 // holds), cannot keep the caller's task alive.
                 Err(err) => {
                     tracing::warn!(task_id = %req.id, %err, "agent did not confirm the cancel; canceling at the gateway");
+                    break;
                 }
             }
         }
@@ -390,7 +404,7 @@ impl Gateway {
         if let Some((token, _)) = self.running.lock().expect("running lock").get(&req.id) {
             token.cancel();
         }
-        if record.transfer.is_some() {
+        if asked.transfer.is_some() {
             self.release_paused_sources(&req.id).await;
         }
         let record = self
@@ -416,8 +430,28 @@ impl Gateway {
                 )]))
             })
             .await?;
+        self.cancel_later_holder(&asked, &record).await;
         self.cancel_children(&req.id).await;
         Ok(record.task.view(None, true))
+    }
+
+    /// A result that returned to its source while the task was being ended
+    /// made that source the holder, its paused task resumed and no longer
+    /// among those released: that agent is asked to cancel too.
+    async fn cancel_later_holder(&self, asked: &TaskRecord, ended: &TaskRecord) {
+        if ended.same_holder(asked) {
+            return;
+        }
+        let Some(agent) = self.agent(&ended.agent) else {
+            return;
+        };
+        if let Err(err) = agent
+            .agent
+            .cancel(&ended.task, ended.upstream.as_ref())
+            .await
+        {
+            tracing::warn!(task_id = %ended.task.id, agent = %ended.agent, %err, "the agent the result returned to did not confirm the cancel");
+        }
     }
 
     /// A source that handed the task on with `returnToParent` keeps its own
@@ -510,8 +544,11 @@ impl Gateway {
                         )]))
                     })
                     .await;
-                if let Err(err) = canceled {
-                    tracing::error!(task_id = %child, %err, "cascaded cancel not recorded");
+                match canceled {
+                    Ok(ended) => self.cancel_later_holder(&record, &ended).await,
+                    Err(err) => {
+                        tracing::error!(task_id = %child, %err, "cascaded cancel not recorded");
+                    }
                 }
             }
             pending.extend(self.ledger.children(&child).unwrap_or_default());

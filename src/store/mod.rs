@@ -109,6 +109,12 @@ impl TaskRecord {
         self.return_schema_from
             .unwrap_or_else(|| self.transfer.as_ref().map_or(0, |t| t.artifacts_before))
     }
+
+    /// Whether `other` names the same agent, and the same task at it, as
+    /// responsible for the task.
+    pub fn same_holder(&self, other: &TaskRecord) -> bool {
+        self.agent == other.agent && self.upstream == other.upstream
+    }
 }
 
 impl Serialize for TaskRecord {

@@ -1,6 +1,7 @@
 //! Agents for tests: one that waits to be released, ones that fail, one
-//! that never answers a cancel, one that reports a burst of artifacts, and
-//! cards with chosen capabilities.
+//! that never answers a cancel, one that finishes its work when asked to
+//! cancel, one that reports a burst of artifacts, and cards with chosen
+//! capabilities.
 
 use async_trait::async_trait;
 use baton::agents::{Agent, AgentError, AgentEvents, AgentRequest};
@@ -282,4 +283,81 @@ async fn work_until_canceled(
     events.status(TaskState::Working, None).await;
     request.cancel.cancelled().await;
     Ok(())
+}
+
+/// Works until a CancelTask arrives, then finishes its work with a
+/// `refund` artifact before it answers: the answer waits for
+/// [`FinishesOnCancel::answer`], so that what the gateway does with the
+/// result meanwhile can be watched. It answers that it canceled, or, as a
+/// remote agent whose task ended would, "not cancelable" (-32002).
+pub struct FinishesOnCancel {
+    card: AgentCard,
+    refuses: bool,
+    finish: Arc<tokio::sync::Notify>,
+    /// Lets the held CancelTask answer.
+    pub answer: Arc<tokio::sync::Notify>,
+}
+
+impl FinishesOnCancel {
+    /// An agent named `name`; `refuses` picks its answer to a cancel.
+    pub fn new(name: &str, refuses: bool) -> Self {
+        Self {
+            card: card(name),
+            refuses,
+            finish: Arc::default(),
+            answer: Arc::default(),
+        }
+    }
+
+    /// Another handle on the same agent.
+    pub fn handle(&self) -> Self {
+        Self {
+            card: self.card.clone(),
+            refuses: self.refuses,
+            finish: self.finish.clone(),
+            answer: self.answer.clone(),
+        }
+    }
+}
+
+#[async_trait]
+impl Agent for FinishesOnCancel {
+    fn card(&self) -> &AgentCard {
+        &self.card
+    }
+
+    async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+        events.status(TaskState::Working, None).await;
+        tokio::select! {
+            _ = self.finish.notified() => {}
+            _ = request.cancel.cancelled() => return Ok(()),
+        }
+        events
+            .artifact(Artifact {
+                artifact_id: "refund".into(),
+                name: "refund".into(),
+                parts: vec![Part::text("refunded")],
+                ..Artifact::default()
+            })
+            .await;
+        events.status(TaskState::Completed, None).await;
+        Ok(())
+    }
+
+    async fn cancel(
+        &self,
+        _: &baton::protocol::Task,
+        _: Option<&baton::agents::UpstreamRef>,
+    ) -> Result<(), AgentError> {
+        self.finish.notify_one();
+        self.answer.notified().await;
+        if !self.refuses {
+            return Ok(());
+        }
+        Err(AgentError::Refused {
+            code: -32002,
+            message: "the task is already completed".into(),
+            data: None,
+        })
+    }
 }

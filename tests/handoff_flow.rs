@@ -175,6 +175,52 @@ async fn a_direct_handoff_completes_with_a_typed_artifact_or_fails_the_schema() 
     gateway.stop().await;
 }
 
+/// A handoff's returnSchema binds the task's result also when its target
+/// hands the task on for good, on top of any schema of that transfer's own.
+#[tokio::test]
+async fn a_handoff_schema_binds_the_agent_its_target_handed_on_to() {
+    let gateway = baton().start().await;
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    // The first refund is valid, the next breaks the refund schema only.
+    let billing = VendorAgent::start("billing", &["refund"], move |_| {
+        match calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+            0 => refund(),
+            _ => Reply::artifact("refund", json!({"refundId": 7})),
+        }
+    })
+    .await
+    .unwrap();
+    let lenient = json!({"returnSchema": {"type": "object"}});
+    let triage = VendorAgent::start("triage", &["triage"], move |_| Reply::Handoff {
+        payload: handoff_payload("triage", json!({"to": "billing"}), lenient.clone()),
+        state: TaskState::Completed,
+    })
+    .await
+    .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(&gateway, "billing", &billing, json!({})).await;
+    let to_triage = || {
+        let extra = json!({"returnSchema": refund_schema()});
+        handoff_message(handoff_payload("caller", json!({"to": "triage"}), extra))
+    };
+
+    let task = send(&gateway, "/a2a", to_triage()).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(artifact_names(&task), ["refund"]);
+
+    let task = send(&gateway, "/a2a", to_triage()).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(&task), "OUTPUT_SCHEMA_INVALID");
+    let violations = &task["status"]["message"]["parts"][0]["data"]["detail"]["violations"];
+    assert!(
+        violations.to_string().contains("/artifacts/0/parts/0/data"),
+        "{violations}"
+    );
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 #[tokio::test]
 async fn a_transfer_keeps_one_task_and_follow_ups_reach_the_new_agent() {
     let gateway = baton().start().await;

@@ -550,11 +550,15 @@ impl Driver {
                         if past_submitted {
                             stream_events.retain(|e| e.state() != Some(TaskState::Submitted));
                         }
-                        if let Some(schema) = &record.return_schema
-                            && !returning
-                        {
-                            let from = record.schema_from();
-                            enforce_return_schema(&record.task, schema, from, &mut stream_events);
+                        if !returning {
+                            for (schema, from) in record.result_schemas() {
+                                enforce_return_schema(
+                                    &record.task,
+                                    schema,
+                                    from,
+                                    &mut stream_events,
+                                );
+                            }
                         }
                         note_hop(record, &stream_events, first_answer, now);
                         note_transition(&metrics, record, &stream_events, now);
@@ -736,16 +740,15 @@ impl Driver {
         let returned_from = transfer
             .and_then(|t| t.result_goes_to())
             .map_or(record.schema_from(), |t| t.artifacts_before);
-        // The holder's own artifacts against its handoff's schema; all the
-        // source gets against the source's, when that is another handoff.
-        let checks = [
-            (record.return_schema.as_ref(), record.schema_from()),
-            (transfer.and_then(|t| t.returned_schema()), returned_from),
-        ];
-        for (schema, from) in checks {
-            if let Some(schema) = schema
-                && let Err(violations) =
-                    crate::handoff::artifacts::check_artifacts(schema, &since(from))
+        // The holder's own artifacts against its handoff's schema (and those
+        // of holders that handed on to it for good); all the source gets
+        // against the source's, when that is another handoff.
+        let returned = transfer
+            .and_then(|t| t.returned_schema())
+            .map(|schema| (schema, returned_from));
+        for (schema, from) in record.result_schemas().chain(returned) {
+            if let Err(violations) =
+                crate::handoff::artifacts::check_artifacts(schema, &since(from))
             {
                 let detail = crate::handoff::payload::violations_detail(&violations);
                 self.fail(vec![status_part(reasons::OUTPUT_SCHEMA_INVALID, detail)])

@@ -13,7 +13,7 @@ use crate::handoff::reasons::{self, status_part};
 use crate::handoff::routing::{AgentView, agents_with_skill};
 use crate::protocol::*;
 use crate::registry::AgentEntry;
-use crate::store::{HopKind, HopRecord, TransferSource};
+use crate::store::{HopKind, HopRecord, SchemaBinding, TransferSource};
 use chrono::Utc;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -228,6 +228,19 @@ impl Driver {
                     attempts: 1,
                     ..HopRecord::default()
                 });
+                // What binds the source's work binds its target's too when
+                // the source hands on for good; a target that returns its
+                // result starts without, and the source's come back with it.
+                let mut handed_on = std::mem::take(&mut record.handed_on_schemas);
+                let mut source_handed_on = Vec::new();
+                if payload.return_to_parent {
+                    source_handed_on = std::mem::take(&mut handed_on);
+                } else if let Some(schema) = &record.return_schema {
+                    handed_on.push(SchemaBinding {
+                        schema: schema.clone(),
+                        from: record.schema_from(),
+                    });
+                }
                 let transfer = TransferSource {
                     agent: source_id.clone(),
                     upstream: source_upstream,
@@ -240,12 +253,14 @@ impl Driver {
                     source_schema: record.return_schema.clone(),
                     source_schema_from: record.schema_from(),
                     deadline_before: control.deadline,
+                    source_handed_on,
                 };
                 let earlier = record.transfer.take();
                 record.transfer = Some(transfer.after(earlier, record.return_schema.take()));
                 record.agent = target.id.clone();
                 record.return_schema = return_schema;
                 record.return_schema_from = Some(record.task.artifacts.len());
+                record.handed_on_schemas = handed_on;
                 delivered.write_into(&mut record.task.metadata);
                 // Still WORKING for the caller; the control shows the new holder.
                 let mut metadata = None;
@@ -369,6 +384,7 @@ impl Driver {
                     .and_then(TransferSource::after_return);
                 record.return_schema = source.source_schema.clone();
                 record.return_schema_from = Some(source.source_schema_from);
+                record.handed_on_schemas = source.source_handed_on.clone();
                 delivered.write_into(&mut record.task.metadata);
                 Ok(Vec::new())
             })

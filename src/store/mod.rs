@@ -100,6 +100,22 @@ pub struct TaskRecord {
     /// records written before it was kept: see [`Self::schema_from`].
     #[serde(default)]
     pub return_schema_from: Option<usize>,
+    /// The returnSchemas of holders that handed the task on for good since
+    /// the last handoff that asks for its result back: what ends or
+    /// returns the task is their result too, so each still binds it.
+    #[serde(default)]
+    pub handed_on_schemas: Vec<SchemaBinding>,
+}
+
+/// A returnSchema and the first of the task's artifacts it checks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SchemaBinding {
+    /// The JSON Schema.
+    pub schema: serde_json::Value,
+    /// The first artifact it checks.
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub from: usize,
 }
 
 impl TaskRecord {
@@ -108,6 +124,15 @@ impl TaskRecord {
     pub fn schema_from(&self) -> usize {
         self.return_schema_from
             .unwrap_or_else(|| self.transfer.as_ref().map_or(0, |t| t.artifacts_before))
+    }
+
+    /// Every returnSchema the holder's result must meet, with the first
+    /// artifact each checks: its own handoff's, then those of holders
+    /// before it that handed on for good.
+    pub fn result_schemas(&self) -> impl Iterator<Item = (&serde_json::Value, usize)> {
+        let own = self.return_schema.as_ref().map(|s| (s, self.schema_from()));
+        let handed_on = self.handed_on_schemas.iter().map(|b| (&b.schema, b.from));
+        own.into_iter().chain(handed_on)
     }
 
     /// Whether `other` names the same agent, and the same task at it, as
@@ -148,6 +173,8 @@ struct RecordJson<'a, T> {
     transfer: Option<&'a TransferSource>,
     #[serde(skip_serializing_if = "Option::is_none")]
     return_schema_from: Option<usize>,
+    #[serde(skip_serializing_if = "<[SchemaBinding]>::is_empty")]
+    handed_on_schemas: &'a [SchemaBinding],
 }
 
 fn is_zero_usize(n: &usize) -> bool {
@@ -170,6 +197,7 @@ impl<'a, T> RecordJson<'a, T> {
             hops,
             transfer,
             return_schema_from,
+            handed_on_schemas,
         } = record;
         Self {
             task,
@@ -184,6 +212,7 @@ impl<'a, T> RecordJson<'a, T> {
             hops,
             transfer: transfer.as_ref(),
             return_schema_from: *return_schema_from,
+            handed_on_schemas,
         }
     }
 }
@@ -417,6 +446,10 @@ pub struct TransferSource {
         with = "crate::protocol::wire::record_timestamp::option"
     )]
     pub deadline_before: Option<DateTime<Utc>>,
+    /// The record's `handed_on_schemas` when the source handed on for the
+    /// result, its own again when the result returns to it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_handed_on: Vec<SchemaBinding>,
 }
 
 impl TransferSource {
@@ -1910,8 +1943,16 @@ mod tests {
                 source_schema: Some(serde_json::json!({"type": "object"})),
                 source_schema_from: 1,
                 deadline_before: DateTime::from_timestamp(1_700_000_100, 5_000_000),
+                source_handed_on: vec![SchemaBinding {
+                    schema: serde_json::json!({"type": "string"}),
+                    from: 0,
+                }],
             }),
             return_schema_from: Some(3),
+            handed_on_schemas: vec![SchemaBinding {
+                schema: serde_json::json!({"type": "number"}),
+                from: 4,
+            }],
             ..record("t1")
         }
     }
@@ -1998,6 +2039,7 @@ mod tests {
             "hops",
             "transfer",
             "returnSchemaFrom",
+            "handedOnSchemas",
         ] {
             assert!(minimal.get(absent).is_none(), "{absent} written");
         }
@@ -2024,6 +2066,17 @@ mod tests {
         assert_eq!(read.schema_from(), 2, "the transfer's artifactsBefore");
         assert_eq!(full_record().schema_from(), 3);
         assert_eq!(record("t1").schema_from(), 0);
+    }
+
+    #[test]
+    fn a_result_meets_its_holders_schema_then_those_handed_on_to_it() {
+        let full = full_record();
+        let schemas: Vec<_> = full
+            .result_schemas()
+            .map(|(schema, from)| (schema["type"].as_str().unwrap(), from))
+            .collect();
+        assert_eq!(schemas, [("object", 3), ("number", 4)]);
+        assert_eq!(record("t1").result_schemas().count(), 0);
     }
 
     #[test]

@@ -109,6 +109,14 @@ fn data_of<'a>(parts: &'a [Part], media_type: &str) -> Option<&'a Value> {
     })
 }
 
+/// The task FAILED `OUTPUT_SCHEMA_INVALID`, with a violation at `pointer`.
+fn assert_failed_the_schema_at(task: &Value, pointer: &str) {
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(task), "OUTPUT_SCHEMA_INVALID");
+    let violations = &task["status"]["message"]["parts"][0]["data"]["detail"]["violations"];
+    assert!(violations.to_string().contains(pointer), "{violations}");
+}
+
 /// Sends `message` to `path` and waits for the task to settle.
 async fn send(gateway: &TestBaton, path: &str, message: Value) -> Value {
     let reply = gateway
@@ -164,13 +172,7 @@ async fn a_direct_handoff_completes_with_a_typed_artifact_or_fails_the_schema() 
         .unwrap()
         .push(json!({"text": "bad"}));
     let task = send(&gateway, "/a2a", message).await;
-    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
-    assert_eq!(reason(&task), "OUTPUT_SCHEMA_INVALID");
-    let violations = &task["status"]["message"]["parts"][0]["data"]["detail"]["violations"];
-    assert!(
-        violations.to_string().contains("/artifacts/0/parts/0/data"),
-        "{violations}"
-    );
+    assert_failed_the_schema_at(&task, "/artifacts/0/parts/0/data");
     billing.stop().await;
     gateway.stop().await;
 }
@@ -209,13 +211,7 @@ async fn a_handoff_schema_binds_the_agent_its_target_handed_on_to() {
     assert_eq!(artifact_names(&task), ["refund"]);
 
     let task = send(&gateway, "/a2a", to_triage()).await;
-    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
-    assert_eq!(reason(&task), "OUTPUT_SCHEMA_INVALID");
-    let violations = &task["status"]["message"]["parts"][0]["data"]["detail"]["violations"];
-    assert!(
-        violations.to_string().contains("/artifacts/0/parts/0/data"),
-        "{violations}"
-    );
+    assert_failed_the_schema_at(&task, "/artifacts/0/parts/0/data");
     triage.stop().await;
     billing.stop().await;
     gateway.stop().await;

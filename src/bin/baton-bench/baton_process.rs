@@ -135,9 +135,14 @@ impl BatonProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log_file);
-        // Only the flags above configure it.
+        // Only the flags above configure it; said aloud, so that nobody
+        // compares runs that differ only in a variable Baton never saw.
         for (name, _) in std::env::vars_os() {
             if name.to_string_lossy().starts_with("BATON_") {
+                eprintln!(
+                    "baton-bench: {} is not passed to Baton (only the bench's own flags configure it)",
+                    name.to_string_lossy()
+                );
                 command.env_remove(name);
             }
         }

@@ -1893,15 +1893,17 @@ async fn a_deadline_ends_the_task_its_source_keeps_waiting_for_the_result() {
 /// A result can return to its source while a CancelTask waits for the
 /// holder's answer: the source then holds the task, its own task resumed,
 /// and is asked to cancel it too, whether the old holder answers that it
-/// canceled or that its task (now finished) cannot be.
+/// canceled or that its task (now finished) cannot be. A holder whose
+/// "cannot be" comes before its result returns does not keep the task
+/// from being canceled either: a source waits for that result.
 #[tokio::test]
 async fn a_cancel_reaches_the_source_a_result_returned_to_meanwhile() {
-    for refuses in [false, true] {
-        cancel_while_the_result_returns(refuses).await;
+    for (refuses, answers_at_once) in [(false, false), (true, false), (true, true)] {
+        cancel_while_the_result_returns(refuses, answers_at_once).await;
     }
 }
 
-async fn cancel_while_the_result_returns(refuses: bool) {
+async fn cancel_while_the_result_returns(refuses: bool, answers_at_once: bool) {
     let billing = common::agents::FinishesOnCancel::new("billing", refuses);
     let gateway = baton().agent("billing", billing.handle()).start().await;
     let triage = VendorAgent::start("triage", &["triage"], |turn| {
@@ -1937,8 +1939,14 @@ async fn cancel_while_the_result_returns(refuses: bool) {
     }
 
     // Billing finishes as the cancel reaches it; the cancel is answered
-    // only once the result is back at triage.
+    // at once, or only once the result is back at triage.
+    if answers_at_once {
+        billing.answer.notify_one();
+    }
     let result_returned = async {
+        if answers_at_once {
+            return;
+        }
         for _ in 0..250 {
             if sends_to(&triage) == 2 {
                 break;
@@ -1951,11 +1959,13 @@ async fn cancel_while_the_result_returns(refuses: bool) {
         gateway.call("CancelTask", json!({"id": id})),
         result_returned
     );
-    assert_eq!(sends_to(&triage), 2, "the result returned to triage");
+    if !answers_at_once {
+        assert_eq!(sends_to(&triage), 2, "the result returned to triage");
+    }
     assert_eq!(
         canceled.result()["status"]["state"],
         "TASK_STATE_CANCELED",
-        "refuses {refuses}: {}",
+        "refuses {refuses}, at once {answers_at_once}: {}",
         canceled.body
     );
     assert_its_task_was_canceled(&triage).await;

@@ -364,8 +364,11 @@ impl Gateway {
             task_id: req.id.clone(),
             state: state.proto_name().to_string(),
         };
+        // The holder last asked to cancel; a later one gets its CancelTask
+        // after the gateway's (`cancel_later_holder`).
         let mut asked = self.owned_task(ctx, &req.id)?;
-        for _ in 0..MAX_HOLDERS_ASKED {
+        let mut holders_left = MAX_HOLDERS_ASKED;
+        loop {
             if asked.task.status.state.is_terminal() {
                 // A terminal state read may not be durable yet.
                 self.ledger.sync_unless_failing().await?;
@@ -381,12 +384,23 @@ impl Gateway {
             {
                 Ok(()) => break,
                 // The agent says its task cannot be canceled: the caller's
-                // answer, unless the task moved on meanwhile (a result
-                // returned to its source), whose new holder is asked.
+                // answer while that agent's end is the task's. It is not
+                // when a source waits for the result (the task goes on
+                // there: the gateway cancels it), nor once the task moved
+                // on (a result returned to its source): its new holder is
+                // asked, or told after the gateway's cancel.
                 Err(refused @ crate::agents::AgentError::Refused { code: -32002, .. }) => {
                     let now = self.owned_task(ctx, &req.id)?;
                     if now.same_holder(&asked) {
-                        return Err(refused.into());
+                        let returns = now.transfer.as_ref().and_then(|t| t.result_goes_to());
+                        if returns.is_none() {
+                            return Err(refused.into());
+                        }
+                        break;
+                    }
+                    holders_left -= 1;
+                    if holders_left == 0 {
+                        break;
                     }
                     asked = now;
                 }
@@ -404,7 +418,10 @@ impl Gateway {
         if let Some((token, _)) = self.running.lock().expect("running lock").get(&req.id) {
             token.cancel();
         }
-        if asked.transfer.is_some() {
+        // Read again: the task may have been handed on since.
+        if let Ok(Some(current)) = self.ledger.get_shared(&req.id)
+            && current.transfer.is_some()
+        {
             self.release_paused_sources(&req.id).await;
         }
         let record = self
@@ -430,28 +447,28 @@ impl Gateway {
                 )]))
             })
             .await?;
-        self.cancel_later_holder(&asked, &record).await;
+        self.cancel_later_holder(&asked, &record);
         self.cancel_children(&req.id).await;
         Ok(record.task.view(None, true))
     }
 
-    /// A result that returned to its source while the task was being ended
-    /// made that source the holder, its paused task resumed and no longer
-    /// among those released: that agent is asked to cancel too.
-    async fn cancel_later_holder(&self, asked: &TaskRecord, ended: &TaskRecord) {
+    /// A task that moved on while it was being ended (a result returned to
+    /// its source, a transfer, a reroute) has a holder that was not asked
+    /// to cancel: it is told now, on its own, so that an unreachable agent
+    /// does not hold up the caller's answer.
+    fn cancel_later_holder(&self, asked: &TaskRecord, ended: &TaskRecord) {
         if ended.same_holder(asked) {
             return;
         }
         let Some(agent) = self.agent(&ended.agent) else {
             return;
         };
-        if let Err(err) = agent
-            .agent
-            .cancel(&ended.task, ended.upstream.as_ref())
-            .await
-        {
-            tracing::warn!(task_id = %ended.task.id, agent = %ended.agent, %err, "the agent the result returned to did not confirm the cancel");
-        }
+        let (task, upstream) = (ended.task.clone(), ended.upstream.clone());
+        tokio::spawn(async move {
+            if let Err(err) = agent.agent.cancel(&task, upstream.as_ref()).await {
+                tracing::warn!(task_id = %task.id, agent = %agent.id, %err, "the task's later holder did not confirm the cancel");
+            }
+        });
     }
 
     /// A source that handed the task on with `returnToParent` keeps its own
@@ -528,12 +545,14 @@ impl Gateway {
                 if record.transfer.is_some() {
                     self.release_paused_sources(&child).await;
                 }
+                let mut made = false;
                 let canceled = self
                     .ledger
                     .update(&child, |record| {
                         if record.task.status.state.is_terminal() {
                             return Ok::<_, GatewayError>(Change::Unchanged);
                         }
+                        made = true;
                         Ok(Change::Made(vec![StreamResponse::StatusUpdate(
                             TaskStatusUpdateEvent {
                                 task_id: record.task.id.clone(),
@@ -545,7 +564,10 @@ impl Gateway {
                     })
                     .await;
                 match canceled {
-                    Ok(ended) => self.cancel_later_holder(&record, &ended).await,
+                    // Only a child this cancel ended; one that ended on its
+                    // own has no holder left to tell.
+                    Ok(ended) if made => self.cancel_later_holder(&record, &ended),
+                    Ok(_) => {}
                     Err(err) => {
                         tracing::error!(task_id = %child, %err, "cascaded cancel not recorded");
                     }

@@ -353,6 +353,7 @@ impl Driver {
         let now = Utc::now();
         let bytes = message_bytes(&message);
         let task_id = self.task_id.clone();
+        let mut source_released = false;
         let returned = self
             .gateway
             .ledger
@@ -360,6 +361,15 @@ impl Driver {
                 if record.task.status.state.is_terminal() {
                     return Err(GatewayError::UnsupportedOperation(
                         "the task ended before the result returned".into(),
+                    ));
+                }
+                // A cancel or deadline that released the source (and sent
+                // its task a CancelTask) is ending the task: no resuming it.
+                let goes_to = record.transfer.as_ref().and_then(|t| t.result_goes_to());
+                if goes_to.is_none_or(TransferSource::is_released) {
+                    source_released = true;
+                    return Err(GatewayError::UnsupportedOperation(
+                        "the source was released before the result returned".into(),
                     ));
                 }
                 if let Some(hop) = record.hops.last_mut() {
@@ -391,6 +401,7 @@ impl Driver {
             .await;
         let returned = match returned {
             Ok(returned) => returned,
+            Err(_) if source_released => return None,
             Err(err) => {
                 self.fail_unrecorded("the result could not be returned", err)
                     .await;

@@ -475,6 +475,12 @@ impl TransferSource {
         self
     }
 
+    /// Whether the source's paused task was released (told to cancel,
+    /// [`Self::release_waiting`]) because the task ended short of a result.
+    pub fn is_released(&self) -> bool {
+        self.state == TaskState::Canceled
+    }
+
     /// The returnSchema the result must satisfy on its way back, where it
     /// is not the record's own: a waiting source's, or this transfer's once
     /// it is open again after an inner result returned.
@@ -2066,6 +2072,18 @@ mod tests {
         assert_eq!(read.schema_from(), 2, "the transfer's artifactsBefore");
         assert_eq!(full_record().schema_from(), 3);
         assert_eq!(record("t1").schema_from(), 0);
+    }
+
+    #[test]
+    fn released_sources_are_known_as_released() {
+        let mut transfer = full_record().transfer.unwrap();
+        assert!(!transfer.is_released());
+        assert!(!transfer.waiting[0].is_released());
+        let released = transfer.release_waiting();
+        assert_eq!(released.len(), 2);
+        assert!(transfer.is_released());
+        assert!(transfer.waiting[0].is_released());
+        assert!(transfer.release_waiting().is_empty(), "once only");
     }
 
     #[test]

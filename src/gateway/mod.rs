@@ -419,9 +419,11 @@ impl Gateway {
             token.cancel();
         }
         // Read again: the task may have been handed on since.
-        if let Ok(Some(current)) = self.ledger.get_shared(&req.id)
-            && current.transfer.is_some()
-        {
+        let no_transfer = matches!(
+            self.ledger.get_shared(&req.id),
+            Ok(Some(current)) if current.transfer.is_none()
+        );
+        if !no_transfer {
             self.release_paused_sources(&req.id).await;
         }
         let record = self
@@ -482,13 +484,13 @@ impl Gateway {
         let marked = self
             .ledger
             .update(task_id, |record| {
-                if let Some(transfer) = record.transfer.as_mut() {
-                    released = transfer.release_waiting();
-                }
-                Ok::<_, GatewayError>(if released.is_empty() {
-                    Change::Unchanged
-                } else {
-                    Change::Made(Vec::new())
+                let newly = record.transfer.as_mut().and_then(|t| t.release_waiting());
+                Ok::<_, GatewayError>(match newly {
+                    Some(to_cancel) => {
+                        released = to_cancel;
+                        Change::Made(Vec::new())
+                    }
+                    None => Change::Unchanged,
                 })
             })
             .await;

@@ -17,6 +17,7 @@ use crate::store::{HopKind, HopRecord, SchemaBinding, TransferSource};
 use chrono::Utc;
 use serde_json::{Value, json};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Why a handoff may not go to its target: a reason code and its detail.
 pub(super) type Refusal = (&'static str, Value);
@@ -254,6 +255,7 @@ impl Driver {
                     source_schema_from: record.schema_from(),
                     deadline_before: control.deadline,
                     source_handed_on,
+                    released: false,
                 };
                 let earlier = record.transfer.take();
                 record.transfer = Some(transfer.after(earlier, record.return_schema.take()));
@@ -401,7 +403,11 @@ impl Driver {
             .await;
         let returned = match returned {
             Ok(returned) => returned,
-            Err(_) if source_released => return None,
+            Err(_) if source_released => {
+                tracing::info!(task_id = %self.task_id, from = %target.agent.id, to = %source.agent, "result not returned: the source was released");
+                self.end_after_release().await;
+                return None;
+            }
             Err(err) => {
                 self.fail_unrecorded("the result could not be returned", err)
                     .await;
@@ -619,6 +625,28 @@ impl Driver {
 
     /// Fails the task when a handoff step could not be written to the ledger:
     /// no driver would be left to move it on.
+    /// What released the task's sources (a cancel or a deadline) ends the
+    /// task within moments; should that write never come (it failed, or
+    /// the process stopped in between), the task is canceled here rather
+    /// than left WORKING with no agent on it.
+    async fn end_after_release(&mut self) {
+        let ended = || {
+            matches!(
+                self.gateway.ledger.get_shared(&self.task_id),
+                Ok(Some(record)) if record.task.status.state.is_terminal()
+            )
+        };
+        let deadline = tokio::time::Instant::now() + RELEASED_TASK_END_WAIT;
+        while !ended() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if !ended() {
+            let reason = "the sources waiting for the result were released";
+            self.settle(TaskState::Canceled, vec![Part::text(reason)])
+                .await;
+        }
+    }
+
     async fn fail_unrecorded(&mut self, what: &str, err: GatewayError) {
         tracing::debug!(task_id = %self.task_id, %err, what, "handoff step not applied");
         self.fail(vec![Part::text(format!("{what}: {err}"))]).await;
@@ -633,6 +661,12 @@ impl Driver {
             .await;
     }
 }
+
+/// How long a result's return leg, finding its source released, leaves the
+/// task to what released it (a cancel's write follows at once, a
+/// deadline's failure within `CANCEL_HEAD_START`) before it ends the task
+/// itself.
+const RELEASED_TASK_END_WAIT: Duration = Duration::from_secs(2);
 
 /// The output schema an agency registered for the skill a target was
 /// chosen by (`skillOutputSchemas`).

@@ -450,6 +450,10 @@ pub struct TransferSource {
     /// result, its own again when the result returns to it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub source_handed_on: Vec<SchemaBinding>,
+    /// The task ended short of a result while the source waited for it:
+    /// no result returns to it any more ([`Self::release_waiting`]).
+    #[serde(default, skip_serializing_if = "crate::protocol::wire::is_false")]
+    pub released: bool,
 }
 
 impl TransferSource {
@@ -475,10 +479,10 @@ impl TransferSource {
         self
     }
 
-    /// Whether the source's paused task was released (told to cancel,
-    /// [`Self::release_waiting`]) because the task ended short of a result.
+    /// Whether the source was released ([`Self::release_waiting`]) because
+    /// the task ended short of a result.
     pub fn is_released(&self) -> bool {
-        self.state == TaskState::Canceled
+        self.released
     }
 
     /// The returnSchema the result must satisfy on its way back, where it
@@ -510,15 +514,22 @@ impl TransferSource {
         Some(next)
     }
 
-    /// Marks every source still waiting for a result as canceled, once:
-    /// the task ended short of it. Returns those it marked (their agents
-    /// and own tasks), nearest first, to be sent CancelTask.
-    pub fn release_waiting(&mut self) -> Vec<(String, Option<crate::agents::UpstreamRef>)> {
-        let mut released = Vec::new();
+    /// Marks every source still waiting for a result as released, once:
+    /// the task ended short of it. `None` when none was newly marked; else
+    /// those whose own task was still open (their agents and tasks),
+    /// nearest first, to be sent CancelTask; those tasks are noted canceled.
+    pub fn release_waiting(&mut self) -> Option<Vec<(String, Option<crate::agents::UpstreamRef>)>> {
+        let mut marked = false;
+        let mut to_cancel = Vec::new();
         let mut release = |source: &mut TransferSource| {
+            if source.released {
+                return;
+            }
+            source.released = true;
+            marked = true;
             if !source.state.is_terminal() {
                 source.state = TaskState::Canceled;
-                released.push((source.agent.clone(), source.upstream.clone()));
+                to_cancel.push((source.agent.clone(), source.upstream.clone()));
             }
         };
         if self.return_to_parent {
@@ -527,7 +538,7 @@ impl TransferSource {
         for source in self.waiting.iter_mut().rev() {
             release(source);
         }
-        released
+        marked.then_some(to_cancel)
     }
 }
 
@@ -1953,6 +1964,7 @@ mod tests {
                     schema: serde_json::json!({"type": "string"}),
                     from: 0,
                 }],
+                released: false,
             }),
             return_schema_from: Some(3),
             handed_on_schemas: vec![SchemaBinding {
@@ -2079,11 +2091,27 @@ mod tests {
         let mut transfer = full_record().transfer.unwrap();
         assert!(!transfer.is_released());
         assert!(!transfer.waiting[0].is_released());
-        let released = transfer.release_waiting();
+        let released = transfer.release_waiting().unwrap();
         assert_eq!(released.len(), 2);
         assert!(transfer.is_released());
         assert!(transfer.waiting[0].is_released());
-        assert!(transfer.release_waiting().is_empty(), "once only");
+        assert_eq!(transfer.release_waiting(), None, "once only");
+        let written = serde_json::to_string(&transfer).unwrap();
+        let read: TransferSource = serde_json::from_str(&written).unwrap();
+        assert!(read.is_released() && read.waiting[0].is_released());
+
+        // A source that ended its own task is released too, not told.
+        let mut finished = TransferSource {
+            return_to_parent: true,
+            state: TaskState::Canceled,
+            ..TransferSource::default()
+        };
+        assert!(
+            !finished.is_released(),
+            "a canceled task of its own is no release"
+        );
+        assert_eq!(finished.release_waiting(), Some(Vec::new()));
+        assert!(finished.is_released());
     }
 
     #[test]
@@ -2114,11 +2142,12 @@ mod tests {
         let mut released = to_d.clone();
         let agents: Vec<_> = released
             .release_waiting()
+            .unwrap()
             .into_iter()
             .map(|(agent, _)| agent)
             .collect();
         assert_eq!(agents, ["c", "a"], "b asked for nothing back");
-        assert!(released.release_waiting().is_empty(), "released once");
+        assert_eq!(released.release_waiting(), None, "released once");
         assert_eq!(to_d.result_goes_to().unwrap().agent, "c");
         assert_eq!(to_d.returned_schema(), None, "d's schema is the record's");
         // d's result went to c: a waits next, with its schema.

@@ -58,18 +58,37 @@ async fn handing_on(id: &str, skills: &[&str], target: Value) -> VendorAgent {
 /// Sends `message` to triage without waiting for the task to end; returns
 /// the task's id once `holder` has been sent the work (or after 2 s).
 async fn start_at_triage(gateway: &TestBaton, message: Value, holder: &VendorAgent) -> String {
+    start_at_triage_until(gateway, message, |_| sends_to(holder) > 0).await
+}
+
+/// [`start_at_triage`], returning once `ready` holds for the task's id
+/// (or after 2 s).
+async fn start_at_triage_until(
+    gateway: &TestBaton,
+    message: Value,
+    ready: impl Fn(&str) -> bool,
+) -> String {
     let params = json!({"message": message, "configuration": {"returnImmediately": true}});
     let reply = gateway
         .call_at("/agents/triage/a2a", "SendMessage", params)
         .await;
     let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
     for _ in 0..100 {
-        if sends_to(holder) > 0 {
+        if ready(&id) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     id
+}
+
+/// Triage's handoff of its task to `target` (`{"to": ..}` or
+/// `{"toSkill": ..}`) for the result, its own task left in `state`.
+fn triage_hands_off_for_result(target: Value, state: TaskState) -> Reply {
+    Reply::Handoff {
+        payload: handoff_payload("triage", target, json!({"returnToParent": true})),
+        state,
+    }
 }
 
 /// Every reason code in the task's history, in order.
@@ -1402,14 +1421,8 @@ async fn a_return_leg_past_its_ack_timeout_leaves_the_source_task_alone() {
     // Triage waits for the result on its own task, then answers it late.
     let triage = VendorAgent::start("triage", &["triage"], |turn| {
         if turn.task_id.is_none() {
-            return Reply::Handoff {
-                payload: handoff_payload(
-                    "triage",
-                    json!({"toSkill": "refund"}),
-                    json!({"returnToParent": true}),
-                ),
-                state: TaskState::InputRequired,
-            };
+            let to = json!({"toSkill": "refund"});
+            return triage_hands_off_for_result(to, TaskState::InputRequired);
         }
         Reply::Late(Duration::from_millis(900), Box::new(Reply::Working))
     })
@@ -1453,14 +1466,7 @@ async fn a_return_leg_to_a_finished_source_cancels_the_tasks_it_abandoned() {
         if data_of(&turn.message.parts, HANDOFF_RESULT_MEDIA_TYPE).is_some() {
             return Reply::Late(Duration::from_millis(900), Box::new(Reply::Working));
         }
-        Reply::Handoff {
-            payload: handoff_payload(
-                "triage",
-                json!({"toSkill": "refund"}),
-                json!({"returnToParent": true}),
-            ),
-            state: TaskState::Completed,
-        }
+        triage_hands_off_for_result(json!({"toSkill": "refund"}), TaskState::Completed)
     })
     .await
     .unwrap();
@@ -1834,13 +1840,8 @@ async fn handed_on_for_its_result(
     gateway: &TestBaton,
     metadata: Value,
 ) -> (VendorAgent, VendorAgent, String) {
-    let triage = VendorAgent::start("triage", &["triage"], |_| Reply::Handoff {
-        payload: handoff_payload(
-            "triage",
-            json!({"toSkill": "refund"}),
-            json!({"returnToParent": true}),
-        ),
-        state: TaskState::InputRequired,
+    let triage = VendorAgent::start("triage", &["triage"], |_| {
+        triage_hands_off_for_result(json!({"toSkill": "refund"}), TaskState::InputRequired)
     })
     .await
     .unwrap();
@@ -1910,33 +1911,17 @@ async fn cancel_while_the_result_returns(refuses: bool, answers_at_once: bool) {
         if turn.task_id.is_some() {
             return Reply::Working;
         }
-        Reply::Handoff {
-            payload: handoff_payload(
-                "triage",
-                json!({"to": "billing"}),
-                json!({"returnToParent": true}),
-            ),
-            state: TaskState::InputRequired,
-        }
+        triage_hands_off_for_result(json!({"to": "billing"}), TaskState::InputRequired)
     })
     .await
     .unwrap();
     register(&gateway, "triage", &triage, json!({})).await;
-    let params = json!({
-        "message": user_message(&message_id("r"), "refund please"),
-        "configuration": {"returnImmediately": true}
-    });
-    let reply = gateway
-        .call_at("/agents/triage/a2a", "SendMessage", params)
-        .await;
-    let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
-    for _ in 0..250 {
-        let record = gateway.ledger.get(&id).unwrap();
-        if record.is_some_and(|r| r.agent == "billing") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let message = user_message(&message_id("r"), "refund please");
+    let billing_holds = |id: &str| {
+        let record = gateway.ledger.get(id).unwrap();
+        record.is_some_and(|r| r.agent == "billing")
+    };
+    let id = start_at_triage_until(&gateway, message, billing_holds).await;
 
     // Billing finishes as the cancel reaches it; the cancel is answered
     // at once, or only once the result is back at triage.

@@ -876,8 +876,7 @@ impl Driver {
         {
             return;
         }
-        if let Ok(Some(record)) = self.gateway.ledger.get(&self.task_id)
-            && record.transfer.is_some()
+        if let Ok(Some(record)) = self.gateway.ledger.get_shared(&self.task_id)
             && record.task.status.state.is_terminal()
             && record.task.status.state != TaskState::Completed
         {
@@ -970,9 +969,7 @@ async fn expire_task(gateway: &Gateway, agent: Option<&AgentEntry>, task_id: &st
         let Some(record) = record else {
             return;
         };
-        if record.transfer.is_some() {
-            gateway.release_paused_sources(task_id).await;
-        }
+        gateway.release_paused_sources(task_id).await;
         let Some(agent) = agent else {
             return;
         };

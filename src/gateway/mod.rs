@@ -413,19 +413,7 @@ impl Gateway {
                 }
             }
         }
-        // The driver is told to stop first, so that a result is less
-        // likely to return to a source being released.
-        if let Some((token, _)) = self.running.lock().expect("running lock").get(&req.id) {
-            token.cancel();
-        }
-        // Read again: the task may have been handed on since.
-        let no_transfer = matches!(
-            self.ledger.get_shared(&req.id),
-            Ok(Some(current)) if current.transfer.is_none()
-        );
-        if !no_transfer {
-            self.release_paused_sources(&req.id).await;
-        }
+        self.stop_driver_and_release_sources(&req.id).await;
         let record = self
             .ledger
             .update(&req.id, |record| {
@@ -473,13 +461,29 @@ impl Gateway {
         });
     }
 
+    /// The first steps of a gateway cancel: the task's driver is told to
+    /// stop, so that a result is less likely to return to a source, then
+    /// the sources waiting for its result are released.
+    async fn stop_driver_and_release_sources(&self, task_id: &str) {
+        if let Some((token, _)) = self.running.lock().expect("running lock").get(task_id) {
+            token.cancel();
+        }
+        self.release_paused_sources(task_id).await;
+    }
+
     /// A source that handed the task on with `returnToParent` keeps its own
     /// task paused for the result: that task, and those of earlier sources
     /// still waiting, end with the gateway task. The record notes them
     /// released, so each gets one CancelTask whichever path ends the task
     /// first; the calls go out on their own, so that an unreachable source
-    /// holds up neither the caller's answer nor the target's cancel.
+    /// holds up neither the caller's answer nor the target's cancel. A task
+    /// that was never handed on (as read now) costs one read, not a write.
     pub(crate) async fn release_paused_sources(&self, task_id: &str) {
+        if let Ok(Some(record)) = self.ledger.get_shared(task_id)
+            && record.transfer.is_none()
+        {
+            return;
+        }
         let mut released = Vec::new();
         let marked = self
             .ledger
@@ -541,12 +545,7 @@ impl Gateway {
                 {
                     tracing::warn!(task_id = %child, %err, "agent did not confirm the cascaded cancel");
                 }
-                if let Some((token, _)) = self.running.lock().expect("running lock").get(&child) {
-                    token.cancel();
-                }
-                if record.transfer.is_some() {
-                    self.release_paused_sources(&child).await;
-                }
+                self.stop_driver_and_release_sources(&child).await;
                 let mut made = false;
                 let canceled = self
                     .ledger

@@ -18,6 +18,7 @@ use chrono::Utc;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::broadcast;
 
 /// Why a handoff may not go to its target: a reason code and its detail.
 pub(super) type Refusal = (&'static str, Value);
@@ -368,7 +369,7 @@ impl Driver {
                 // A cancel or deadline that released the source (and sent
                 // its task a CancelTask) is ending the task: no resuming it.
                 let goes_to = record.transfer.as_ref().and_then(|t| t.result_goes_to());
-                if goes_to.is_none_or(TransferSource::is_released) {
+                if goes_to.is_none_or(|source| source.released) {
                     source_released = true;
                     return Err(GatewayError::UnsupportedOperation(
                         "the source was released before the result returned".into(),
@@ -623,8 +624,6 @@ impl Driver {
             .map(|_| ())
     }
 
-    /// Fails the task when a handoff step could not be written to the ledger:
-    /// no driver would be left to move it on.
     /// What released the task's sources (a cancel or a deadline) ends the
     /// task within moments; should that write never come (it failed, or
     /// the process stopped in between), the task is canceled here rather
@@ -636,9 +635,19 @@ impl Driver {
                 Ok(Some(record)) if record.task.status.state.is_terminal()
             )
         };
-        let deadline = tokio::time::Instant::now() + RELEASED_TASK_END_WAIT;
-        while !ended() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        // Watched before the read, so that no terminal event falls between.
+        let mut outcome = self.gateway.ledger.hub().watch_outcome(&self.task_id);
+        let terminal_event = async {
+            loop {
+                match outcome.recv().await {
+                    Ok(event) if event.event.state().is_some_and(|s| s.is_terminal()) => return,
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
+                }
+            }
+        };
+        if !ended() {
+            let _ = tokio::time::timeout(RELEASED_TASK_END_WAIT, terminal_event).await;
         }
         if !ended() {
             let reason = "the sources waiting for the result were released";
@@ -647,6 +656,8 @@ impl Driver {
         }
     }
 
+    /// Fails the task when a handoff step could not be written to the ledger:
+    /// no driver would be left to move it on.
     async fn fail_unrecorded(&mut self, what: &str, err: GatewayError) {
         tracing::debug!(task_id = %self.task_id, %err, what, "handoff step not applied");
         self.fail(vec![Part::text(format!("{what}: {err}"))]).await;

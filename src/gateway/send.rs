@@ -995,9 +995,7 @@ impl Gateway {
                 let detail = serde_json::json!({"to": record.agent});
                 let parts = vec![status_part(reasons::TARGET_NOT_FOUND, detail)];
                 super::driver::settle_task(self, &task_id, TaskState::Failed, parts).await;
-                if record.transfer.is_some() {
-                    self.release_paused_sources(&task_id).await;
-                }
+                self.release_paused_sources(&task_id).await;
                 continue;
             };
             let task_cancel = self.enter_running(&task_id);

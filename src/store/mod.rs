@@ -114,7 +114,7 @@ pub struct SchemaBinding {
     /// The JSON Schema.
     pub schema: serde_json::Value,
     /// The first artifact it checks.
-    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub from: usize,
 }
 
@@ -175,10 +175,6 @@ struct RecordJson<'a, T> {
     return_schema_from: Option<usize>,
     #[serde(skip_serializing_if = "<[SchemaBinding]>::is_empty")]
     handed_on_schemas: &'a [SchemaBinding],
-}
-
-fn is_zero_usize(n: &usize) -> bool {
-    *n == 0
 }
 
 impl<'a, T> RecordJson<'a, T> {
@@ -395,8 +391,9 @@ pub struct HopRecord {
     pub attempts: u32,
 }
 
-fn is_zero(n: &u32) -> bool {
-    *n == 0
+/// Whether a count is zero, to leave it out of a record.
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 /// The agent that transferred a task, kept while the target works, so the
@@ -435,7 +432,7 @@ pub struct TransferSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_schema: Option<serde_json::Value>,
     /// The first artifact `source_schema` checks (the source's own work).
-    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub source_schema_from: usize,
     /// The task's deadline when the source handed it on, its own again
     /// when the result returns to it: a target's shorter taskTimeout
@@ -477,12 +474,6 @@ impl TransferSource {
             None => Vec::new(),
         };
         self
-    }
-
-    /// Whether the source was released ([`Self::release_waiting`]) because
-    /// the task ended short of a result.
-    pub fn is_released(&self) -> bool {
-        self.released
     }
 
     /// The returnSchema the result must satisfy on its way back, where it
@@ -2089,16 +2080,16 @@ mod tests {
     #[test]
     fn released_sources_are_known_as_released() {
         let mut transfer = full_record().transfer.unwrap();
-        assert!(!transfer.is_released());
-        assert!(!transfer.waiting[0].is_released());
+        assert!(!transfer.released);
+        assert!(!transfer.waiting[0].released);
         let released = transfer.release_waiting().unwrap();
         assert_eq!(released.len(), 2);
-        assert!(transfer.is_released());
-        assert!(transfer.waiting[0].is_released());
+        assert!(transfer.released);
+        assert!(transfer.waiting[0].released);
         assert_eq!(transfer.release_waiting(), None, "once only");
         let written = serde_json::to_string(&transfer).unwrap();
         let read: TransferSource = serde_json::from_str(&written).unwrap();
-        assert!(read.is_released() && read.waiting[0].is_released());
+        assert!(read.released && read.waiting[0].released);
 
         // A source that ended its own task is released too, not told.
         let mut finished = TransferSource {
@@ -2107,11 +2098,11 @@ mod tests {
             ..TransferSource::default()
         };
         assert!(
-            !finished.is_released(),
+            !finished.released,
             "a canceled task of its own is no release"
         );
         assert_eq!(finished.release_waiting(), Some(Vec::new()));
-        assert!(finished.is_released());
+        assert!(finished.released);
     }
 
     #[test]

@@ -61,12 +61,12 @@ async fn start_at_triage(gateway: &TestBaton, message: Value, holder: &VendorAge
     start_at_triage_until(gateway, message, |_| sends_to(holder) > 0).await
 }
 
-/// [`start_at_triage`], returning once `ready` holds for the task's id
-/// (or after 2 s).
+/// [`start_at_triage`], returning once `ready` holds for the task's
+/// record (or after 2 s).
 async fn start_at_triage_until(
     gateway: &TestBaton,
     message: Value,
-    ready: impl Fn(&str) -> bool,
+    ready: impl Fn(&baton::store::TaskRecord) -> bool,
 ) -> String {
     let params = json!({"message": message, "configuration": {"returnImmediately": true}});
     let reply = gateway
@@ -74,12 +74,23 @@ async fn start_at_triage_until(
         .await;
     let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
     for _ in 0..100 {
-        if ready(&id) {
+        if gateway.ledger.get(&id).unwrap().is_some_and(|r| ready(&r)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     id
+}
+
+/// Cancels the task, and checks that the answer is the task CANCELED.
+async fn cancel_answers_canceled(gateway: &TestBaton, id: &str) {
+    let canceled = gateway.call("CancelTask", json!({"id": id})).await;
+    assert_eq!(
+        canceled.result()["status"]["state"],
+        "TASK_STATE_CANCELED",
+        "{}",
+        canceled.body
+    );
 }
 
 /// Triage's handoff of its task to `target` (`{"to": ..}` or
@@ -684,13 +695,7 @@ async fn a_cancel_ends_the_task_of_every_source_waiting_for_the_result() {
     let message = user_message(&message_id("c"), "refund please");
     let id = start_at_triage(&gateway, message, &billing).await;
     assert_eq!(sends_to(&billing), 1, "billing holds the task");
-    let canceled = gateway.call("CancelTask", json!({"id": id})).await;
-    assert_eq!(
-        canceled.result()["status"]["state"],
-        "TASK_STATE_CANCELED",
-        "{}",
-        canceled.body
-    );
+    cancel_answers_canceled(&gateway, &id).await;
     for source in [&triage, &manager] {
         assert_its_task_was_canceled(source).await;
     }
@@ -1214,13 +1219,7 @@ async fn a_canceled_task_still_cancels_what_its_abandoned_attempt_created() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let canceled = gateway.call("CancelTask", json!({"id": id})).await;
-    assert_eq!(
-        canceled.result()["status"]["state"],
-        "TASK_STATE_CANCELED",
-        "{}",
-        canceled.body
-    );
+    cancel_answers_canceled(&gateway, &id).await;
     // The abandoned call went on, learned the agent's task, and canceled it.
     let orphans = canceled_tasks(&slow, 1).await;
     assert_eq!(orphans.len(), 1, "{orphans:?}");
@@ -1270,13 +1269,7 @@ async fn assert_its_task_was_canceled(slow: &VendorAgent) {
 async fn a_cancel_before_the_target_answers_still_reaches_its_task() {
     let gateway = baton().start().await;
     let (slow, id) = hand_off_to_a_slow_agent(&gateway, Value::Null).await;
-    let canceled = gateway.call("CancelTask", json!({"id": id})).await;
-    assert_eq!(
-        canceled.result()["status"]["state"],
-        "TASK_STATE_CANCELED",
-        "{}",
-        canceled.body
-    );
+    cancel_answers_canceled(&gateway, &id).await;
     // The call went on until the agent named its task, which was canceled.
     assert_its_task_was_canceled(&slow).await;
     slow.stop().await;
@@ -1332,13 +1325,7 @@ async fn a_canceled_handoff_to_an_in_process_agent_ends_its_work_at_once() {
         )
         .await;
     let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
-    let canceled = gateway.call("CancelTask", json!({"id": id})).await;
-    assert_eq!(
-        canceled.result()["status"]["state"],
-        "TASK_STATE_CANCELED",
-        "{}",
-        canceled.body
-    );
+    cancel_answers_canceled(&gateway, &id).await;
     // No task of its own to learn and cancel: its work is not kept going.
     for _ in 0..100 {
         if ended.load(std::sync::atomic::Ordering::SeqCst) {
@@ -1861,13 +1848,7 @@ async fn handed_on_for_its_result(
 async fn a_cancel_ends_the_task_its_source_keeps_waiting_for_the_result() {
     let gateway = baton().start().await;
     let (triage, billing, id) = handed_on_for_its_result(&gateway, Value::Null).await;
-    let canceled = gateway.call("CancelTask", json!({"id": id})).await;
-    assert_eq!(
-        canceled.result()["status"]["state"],
-        "TASK_STATE_CANCELED",
-        "{}",
-        canceled.body
-    );
+    cancel_answers_canceled(&gateway, &id).await;
     assert_its_task_was_canceled(&billing).await;
     assert_its_task_was_canceled(&triage).await;
     triage.stop().await;
@@ -1904,6 +1885,38 @@ async fn a_cancel_reaches_the_source_a_result_returned_to_meanwhile() {
     }
 }
 
+/// A holder can answer a CancelTask that its task cannot be canceled (it
+/// ended) before the gateway has its end: when that end hands the task on
+/// for good, the task is not over, and the cancel goes on to the new holder.
+#[tokio::test]
+async fn a_cancel_follows_a_handoff_its_holder_made_as_it_refused() {
+    let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
+    let triage = common::agents::HandsOnWhenCanceled::new("triage", payload);
+    let gateway = baton().agent("triage", triage).start().await;
+    let billing = VendorAgent::start("billing", &["refund"], |_| Reply::Working)
+        .await
+        .unwrap();
+    register(&gateway, "billing", &billing, json!({})).await;
+    let message = user_message(&message_id("r"), "refund please");
+    let triage_works =
+        |record: &baton::store::TaskRecord| record.task.status.state == TaskState::Working;
+    let id = start_at_triage_until(&gateway, message, triage_works).await;
+
+    cancel_answers_canceled(&gateway, &id).await;
+    let record = gateway.ledger.get(&id).unwrap().unwrap();
+    assert_eq!(record.agent, "billing", "the handoff was recorded");
+    let task = get_task(&gateway, &id).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_CANCELED", "{task}");
+    // The cancel may stop the handoff's send before it leaves; one that
+    // reached billing is canceled there.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if sends_to(&billing) > 0 {
+        assert_its_task_was_canceled(&billing).await;
+    }
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 async fn cancel_while_the_result_returns(refuses: bool, answers_at_once: bool) {
     let billing = common::agents::FinishesOnCancel::new("billing", refuses);
     let gateway = baton().agent("billing", billing.handle()).start().await;
@@ -1917,10 +1930,7 @@ async fn cancel_while_the_result_returns(refuses: bool, answers_at_once: bool) {
     .unwrap();
     register(&gateway, "triage", &triage, json!({})).await;
     let message = user_message(&message_id("r"), "refund please");
-    let billing_holds = |id: &str| {
-        let record = gateway.ledger.get(id).unwrap();
-        record.is_some_and(|r| r.agent == "billing")
-    };
+    let billing_holds = |record: &baton::store::TaskRecord| record.agent == "billing";
     let id = start_at_triage_until(&gateway, message, billing_holds).await;
 
     // Billing finishes as the cancel reaches it; the cancel is answered

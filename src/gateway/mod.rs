@@ -19,12 +19,17 @@ use crate::registry::{AgentEntry, Directory};
 use crate::store::{self, Change, Ledger, LedgerError, ListQuery, ReadTask, ReplyTask, TaskRecord};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use validate::{check_history_length, check_required, finish};
 
 /// How many holders one CancelTask asks in turn, when each answers "not
 /// cancelable" because the task moved on to the next.
 const MAX_HOLDERS_ASKED: usize = 4;
+
+/// How long a CancelTask waits for the end of a holder that said its task
+/// cannot be canceled, to see whether that end handed the task on.
+const HOLDER_END_WAIT: Duration = Duration::from_secs(2);
 
 impl From<LedgerError> for GatewayError {
     fn from(err: LedgerError) -> Self {
@@ -390,13 +395,22 @@ impl Gateway {
                 // on (a result returned to its source): its new holder is
                 // asked, or told after the gateway's cancel.
                 Err(refused @ crate::agents::AgentError::Refused { code: -32002, .. }) => {
-                    let now = self.owned_task(ctx, &req.id)?;
+                    let mut now = self.owned_task(ctx, &req.id)?;
                     if now.same_holder(&asked) {
                         let returns = now.transfer.as_ref().and_then(|t| t.result_goes_to());
-                        if returns.is_none() {
+                        if returns.is_some() {
+                            break;
+                        }
+                        // Its task ended, and that end may be a handoff the
+                        // gateway has yet to record.
+                        now = self.holders_end(ctx, &asked).await?;
+                        if now.task.status.state.is_terminal() {
+                            asked = now;
+                            continue;
+                        }
+                        if now.same_holder(&asked) {
                             return Err(refused.into());
                         }
-                        break;
                     }
                     holders_left -= 1;
                     if holders_left == 0 {
@@ -440,6 +454,38 @@ impl Gateway {
         self.cancel_later_holder(&asked, &record);
         self.cancel_children(&req.id).await;
         Ok(record.task.view(None, true))
+    }
+
+    /// The task as it is once the gateway has its holder's end: a terminal
+    /// state or another holder. A holder that says its task cannot be
+    /// canceled has ended it, but its last events may still be on their
+    /// way; waited for up to `HOLDER_END_WAIT`, and no longer once no
+    /// driver follows the task.
+    async fn holders_end(
+        &self,
+        ctx: &CallContext,
+        holder: &TaskRecord,
+    ) -> Result<Arc<TaskRecord>, GatewayError> {
+        let task_id = &holder.task.id;
+        // Watched before each read, so that no change falls between.
+        let mut changes = self.ledger.hub().watch_outcome(task_id);
+        let waited = tokio::time::sleep(HOLDER_END_WAIT);
+        tokio::pin!(waited);
+        loop {
+            let now = self.owned_task(ctx, task_id)?;
+            let ended = now.task.status.state.is_terminal() || !now.same_holder(holder);
+            if ended || !self.is_running(task_id) {
+                return Ok(now);
+            }
+            tokio::select! {
+                change = changes.recv() => {
+                    if let Err(broadcast::error::RecvError::Closed) = change {
+                        changes = self.ledger.hub().watch_outcome(task_id);
+                    }
+                }
+                () = &mut waited => return self.owned_task(ctx, task_id),
+            }
+        }
     }
 
     /// A task that moved on while it was being ended (a result returned to

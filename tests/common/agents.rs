@@ -1,7 +1,7 @@
 //! Agents for tests: one that waits to be released, ones that fail, one
 //! that never answers a cancel, one that finishes its work when asked to
-//! cancel, one that reports a burst of artifacts, and cards with chosen
-//! capabilities.
+//! cancel, one that hands its task on as it refuses a cancel, one that
+//! reports a burst of artifacts, and cards with chosen capabilities.
 
 use async_trait::async_trait;
 use baton::agents::{Agent, AgentError, AgentEvents, AgentRequest};
@@ -327,10 +327,8 @@ impl Agent for FinishesOnCancel {
     }
 
     async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
-        events.status(TaskState::Working, None).await;
-        tokio::select! {
-            _ = self.finish.notified() => {}
-            _ = request.cancel.cancelled() => return Ok(()),
+        if !work_until(&self.finish, &request, &events).await {
+            return Ok(());
         }
         events
             .artifact(Artifact {
@@ -351,13 +349,84 @@ impl Agent for FinishesOnCancel {
     ) -> Result<(), AgentError> {
         self.finish.notify_one();
         self.answer.notified().await;
-        if !self.refuses {
+        if self.refuses {
+            return Err(already_completed());
+        }
+        Ok(())
+    }
+}
+
+/// Works until a CancelTask arrives, answers it at once that its task cannot
+/// be canceled (-32002, as a remote agent whose task just ended would), and
+/// only then ends its task with `payload`, a handoff to another agent: the
+/// gateway meets the "cannot be canceled" before the transfer.
+pub struct HandsOnWhenCanceled {
+    card: AgentCard,
+    payload: serde_json::Value,
+    hand_on: Arc<tokio::sync::Notify>,
+}
+
+impl HandsOnWhenCanceled {
+    /// An agent named `name`, handing on with `payload` once canceled.
+    pub fn new(name: &str, payload: serde_json::Value) -> Self {
+        Self {
+            card: card(name),
+            payload,
+            hand_on: Arc::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl Agent for HandsOnWhenCanceled {
+    fn card(&self) -> &AgentCard {
+        &self.card
+    }
+
+    async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+        if !work_until(&self.hand_on, &request, &events).await {
             return Ok(());
         }
-        Err(AgentError::Refused {
-            code: -32002,
-            message: "the task is already completed".into(),
-            data: None,
-        })
+        let mut handoff = Part::data(self.payload.clone());
+        handoff.media_type = baton::handoff::payload::HANDOFF_MEDIA_TYPE.into();
+        let message = baton::protocol::Message::agent(vec![handoff]);
+        events.status(TaskState::Completed, Some(message)).await;
+        Ok(())
+    }
+
+    async fn cancel(
+        &self,
+        _: &baton::protocol::Task,
+        _: Option<&baton::agents::UpstreamRef>,
+    ) -> Result<(), AgentError> {
+        // Handed on just after this answer reaches the gateway.
+        let hand_on = self.hand_on.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            hand_on.notify_one();
+        });
+        Err(already_completed())
+    }
+}
+
+/// Reports WORKING, then waits for `go`; false if the task was canceled first.
+async fn work_until(
+    go: &tokio::sync::Notify,
+    request: &AgentRequest,
+    events: &AgentEvents,
+) -> bool {
+    events.status(TaskState::Working, None).await;
+    tokio::select! {
+        _ = go.notified() => true,
+        _ = request.cancel.cancelled() => false,
+    }
+}
+
+/// A remote agent's answer to a CancelTask for a task that has ended.
+fn already_completed() -> AgentError {
+    AgentError::Refused {
+        code: -32002,
+        message: "the task is already completed".into(),
+        data: None,
     }
 }

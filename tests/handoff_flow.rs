@@ -1917,6 +1917,39 @@ async fn a_cancel_follows_a_handoff_its_holder_made_as_it_refused() {
     gateway.stop().await;
 }
 
+/// Holders that each hand the task on as they refuse a cancel are asked
+/// in turn, four at most: the gateway then cancels the task, and tells the
+/// holder it has then, whose own handoff never happens.
+#[tokio::test]
+async fn a_cancel_asks_at_most_four_holders_that_hand_on_as_they_refuse() {
+    let chain = ["triage", "b", "c", "d", "e", "f"];
+    let mut builder = baton();
+    let mut cancels = Vec::new();
+    for pair in chain.windows(2) {
+        let payload = handoff_payload(pair[0], json!({"to": pair[1]}), json!({}));
+        let agent = common::agents::HandsOnWhenCanceled::new(pair[0], payload);
+        cancels.push(agent.cancels.clone());
+        builder = builder.agent(pair[0], agent);
+    }
+    let gateway = builder.start().await;
+    let message = user_message(&message_id("r"), "refund please");
+    let working =
+        |record: &baton::store::TaskRecord| record.task.status.state == TaskState::Working;
+    let id = start_at_triage_until(&gateway, message, working).await;
+
+    cancel_answers_canceled(&gateway, &id).await;
+    let record = gateway.ledger.get(&id).unwrap().unwrap();
+    assert_eq!(record.agent, "e", "four holders asked, the fifth told");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asked: Vec<usize> = cancels
+        .iter()
+        .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+        .collect();
+    assert_eq!(asked, [1, 1, 1, 1, 1], "each holder gets one CancelTask");
+    assert_eq!(record.task.status.state, TaskState::Canceled);
+    gateway.stop().await;
+}
+
 async fn cancel_while_the_result_returns(refuses: bool, answers_at_once: bool) {
     let billing = common::agents::FinishesOnCancel::new("billing", refuses);
     let gateway = baton().agent("billing", billing.handle()).start().await;

@@ -364,6 +364,8 @@ pub struct HandsOnWhenCanceled {
     card: AgentCard,
     payload: serde_json::Value,
     hand_on: Arc<tokio::sync::Notify>,
+    /// CancelTasks received.
+    pub cancels: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl HandsOnWhenCanceled {
@@ -373,6 +375,7 @@ impl HandsOnWhenCanceled {
             card: card(name),
             payload,
             hand_on: Arc::default(),
+            cancels: Arc::default(),
         }
     }
 }
@@ -399,6 +402,8 @@ impl Agent for HandsOnWhenCanceled {
         _: &baton::protocol::Task,
         _: Option<&baton::agents::UpstreamRef>,
     ) -> Result<(), AgentError> {
+        self.cancels
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Handed on just after this answer reaches the gateway.
         let hand_on = self.hand_on.clone();
         tokio::spawn(async move {

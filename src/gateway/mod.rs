@@ -459,15 +459,15 @@ impl Gateway {
     /// The task as it is once the gateway has its holder's end: a terminal
     /// state or another holder. A holder that says its task cannot be
     /// canceled has ended it, but its last events may still be on their
-    /// way; waited for up to `HOLDER_END_WAIT`, and no longer once no
-    /// driver follows the task.
+    /// way; waited for up to `HOLDER_END_WAIT`, and not at all when no
+    /// driver follows the task (read again at each of its events).
     async fn holders_end(
         &self,
         ctx: &CallContext,
         holder: &TaskRecord,
     ) -> Result<Arc<TaskRecord>, GatewayError> {
         let task_id = &holder.task.id;
-        // Watched before each read, so that no change falls between.
+        // Watched before the first read: a change after it is an event.
         let mut changes = self.ledger.hub().watch_outcome(task_id);
         let waited = tokio::time::sleep(HOLDER_END_WAIT);
         tokio::pin!(waited);

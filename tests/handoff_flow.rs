@@ -147,6 +147,22 @@ fn assert_failed_the_schema_at(task: &Value, pointer: &str) {
     assert!(violations.to_string().contains(pointer), "{violations}");
 }
 
+/// Sends `message` to `path`, then waits for the task to reach `state`.
+async fn send_until(gateway: &TestBaton, path: &str, message: Value, state: &str) -> Value {
+    let task = send(gateway, path, message).await;
+    let task_id = task["id"].as_str().unwrap();
+    gateway.wait_for_state("/a2a", task_id, state).await
+}
+
+/// The last reason in the task's history is OUTPUT_SCHEMA_INVALID.
+fn assert_ended_with_output_schema_invalid(task: &Value) {
+    assert_eq!(
+        reasons_in_history(task).last().map(String::as_str),
+        Some("OUTPUT_SCHEMA_INVALID"),
+        "{task}"
+    );
+}
+
 /// Sends `message` to `path` and waits for the task to settle.
 async fn send(gateway: &TestBaton, path: &str, message: Value) -> Value {
     let reply = gateway
@@ -592,11 +608,7 @@ async fn a_result_handed_on_is_checked_against_the_waiting_source_schema() {
     let task = gateway
         .wait_for_state("/a2a", &task_id, "TASK_STATE_FAILED")
         .await;
-    assert_eq!(
-        reasons_in_history(&task).last().map(String::as_str),
-        Some("OUTPUT_SCHEMA_INVALID"),
-        "{task}"
-    );
+    assert_ended_with_output_schema_invalid(&task);
     // triage's own task, paused for the result, ends with it.
     assert_its_task_was_canceled(&triage).await;
     assert_eq!(sends_to(&triage), 1, "no result went back");
@@ -618,16 +630,15 @@ async fn a_handoff_schema_still_binds_its_target_after_a_result_returned_to_it()
         json!({"to": "triage"}),
         json!({"returnSchema": closed_case}),
     );
-    let task = send(&gateway, "/a2a", handoff_message(payload)).await;
-    let task_id = task["id"].as_str().unwrap();
-    let task = gateway
-        .wait_for_state("/a2a", task_id, "TASK_STATE_FAILED")
-        .await;
-    assert_eq!(
-        reasons_in_history(&task).last().map(String::as_str),
-        Some("OUTPUT_SCHEMA_INVALID"),
-        "triage's case has no `closed`: {task}"
-    );
+    let task = send_until(
+        &gateway,
+        "/a2a",
+        handoff_message(payload),
+        "TASK_STATE_FAILED",
+    )
+    .await;
+    // Triage's case has no `closed`.
+    assert_ended_with_output_schema_invalid(&task);
     assert_eq!(sends_to(&triage), 2, "the refund went back to triage");
     triage.stop().await;
     billing.stop().await;
@@ -657,21 +668,14 @@ async fn a_result_returning_through_a_chain_meets_the_first_source_schema() {
     let billing = register_with_billing(&gateway, &triage).await;
     register(&gateway, "manager", &manager, json!({})).await;
     register(&gateway, "clerk", &clerk, json!({})).await;
-    let task = send(
+    let task = send_until(
         &gateway,
         "/agents/triage/a2a",
         user_message(&message_id("x"), "refund please"),
+        "TASK_STATE_FAILED",
     )
     .await;
-    let task_id = task["id"].as_str().unwrap();
-    let task = gateway
-        .wait_for_state("/a2a", task_id, "TASK_STATE_FAILED")
-        .await;
-    assert_eq!(
-        reasons_in_history(&task).last().map(String::as_str),
-        Some("OUTPUT_SCHEMA_INVALID"),
-        "{task}"
-    );
+    assert_ended_with_output_schema_invalid(&task);
     assert_eq!(sends_to(&clerk), 2, "billing's refund went back to clerk");
     assert_eq!(sends_to(&triage), 1, "nothing went back to triage");
     assert_its_task_was_canceled(&triage).await;
@@ -1668,16 +1672,13 @@ async fn a_transfer_keeps_the_artifacts_reported_with_it() {
         .agent("reporter", ReportThenTransfer { card, to: "echo" })
         .start()
         .await;
-    let task = send(
+    let task = send_until(
         &gateway,
         "/agents/reporter/a2a",
         user_message(&message_id("t"), "please sort out my refund"),
+        "TASK_STATE_COMPLETED",
     )
     .await;
-    let task_id = task["id"].as_str().unwrap();
-    let task = gateway
-        .wait_for_state("/a2a", task_id, "TASK_STATE_COMPLETED")
-        .await;
     let artifacts: Vec<&str> = task["artifacts"]
         .as_array()
         .into_iter()

@@ -467,15 +467,32 @@ impl Gateway {
         holder: &TaskRecord,
     ) -> Result<Arc<TaskRecord>, GatewayError> {
         let task_id = &holder.task.id;
+        self.wait_for_record(task_id, HOLDER_END_WAIT, |now| {
+            let ended = now.task.status.state.is_terminal() || !now.same_holder(holder);
+            ended || !self.is_running(task_id)
+        })
+        .await;
+        self.owned_task(ctx, task_id)
+    }
+
+    /// Waits up to `limit` until the task's record meets `done`, reading
+    /// it again at each of the task's events; a record that is gone ends
+    /// the wait, one that cannot be read is read again at the next event.
+    pub(crate) async fn wait_for_record(
+        &self,
+        task_id: &str,
+        limit: Duration,
+        done: impl Fn(&TaskRecord) -> bool,
+    ) {
         // Watched before the first read: a change after it is an event.
         let mut changes = self.ledger.hub().watch_outcome(task_id);
-        let waited = tokio::time::sleep(HOLDER_END_WAIT);
+        let waited = tokio::time::sleep(limit);
         tokio::pin!(waited);
         loop {
-            let now = self.owned_task(ctx, task_id)?;
-            let ended = now.task.status.state.is_terminal() || !now.same_holder(holder);
-            if ended || !self.is_running(task_id) {
-                return Ok(now);
+            match self.ledger.get_shared(task_id) {
+                Ok(Some(record)) if done(&record) => return,
+                Ok(None) => return,
+                Ok(Some(_)) | Err(_) => {}
             }
             tokio::select! {
                 change = changes.recv() => {
@@ -483,7 +500,7 @@ impl Gateway {
                         changes = self.ledger.hub().watch_outcome(task_id);
                     }
                 }
-                () = &mut waited => return self.owned_task(ctx, task_id),
+                () = &mut waited => return,
             }
         }
     }

@@ -13,12 +13,11 @@ use crate::handoff::reasons::{self, status_part};
 use crate::handoff::routing::{AgentView, agents_with_skill};
 use crate::protocol::*;
 use crate::registry::AgentEntry;
-use crate::store::{HopKind, HopRecord, SchemaBinding, TransferSource};
+use crate::store::{HopKind, HopRecord, SchemaBinding, TaskRecord, TransferSource};
 use chrono::Utc;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::broadcast;
 
 /// Why a handoff may not go to its target: a reason code and its detail.
 pub(super) type Refusal = (&'static str, Value);
@@ -629,27 +628,12 @@ impl Driver {
     /// the process stopped in between), the task is canceled here rather
     /// than left WORKING with no agent on it.
     async fn end_after_release(&mut self) {
-        let ended = || {
-            matches!(
-                self.gateway.ledger.get_shared(&self.task_id),
-                Ok(Some(record)) if record.task.status.state.is_terminal()
-            )
-        };
-        // Watched before the read, so that no terminal event falls between.
-        let mut outcome = self.gateway.ledger.hub().watch_outcome(&self.task_id);
-        let terminal_event = async {
-            loop {
-                match outcome.recv().await {
-                    Ok(event) if event.event.state().is_some_and(|s| s.is_terminal()) => return,
-                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
-                }
-            }
-        };
-        if !ended() {
-            let _ = tokio::time::timeout(RELEASED_TASK_END_WAIT, terminal_event).await;
-        }
-        if !ended() {
+        let ended = |record: &TaskRecord| record.task.status.state.is_terminal();
+        self.gateway
+            .wait_for_record(&self.task_id, RELEASED_TASK_END_WAIT, ended)
+            .await;
+        let record = self.gateway.ledger.get_shared(&self.task_id);
+        if !matches!(record, Ok(Some(record)) if ended(&record)) {
             let reason = "the sources waiting for the result were released";
             self.settle(TaskState::Canceled, vec![Part::text(reason)])
                 .await;

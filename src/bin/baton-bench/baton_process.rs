@@ -18,11 +18,15 @@ const START_LIMIT: Duration = Duration::from_secs(180);
 /// Longest Baton may take to stop after SIGTERM before it is killed.
 const STOP_LIMIT: Duration = Duration::from_secs(15);
 
-/// The `baton` binary built into the same directory as this one, rebuilt
-/// first when this runs under `cargo run` so it matches the source.
+/// The `baton` binary: `explicit` (`--baton`) when given, else the one
+/// built into the same directory as this one, rebuilt first when this runs
+/// under `cargo run` so it matches the source.
 pub fn locate_baton(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(path) = explicit {
-        return Ok(path.to_path_buf());
+        // Made absolute here: Baton runs in the bench's own work directory,
+        // where a relative path would name nothing.
+        return std::fs::canonicalize(path)
+            .with_context(|| format!("--baton {}: no such binary", path.display()));
     }
     let exe = std::env::current_exe().context("locating this executable")?;
     let dir = exe.parent().context("this executable has no directory")?;

@@ -203,7 +203,8 @@ async fn an_agency_cannot_update_or_remove_another_agencys_agent() {
     .await;
     assert_eq!(takeover.code(), Some(-32602), "{}", takeover.body);
 
-    // Neither agency may change or remove the built-in agents.
+    // Neither agency may take, change or remove the built-in agents; the
+    // answer says it is built in (GetAgent shows it), not that it is missing.
     for key in [ACME, GLOBEX] {
         let update = registry_as(
             &gateway,
@@ -212,9 +213,19 @@ async fn an_agency_cannot_update_or_remove_another_agencys_agent() {
             json!({"id": "echo", "card": hijacked}),
         )
         .await;
-        assert_eq!(update.code(), Some(-32602), "{}", update.body);
         let remove = registry_as(&gateway, key, "DeregisterAgent", json!({"id": "echo"})).await;
-        assert_eq!(remove.code(), Some(-32602), "{}", remove.body);
+        let take = registry_as(
+            &gateway,
+            key,
+            "RegisterAgent",
+            json!({"id": "echo", "card": hijacked}),
+        )
+        .await;
+        for refused in [update, remove, take] {
+            assert_eq!(refused.code(), Some(-32602), "{}", refused.body);
+            let message = refused.body["error"]["message"].as_str().unwrap();
+            assert!(message.contains("built-in agent"), "{message}");
+        }
     }
 
     // Any valid key may read: globex sees acme's agent, unchanged.

@@ -163,6 +163,17 @@ fn not_found(id: &str) -> GatewayError {
     GatewayError::invalid_field("id", format!("no agent {id:?} is registered"))
 }
 
+/// Built-in agents are public (`GetAgent` shows them), so saying so
+/// reveals nothing, and "not registered" would contradict `GetAgent`.
+fn built_in(id: &str) -> GatewayError {
+    GatewayError::invalid_field(
+        "id",
+        format!(
+            "{id:?} is a built-in agent of this gateway; the registry cannot take, change or remove it"
+        ),
+    )
+}
+
 /// Agent ids: a letter or digit, then letters, digits, `.`, `_` or `-`.
 fn check_id(id: &str) -> Result<(), GatewayError> {
     let valid = !id.is_empty()
@@ -331,6 +342,8 @@ impl Registry {
                 .get(&id)
                 .is_some_and(|r| r.builtin)
             {
+                // The built-in agents' own cards, compiled into the binary.
+                tracing::info!(path = %path.display(), agent = %id, "card file skipped: a built-in agent has this id");
                 continue;
             }
             // One bad file must not keep the others (or Baton) from starting.
@@ -377,7 +390,7 @@ impl Registry {
             (None, Some(url)) => {
                 let fetched = self.fetcher.fetch(url).await.map_err(|err| {
                     let description = match &err {
-                        FetchError::Refused(reason) => format!("refused: {reason}"),
+                        FetchError::Refused(reason) => format!("not fetched: {reason}"),
                         other => other.to_string(),
                     };
                     GatewayError::invalid_field("cardUrl", description)
@@ -441,13 +454,16 @@ impl Registry {
                     .unwrap_or(base)
             }
         };
-        if self
+        let taken = self
             .records
             .read()
             .expect("registry lock")
-            .contains_key(&id)
-            || self.retired_by_another(&id, owner)
-        {
+            .get(&id)
+            .map(|r| r.builtin);
+        if taken == Some(true) {
+            return Err(built_in(&id));
+        }
+        if taken.is_some() || self.retired_by_another(&id, owner) {
             return Err(GatewayError::invalid_field(
                 "id",
                 format!(
@@ -624,13 +640,11 @@ impl Registry {
 
     /// An agent the caller owns; others' agents are reported as not found.
     fn owned(&self, owner: &str, id: &str) -> Result<AgentRecord, GatewayError> {
-        self.records
-            .read()
-            .expect("registry lock")
-            .get(id)
-            .filter(|record| record.owner == owner && !record.builtin)
-            .cloned()
-            .ok_or_else(|| not_found(id))
+        match self.records.read().expect("registry lock").get(id) {
+            Some(record) if record.builtin => Err(built_in(id)),
+            Some(record) if record.owner == owner => Ok(record.clone()),
+            _ => Err(not_found(id)),
+        }
     }
 
     /// `DeregisterAgent`: the caller's own agents only.

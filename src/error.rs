@@ -92,9 +92,15 @@ pub enum GatewayError {
     /// -32008.
     #[error("extension {0} is required but was not activated")]
     ExtensionSupportRequired(String),
-    /// -32009.
-    #[error("A2A version {0:?} is not supported; this server speaks 1.0")]
-    VersionNotSupported(String),
+    /// -32009. `stated` is false when the request named no version, which
+    /// the spec reads as 0.3 (§3.6.2).
+    #[error("{}", version_not_supported(.version, *.stated))]
+    VersionNotSupported {
+        /// The version the request is read as.
+        version: String,
+        /// Whether the request named it (header or query parameter).
+        stated: bool,
+    },
     /// HTTP 401: no valid API key (a -32600 body with reason UNAUTHENTICATED).
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
@@ -209,7 +215,7 @@ impl GatewayError {
             Self::InvalidAgentResponse(_) => -32006,
             Self::ExtendedAgentCardNotConfigured => -32007,
             Self::ExtensionSupportRequired(_) => -32008,
-            Self::VersionNotSupported(_) => -32009,
+            Self::VersionNotSupported { .. } => -32009,
             Self::Upstream { code, .. } => *code,
         }
     }
@@ -225,7 +231,7 @@ impl GatewayError {
             Self::InvalidAgentResponse(_) => "INVALID_AGENT_RESPONSE",
             Self::ExtendedAgentCardNotConfigured => "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
             Self::ExtensionSupportRequired(_) => "EXTENSION_SUPPORT_REQUIRED",
-            Self::VersionNotSupported(_) => "VERSION_NOT_SUPPORTED",
+            Self::VersionNotSupported { .. } => "VERSION_NOT_SUPPORTED",
             _ => return None,
         })
     }
@@ -252,7 +258,7 @@ impl GatewayError {
             Self::TaskNotCancelable { task_id, state } => {
                 json!({ "taskId": task_id, "state": state })
             }
-            Self::VersionNotSupported(version) => {
+            Self::VersionNotSupported { version, .. } => {
                 json!({ "requestedVersion": version, "supportedVersions": "1.0" })
             }
             Self::ExtensionSupportRequired(uri) => json!({ "extension": uri }),
@@ -317,6 +323,18 @@ impl GatewayError {
             }),
             _ => json!({ "code": self.code(), "message": message }),
         }
+    }
+}
+
+/// The message of [`GatewayError::VersionNotSupported`].
+fn version_not_supported(version: &str, stated: bool) -> String {
+    if stated {
+        format!("A2A version {version:?} is not supported; this server speaks 1.0")
+    } else {
+        format!(
+            "the request names no A2A version (an A2A-Version header or query parameter), \
+             so it is read as {version}, which this server does not speak; send A2A-Version: 1.0"
+        )
     }
 }
 

@@ -869,6 +869,16 @@ async fn unsupported_versions_are_32009() {
         );
         assert_eq!(error["data"][0]["metadata"]["requestedVersion"], requested);
         assert_eq!(id_of(&wire), json!("v"));
+        // A request that named no version is told so, not that it asked for 0.3.
+        let named = headers
+            .iter()
+            .any(|(name, value)| *name == "a2a-version" && !value.is_empty());
+        let message = error["message"].as_str().unwrap_or_default();
+        assert_eq!(
+            message.contains("names no A2A version"),
+            !named,
+            "{message}"
+        );
     }
     // By query parameter instead of the header.
     let headers = [("content-type", "application/json")];

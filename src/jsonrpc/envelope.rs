@@ -162,8 +162,36 @@ pub fn decode_params<T: DeserializeOwned>(params: &RawValue) -> Result<T, Gatewa
         } else {
             path
         };
-        GatewayError::invalid_field(field, strip_position(&err.inner().to_string()))
+        let message = strip_position(&err.inner().to_string());
+        GatewayError::invalid_field(field, plain_type_names(&message))
     })
+}
+
+/// serde names Rust's number types ("expected u64"); a client knows JSON's.
+fn plain_type_names(message: &str) -> String {
+    const NAMES: [(&str, &str); 8] = [
+        ("expected u8", "expected an integer from 0 to 255"),
+        ("expected u16", "expected an integer from 0 to 65535"),
+        ("expected u32", "expected an integer from 0 to 4294967295"),
+        ("expected u64", "expected a non-negative integer"),
+        ("expected usize", "expected a non-negative integer"),
+        (
+            "expected i32",
+            "expected an integer from -2147483648 to 2147483647",
+        ),
+        ("expected i64", "expected an integer"),
+        ("expected f64", "expected a number"),
+    ];
+    let mut plain = message.to_string();
+    for (rust, json) in NAMES {
+        // Whole words only: "expected u32" must not match "expected u320".
+        if let Some(at) = plain.find(rust)
+            && !plain[at + rust.len()..].starts_with(|c: char| c.is_ascii_alphanumeric())
+        {
+            plain.replace_range(at..at + rust.len(), json);
+        }
+    }
+    plain
 }
 
 /// serde_json appends " at line L column C"; field paths say more.
@@ -212,6 +240,30 @@ pub fn error_body(id: Option<&RawValue>, error: &GatewayError) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_number_is_described_in_json_terms() {
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Limits {
+            #[allow(dead_code)]
+            task_timeout_ms: u64,
+        }
+        let params = RawValue::from_string(r#"{"taskTimeoutMs":-5}"#.into()).unwrap();
+        let message = decode_params::<Limits>(&params).unwrap_err().to_string();
+        assert!(message.contains("taskTimeoutMs"), "{message}");
+        assert!(
+            message.contains("expected a non-negative integer"),
+            "{message}"
+        );
+        assert!(!message.contains("u64"), "{message}");
+        assert_eq!(
+            plain_type_names("invalid type: string \"x\", expected i32"),
+            "invalid type: string \"x\", expected an integer from -2147483648 to 2147483647"
+        );
+        // Only whole names.
+        assert_eq!(plain_type_names("expected u320"), "expected u320");
+    }
 
     fn code(body: &str) -> i64 {
         parse_request(body.as_bytes()).unwrap_err().error.code()

@@ -255,6 +255,23 @@ async fn registry_rpc(State(state): State<AppState>, headers: HeaderMap, body: B
     crate::registry::rpc::dispatch(&state.registry, principal.as_str(), request).await
 }
 
+/// A search query string that does not decode, as the field it names:
+/// axum says "Failed to deserialize query string: pageSize: invalid digit
+/// found in string".
+fn query_violation(rejection: &QueryRejection) -> GatewayError {
+    let text = rejection.body_text();
+    let detail = text
+        .strip_prefix("Failed to deserialize query string: ")
+        .unwrap_or(&text);
+    let named = detail.split_once(": ").filter(|(field, _)| {
+        !field.is_empty() && field.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    });
+    match named {
+        Some((field, message)) => GatewayError::invalid_field(field, message.to_string()),
+        None => GatewayError::invalid_field("query", detail.to_string()),
+    }
+}
+
 async fn registry_search(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -265,7 +282,7 @@ async fn registry_search(
         return response;
     }
     let page = query
-        .map_err(|rejection| GatewayError::invalid_field("query", rejection.body_text()))
+        .map_err(|rejection| query_violation(&rejection))
         .and_then(|Query(params)| state.registry.search(&params))
         .and_then(crate::registry::rpc::shown);
     match page {
@@ -427,8 +444,8 @@ async fn serve_agent_rpc(
     serve_rpc(state, Some(id), query, headers, body).await
 }
 
-/// `A2A-Version` from the header or the query; absent or empty means 0.3.
-fn requested_version(headers: &HeaderMap, query: Option<&str>) -> String {
+/// `A2A-Version` from the header or the query; `None` when absent or empty.
+fn requested_version<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> Option<&'a str> {
     let from_header = headers
         .get(VERSION_HEADER_NAME)
         .and_then(|v| v.to_str().ok())
@@ -442,19 +459,29 @@ fn requested_version(headers: &HeaderMap, query: Option<&str>) -> String {
             .map(|(_, value)| value.trim())
             .filter(|v| !v.is_empty())
     };
-    from_header.or_else(from_query).unwrap_or("0.3").to_string()
+    from_header.or_else(from_query)
 }
 
 /// Baton speaks 1.0. Versions match on Major.Minor and the patch number is
-/// ignored (spec §3.6.2); a bare major `1` is read as 1.0.
-fn check_version(version: &str) -> Result<(), GatewayError> {
+/// ignored (spec §3.6.2); a bare major `1` is read as 1.0, and no version
+/// at all as 0.3.
+fn check_version(requested: Option<&str>) -> Result<(), GatewayError> {
+    let Some(version) = requested else {
+        return Err(GatewayError::VersionNotSupported {
+            version: "0.3".into(),
+            stated: false,
+        });
+    };
     let mut parts = version.split('.');
     let major = parts.next().unwrap_or("");
     let minor = parts.next().unwrap_or("0");
     if major == "1" && minor == "0" {
         Ok(())
     } else {
-        Err(GatewayError::VersionNotSupported(version.to_string()))
+        Err(GatewayError::VersionNotSupported {
+            version: version.to_string(),
+            stated: true,
+        })
     }
 }
 
@@ -592,7 +619,7 @@ async fn serve_rpc(
         Ok(request) => request,
         Err(failure) => return error_reply(failure.id, &failure.error),
     };
-    if let Err(error) = check_version(&requested_version(&headers, query.as_deref())) {
+    if let Err(error) = check_version(requested_version(&headers, query.as_deref())) {
         return error_reply(Some(request.id), &error);
     }
 
@@ -739,17 +766,44 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_search_parameter_is_named() {
+        let decode = |uri: &str| {
+            let uri: axum::http::Uri = uri.parse().unwrap();
+            let rejection = Query::<SearchParams>::try_from_uri(&uri).unwrap_err();
+            query_violation(&rejection).to_rpc_error()
+        };
+        let error = decode("/registry/agents?pageSize=abc");
+        let violation = &error["data"][0]["fieldViolations"][0];
+        assert_eq!(violation["field"], "pageSize", "{error}");
+        let description = violation["description"].as_str().unwrap();
+        assert!(
+            !description.contains("Failed to deserialize"),
+            "{description}"
+        );
+    }
+
+    #[test]
     fn versions() {
-        assert!(check_version("1.0").is_ok());
-        assert!(check_version("1.0.1").is_ok());
-        assert!(check_version("1").is_ok());
-        assert_eq!(check_version("1.1").unwrap_err().code(), -32009);
-        assert_eq!(check_version("0.3").unwrap_err().code(), -32009);
-        assert_eq!(check_version("99.0").unwrap_err().code(), -32009);
+        for supported in ["1.0", "1.0.1", "1"] {
+            assert!(check_version(Some(supported)).is_ok(), "{supported}");
+        }
+        for unsupported in ["1.1", "0.3", "99.0"] {
+            let error = check_version(Some(unsupported)).unwrap_err();
+            assert_eq!(error.code(), -32009, "{unsupported}");
+        }
+        let unstated = check_version(None).unwrap_err();
+        assert_eq!(unstated.code(), -32009);
+        assert!(
+            unstated.to_string().contains("names no A2A version"),
+            "{unstated}"
+        );
         let mut headers = HeaderMap::new();
-        assert_eq!(requested_version(&headers, None), "0.3");
-        assert_eq!(requested_version(&headers, Some("A2A-Version=1.0")), "1.0");
+        assert_eq!(requested_version(&headers, None), None);
+        assert_eq!(
+            requested_version(&headers, Some("A2A-Version=1.0")),
+            Some("1.0")
+        );
         headers.insert("a2a-version", HeaderValue::from_static(""));
-        assert_eq!(requested_version(&headers, None), "0.3");
+        assert_eq!(requested_version(&headers, None), None);
     }
 }

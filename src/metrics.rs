@@ -264,7 +264,7 @@ impl HandoffMetrics {
         // Counter names are registered without `_total`: the encoder adds it.
         registry.register(
             "baton_handoffs",
-            "Handoffs started, by source agent (client when a client started it), target agent and kind (call, routed, direct, transfer, return, reroute)",
+            "Handoffs started, by source agent (client when a client started it), target agent and kind (direct, transfer, return, reroute); a plain or routed call is no handoff and is not counted",
             Described(handoffs.clone()),
         );
         let outcomes = Family::<OutcomeLabels, Counter>::default();
@@ -297,7 +297,7 @@ impl HandoffMetrics {
             Family::new_with_constructor(|| Histogram::new(ROUND_TRIP_BUCKETS.iter().copied()));
         registry.register(
             "baton_agent_round_trip_seconds",
-            "Duration of one request/response exchange with an agent, by target agent",
+            "Duration of one request/response exchange with a handoff's target agent, by target agent",
             Described(round_trip_seconds.clone()),
         );
         let hop_depth = Histogram::new(linear_buckets(1.0, 1.0, 10));

@@ -617,13 +617,12 @@ impl Gateway {
                             return Ok::<_, GatewayError>(Change::Unchanged);
                         }
                         made = true;
-                        Ok(Change::Made(vec![StreamResponse::StatusUpdate(
-                            TaskStatusUpdateEvent {
-                                task_id: record.task.id.clone(),
-                                context_id: record.task.context_id.clone(),
-                                status: TaskStatus::now(TaskState::Canceled, None),
-                                metadata: None,
-                            },
+                        let task = &record.task;
+                        Ok(Change::Made(vec![driver::status_update(
+                            &task.id,
+                            &task.context_id,
+                            TaskState::Canceled,
+                            None,
                         )]))
                     })
                     .await;

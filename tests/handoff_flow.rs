@@ -1548,6 +1548,9 @@ async fn a_deadline_also_ends_a_task_waiting_for_input() {
     gateway.stop().await;
 }
 
+/// A W3C `tracestate` with two vendors' entries.
+const TRACE_STATE: &str = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
+
 #[tokio::test]
 async fn one_trace_id_reaches_the_third_agent_of_a_chain() {
     let gateway = baton().start().await;
@@ -1575,6 +1578,7 @@ async fn one_trace_id_reaches_the_third_agent_of_a_chain() {
         .header("content-type", "application/json")
         .header("a2a-version", "1.0")
         .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+        .header("tracestate", TRACE_STATE)
         .body(body.to_string())
         .send()
         .await
@@ -1592,8 +1596,18 @@ async fn one_trace_id_reaches_the_third_agent_of_a_chain() {
         "{:?}",
         seen.headers
     );
+    // The vendors' trace state goes with the trace, unchanged, to every hop.
+    for agent in [&triage, &technical] {
+        let first = &agent.received()[0];
+        assert_eq!(
+            first.headers["tracestate"], TRACE_STATE,
+            "{:?}",
+            first.headers
+        );
+    }
     let control = &seen.params["message"]["metadata"]["urn:baton:handoff:v1"];
     assert_eq!(control["traceId"], trace_id);
+    assert_eq!(control["traceState"], TRACE_STATE);
     assert_eq!(control["chain"], json!(["triage", "billing", "technical"]));
     assert_eq!(control["hops"], 3);
     let record = gateway

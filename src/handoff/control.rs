@@ -23,7 +23,7 @@ pub const CHAIN_HEADER: HeaderName = HeaderName::from_static("baton-chain");
 pub const DEADLINE_HEADER: HeaderName = HeaderName::from_static("baton-deadline");
 /// W3C trace context.
 pub const TRACEPARENT_HEADER: HeaderName = HeaderName::from_static("traceparent");
-/// W3C trace state, passed on unchanged.
+/// W3C trace state: vendors' entries, passed on unchanged.
 pub const TRACESTATE_HEADER: HeaderName = HeaderName::from_static("tracestate");
 
 /// The control metadata of one line of work. Read leniently, field by
@@ -74,6 +74,15 @@ pub struct Control {
         skip_serializing_if = "Option::is_none"
     )]
     pub correlation_id: Option<String>,
+    /// The W3C `tracestate` the work came with, passed on unchanged to
+    /// every later hop (kept here because a later hop's delivery is not
+    /// the request that brought the header).
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub trace_state: Option<String>,
 }
 
 /// A count written as text (a header's, or in JSON): negative is zero,
@@ -354,6 +363,10 @@ impl Control {
             parent_task_id: first(|c| c.parent_task_id.clone()),
             handoff_id: first(|c| c.handoff_id.clone()),
             correlation_id: first(|c| c.correlation_id.clone()),
+            trace_state: incoming
+                .tracestate
+                .clone()
+                .or_else(|| first(|c| c.trace_state.clone())),
         }
     }
 
@@ -424,6 +437,16 @@ impl Control {
         ];
         if let Some(deadline) = self.deadline {
             headers.push((DEADLINE_HEADER, wire::format_timestamp(&deadline)));
+        }
+        // Optional, so one that cannot be a header value (metadata may say
+        // anything) is left out rather than failing the call.
+        let printable = |state: &str| {
+            state
+                .bytes()
+                .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+        };
+        if let Some(state) = self.trace_state.as_ref().filter(|s| printable(s)) {
+            headers.push((TRACESTATE_HEADER, state.clone()));
         }
         headers
     }
@@ -563,6 +586,41 @@ mod tests {
             None
         );
         assert_eq!(trace_id_of("garbage"), None);
+    }
+
+    #[test]
+    fn trace_state_comes_from_the_header_else_the_lineage_and_is_sent_when_printable() {
+        let sent = |control: &Control| {
+            control
+                .headers()
+                .into_iter()
+                .find(|(name, _)| *name == TRACESTATE_HEADER)
+                .map(|(_, value)| value)
+        };
+        let lineage = Control {
+            trace_state: Some("rojo=1".into()),
+            ..Control::default()
+        };
+        let from_header = Incoming {
+            tracestate: Some("congo=2".into()),
+            ..Incoming::default()
+        };
+        let merged = Control::merge(&from_header, Some(&lineage), Limits::default(), at(0));
+        assert_eq!(sent(&merged).as_deref(), Some("congo=2"));
+        let merged = Control::merge(
+            &Incoming::default(),
+            Some(&lineage),
+            Limits::default(),
+            at(0),
+        );
+        assert_eq!(sent(&merged).as_deref(), Some("rojo=1"));
+        assert_eq!(sent(&Control::default()), None);
+        // Metadata may hold what no header can: left out, not a failed call.
+        let unprintable = Control {
+            trace_state: Some("rojo=1\r\nx: y".into()),
+            ..Control::default()
+        };
+        assert_eq!(sent(&unprintable), None);
     }
 
     #[test]

@@ -969,6 +969,40 @@ async fn a_reroute_skips_an_agent_that_does_not_allow_the_sender() {
     gateway.stop().await;
 }
 
+/// A reroute goes only to a healthy agent (DESIGN.md §3.3), although a
+/// first choice may be an unhealthy one when no other has the skill.
+#[tokio::test]
+async fn a_reroute_skips_an_agent_that_failed_its_health_check() {
+    let gateway = baton().tune(quick_ladder).start().await;
+    let (silent, billing) = refund_agents().await;
+    register(&gateway, "silent", &silent, json!({})).await;
+    register(&gateway, "billing", &billing, json!({})).await;
+    gateway.gateway.directory().set_healthy("billing", false);
+
+    let task = send(
+        &gateway,
+        "/agents/silent/a2a",
+        handoff_message(handoff_payload(
+            "triage",
+            json!({"toSkill": "refund"}),
+            json!({}),
+        )),
+    )
+    .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(&task), "TARGET_UNAVAILABLE", "{task}");
+    let full = get_task(&gateway, task["id"].as_str().unwrap()).await;
+    assert_eq!(
+        reasons_in_history(&full),
+        ["RETRY", "TARGET_UNAVAILABLE"],
+        "{full}"
+    );
+    assert_eq!(sends_to(&billing), 0, "billing failed its health check");
+    silent.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 /// With API keys, a reroute also holds the sender to what a first choice
 /// would: a sender named by the caller that another agency registered is
 /// not let into an agent that guards who may hand it work.

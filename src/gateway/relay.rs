@@ -484,10 +484,13 @@ impl Driver {
             let mut before = control.clone();
             before.chain = held;
             before.hops = before.hops.saturating_sub(1);
+            // Only a healthy alternative (DESIGN.md §3.3): unlike a first
+            // choice, a reroute has an agent to give up on already.
             let candidates: Vec<_> = self
                 .gateway
                 .agents_for_skill(&skill, &excluded)
                 .into_iter()
+                .filter(|alternative| alternative.is_healthy())
                 .filter(|alternative| {
                     let source = turn.source.as_deref();
                     // With API keys, a sender named by the caller must also

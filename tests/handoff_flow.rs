@@ -1870,6 +1870,36 @@ async fn a_skill_whose_agents_all_failed_their_health_check_is_still_tried() {
     gateway.stop().await;
 }
 
+/// A `toSkill` payload on an agent's own endpoint goes to that agent, even
+/// when it failed its health check and another agent with the skill did not.
+#[tokio::test]
+async fn a_skill_payload_on_an_agents_endpoint_goes_to_it_whatever_its_health() {
+    let gateway = baton().start().await;
+    let (refunds, billing) = (
+        VendorAgent::start("refunds", &["refund"], |_| refund())
+            .await
+            .unwrap(),
+        VendorAgent::start("billing", &["refund"], |_| refund())
+            .await
+            .unwrap(),
+    );
+    register(&gateway, "refunds", &refunds, json!({})).await;
+    register(&gateway, "billing", &billing, json!({})).await;
+    gateway.gateway.directory().set_healthy("billing", false);
+
+    let message = handoff_message(handoff_payload(
+        "triage",
+        json!({"toSkill": "refund"}),
+        json!({}),
+    ));
+    let task = send(&gateway, "/agents/billing/a2a", message).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!((sends_to(&billing), sends_to(&refunds)), (1, 0));
+    refunds.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 /// Triage hands its task to billing for the result, waiting on its own
 /// task; billing works on and on. Returns both and the gateway task's id.
 async fn handed_on_for_its_result(

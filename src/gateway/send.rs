@@ -15,7 +15,7 @@ use crate::handoff::payload::{
     HandoffPayload, HandoffTarget, PayloadValidator, find_payload, violations_detail,
 };
 use crate::handoff::reasons::{self, status_part};
-use crate::handoff::routing::RouteInput;
+use crate::handoff::routing::{RouteInput, agents_with_skill};
 use crate::protocol::*;
 use crate::registry::AgentEntry;
 use crate::store::hub::EventHub;
@@ -282,11 +282,20 @@ impl Gateway {
             }
             HandoffTarget::Skill(skill) => {
                 // Not back to its sender, as a transfer is not.
-                let sender = std::slice::from_ref(&payload.from);
-                let mut candidates = self.agents_for_skill(skill, sender);
-                if ctx.pinned {
-                    candidates.retain(|e| e.id == addressed);
-                }
+                let candidates = if ctx.pinned {
+                    // The call names its agent: only that one, healthy or
+                    // not (another's health must not refuse it).
+                    self.agent(&addressed)
+                        .filter(|entry| entry.id != payload.from)
+                        .filter(|entry| {
+                            let view = agent_views(std::slice::from_ref(entry));
+                            !agents_with_skill(skill, &view).is_empty()
+                        })
+                        .into_iter()
+                        .collect()
+                } else {
+                    self.agents_for_skill(skill, std::slice::from_ref(&payload.from))
+                };
                 // Balanced across the healthy agents declaring the skill
                 // that the control the caller sent (in the message and its
                 // headers) lets its sender reach.

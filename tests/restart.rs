@@ -382,9 +382,16 @@ async fn a_deadline_passed_while_stopped_ends_a_waiting_task_after_restart() {
     let left = (deadline - chrono::Utc::now()).to_std().unwrap_or_default();
     tokio::time::sleep(left + Duration::from_millis(300)).await;
     let second = start();
+    assert_failed_at_its_deadline(&second, &id).await;
+    assert_eq!(asker.cancels().len(), 1, "the agent was told to stop");
+    asker.stop().await;
+}
+
+/// Waits until the task is FAILED, for `DEADLINE_EXCEEDED`.
+async fn assert_failed_at_its_deadline(baton: &BatonProcess, id: &str) {
     let until = Instant::now() + WAIT;
     let task = loop {
-        let task = second.call("GetTask", json!({"id": id})).await;
+        let task = baton.call("GetTask", json!({"id": id})).await;
         if task["status"]["state"] == "TASK_STATE_FAILED" || Instant::now() > until {
             break task;
         }
@@ -392,8 +399,72 @@ async fn a_deadline_passed_while_stopped_ends_a_waiting_task_after_restart() {
     };
     assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
     assert!(task.to_string().contains("DEADLINE_EXCEEDED"), "{task}");
-    assert_eq!(asker.cancels().len(), 1, "the agent was told to stop");
-    asker.stop().await;
+}
+
+/// A built-in agent cannot take up a task after a restart, and says so;
+/// but a task whose deadline passed meanwhile fails for that deadline.
+#[tokio::test]
+async fn a_deadline_passed_while_stopped_outranks_a_built_in_agents_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = BatonProcess::start(dir.path());
+    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(1500);
+    let mut message = user_message(&message_id("test-resubscribe-message-id"), "long");
+    message["metadata"] = json!({"urn:baton:handoff:v1": {
+        "deadline": deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    }});
+    let params = json!({"message": message, "configuration": {"returnImmediately": true}});
+    let task = first.call("SendMessage", params).await;
+    let id = task["task"]["id"].as_str().unwrap().to_string();
+    first.terminate();
+    assert!(first.wait_exit(WAIT).success());
+
+    let left = (deadline - chrono::Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(left + Duration::from_millis(300)).await;
+    let second = BatonProcess::start(dir.path());
+    assert_failed_at_its_deadline(&second, &id).await;
+}
+
+/// A task still WORKING at its agent when the gateway stopped is picked up
+/// again at start-up, unless its deadline passed meanwhile: then it fails
+/// as it would have, and the agent is told to stop.
+#[tokio::test]
+async fn a_deadline_passed_while_stopped_fails_a_working_task_after_restart() {
+    use baton::demo::vendor::{Reply, VendorAgent};
+    let worker = VendorAgent::start("worker", &["refund"], |_| Reply::Working)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let start = || loopback_process(dir.path());
+    let mut first = start();
+    first
+        .registry(
+            "RegisterAgent",
+            json!({"id": "worker", "card": serde_json::to_value(worker.card()).unwrap()}),
+        )
+        .await;
+    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(2500);
+    let mut message = user_message(&message_id("w"), "refund");
+    message["metadata"] = json!({"urn:baton:handoff:v1": {
+        "deadline": deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    }});
+    let params = json!({"message": message, "configuration": {"returnImmediately": true}});
+    let reply = first.rpc("/agents/worker/a2a", "SendMessage", params).await;
+    let id = reply["result"]["task"]["id"].as_str().unwrap().to_string();
+    let until = Instant::now() + WAIT;
+    while first.call("GetTask", json!({"id": id})).await["status"]["state"] != "TASK_STATE_WORKING"
+    {
+        assert!(Instant::now() < until, "the task never went WORKING");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.terminate();
+    assert!(first.wait_exit(WAIT).success());
+
+    let left = (deadline - chrono::Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(left + Duration::from_millis(300)).await;
+    let second = start();
+    assert_failed_at_its_deadline(&second, &id).await;
+    assert_eq!(worker.cancels().len(), 1, "the agent was told to stop");
+    worker.stop().await;
 }
 
 #[tokio::test]

@@ -298,6 +298,13 @@ impl Driver {
     /// Picks up a task left SUBMITTED or WORKING by a previous run of the
     /// gateway; the agent either resumes it or the task fails with the reason.
     pub(super) async fn recover(mut self, agent: Arc<AgentEntry>, record: TaskRecord) {
+        // Its deadline passed while the gateway was down: it fails as it
+        // would have (DESIGN.md §2), and the agent is told to stop.
+        if self.deadline.is_some_and(|deadline| deadline <= Utc::now()) {
+            self.expire(&agent).await;
+            self.gateway.unregister_running(&self.task_id);
+            return;
+        }
         let (events, receiver) = AgentEvents::channel(64);
         let implementation = agent.agent.clone();
         let task = record.task.clone();

@@ -115,6 +115,29 @@ async fn register_inline_publish_and_route_through_the_gateway() {
         .unwrap();
     assert_eq!(refreshed.status(), 200);
 
+    // An update without a card changes the limits and keeps the card.
+    let limited = gateway
+        .registry(
+            "UpdateAgent",
+            json!({"id": "far-echo", "taskTimeoutMs": 60000, "maxHops": 3}),
+        )
+        .await;
+    let agent = &limited.result()["agent"];
+    assert_eq!(agent["card"], updated.result()["agent"]["card"], "{agent}");
+    assert_eq!(agent["etag"], new_etag.as_str());
+    assert_eq!(
+        (agent["taskTimeoutMs"].clone(), agent["maxHops"].clone()),
+        (json!(60000), json!(3))
+    );
+    // Both a card and a card URL is still refused.
+    let both = gateway
+        .registry(
+            "UpdateAgent",
+            json!({"id": "far-echo", "card": changed, "cardUrl": "http://localhost:1"}),
+        )
+        .await;
+    assert_eq!(both.code(), Some(-32602), "{}", both.body);
+
     // Deregistered agents are gone everywhere.
     let removed = gateway
         .registry("DeregisterAgent", json!({"id": "far-echo"}))

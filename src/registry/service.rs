@@ -510,22 +510,28 @@ impl Registry {
         // the change held: it may have been deregistered (and the id taken)
         // meanwhile.
         self.owned(owner, &id)?;
-        let (card, card_url) = self.resolve_card(&params).await?;
-        self.update_to(owner, &id, params, card, card_url).await
+        // Neither card nor cardUrl: the limits change, the card stays.
+        let card = if params.card.is_none() && params.card_url.is_none() {
+            None
+        } else {
+            Some(self.resolve_card(&params).await?)
+        };
+        self.update_to(owner, &id, params, card).await
     }
 
-    /// Stores `card` as the caller's agent `id`, with `params` over what it
-    /// had.
+    /// Stores `card` (else the card it has) as the caller's agent `id`, with
+    /// `params` over what it had.
     async fn update_to(
         &self,
         owner: &str,
         id: &str,
         params: RegisterParams,
-        card: AgentCard,
-        card_url: Option<String>,
+        card: Option<(AgentCard, Option<String>)>,
     ) -> Result<AgentRecord, GatewayError> {
         let _change = self.changes.lock().await;
         let existing = self.owned(owner, id)?;
+        let (card, card_url) =
+            card.unwrap_or_else(|| (existing.card.clone(), existing.card_url.clone()));
         self.update_from(existing, params, card, card_url).await
     }
 

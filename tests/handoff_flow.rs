@@ -877,24 +877,36 @@ async fn refund_agents() -> (VendorAgent, VendorAgent) {
     (silent, billing)
 }
 
-#[tokio::test]
-async fn no_acknowledgement_is_retried_then_rerouted_by_skill() {
+/// A gateway with a quick ladder, and the two refund agents registered
+/// there (billing with `billing_policy`).
+async fn silent_and_billing(billing_policy: Value) -> (TestBaton, VendorAgent, VendorAgent) {
     let gateway = baton().tune(quick_ladder).start().await;
     let (silent, billing) = refund_agents().await;
     register(&gateway, "silent", &silent, json!({})).await;
-    register(&gateway, "billing", &billing, json!({})).await;
+    register(&gateway, "billing", &billing, billing_policy).await;
+    (gateway, silent, billing)
+}
+
+/// Triage's refund, by skill, posted to `path`; the task as the blocking
+/// send answers.
+async fn refund_by_skill(gateway: &TestBaton, path: &str) -> Value {
+    let payload = handoff_payload("triage", json!({"toSkill": "refund"}), json!({}));
+    send(gateway, path, handoff_message(payload)).await
+}
+
+/// The ladder ended the task (`TARGET_UNAVAILABLE`); the task as stored.
+async fn assert_ladder_ended(gateway: &TestBaton, task: &Value) -> Value {
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(task), "TARGET_UNAVAILABLE", "{task}");
+    get_task(gateway, task["id"].as_str().unwrap()).await
+}
+
+#[tokio::test]
+async fn no_acknowledgement_is_retried_then_rerouted_by_skill() {
+    let (gateway, silent, billing) = silent_and_billing(json!({})).await;
 
     // Addressed to the silent agent, by skill: the ladder may reroute.
-    let task = send(
-        &gateway,
-        "/agents/silent/a2a",
-        handoff_message(handoff_payload(
-            "triage",
-            json!({"toSkill": "refund"}),
-            json!({}),
-        )),
-    )
-    .await;
+    let task = refund_by_skill(&gateway, "/agents/silent/a2a").await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     let full = get_task(&gateway, task["id"].as_str().unwrap()).await;
     assert_eq!(reasons_in_history(&full), ["RETRY", "REROUTED"], "{full}");
@@ -930,40 +942,19 @@ async fn no_acknowledgement_is_retried_then_rerouted_by_skill() {
 /// sender, so the ladder ends instead.
 #[tokio::test]
 async fn a_reroute_skips_an_agent_that_does_not_allow_the_sender() {
-    let gateway = baton().tune(quick_ladder).start().await;
-    let (silent, billing) = refund_agents().await;
-    register(&gateway, "silent", &silent, json!({})).await;
-    register(
-        &gateway,
-        "billing",
-        &billing,
-        json!({"allowFrom": ["support"]}),
-    )
-    .await;
+    let (gateway, silent, billing) = silent_and_billing(json!({"allowFrom": ["support"]})).await;
 
-    let task = send(
-        &gateway,
-        "/agents/silent/a2a",
-        handoff_message(handoff_payload(
-            "triage",
-            json!({"toSkill": "refund"}),
-            json!({}),
-        )),
-    )
-    .await;
-    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
-    assert_eq!(reason(&task), "TARGET_UNAVAILABLE", "{task}");
-    let full = get_task(&gateway, task["id"].as_str().unwrap()).await;
+    let task = refund_by_skill(&gateway, "/agents/silent/a2a").await;
+    let full = assert_ladder_ended(&gateway, &task).await;
     assert!(
         !reasons_in_history(&full).contains(&"REROUTED".to_string()),
         "{full}"
     );
-    let sends = billing
-        .received()
-        .into_iter()
-        .filter(|r| r.method == "SendMessage")
-        .count();
-    assert_eq!(sends, 0, "billing does not take work from triage");
+    assert_eq!(
+        sends_to(&billing),
+        0,
+        "billing does not take work from triage"
+    );
     silent.stop().await;
     billing.stop().await;
     gateway.stop().await;
@@ -973,25 +964,11 @@ async fn a_reroute_skips_an_agent_that_does_not_allow_the_sender() {
 /// first choice may be an unhealthy one when no other has the skill.
 #[tokio::test]
 async fn a_reroute_skips_an_agent_that_failed_its_health_check() {
-    let gateway = baton().tune(quick_ladder).start().await;
-    let (silent, billing) = refund_agents().await;
-    register(&gateway, "silent", &silent, json!({})).await;
-    register(&gateway, "billing", &billing, json!({})).await;
+    let (gateway, silent, billing) = silent_and_billing(json!({})).await;
     gateway.gateway.directory().set_healthy("billing", false);
 
-    let task = send(
-        &gateway,
-        "/agents/silent/a2a",
-        handoff_message(handoff_payload(
-            "triage",
-            json!({"toSkill": "refund"}),
-            json!({}),
-        )),
-    )
-    .await;
-    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
-    assert_eq!(reason(&task), "TARGET_UNAVAILABLE", "{task}");
-    let full = get_task(&gateway, task["id"].as_str().unwrap()).await;
+    let task = refund_by_skill(&gateway, "/agents/silent/a2a").await;
+    let full = assert_ladder_ended(&gateway, &task).await;
     assert_eq!(
         reasons_in_history(&full),
         ["RETRY", "TARGET_UNAVAILABLE"],
@@ -1858,12 +1835,7 @@ async fn a_skill_whose_agents_all_failed_their_health_check_is_still_tried() {
     register(&gateway, "billing", &billing, json!({})).await;
     gateway.gateway.directory().set_healthy("billing", false);
 
-    let message = handoff_message(handoff_payload(
-        "triage",
-        json!({"toSkill": "refund"}),
-        json!({}),
-    ));
-    let task = send(&gateway, "/a2a", message).await;
+    let task = refund_by_skill(&gateway, "/a2a").await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     assert_eq!(sends_to(&billing), 1);
     billing.stop().await;
@@ -1887,12 +1859,7 @@ async fn a_skill_payload_on_an_agents_endpoint_goes_to_it_whatever_its_health() 
     register(&gateway, "billing", &billing, json!({})).await;
     gateway.gateway.directory().set_healthy("billing", false);
 
-    let message = handoff_message(handoff_payload(
-        "triage",
-        json!({"toSkill": "refund"}),
-        json!({}),
-    ));
-    let task = send(&gateway, "/agents/billing/a2a", message).await;
+    let task = refund_by_skill(&gateway, "/agents/billing/a2a").await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     assert_eq!((sends_to(&billing), sends_to(&refunds)), (1, 0));
     refunds.stop().await;

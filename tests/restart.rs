@@ -352,17 +352,8 @@ async fn a_deadline_passed_while_stopped_ends_a_waiting_task_after_restart() {
     let dir = tempfile::tempdir().unwrap();
     let start = || loopback_process(dir.path());
     let mut first = start();
-    first
-        .registry(
-            "RegisterAgent",
-            json!({"id": "asker", "card": serde_json::to_value(asker.card()).unwrap()}),
-        )
-        .await;
-    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(2500);
-    let mut message = user_message(&message_id("w"), "refund");
-    message["metadata"] = json!({"urn:baton:handoff:v1": {
-        "deadline": deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-    }});
+    register_vendor(&first, "asker", &asker).await;
+    let (message, deadline) = message_due_in("w", "refund", 2500);
     let reply = first
         .rpc(
             "/agents/asker/a2a",
@@ -379,12 +370,39 @@ async fn a_deadline_passed_while_stopped_ends_a_waiting_task_after_restart() {
     assert!(first.wait_exit(WAIT).success());
 
     // The deadline passes while no Baton runs; the next one ends the task.
-    let left = (deadline - chrono::Utc::now()).to_std().unwrap_or_default();
-    tokio::time::sleep(left + Duration::from_millis(300)).await;
+    sleep_past(deadline).await;
     let second = start();
     assert_failed_at_its_deadline(&second, &id).await;
     assert_eq!(asker.cancels().len(), 1, "the agent was told to stop");
     asker.stop().await;
+}
+
+/// A user message whose control sets a deadline `millis` from now.
+fn message_due_in(
+    prefix: &str,
+    text: &str,
+    millis: i64,
+) -> (serde_json::Value, chrono::DateTime<chrono::Utc>) {
+    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(millis);
+    let mut message = user_message(&message_id(prefix), text);
+    message["metadata"] = json!({"urn:baton:handoff:v1": {
+        "deadline": deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    }});
+    (message, deadline)
+}
+
+/// Sleeps until a little after `deadline`.
+async fn sleep_past(deadline: chrono::DateTime<chrono::Utc>) {
+    let left = (deadline - chrono::Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(left + Duration::from_millis(300)).await;
+}
+
+/// Registers a vendor agent at `baton` under `id`.
+async fn register_vendor(baton: &BatonProcess, id: &str, agent: &baton::demo::vendor::VendorAgent) {
+    let card = serde_json::to_value(agent.card()).unwrap();
+    baton
+        .registry("RegisterAgent", json!({"id": id, "card": card}))
+        .await;
 }
 
 /// Waits until the task is FAILED, for `DEADLINE_EXCEEDED`.
@@ -407,19 +425,14 @@ async fn assert_failed_at_its_deadline(baton: &BatonProcess, id: &str) {
 async fn a_deadline_passed_while_stopped_outranks_a_built_in_agents_restart() {
     let dir = tempfile::tempdir().unwrap();
     let mut first = BatonProcess::start(dir.path());
-    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(1500);
-    let mut message = user_message(&message_id("test-resubscribe-message-id"), "long");
-    message["metadata"] = json!({"urn:baton:handoff:v1": {
-        "deadline": deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-    }});
+    let (message, deadline) = message_due_in("test-resubscribe-message-id", "long", 1500);
     let params = json!({"message": message, "configuration": {"returnImmediately": true}});
     let task = first.call("SendMessage", params).await;
     let id = task["task"]["id"].as_str().unwrap().to_string();
     first.terminate();
     assert!(first.wait_exit(WAIT).success());
 
-    let left = (deadline - chrono::Utc::now()).to_std().unwrap_or_default();
-    tokio::time::sleep(left + Duration::from_millis(300)).await;
+    sleep_past(deadline).await;
     let second = BatonProcess::start(dir.path());
     assert_failed_at_its_deadline(&second, &id).await;
 }
@@ -436,17 +449,8 @@ async fn a_deadline_passed_while_stopped_fails_a_working_task_after_restart() {
     let dir = tempfile::tempdir().unwrap();
     let start = || loopback_process(dir.path());
     let mut first = start();
-    first
-        .registry(
-            "RegisterAgent",
-            json!({"id": "worker", "card": serde_json::to_value(worker.card()).unwrap()}),
-        )
-        .await;
-    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(2500);
-    let mut message = user_message(&message_id("w"), "refund");
-    message["metadata"] = json!({"urn:baton:handoff:v1": {
-        "deadline": deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-    }});
+    register_vendor(&first, "worker", &worker).await;
+    let (message, deadline) = message_due_in("w", "refund", 2500);
     let params = json!({"message": message, "configuration": {"returnImmediately": true}});
     let reply = first.rpc("/agents/worker/a2a", "SendMessage", params).await;
     let id = reply["result"]["task"]["id"].as_str().unwrap().to_string();
@@ -459,8 +463,7 @@ async fn a_deadline_passed_while_stopped_fails_a_working_task_after_restart() {
     first.terminate();
     assert!(first.wait_exit(WAIT).success());
 
-    let left = (deadline - chrono::Utc::now()).to_std().unwrap_or_default();
-    tokio::time::sleep(left + Duration::from_millis(300)).await;
+    sleep_past(deadline).await;
     let second = start();
     assert_failed_at_its_deadline(&second, &id).await;
     assert_eq!(worker.cancels().len(), 1, "the agent was told to stop");

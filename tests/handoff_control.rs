@@ -582,3 +582,74 @@ async fn a_deadline_fails_the_task_at_once_even_when_the_agent_ignores_the_cance
     );
     gateway.stop().await;
 }
+
+/// What a remote agent gets with a delivery (DESIGN.md §2, §3.1): the call
+/// with `returnImmediately`, the control in its metadata and again in
+/// headers, the caller's `correlationId` passed on, and the caller's limits
+/// taken only where they are shorter than the gateway's.
+#[tokio::test]
+async fn an_agent_gets_the_control_in_metadata_and_headers_with_limits_never_lengthened() {
+    use baton::demo::vendor::{Reply, VendorAgent};
+    let gateway = baton().start().await;
+    let agent = VendorAgent::start("billing", &["refund"], |_| Reply::Complete {
+        text: Some("refunded".into()),
+        artifacts: vec![],
+    })
+    .await
+    .unwrap();
+    let registered = gateway
+        .registry(
+            "RegisterAgent",
+            json!({"id": "billing", "card": agent.card()}),
+        )
+        .await;
+    assert!(registered.code().is_none(), "{}", registered.body);
+
+    // A day is longer than the gateway's task timeout (300 s), and 50 hops
+    // more than its 5: neither is taken.
+    let sent_at = chrono::Utc::now();
+    let far = sent_at + chrono::Duration::days(1);
+    let mut message = user_message(&message_id("ctl"), "refund it");
+    message["metadata"] = json!({"urn:baton:handoff:v1": {
+        "maxHops": 50,
+        "deadline": far.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "correlationId": "case-7",
+    }});
+    let reply = gateway
+        .call_at(
+            "/agents/billing/a2a",
+            "SendMessage",
+            json!({"message": message}),
+        )
+        .await;
+    assert_eq!(
+        reply.result()["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+
+    let seen = agent
+        .received()
+        .into_iter()
+        .find(|call| call.method == "SendMessage")
+        .expect("the agent got the message");
+    assert_eq!(seen.params["configuration"]["returnImmediately"], true);
+    let control = &seen.params["message"]["metadata"]["urn:baton:handoff:v1"];
+    assert_eq!(control["maxHops"], 5, "{control}");
+    assert_eq!(control["correlationId"], "case-7");
+    assert_eq!(
+        (control["hops"].clone(), control["chain"].clone()),
+        (json!(1), json!(["billing"]))
+    );
+    let deadline = control["deadline"].as_str().unwrap();
+    let parsed = chrono::DateTime::parse_from_rfc3339(deadline).unwrap();
+    assert!(
+        parsed <= sent_at + chrono::Duration::seconds(310),
+        "{deadline}"
+    );
+    // The same values in headers, for agents that read headers only.
+    assert_eq!(seen.headers["baton-deadline"], deadline);
+    assert_eq!(seen.headers["baton-hops"], "1");
+    assert_eq!(seen.headers["baton-chain"], "billing");
+    agent.stop().await;
+    gateway.stop().await;
+}

@@ -583,27 +583,33 @@ async fn a_deadline_fails_the_task_at_once_even_when_the_agent_ignores_the_cance
     gateway.stop().await;
 }
 
-/// What a remote agent gets with a delivery (DESIGN.md §2, §3.1): the call
-/// with `returnImmediately`, the control in its metadata and again in
-/// headers, the caller's `correlationId` passed on, and the caller's limits
-/// taken only where they are shorter than the gateway's.
-#[tokio::test]
-async fn an_agent_gets_the_control_in_metadata_and_headers_with_limits_never_lengthened() {
+/// A vendor agent that refunds, registered at `gateway` as `billing` with
+/// `limits` (`maxHops`, ...).
+async fn refunding_billing(gateway: &TestBaton, limits: Value) -> baton::demo::vendor::VendorAgent {
     use baton::demo::vendor::{Reply, VendorAgent};
-    let gateway = baton().start().await;
     let agent = VendorAgent::start("billing", &["refund"], |_| Reply::Complete {
         text: Some("refunded".into()),
         artifacts: vec![],
     })
     .await
     .unwrap();
-    let registered = gateway
-        .registry(
-            "RegisterAgent",
-            json!({"id": "billing", "card": agent.card()}),
-        )
-        .await;
+    let mut params = json!({"id": "billing", "card": agent.card()});
+    for (key, value) in limits.as_object().into_iter().flatten() {
+        params[key] = value.clone();
+    }
+    let registered = gateway.registry("RegisterAgent", params).await;
     assert!(registered.code().is_none(), "{}", registered.body);
+    agent
+}
+
+/// What a remote agent gets with a delivery (DESIGN.md §2, §3.1): the call
+/// with `returnImmediately`, the control in its metadata and again in
+/// headers, the caller's `correlationId` passed on, and the caller's limits
+/// taken only where they are shorter than the gateway's.
+#[tokio::test]
+async fn an_agent_gets_the_control_in_metadata_and_headers_with_limits_never_lengthened() {
+    let gateway = baton().start().await;
+    let agent = refunding_billing(&gateway, json!({})).await;
 
     // A day is longer than the gateway's task timeout (300 s), and 50 hops
     // more than its 5: neither is taken.
@@ -650,6 +656,39 @@ async fn an_agent_gets_the_control_in_metadata_and_headers_with_limits_never_len
     assert_eq!(seen.headers["baton-deadline"], deadline);
     assert_eq!(seen.headers["baton-hops"], "1");
     assert_eq!(seen.headers["baton-chain"], "billing");
+    agent.stop().await;
+    gateway.stop().await;
+}
+
+/// An agency's own `maxHops` for its agent shortens the gateway's (5).
+#[tokio::test]
+async fn an_agents_registered_hop_limit_shortens_the_gateways() {
+    let gateway = baton().start().await;
+    let agent = refunding_billing(&gateway, json!({"maxHops": 2})).await;
+    let at_hops = |hops: u32| {
+        let mut message = user_message(&message_id("hops"), "refund it");
+        message["metadata"] = json!({"urn:baton:handoff:v1": {"hops": hops}});
+        json!({"message": message})
+    };
+
+    let refused = gateway
+        .call_at("/agents/billing/a2a", "SendMessage", at_hops(2))
+        .await;
+    let task = &refused.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
+    assert_eq!(reason(task), "HOP_LIMIT_EXCEEDED");
+    let taken = gateway
+        .call_at("/agents/billing/a2a", "SendMessage", at_hops(1))
+        .await;
+    let task = &taken.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(task["metadata"]["urn:baton:handoff:v1"]["maxHops"], 2);
+    let sends = agent
+        .received()
+        .iter()
+        .filter(|c| c.method == "SendMessage")
+        .count();
+    assert_eq!(sends, 1, "the refused one never reached the agent");
     agent.stop().await;
     gateway.stop().await;
 }

@@ -435,3 +435,15 @@ async fn search_filters_and_pages() {
     gateway.stop().await;
     upstream.stop().await;
 }
+
+/// `POST /registry/` is the registry too, as `/a2a/` is the A2A endpoint.
+#[tokio::test]
+async fn the_registry_answers_on_its_path_with_a_trailing_slash() {
+    let gateway = baton().start().await;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "GetAgent", "params": {"id": "echo"}});
+    for path in ["/registry", "/registry/"] {
+        let reply = gateway.post_json(path, &body).await;
+        assert_eq!(reply.result()["agent"]["id"], "echo", "{path}");
+    }
+    gateway.stop().await;
+}

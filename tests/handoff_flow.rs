@@ -2046,3 +2046,86 @@ async fn cancel_while_the_result_returns(refuses: bool, answers_at_once: bool) {
     triage.stop().await;
     gateway.stop().await;
 }
+
+/// The messages a transfer's target got in the history part of its first
+/// message (FULL and LAST_N), as their texts.
+fn history_texts(billing: &VendorAgent) -> Vec<String> {
+    let first = billing
+        .received()
+        .into_iter()
+        .find(|call| call.method == "SendMessage")
+        .expect("billing got the work");
+    let parts = first.params["message"]["parts"].as_array().unwrap().clone();
+    let history = parts
+        .iter()
+        .find(|part| part["mediaType"] == "application/vnd.baton.history.v1+json")
+        .unwrap_or_else(|| panic!("no history part in {parts:?}"));
+    history["data"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            m["parts"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+/// A transfer's target gets the conversation by the payload's context
+/// policy (DESIGN.md §3.2): FULL every earlier message, LAST_N the last n.
+#[tokio::test]
+async fn a_transfer_carries_the_conversation_by_its_context_policy() {
+    let mut got = Vec::new();
+    for context in [
+        json!({"policy": "FULL"}),
+        json!({"policy": "LAST_N", "lastN": 1}),
+    ] {
+        let gateway = baton().start().await;
+        // Triage asks which invoice, then hands the work on.
+        let target = json!({"to": "billing", "context": context});
+        let triage = VendorAgent::start("triage", &["triage"], move |turn| {
+            if turn.task_id.is_none() {
+                Reply::AskInput("Which invoice?".into())
+            } else {
+                Reply::Handoff {
+                    payload: handoff_payload("triage", target.clone(), json!({})),
+                    state: TaskState::Completed,
+                }
+            }
+        })
+        .await
+        .unwrap();
+        let billing = register_with_billing(&gateway, &triage).await;
+        let asked = send(
+            &gateway,
+            "/agents/triage/a2a",
+            user_message(&message_id("n"), "I was charged twice"),
+        )
+        .await;
+        assert_eq!(
+            asked["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+            "{asked}"
+        );
+        let mut answer = user_message(&message_id("n"), "INV-0342");
+        answer["taskId"] = asked["id"].clone();
+        let done = send(&gateway, "/agents/triage/a2a", answer).await;
+        assert_eq!(done["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
+        got.push(history_texts(&billing));
+        triage.stop().await;
+        billing.stop().await;
+        gateway.stop().await;
+    }
+    let (full, last) = (&got[0], &got[1]);
+    assert!(
+        full.len() >= 3,
+        "the ask, the question and the answer: {full:?}"
+    );
+    assert_eq!(
+        full.first().map(String::as_str),
+        Some("I was charged twice")
+    );
+    assert_eq!(last, &["INV-0342"], "LAST_N 1: only the answer");
+    assert_eq!(last.last(), full.last());
+}

@@ -61,8 +61,9 @@
 //! A skill target picks among the healthy agents declaring the skill, sorted by
 //! id. Unhealthy agents are used only when none is healthy. The caller passes
 //! a counter as `balance_seed`, and the pick is `seed % count`, so it goes
-//! round-robin. [`Routed::skill`] records that an agent was chosen by skill, so
-//! the failure ladder (§3.3, step 2) may reroute with [`agents_with_skill`].
+//! round-robin. [`Routed::skill`] records that an agent was chosen by skill.
+//! A routed call is still a plain call: it gets no failure ladder (§3.3), as
+//! the README's design notes say, so nothing reroutes it by that skill.
 //!
 //! [`RoutingRules::compile`] reports every bad rule at once. Each message
 //! starts with `route[i]`, where `i` is the 0-based index of the `[[route]]`
@@ -182,8 +183,8 @@ pub struct AgentView<'a> {
 pub struct Routed {
     /// The chosen agent id.
     pub agent: String,
-    /// The skill the agent was chosen by, if any. When it is set, the failure
-    /// ladder may reroute to another agent declaring it.
+    /// The skill the agent was chosen by, if any (what [`RoutingRules::decide`]
+    /// reports; the send path routes by the agent alone).
     pub skill: Option<String>,
     /// Index of the rule that decided.
     pub rule: usize,

@@ -692,3 +692,82 @@ async fn an_agents_registered_hop_limit_shortens_the_gateways() {
     agent.stop().await;
     gateway.stop().await;
 }
+
+/// Routing rules by requested skill (balanced among the agents declaring
+/// it), by message metadata, and by a skill's tag (DESIGN.md §5).
+#[tokio::test]
+async fn routing_rules_match_a_skill_metadata_and_a_tag() {
+    use baton::demo::vendor::{Reply, VendorAgent};
+    let gateway = baton()
+        .routing(
+            r#"
+            [[route]]
+            when = { skill = "refund" }
+
+            [[route]]
+            when = { metadata = { "customer.tier" = "gold" } }
+            to = { agent = "vip" }
+
+            [[route]]
+            when = { tag = "diagnose" }
+            "#,
+        )
+        .start()
+        .await;
+    let mut agents = Vec::new();
+    for (id, skill) in [
+        ("billing-a", "refund"),
+        ("billing-b", "refund"),
+        ("vip", "help"),
+        ("tech", "diagnose"),
+    ] {
+        let agent = VendorAgent::start(id, &[skill], |_| Reply::Complete {
+            text: Some("done".into()),
+            artifacts: vec![],
+        })
+        .await
+        .unwrap();
+        let registered = gateway
+            .registry("RegisterAgent", json!({"id": id, "card": agent.card()}))
+            .await;
+        assert!(registered.code().is_none(), "{}", registered.body);
+        agents.push((id, agent));
+    }
+    let send = |params: Value| {
+        let gateway = &gateway;
+        async move {
+            let reply = gateway.call("SendMessage", params).await;
+            let state = &reply.result()["task"]["status"]["state"];
+            assert_eq!(state, "TASK_STATE_COMPLETED", "{}", reply.body);
+        }
+    };
+    let message = || user_message(&message_id("r"), "hello");
+    for _ in 0..2 {
+        send(json!({"message": message(), "metadata": {"skill": "refund"}})).await;
+    }
+    let mut gold = message();
+    gold["metadata"] = json!({"customer": {"tier": "gold"}});
+    send(json!({"message": gold})).await;
+    send(json!({"message": message(), "metadata": {"skill": "diagnose"}})).await;
+
+    let sends: Vec<(&str, usize)> = agents
+        .iter()
+        .map(|(id, agent)| {
+            let count = agent
+                .received()
+                .iter()
+                .filter(|c| c.method == "SendMessage")
+                .count();
+            (*id, count)
+        })
+        .collect();
+    assert_eq!(
+        sends,
+        [("billing-a", 1), ("billing-b", 1), ("vip", 1), ("tech", 1)],
+        "the two refunds take turns; gold goes to vip; the diagnose tag to tech"
+    );
+    for (_, agent) in agents {
+        agent.stop().await;
+    }
+    gateway.stop().await;
+}

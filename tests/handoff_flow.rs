@@ -2129,3 +2129,34 @@ async fn a_transfer_carries_the_conversation_by_its_context_policy() {
     assert_eq!(last, &["INV-0342"], "LAST_N 1: only the answer");
     assert_eq!(last.last(), full.last());
 }
+
+/// An agency's own `ackTimeoutMs` shortens the gateway's: the ladder gives
+/// up on its silent agent within that, not the gateway's 5 s per attempt.
+#[tokio::test]
+async fn an_agents_registered_ack_timeout_shortens_the_gateways() {
+    let gateway = baton()
+        .tune(|settings| settings.retry_delay = Duration::from_millis(200))
+        .start()
+        .await;
+    let silent = VendorAgent::start("silent", &["refund"], |_| Reply::Silent)
+        .await
+        .unwrap();
+    register(&gateway, "silent", &silent, json!({"ackTimeoutMs": 300})).await;
+
+    let started = std::time::Instant::now();
+    let task = refund_by_skill(&gateway, "/agents/silent/a2a").await;
+    let full = assert_ladder_ended(&gateway, &task).await;
+    assert_eq!(
+        reasons_in_history(&full),
+        ["RETRY", "TARGET_UNAVAILABLE"],
+        "{full}"
+    );
+    // Two attempts at the gateway's 5 s would take 10 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    silent.stop().await;
+    gateway.stop().await;
+}

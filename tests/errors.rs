@@ -557,8 +557,7 @@ async fn canceling_a_canceled_task_is_32002() {
     let error = must(check_a2a(&wire, -32002, "TASK_NOT_CANCELABLE"));
     assert_eq!(error["data"][0]["metadata"]["state"], "TASK_STATE_CANCELED");
     // A canceled task takes no more messages and cannot be subscribed to.
-    let mut message = user_message(&message_id("m"), "more");
-    message["taskId"] = json!(task_id);
+    let message = user_message_on(&task_id, &message_id("m"), "more");
     let wire = call(
         &baton,
         "/a2a",
@@ -628,8 +627,7 @@ async fn unsupported_operations_are_32004() {
     let task_id = completed_task(&baton).await;
 
     // A message to a task in a terminal state.
-    let mut message = user_message(&message_id("m"), "more");
-    message["taskId"] = json!(task_id);
+    let message = user_message_on(&task_id, &message_id("m"), "more");
     for method in ["SendMessage", "SendStreamingMessage"] {
         let wire = call(
             &baton,

@@ -328,8 +328,7 @@ async fn a_transfer_keeps_one_task_and_follow_ups_reach_the_new_agent() {
     assert_eq!(first.headers["baton-chain"], "triage,billing");
 
     // The answer, on the same task and endpoint, goes to billing's own task.
-    let mut answer = user_message(&message_id("a"), "the Visa ending 4242");
-    answer["taskId"] = json!(task_id);
+    let answer = user_message_on(&task_id, &message_id("a"), "the Visa ending 4242");
     let task = send(&gateway, "/agents/triage/a2a", answer).await;
     assert_eq!(task["id"], task_id.as_str());
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
@@ -1356,8 +1355,7 @@ async fn a_canceled_handoff_to_an_in_process_agent_ends_its_work_at_once() {
 async fn a_message_to_a_handoff_no_agent_took_up_yet_is_refused() {
     let gateway = baton().start().await;
     let (slow, id) = hand_off_to_a_slow_agent(&gateway, Value::Null).await;
-    let mut more = user_message(&message_id("more"), "one more thing");
-    more["taskId"] = json!(id);
+    let more = user_message_on(&id, &message_id("more"), "one more thing");
     let refused = gateway.call("SendMessage", json!({"message": more})).await;
     assert_eq!(refused.code(), Some(-32004), "{}", refused.body);
     // The attempt goes on alone, and the target's answer is the task's.
@@ -1393,8 +1391,7 @@ async fn a_message_to_a_transfer_its_target_has_not_answered_is_refused() {
     register(&gateway, "slow", &slow, json!({})).await;
     let message = user_message(&message_id("t"), "refund please");
     let id = start_at_triage(&gateway, message, &slow).await;
-    let mut more = user_message(&message_id("more"), "one more thing");
-    more["taskId"] = json!(id);
+    let more = user_message_on(&id, &message_id("more"), "one more thing");
     let refused = gateway.call("SendMessage", json!({"message": more})).await;
     assert_eq!(refused.code(), Some(-32004), "{}", refused.body);
     assert_eq!(sends_to(&slow), 1, "the message never reached the target");
@@ -2108,8 +2105,7 @@ async fn a_transfer_carries_the_conversation_by_its_context_policy() {
             asked["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
             "{asked}"
         );
-        let mut answer = user_message(&message_id("n"), "INV-0342");
-        answer["taskId"] = asked["id"].clone();
+        let answer = user_message_on(&asked["id"], &message_id("n"), "INV-0342");
         let done = send(&gateway, "/agents/triage/a2a", answer).await;
         assert_eq!(done["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
         got.push(history_texts(&billing));

@@ -444,8 +444,7 @@ async fn a_repeated_answer_to_a_paused_task_returns_the_task() {
     );
 
     let key = fresh_key();
-    let mut answer = user_message(&message_id("tck-complete-task"), "the answer");
-    answer["taskId"] = json!(task);
+    let answer = user_message_on(&task, &message_id("tck-complete-task"), "the answer");
     let params = json!({"message": answer});
     let first = send_keyed(&baton, SCENARIO, &key, params.clone()).await;
     assert_eq!(task_id(&first), task);

@@ -87,8 +87,7 @@ async fn create_task(baton: &TestBaton, i: usize) -> String {
         } else {
             "tck-input-required"
         };
-        let mut answer = user_message(&message_id(prefix), &format!("answer {i}"));
-        answer["taskId"] = json!(task_id);
+        let answer = user_message_on(&task_id, &message_id(prefix), &format!("answer {i}"));
         let reply = baton.send_to_scenario(answer).await;
         assert_eq!(reply.result()["task"]["id"], task_id);
     }
@@ -488,8 +487,7 @@ async fn list_tasks_follows_status_changes() {
     // The oldest WORKING task is told more; the agent reports WORKING again,
     // with a newer status time.
     let before = wait_state(&baton, &working[0], "TASK_STATE_WORKING").await;
-    let mut more = user_message(&message_id("m"), "more");
-    more["taskId"] = json!(working[0]);
+    let more = user_message_on(&working[0], &message_id("m"), "more");
     baton
         .call(
             "SendMessage",
@@ -530,8 +528,7 @@ async fn list_tasks_follows_status_changes() {
     );
 
     // The paused task completes: it moves to the front and between states.
-    let mut answer = user_message(&message_id("tck-complete-task"), "answer");
-    answer["taskId"] = json!(paused);
+    let answer = user_message_on(&paused, &message_id("tck-complete-task"), "answer");
     baton.send_to_scenario(answer).await.result();
     let all = baton.call("ListTasks", json!({})).await;
     assert_eq!(all.result()["tasks"][0]["id"], paused);

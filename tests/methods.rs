@@ -319,8 +319,7 @@ async fn multi_turn_continues_a_task_in_its_context() {
     assert_eq!(task["status"]["state"], "TASK_STATE_INPUT_REQUIRED");
     let (task_id, context_id) = (task["id"].clone(), task["contextId"].clone());
 
-    let mut answer = user_message(&message_id("tck-complete-task"), "for two");
-    answer["taskId"] = task_id.clone();
+    let answer = user_message_on(&task_id, &message_id("tck-complete-task"), "for two");
     let second = baton.call("SendMessage", json!({"message": answer})).await;
     let task = &second.result()["task"];
     assert_eq!(task["id"], task_id);

@@ -246,8 +246,7 @@ async fn input_required_task(baton: &TestBaton) -> String {
 
 /// Completes an INPUT_REQUIRED scenario task.
 async fn complete_scenario_task(baton: &TestBaton, task_id: &str) {
-    let mut message = user_message(&message_id("tck-complete-task"), "here you go");
-    message["taskId"] = json!(task_id);
+    let message = user_message_on(task_id, &message_id("tck-complete-task"), "here you go");
     let reply = baton.send_to_scenario(message).await;
     assert_eq!(
         reply.result()["task"]["status"]["state"],
@@ -328,8 +327,7 @@ async fn concurrent_creates_pass_the_ten_config_cap_no_more_than_ten_times() {
 
     // A send continuing the task may not add an eleventh inline; the
     // message is not taken.
-    let mut message = user_message(&message_id("tck-complete-task"), "here you go");
-    message["taskId"] = json!(task_id);
+    let message = user_message_on(&task_id, &message_id("tck-complete-task"), "here you go");
     let configuration = json!({"taskPushNotificationConfig": {"url": receiver.url("/hook")}});
     let reply = baton
         .call_at(

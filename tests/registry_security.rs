@@ -639,8 +639,7 @@ async fn tasks_belong_to_the_principal_that_created_them() {
             &configs,
             &format!("ListTaskPushNotificationConfigs on {path}"),
         );
-        let mut follow_up = user_message(&message_id("m"), "globex joins in");
-        follow_up["taskId"] = json!(task_id);
+        let follow_up = user_message_on(&task_id, &message_id("m"), "globex joins in");
         let continued = rpc_as(
             &gateway,
             path,

@@ -6,7 +6,7 @@ mod common;
 #[path = "common/process.rs"]
 mod process;
 
-use common::{WAIT, message_id, read_sse, serve_on_loopback, user_message};
+use common::{WAIT, message_id, read_sse, serve_on_loopback, user_message, user_message_on};
 use process::BatonProcess;
 use serde_json::json;
 use std::process::Command;
@@ -28,8 +28,7 @@ async fn push_configs(baton: &BatonProcess, task_id: &str) -> serde_json::Value 
 
 /// Answers a task waiting for input with a message that completes it.
 async fn answer(baton: &BatonProcess, task_id: &str) -> serde_json::Value {
-    let mut answer = user_message(&message_id("tck-complete-task"), "answer");
-    answer["taskId"] = json!(task_id);
+    let answer = user_message_on(task_id, &message_id("tck-complete-task"), "answer");
     baton.call("SendMessage", json!({"message": answer})).await
 }
 

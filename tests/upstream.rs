@@ -293,8 +293,7 @@ async fn input_required_resumes_the_upstream_task() {
         let up = upstream_of(&gateway, &task_id);
 
         let answer_id = message_id("tck-complete-task");
-        let mut answer = user_message(&answer_id, "for two");
-        answer["taskId"] = json!(task_id);
+        let answer = user_message_on(&task_id, &answer_id, "for two");
         let second = gateway
             .call("SendMessage", json!({"message": answer}))
             .await;

@@ -79,14 +79,16 @@ impl super::Gateway {
 
 /// What the routing functions see of `entries`: ids, cards and health.
 pub(super) fn agent_views(entries: &[Arc<AgentEntry>]) -> Vec<AgentView<'_>> {
-    entries
-        .iter()
-        .map(|e| AgentView {
-            id: &e.id,
-            card: e.agent.card(),
-            healthy: e.is_healthy(),
-        })
-        .collect()
+    entries.iter().map(|e| agent_view(e)).collect()
+}
+
+/// What the routing functions see of one entry.
+pub(super) fn agent_view(entry: &AgentEntry) -> AgentView<'_> {
+    AgentView {
+        id: &entry.id,
+        card: entry.agent.card(),
+        healthy: entry.is_healthy(),
+    }
 }
 
 /// Why policy refuses to deliver a line of work to `target`, if it does:

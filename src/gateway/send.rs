@@ -3,7 +3,7 @@
 //! [`Driver`] takes the task to its agent.
 
 use super::driver::{Driver, Start, Turn, send_first};
-use super::relay::{agent_views, policy_refusal, skill_output_schema};
+use super::relay::{agent_view, agent_views, policy_refusal, skill_output_schema};
 use super::stream::TaskEventStream;
 use super::validate::{self, check_history_length, check_message, finish};
 use super::{CallContext, Gateway, TaskReply};
@@ -15,7 +15,7 @@ use crate::handoff::payload::{
     HandoffPayload, HandoffTarget, PayloadValidator, find_payload, violations_detail,
 };
 use crate::handoff::reasons::{self, status_part};
-use crate::handoff::routing::{RouteInput, agents_with_skill};
+use crate::handoff::routing::{RouteInput, declares_skill};
 use crate::protocol::*;
 use crate::registry::AgentEntry;
 use crate::store::hub::EventHub;
@@ -287,10 +287,7 @@ impl Gateway {
                     // not (another's health must not refuse it).
                     self.agent(&addressed)
                         .filter(|entry| entry.id != payload.from)
-                        .filter(|entry| {
-                            let view = agent_views(std::slice::from_ref(entry));
-                            !agents_with_skill(skill, &view).is_empty()
-                        })
+                        .filter(|entry| declares_skill(&agent_view(entry), skill))
                         .into_iter()
                         .collect()
                 } else {

@@ -85,6 +85,15 @@ pub struct Control {
     pub trace_state: Option<String>,
 }
 
+/// Whether `value` may be sent as a header value as it is: what
+/// `HeaderValue::from_str` accepts (visible ASCII, spaces and tabs, and
+/// bytes above ASCII), so never a line break.
+pub fn is_header_value(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| b == b'\t' || (b >= b' ' && b != 0x7f))
+}
+
 /// A count written as text (a header's, or in JSON): negative is zero,
 /// beyond `u32` is `u32::MAX`, anything else zero.
 fn saturating_count_text(text: &str) -> u32 {
@@ -440,12 +449,7 @@ impl Control {
         }
         // Optional, so one that cannot be a header value (metadata may say
         // anything) is left out rather than failing the call.
-        let printable = |state: &str| {
-            state
-                .bytes()
-                .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
-        };
-        if let Some(state) = self.trace_state.as_ref().filter(|s| printable(s)) {
+        if let Some(state) = self.trace_state.as_ref().filter(|s| is_header_value(s)) {
             headers.push((TRACESTATE_HEADER, state.clone()));
         }
         headers

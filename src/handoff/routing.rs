@@ -338,7 +338,12 @@ impl CompiledRule {
 /// the pool [`RoutingRules::route`] balances over. The failure ladder drops the
 /// agent that failed and tries the next.
 pub fn agents_with_skill<'a>(skill: &str, agents: &[AgentView<'a>]) -> Vec<&'a str> {
-    candidates(agents, |a| declares(a, skill, None))
+    candidates(agents, |a| declares_skill(a, skill))
+}
+
+/// Whether `agent` declares `skill` (its own id, or `{agentId}/{skillId}`).
+pub fn declares_skill(agent: &AgentView<'_>, skill: &str) -> bool {
+    declares(agent, skill, None)
 }
 
 /// The skill id a request asks for: `params.metadata.skill`, else

@@ -12,7 +12,7 @@ use super::sse::{SseDecoder, SseEvent};
 use super::transport::{Call, Transport, failure, next_chunk, read_body};
 use super::{UpstreamConfigError, UpstreamSettings};
 use crate::agents::AgentError;
-use crate::handoff::control::Control;
+use crate::handoff::control::{Control, is_header_value};
 use crate::netguard::OutboundPolicy;
 use crate::protocol::{
     AgentCard, CancelTaskRequest, GetTaskRequest, Message, SendMessageRequest, SendMessageResponse,
@@ -628,15 +628,6 @@ fn parse_result<T: A2aResult>(label: &dyn Display, result: Value) -> Result<T, A
     let parsed: T = serde_path_to_error::deserialize(result).map_err(|e| invalid(e.to_string()))?;
     parsed.check().map_err(invalid)?;
     Ok(parsed)
-}
-
-/// Whether `value` may be sent as a header value as it is: what
-/// `HeaderValue::from_str` accepts (visible ASCII, spaces and tabs, and
-/// bytes above ASCII), so never a line break.
-fn is_header_value(value: &str) -> bool {
-    value
-        .bytes()
-        .all(|b| b == b'\t' || (b >= b' ' && b != 0x7f))
 }
 
 /// The handoff control of a forwarded message as HTTP headers (trace

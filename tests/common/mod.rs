@@ -458,6 +458,14 @@ pub fn user_message(message_id: &str, text: &str) -> Value {
     json!({"messageId": message_id, "role": "ROLE_USER", "parts": [{"text": text}]})
 }
 
+/// A user message with one text part on the existing task `task_id` (an
+/// answer, or a follow-up).
+pub fn user_message_on(task_id: impl serde::Serialize, message_id: &str, text: &str) -> Value {
+    let mut message = user_message(message_id, text);
+    message["taskId"] = json!(task_id);
+    message
+}
+
 /// Shallow-merges the members of `extra` into `target`.
 pub fn merge(target: &mut Value, extra: Value) {
     if let (Some(target), Value::Object(extra)) = (target.as_object_mut(), extra) {

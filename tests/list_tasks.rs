@@ -453,6 +453,28 @@ async fn list_tasks_rejects_bad_paging_and_filters() {
             reply.body
         );
     }
+    // Every failing field is named at once, whether it fails to decode or
+    // to validate.
+    for (params, fields) in [
+        (
+            json!({"pageSize": "ten", "contextId": "c", "status": "DONE", "statusTimestampAfter": "yesterday"}),
+            ["pageSize", "status", "statusTimestampAfter"],
+        ),
+        (
+            json!({"pageSize": 0, "historyLength": -1, "pageToken": "garbage"}),
+            ["pageSize", "historyLength", "pageToken"],
+        ),
+    ] {
+        let reply = baton.call("ListTasks", params.clone()).await;
+        assert_eq!(reply.code(), Some(-32602), "{params}: {}", reply.body);
+        let named: Vec<&str> = reply.body["error"]["data"][0]["fieldViolations"]
+            .as_array()
+            .expect("fieldViolations")
+            .iter()
+            .map(|violation| violation["field"].as_str().expect("field"))
+            .collect();
+        assert_eq!(named, fields, "{params}: {}", reply.body);
+    }
     // The edges of the range are fine.
     for size in [1, 100] {
         let reply = baton.call("ListTasks", json!({"pageSize": size})).await;

@@ -1,10 +1,11 @@
 //! Parsing the JSON-RPC request envelope, and writing reply envelopes, without
 //! building a `serde_json::Value` tree of the whole request.
 
-use crate::error::GatewayError;
+use crate::error::{FieldViolation, GatewayError};
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use serde_path_to_error::Segment;
 use std::borrow::Cow;
 
 /// A parsed request: the id verbatim, the method, and the raw params.
@@ -147,24 +148,115 @@ pub fn parse_request(body: &[u8]) -> Result<RpcRequest<'_>, EnvelopeError<'_>> {
     Ok(RpcRequest { id, method, params })
 }
 
-/// Decodes params into a request type, naming the failing field on error.
+/// Decodes params into a request type; on error, names every top-level
+/// field that fails (up to [`VIOLATIONS_MAX`]), not only the first.
 pub fn decode_params<T: DeserializeOwned>(params: &RawValue) -> Result<T, GatewayError> {
     // Tracking the path allocates for every key; only an invalid request,
-    // decoded a second time, needs it to name the failing field.
-    if let Ok(decoded) = serde_json::from_str(params.get()) {
-        return Ok(decoded);
+    // decoded again, needs it to name the failing fields.
+    match serde_json::from_str(params.get()) {
+        Ok(decoded) => Ok(decoded),
+        Err(_) => Err(GatewayError::invalid_fields(param_violations::<T>(
+            params.get(),
+        ))),
     }
-    let mut deserializer = serde_json::Deserializer::from_str(params.get());
-    serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
-        let path = err.path().to_string();
-        let field = if path == "." {
-            "params".to_string()
-        } else {
-            path
+}
+
+/// Most fields one reply names.
+const VIOLATIONS_MAX: usize = 16;
+
+/// The violations of params that do not decode into `T`. serde stops at the
+/// first error, so each failing top-level field is taken out and the rest
+/// decoded again; a field taken out is then reported missing, if required,
+/// which is its own violation again and ends the list.
+fn param_violations<T: DeserializeOwned>(params: &str) -> Vec<FieldViolation> {
+    let mut violations = Vec::new();
+    let mut rest: Option<Vec<(String, Box<RawValue>)>> = None;
+    let mut taken_out = Vec::new();
+    let mut text = Cow::Borrowed(params);
+    loop {
+        let mut deserializer = serde_json::Deserializer::from_str(&text);
+        let Err(err) = serde_path_to_error::deserialize::<_, T>(&mut deserializer) else {
+            break;
         };
-        let message = strip_position(&err.inner().to_string());
-        GatewayError::invalid_field(field, plain_type_names(&message))
-    })
+        let description = plain_type_names(&strip_position(&err.inner().to_string()));
+        if taken_out
+            .iter()
+            .any(|field| description == format!("missing field `{field}`"))
+        {
+            break;
+        }
+        let path = err.path().to_string();
+        let field = if path == "." { "params".into() } else { path };
+        violations.push(FieldViolation::new(field, description));
+        let Some(Segment::Map { key }) = err.path().iter().next() else {
+            break;
+        };
+        if violations.len() == VIOLATIONS_MAX {
+            break;
+        }
+        let members = match &mut rest {
+            Some(members) => members,
+            None => match serde_json::from_str::<Members>(params) {
+                Ok(Members(members)) => rest.insert(members),
+                Err(_) => break,
+            },
+        };
+        let before = members.len();
+        members.retain(|(name, _)| name != key);
+        if members.len() == before {
+            break;
+        }
+        taken_out.push(key.clone());
+        text = Cow::Owned(object_text(members));
+    }
+    if violations.is_empty() {
+        // Not reached for params that failed to decode; kept so the reply
+        // is never an empty list.
+        violations.push(FieldViolation::new("params", "invalid"));
+    }
+    violations
+}
+
+/// A JSON object's members in the order written (serde_json's own map
+/// sorts them, and faults are named in the order the client wrote them).
+struct Members(Vec<(String, Box<RawValue>)>);
+
+impl<'de> Deserialize<'de> for Members {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct InOrder;
+        impl<'de> serde::de::Visitor<'de> for InOrder {
+            type Value = Members;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Members, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry()? {
+                    members.push(member);
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(InOrder)
+    }
+}
+
+/// `members` as one JSON object.
+fn object_text(members: &[(String, Box<RawValue>)]) -> String {
+    let mut text = String::from("{");
+    for (at, (name, value)) in members.iter().enumerate() {
+        if at > 0 {
+            text.push(',');
+        }
+        text.push_str(&serde_json::to_string(name).expect("a string encodes"));
+        text.push(':');
+        text.push_str(value.get());
+    }
+    text.push('}');
+    text
 }
 
 /// serde names Rust's number types ("expected u64"); a client knows JSON's.
@@ -263,6 +355,35 @@ mod tests {
         );
         // Only whole names.
         assert_eq!(plain_type_names("expected u320"), "expected u320");
+    }
+
+    fn violated_fields<T: DeserializeOwned + std::fmt::Debug>(params: &str) -> Vec<String> {
+        let params = RawValue::from_string(params.into()).unwrap();
+        match decode_params::<T>(&params).unwrap_err() {
+            GatewayError::InvalidParams { violations, .. } => {
+                violations.into_iter().map(|v| v.field).collect()
+            }
+            other => panic!("not -32602: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_failing_top_level_field_is_named() {
+        use crate::protocol::requests::{ListTasksRequest, SendMessageRequest};
+        assert_eq!(
+            violated_fields::<ListTasksRequest>(
+                r#"{"pageSize":"ten","contextId":"c","status":"DONE","historyLength":true}"#
+            ),
+            ["pageSize", "status", "historyLength"]
+        );
+        // A required field with a nested fault is named once, by its path,
+        // and not again as missing once taken out.
+        assert_eq!(
+            violated_fields::<SendMessageRequest>(
+                r#"{"message":{"role":"ROLE_USER","parts":7},"configuration":{"historyLength":"x"}}"#
+            ),
+            ["message.parts", "configuration.historyLength"]
+        );
     }
 
     fn code(body: &str) -> i64 {

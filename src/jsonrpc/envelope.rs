@@ -149,7 +149,7 @@ pub fn parse_request(body: &[u8]) -> Result<RpcRequest<'_>, EnvelopeError<'_>> {
 }
 
 /// Decodes params into a request type; on error, names every top-level
-/// field that fails (up to [`VIOLATIONS_MAX`]), not only the first.
+/// field that fails (at most sixteen), not only the first.
 pub fn decode_params<T: DeserializeOwned>(params: &RawValue) -> Result<T, GatewayError> {
     // Tracking the path allocates for every key; only an invalid request,
     // decoded again, needs it to name the failing fields.

@@ -105,11 +105,21 @@ pub enum GatewayError {
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
     /// -32603: the agent behind the gateway could not be reached.
-    #[error("agent unreachable: {0}")]
-    UpstreamUnreachable(String),
+    #[error("agent unreachable: {detail}")]
+    UpstreamUnreachable {
+        /// What failed.
+        detail: String,
+        /// The agent's id, once known ([`GatewayError::about_agent`]).
+        agent: Option<String>,
+    },
     /// -32603: the agent behind the gateway did not answer in time.
-    #[error("agent timed out: {0}")]
-    UpstreamTimeout(String),
+    #[error("agent timed out: {detail}")]
+    UpstreamTimeout {
+        /// What failed.
+        detail: String,
+        /// The agent's id, once known ([`GatewayError::about_agent`]).
+        agent: Option<String>,
+    },
     /// -32603: the ledger cannot make writes durable: no send starts, and
     /// a read that would wait for a write fails.
     #[error("{0}")]
@@ -135,8 +145,14 @@ impl From<crate::agents::AgentError> for GatewayError {
         match err {
             A::InvalidInput(detail) => Self::invalid_field("message", detail),
             A::Failed(detail) => Self::Internal(detail),
-            A::Unreachable(detail) => Self::UpstreamUnreachable(detail),
-            A::Timeout(detail) => Self::UpstreamTimeout(detail),
+            A::Unreachable(detail) => Self::UpstreamUnreachable {
+                detail,
+                agent: None,
+            },
+            A::Timeout(detail) => Self::UpstreamTimeout {
+                detail,
+                agent: None,
+            },
             A::NotJson(detail) => Self::InvalidAgentResponse(format!("not JSON: {detail}")),
             A::InvalidResponse(detail) => Self::InvalidAgentResponse(detail),
             // Codes about the envelope Baton sent the agent, not about the
@@ -196,6 +212,17 @@ impl GatewayError {
         }
     }
 
+    /// The error with the id of the agent it is about, where it names one
+    /// (an upstream that failed or did not answer).
+    pub fn about_agent(mut self, agent_id: &str) -> Self {
+        if let Self::UpstreamUnreachable { agent, .. } | Self::UpstreamTimeout { agent, .. } =
+            &mut self
+        {
+            *agent = Some(agent_id.to_string());
+        }
+        self
+    }
+
     /// The JSON-RPC error code.
     pub fn code(&self) -> i64 {
         match self {
@@ -204,8 +231,8 @@ impl GatewayError {
             Self::MethodNotFound(_) => -32601,
             Self::InvalidParams { .. } => -32602,
             Self::Internal(_)
-            | Self::UpstreamUnreachable(_)
-            | Self::UpstreamTimeout(_)
+            | Self::UpstreamUnreachable { .. }
+            | Self::UpstreamTimeout { .. }
             | Self::LedgerUnavailable(_) => -32603,
             Self::TaskNotFound(_) | Self::PushConfigNotFound { .. } => -32001,
             Self::TaskNotCancelable { .. } => -32002,
@@ -242,8 +269,8 @@ impl GatewayError {
             self,
             Self::Internal(_)
                 | Self::InvalidAgentResponse(_)
-                | Self::UpstreamUnreachable(_)
-                | Self::UpstreamTimeout(_)
+                | Self::UpstreamUnreachable { .. }
+                | Self::UpstreamTimeout { .. }
                 | Self::LedgerUnavailable(_)
         )
     }
@@ -262,6 +289,12 @@ impl GatewayError {
                 json!({ "requestedVersion": version, "supportedVersions": "1.0" })
             }
             Self::ExtensionSupportRequired(uri) => json!({ "extension": uri }),
+            Self::UpstreamUnreachable {
+                agent: Some(agent), ..
+            }
+            | Self::UpstreamTimeout {
+                agent: Some(agent), ..
+            } => json!({ "agentId": agent }),
             _ => json!({}),
         }
     }
@@ -270,8 +303,8 @@ impl GatewayError {
     pub fn to_rpc_error(&self) -> Value {
         let message = self.to_string();
         let baton_reason = match self {
-            Self::UpstreamUnreachable(_) => Some("UPSTREAM_UNREACHABLE"),
-            Self::UpstreamTimeout(_) => Some("UPSTREAM_TIMEOUT"),
+            Self::UpstreamUnreachable { .. } => Some("UPSTREAM_UNREACHABLE"),
+            Self::UpstreamTimeout { .. } => Some("UPSTREAM_TIMEOUT"),
             Self::LedgerUnavailable(_) => Some("LEDGER_UNAVAILABLE"),
             Self::Unauthenticated(_) => Some("UNAUTHENTICATED"),
             _ => None,
@@ -284,7 +317,7 @@ impl GatewayError {
                     "@type": "type.googleapis.com/google.rpc.ErrorInfo",
                     "reason": reason,
                     "domain": BATON_DOMAIN,
-                    "metadata": {},
+                    "metadata": self.info_metadata(),
                 }],
             });
         }

@@ -420,12 +420,19 @@ async fn the_ledger_answers_when_the_upstream_is_gone() {
     gateway.stop().await;
 }
 
-/// Asserts a -32603 upstream fault with Baton's ErrorInfo `reason`.
+/// Asserts a -32603 upstream fault with Baton's ErrorInfo `reason`, naming
+/// the agent (every gateway here calls its one agent `remote`).
 fn assert_upstream_fault(reply: &Reply, reason: &str) {
     assert_eq!(reply.code(), Some(-32603), "{}", reply.body);
     let info = &reply.body["error"]["data"][0];
     assert_eq!(info["reason"], reason, "{}", reply.body);
     assert_eq!(info["domain"], "baton.gateway");
+    assert_eq!(
+        info["metadata"],
+        json!({"agentId": "remote"}),
+        "{}",
+        reply.body
+    );
 }
 
 /// Asserts -32006 INVALID_AGENT_RESPONSE.
@@ -484,6 +491,34 @@ async fn a_silent_upstream_times_out() {
         assert!(started.elapsed() < Duration::from_secs(5));
         gateway.stop().await;
     }
+    holder.abort();
+}
+
+#[tokio::test]
+async fn a_deadline_that_passes_before_a_plain_call_is_answered_is_an_upstream_timeout() {
+    // Accepts connections and never answers, well within the call's own timeout.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/a2a", listener.local_addr().unwrap());
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let gateway = gateway_for(card_at(&url, false), fast_upstream()).await;
+    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(300);
+    let mut message = user_message(&message_id("m"), "hello");
+    message["metadata"] = json!({"urn:baton:handoff:v1": {"deadline": deadline.to_rfc3339()}});
+    let started = std::time::Instant::now();
+    let reply = gateway
+        .call("SendMessage", json!({"message": message}))
+        .await;
+    assert_upstream_fault(&reply, "UPSTREAM_TIMEOUT");
+    // The deadline's doing, not the 3 s request timeout's.
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let listed = gateway.call("ListTasks", json!({})).await;
+    assert_eq!(listed.result()["totalSize"], 0, "no task was created");
+    gateway.stop().await;
     holder.abort();
 }
 

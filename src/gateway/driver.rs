@@ -418,9 +418,10 @@ impl Driver {
                     if self.created {
                         self.expire(agent).await;
                     } else {
-                        let error = GatewayError::UpstreamTimeout(
-                            "the task's deadline passed before the agent answered".into(),
-                        );
+                        let error = GatewayError::UpstreamTimeout {
+                            detail: "the task's deadline passed before the agent answered".into(),
+                            agent: Some(agent.id.clone()),
+                        };
                         self.refuse(error).await;
                     }
                     return TurnEnd::Settled;
@@ -617,7 +618,8 @@ impl Driver {
                 TurnEnd::Settled
             }
             (Some(err), false) => {
-                self.refuse(err.into()).await;
+                self.refuse(GatewayError::from(err).about_agent(&agent.id))
+                    .await;
                 TurnEnd::Settled
             }
             (None, false) => {

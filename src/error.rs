@@ -139,6 +139,8 @@ pub enum GatewayError {
 /// The ErrorInfo domain of Baton's own reasons (upstream faults).
 pub const BATON_DOMAIN: &str = "baton.gateway";
 
+/// An agent's fault as the caller's error. It knows no agent id: where the
+/// agent is known, add it with [`GatewayError::about_agent`].
 impl From<crate::agents::AgentError> for GatewayError {
     fn from(err: crate::agents::AgentError) -> Self {
         use crate::agents::AgentError as A;
@@ -214,6 +216,7 @@ impl GatewayError {
 
     /// The error with the id of the agent it is about, where it names one
     /// (an upstream that failed or did not answer).
+    #[must_use]
     pub fn about_agent(mut self, agent_id: &str) -> Self {
         if let Self::UpstreamUnreachable { agent, .. } | Self::UpstreamTimeout { agent, .. } =
             &mut self
@@ -382,6 +385,24 @@ mod tests {
         assert_eq!(error["data"][0]["reason"], "TASK_NOT_FOUND");
         assert_eq!(error["data"][0]["domain"], A2A_DOMAIN);
         assert_eq!(error["data"][0]["metadata"]["taskId"], "t1");
+    }
+
+    #[test]
+    fn an_upstream_fault_names_its_agent_once_known() {
+        let unreachable = GatewayError::UpstreamUnreachable {
+            detail: "refused".into(),
+            agent: None,
+        };
+        assert_eq!(unreachable.to_rpc_error()["data"][0]["metadata"], json!({}));
+        let named = unreachable.about_agent("billing").to_rpc_error();
+        assert_eq!(named["data"][0]["metadata"], json!({"agentId": "billing"}));
+        assert_eq!(named["data"][0]["reason"], "UPSTREAM_UNREACHABLE");
+        // Errors about no agent are left as they are.
+        let not_found = GatewayError::TaskNotFound("t".into()).about_agent("billing");
+        assert_eq!(
+            not_found.to_rpc_error()["data"][0]["metadata"],
+            json!({"taskId": "t"})
+        );
     }
 
     #[test]

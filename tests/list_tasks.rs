@@ -453,8 +453,8 @@ async fn list_tasks_rejects_bad_paging_and_filters() {
             reply.body
         );
     }
-    // Every failing field is named at once, whether it fails to decode or
-    // to validate.
+    // Every field that fails to decode is named at once; when all decode,
+    // every field that fails validation.
     for (params, fields) in [
         (
             json!({"pageSize": "ten", "contextId": "c", "status": "DONE", "statusTimestampAfter": "yesterday"}),

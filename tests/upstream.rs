@@ -463,6 +463,12 @@ async fn an_unreachable_upstream_is_reported_as_such() {
     for streaming in [true, false] {
         let gateway = gateway_for(card_at(&url, streaming), fast_upstream()).await;
         assert_upstream_fault(&send_to_gateway(&gateway).await, "UPSTREAM_UNREACHABLE");
+        // A stream refused before its first event is a plain JSON-RPC error.
+        let message = user_message(&message_id("m"), "hello");
+        let streamed = gateway
+            .call("SendStreamingMessage", json!({"message": message}))
+            .await;
+        assert_upstream_fault(&streamed, "UPSTREAM_UNREACHABLE");
         let listed = gateway.call("ListTasks", json!({})).await;
         assert_eq!(listed.result()["totalSize"], 0, "no task was created");
         gateway.stop().await;

@@ -149,29 +149,25 @@ pub fn parse_request(body: &[u8]) -> Result<RpcRequest<'_>, EnvelopeError<'_>> {
 }
 
 /// Decodes params into a request type; on error, names every top-level
-/// field that fails (at most sixteen), not only the first.
+/// field that fails to decode (at most sixteen), not only the first.
 pub fn decode_params<T: DeserializeOwned>(params: &RawValue) -> Result<T, GatewayError> {
     // Tracking the path allocates for every key; only an invalid request,
     // decoded again, needs it to name the failing fields.
-    match serde_json::from_str(params.get()) {
-        Ok(decoded) => Ok(decoded),
-        Err(_) => Err(GatewayError::invalid_fields(param_violations::<T>(
-            params.get(),
-        ))),
-    }
+    serde_json::from_str(params.get())
+        .map_err(|_| GatewayError::invalid_fields(param_violations::<T>(params.get())))
 }
 
 /// Most fields one reply names.
 const VIOLATIONS_MAX: usize = 16;
 
 /// The violations of params that do not decode into `T`. serde stops at the
-/// first error, so each failing top-level field is taken out and the rest
-/// decoded again; a field taken out is then reported missing, if required,
-/// which is its own violation again and ends the list.
+/// first error, so each failing top-level member is taken out and the rest
+/// decoded again. A required member taken out is then reported missing: it
+/// is named already, so that ends the list.
 fn param_violations<T: DeserializeOwned>(params: &str) -> Vec<FieldViolation> {
     let mut violations = Vec::new();
     let mut rest: Option<Vec<(String, Box<RawValue>)>> = None;
-    let mut taken_out = Vec::new();
+    let mut taken_out: Vec<String> = Vec::new();
     let mut text = Cow::Borrowed(params);
     loop {
         let mut deserializer = serde_json::Deserializer::from_str(&text);
@@ -179,13 +175,14 @@ fn param_violations<T: DeserializeOwned>(params: &str) -> Vec<FieldViolation> {
             break;
         };
         let description = plain_type_names(&strip_position(&err.inner().to_string()));
-        if taken_out
-            .iter()
-            .any(|field| description == format!("missing field `{field}`"))
+        let path = err.path().to_string();
+        if path == "."
+            && taken_out
+                .iter()
+                .any(|key| reports_missing(&description, key))
         {
             break;
         }
-        let path = err.path().to_string();
         let field = if path == "." { "params".into() } else { path };
         violations.push(FieldViolation::new(field, description));
         let Some(Segment::Map { key }) = err.path().iter().next() else {
@@ -209,12 +206,27 @@ fn param_violations<T: DeserializeOwned>(params: &str) -> Vec<FieldViolation> {
         taken_out.push(key.clone());
         text = Cow::Owned(object_text(members));
     }
+    debug_assert!(!violations.is_empty(), "params that failed decode again");
     if violations.is_empty() {
-        // Not reached for params that failed to decode; kept so the reply
-        // is never an empty list.
         violations.push(FieldViolation::new("params", "invalid"));
     }
     violations
+}
+
+/// Whether serde's `description` reports the member written as `key`
+/// missing, under its own name or as the alias `key` may be (`task_id`
+/// for `taskId`).
+fn reports_missing(description: &str, key: &str) -> bool {
+    let folded = |name: &str| {
+        name.chars()
+            .filter(|c| *c != '_')
+            .map(|c| c.to_ascii_lowercase())
+            .collect::<String>()
+    };
+    description
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.strip_suffix('`'))
+        .is_some_and(|field| folded(field) == folded(key))
 }
 
 /// A JSON object's members in the order written (serde_json's own map
@@ -376,14 +388,54 @@ mod tests {
             ),
             ["pageSize", "status", "historyLength"]
         );
-        // A required field with a nested fault is named once, by its path,
-        // and not again as missing once taken out.
+        // A nested fault is named by its path.
         assert_eq!(
             violated_fields::<SendMessageRequest>(
                 r#"{"message":{"role":"ROLE_USER","parts":7},"configuration":{"historyLength":"x"}}"#
             ),
             ["message.parts", "configuration.historyLength"]
         );
+    }
+
+    #[test]
+    fn a_required_member_taken_out_is_not_named_again_as_missing() {
+        #[derive(Debug, Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        #[allow(dead_code)]
+        struct Required {
+            #[serde(alias = "task_id")]
+            task_id: String,
+            inner: Option<Inner>,
+            count: Option<u32>,
+        }
+        #[derive(Debug, Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        #[allow(dead_code)]
+        struct Inner {
+            task_id: String,
+        }
+        // Under its alias too.
+        assert_eq!(
+            violated_fields::<Required>(r#"{"task_id":5,"count":"x"}"#),
+            ["task_id", "count"]
+        );
+        // A nested member of the same name is missing in its own right.
+        assert_eq!(
+            violated_fields::<Required>(r#"{"taskId":5,"inner":{}}"#),
+            ["taskId", "inner"]
+        );
+        // Missing without being taken out: named.
+        assert_eq!(violated_fields::<Required>(r#"{"count":1}"#), ["params"]);
+    }
+
+    #[test]
+    fn at_most_sixteen_fields_are_named() {
+        let members: Vec<String> = (0..20).map(|n| format!(r#""f{n}":"x""#)).collect();
+        let params = format!("{{{}}}", members.join(","));
+        let named = violated_fields::<std::collections::HashMap<String, u32>>(&params);
+        assert_eq!(named.len(), VIOLATIONS_MAX);
+        assert_eq!(named[0], "f0");
+        assert_eq!(named[15], "f15");
     }
 
     fn code(body: &str) -> i64 {

@@ -84,8 +84,13 @@ pub enum GatewayError {
     #[error("content type not supported: {0}")]
     ContentTypeNotSupported(String),
     /// -32006.
-    #[error("invalid agent response: {0}")]
-    InvalidAgentResponse(String),
+    #[error("invalid agent response: {detail}")]
+    InvalidAgentResponse {
+        /// What was wrong with the answer.
+        detail: String,
+        /// The agent's id, once known ([`GatewayError::about_agent`]).
+        agent: Option<String>,
+    },
     /// -32007.
     #[error("the extended agent card is not configured")]
     ExtendedAgentCardNotConfigured,
@@ -155,15 +160,15 @@ impl From<crate::agents::AgentError> for GatewayError {
                 detail,
                 agent: None,
             },
-            A::NotJson(detail) => Self::InvalidAgentResponse(format!("not JSON: {detail}")),
-            A::InvalidResponse(detail) => Self::InvalidAgentResponse(detail),
+            A::NotJson(detail) => Self::invalid_agent_response(format!("not JSON: {detail}")),
+            A::InvalidResponse(detail) => Self::invalid_agent_response(detail),
             // Codes about the envelope Baton sent the agent, not about the
             // caller's request: the agent did not answer as an A2A server.
             A::Refused {
                 code: code @ (-32700 | -32600 | -32601),
                 message,
                 ..
-            } => Self::InvalidAgentResponse(format!(
+            } => Self::invalid_agent_response(format!(
                 "the agent answered JSON-RPC error {code} ({message}) to a well-formed A2A call"
             )),
             A::Refused {
@@ -214,12 +219,21 @@ impl GatewayError {
         }
     }
 
+    /// -32006 for an agent's answer, its agent not named yet.
+    pub fn invalid_agent_response(detail: impl Into<String>) -> Self {
+        Self::InvalidAgentResponse {
+            detail: detail.into(),
+            agent: None,
+        }
+    }
+
     /// The error with the id of the agent it is about, where it names one
-    /// (an upstream that failed or did not answer).
+    /// (an upstream that failed, did not answer, or answered amiss).
     #[must_use]
     pub fn about_agent(mut self, agent_id: &str) -> Self {
-        if let Self::UpstreamUnreachable { agent, .. } | Self::UpstreamTimeout { agent, .. } =
-            &mut self
+        if let Self::UpstreamUnreachable { agent, .. }
+        | Self::UpstreamTimeout { agent, .. }
+        | Self::InvalidAgentResponse { agent, .. } = &mut self
         {
             *agent = Some(agent_id.to_string());
         }
@@ -242,7 +256,7 @@ impl GatewayError {
             Self::PushNotificationNotSupported => -32003,
             Self::UnsupportedOperation(_) => -32004,
             Self::ContentTypeNotSupported(_) => -32005,
-            Self::InvalidAgentResponse(_) => -32006,
+            Self::InvalidAgentResponse { .. } => -32006,
             Self::ExtendedAgentCardNotConfigured => -32007,
             Self::ExtensionSupportRequired(_) => -32008,
             Self::VersionNotSupported { .. } => -32009,
@@ -258,7 +272,7 @@ impl GatewayError {
             Self::PushNotificationNotSupported => "PUSH_NOTIFICATION_NOT_SUPPORTED",
             Self::UnsupportedOperation(_) => "UNSUPPORTED_OPERATION",
             Self::ContentTypeNotSupported(_) => "CONTENT_TYPE_NOT_SUPPORTED",
-            Self::InvalidAgentResponse(_) => "INVALID_AGENT_RESPONSE",
+            Self::InvalidAgentResponse { .. } => "INVALID_AGENT_RESPONSE",
             Self::ExtendedAgentCardNotConfigured => "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
             Self::ExtensionSupportRequired(_) => "EXTENSION_SUPPORT_REQUIRED",
             Self::VersionNotSupported { .. } => "VERSION_NOT_SUPPORTED",
@@ -271,7 +285,7 @@ impl GatewayError {
         matches!(
             self,
             Self::Internal(_)
-                | Self::InvalidAgentResponse(_)
+                | Self::InvalidAgentResponse { .. }
                 | Self::UpstreamUnreachable { .. }
                 | Self::UpstreamTimeout { .. }
                 | Self::LedgerUnavailable(_)
@@ -296,6 +310,9 @@ impl GatewayError {
                 agent: Some(agent), ..
             }
             | Self::UpstreamTimeout {
+                agent: Some(agent), ..
+            }
+            | Self::InvalidAgentResponse {
                 agent: Some(agent), ..
             } => json!({ "agentId": agent }),
             _ => json!({}),

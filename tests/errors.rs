@@ -740,7 +740,8 @@ async fn agent_ending_without_a_reply_is_32006() {
         text_params("hi"),
     )
     .await;
-    must(check_a2a(&wire, -32006, "INVALID_AGENT_RESPONSE"));
+    let error = must(check_a2a(&wire, -32006, "INVALID_AGENT_RESPONSE"));
+    assert_eq!(error["data"][0]["metadata"], json!({"agentId": "silent"}));
     assert_eq!(task_counts(&baton).await, (0, 0), "no task may exist");
     baton.stop().await;
 }

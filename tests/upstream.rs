@@ -435,11 +435,14 @@ fn assert_upstream_fault(reply: &Reply, reason: &str) {
     );
 }
 
-/// Asserts -32006 INVALID_AGENT_RESPONSE.
+/// Asserts -32006 INVALID_AGENT_RESPONSE naming the agent `remote`.
 fn assert_invalid_agent_response(reply: &Reply) {
     assert_eq!(reply.code(), Some(-32006), "{}", reply.body);
+    let info = &reply.body["error"]["data"][0];
+    assert_eq!(info["reason"], "INVALID_AGENT_RESPONSE", "{}", reply.body);
     assert_eq!(
-        reply.body["error"]["data"][0]["reason"], "INVALID_AGENT_RESPONSE",
+        info["metadata"],
+        json!({"agentId": "remote"}),
         "{}",
         reply.body
     );

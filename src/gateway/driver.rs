@@ -624,9 +624,10 @@ impl Driver {
             }
             (None, false) => {
                 if self.first_tx.is_some() {
-                    let error = GatewayError::InvalidAgentResponse(
-                        "the agent ended without a task or a message".into(),
-                    );
+                    let error = GatewayError::invalid_agent_response(
+                        "the agent ended without a task or a message",
+                    )
+                    .about_agent(&agent.id);
                     self.refuse(error).await;
                 }
                 TurnEnd::Settled

@@ -478,9 +478,9 @@ async fn an_unreachable_upstream_is_reported_as_such() {
     }
 }
 
-#[tokio::test]
-async fn a_silent_upstream_times_out() {
-    // Accepts connections and never answers.
+/// An agent's URL whose server accepts connections and never answers, and
+/// the task holding them (abort it at the end).
+async fn silent_agent() -> (String, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/a2a", listener.local_addr().unwrap());
     let holder = tokio::spawn(async move {
@@ -489,6 +489,12 @@ async fn a_silent_upstream_times_out() {
             held.push(socket);
         }
     });
+    (url, holder)
+}
+
+#[tokio::test]
+async fn a_silent_upstream_times_out() {
+    let (url, holder) = silent_agent().await;
     let settings = UpstreamSettings {
         request_timeout: Duration::from_millis(300),
         ..fast_upstream()
@@ -505,15 +511,8 @@ async fn a_silent_upstream_times_out() {
 
 #[tokio::test]
 async fn a_deadline_that_passes_before_a_plain_call_is_answered_is_an_upstream_timeout() {
-    // Accepts connections and never answers, well within the call's own timeout.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/a2a", listener.local_addr().unwrap());
-    let holder = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = listener.accept().await {
-            held.push(socket);
-        }
-    });
+    // Silent well within the call's own timeout (3 s).
+    let (url, holder) = silent_agent().await;
     let gateway = gateway_for(card_at(&url, false), fast_upstream()).await;
     let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(300);
     let mut message = user_message(&message_id("m"), "hello");

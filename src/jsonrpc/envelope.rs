@@ -149,7 +149,8 @@ pub fn parse_request(body: &[u8]) -> Result<RpcRequest<'_>, EnvelopeError<'_>> {
 }
 
 /// Decodes params into a request type; on error, names every top-level
-/// field that fails to decode (at most sixteen), not only the first.
+/// field that fails to decode, not only the first (at most sixteen, then
+/// says that more fail).
 pub fn decode_params<T: DeserializeOwned>(params: &RawValue) -> Result<T, GatewayError> {
     // Tracking the path allocates for every key; only an invalid request,
     // decoded again, needs it to name the failing fields.
@@ -183,14 +184,16 @@ fn param_violations<T: DeserializeOwned>(params: &str) -> Vec<FieldViolation> {
         {
             break;
         }
+        if violations.len() == VIOLATIONS_MAX {
+            let more = format!("more fields fail to decode; the first {VIOLATIONS_MAX} are named");
+            violations.push(FieldViolation::new("params", more));
+            break;
+        }
         let field = if path == "." { "params".into() } else { path };
         violations.push(FieldViolation::new(field, description));
         let Some(Segment::Map { key }) = err.path().iter().next() else {
             break;
         };
-        if violations.len() == VIOLATIONS_MAX {
-            break;
-        }
         let members = match &mut rest {
             Some(members) => members,
             None => match serde_json::from_str::<Members>(params) {
@@ -429,12 +432,20 @@ mod tests {
     }
 
     #[test]
-    fn at_most_sixteen_fields_are_named() {
-        let members: Vec<String> = (0..20).map(|n| format!(r#""f{n}":"x""#)).collect();
-        let params = format!("{{{}}}", members.join(","));
-        let named = violated_fields::<std::collections::HashMap<String, u32>>(&params);
-        assert_eq!(named.len(), VIOLATIONS_MAX);
+    fn at_most_sixteen_fields_are_named_and_more_said_to_fail() {
+        type Counts = std::collections::HashMap<String, u32>;
+        let params = |count: usize| {
+            let members: Vec<String> = (0..count).map(|n| format!(r#""f{n}":"x""#)).collect();
+            format!("{{{}}}", members.join(","))
+        };
+        let named = violated_fields::<Counts>(&params(20));
+        assert_eq!(named.len(), VIOLATIONS_MAX + 1);
         assert_eq!(named[0], "f0");
+        assert_eq!(named[15], "f15");
+        assert_eq!(named[16], "params");
+        // Exactly sixteen: no more to tell.
+        let named = violated_fields::<Counts>(&params(16));
+        assert_eq!(named.len(), VIOLATIONS_MAX);
         assert_eq!(named[15], "f15");
     }
 

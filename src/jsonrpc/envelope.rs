@@ -161,6 +161,11 @@ pub fn decode_params<T: DeserializeOwned>(params: &RawValue) -> Result<T, Gatewa
 /// Most fields one reply names.
 const VIOLATIONS_MAX: usize = 16;
 
+/// Largest params decoded again to name more than the first failing field:
+/// each pass re-reads them whole, and a bad request must not cost many
+/// times a good one.
+const REDECODED_MAX_BYTES: usize = 64 * 1024;
+
 /// The violations of params that do not decode into `T`. serde stops at the
 /// first error, so each failing top-level member is taken out and the rest
 /// decoded again. A required member taken out is then reported missing: it
@@ -194,6 +199,9 @@ fn param_violations<T: DeserializeOwned>(params: &str) -> Vec<FieldViolation> {
         let Some(Segment::Map { key }) = err.path().iter().next() else {
             break;
         };
+        if params.len() > REDECODED_MAX_BYTES {
+            break;
+        }
         let members = match &mut rest {
             Some(members) => members,
             None => match serde_json::from_str::<Members>(params) {
@@ -447,6 +455,13 @@ mod tests {
         let named = violated_fields::<Counts>(&params(16));
         assert_eq!(named.len(), VIOLATIONS_MAX);
         assert_eq!(named[15], "f15");
+        // Large params are not decoded again: only the first is named.
+        let mut large = params(3);
+        large.insert_str(
+            1,
+            &format!(r#""pad":"{}","#, "p".repeat(REDECODED_MAX_BYTES)),
+        );
+        assert_eq!(violated_fields::<Counts>(&large), ["pad"]);
     }
 
     fn code(body: &str) -> i64 {

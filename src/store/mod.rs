@@ -2612,7 +2612,10 @@ mod tests {
                 .await
                 .unwrap();
         }
-        // Several writes to one task before any application.
+        // Several writes to one task before any application, its last status
+        // a millisecond after the others' (timestamps are kept to the ms, and
+        // three creates can fit in one).
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         flip(&ledger, "b", 5).await;
         let query = |state| ListQuery {
             state,

@@ -594,9 +594,7 @@ async fn refunding_billing(gateway: &TestBaton, limits: Value) -> baton::demo::v
     .await
     .unwrap();
     let mut params = json!({"id": "billing", "card": agent.card()});
-    for (key, value) in limits.as_object().into_iter().flatten() {
-        params[key] = value.clone();
-    }
+    merge(&mut params, limits);
     let registered = gateway.registry("RegisterAgent", params).await;
     assert!(registered.code().is_none(), "{}", registered.body);
     agent
@@ -634,9 +632,9 @@ async fn an_agent_gets_the_control_in_metadata_and_headers_with_limits_never_len
     );
 
     let seen = agent
-        .received()
+        .sends()
         .into_iter()
-        .find(|call| call.method == "SendMessage")
+        .next()
         .expect("the agent got the message");
     assert_eq!(seen.params["configuration"]["returnImmediately"], true);
     let control = &seen.params["message"]["metadata"]["urn:baton:handoff:v1"];
@@ -683,11 +681,7 @@ async fn an_agents_registered_hop_limit_shortens_the_gateways() {
     let task = &taken.result()["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     assert_eq!(task["metadata"]["urn:baton:handoff:v1"]["maxHops"], 2);
-    let sends = agent
-        .received()
-        .iter()
-        .filter(|c| c.method == "SendMessage")
-        .count();
+    let sends = agent.sends().len();
     assert_eq!(sends, 1, "the refused one never reached the agent");
     agent.stop().await;
     gateway.stop().await;
@@ -753,11 +747,7 @@ async fn routing_rules_match_a_skill_metadata_and_a_tag() {
     let sends: Vec<(&str, usize)> = agents
         .iter()
         .map(|(id, agent)| {
-            let count = agent
-                .received()
-                .iter()
-                .filter(|c| c.method == "SendMessage")
-                .count();
+            let count = agent.sends().len();
             (*id, count)
         })
         .collect();

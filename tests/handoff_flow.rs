@@ -312,11 +312,7 @@ async fn a_transfer_keeps_one_task_and_follow_ups_reach_the_new_agent() {
     assert_eq!(control["hops"], 2);
 
     // Billing got the SUMMARY context: goal and summary as text, the cut payload.
-    let first = billing
-        .received()
-        .into_iter()
-        .find(|r| r.method == "SendMessage")
-        .unwrap();
+    let first = billing.sends().into_iter().next().unwrap();
     let parts = &first.params["message"]["parts"];
     assert!(
         parts[0]["text"]
@@ -333,25 +329,14 @@ async fn a_transfer_keeps_one_task_and_follow_ups_reach_the_new_agent() {
     assert_eq!(task["id"], task_id.as_str());
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     assert_eq!(task["artifacts"][0]["name"], "refund");
-    let sends: Vec<_> = billing
-        .received()
-        .into_iter()
-        .filter(|r| r.method == "SendMessage")
-        .collect();
+    let sends = billing.sends();
     assert_eq!(sends.len(), 2);
     let billing_task = sends[1].params["message"]["taskId"].as_str().unwrap();
     assert!(
         billing.task(billing_task).is_some(),
         "answer continued billing's task"
     );
-    assert_eq!(
-        triage
-            .received()
-            .iter()
-            .filter(|r| r.method == "SendMessage")
-            .count(),
-        1
-    );
+    assert_eq!(triage.sends().len(), 1);
 
     let record = gateway.ledger.get(&task_id).unwrap().unwrap();
     let hops: Vec<_> = record.hops.iter().map(|h| h.agent.as_str()).collect();
@@ -424,11 +409,7 @@ async fn return_to_parent_delivers_the_result_and_the_source_finishes() {
     assert_eq!(task["artifacts"][1]["parts"][0]["data"]["refundId"], "rf_1");
 
     // The result went to triage's own task, which waited for input.
-    let sends: Vec<_> = triage
-        .received()
-        .into_iter()
-        .filter(|r| r.method == "SendMessage")
-        .collect();
+    let sends = triage.sends();
     assert_eq!(sends.len(), 2);
     let returned = &sends[1].params["message"];
     assert!(returned["taskId"].as_str().is_some_and(|t| !t.is_empty()));
@@ -920,9 +901,8 @@ async fn no_acknowledgement_is_retried_then_rerouted_by_skill() {
     assert_eq!(record.hops[1].agent, "billing");
     // The same message (same messageId) was tried twice at the silent agent.
     let tries: Vec<_> = silent
-        .received()
+        .sends()
         .into_iter()
-        .filter(|r| r.method == "SendMessage")
         .map(|r| r.params["message"]["messageId"].clone())
         .collect();
     assert_eq!(tries.len(), 2);
@@ -1025,11 +1005,7 @@ async fn a_reroute_does_not_take_a_sender_another_agency_registered() {
     let task = &reply.result()["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
     assert_eq!(reason(task), "TARGET_UNAVAILABLE", "{task}");
-    let sends = billing
-        .received()
-        .into_iter()
-        .filter(|r| r.method == "SendMessage")
-        .count();
+    let sends = billing.sends().len();
     assert_eq!(
         sends, 0,
         "billing takes no work in support's name from globex"
@@ -1439,11 +1415,7 @@ async fn a_return_leg_past_its_ack_timeout_leaves_the_source_task_alone() {
     // Both late answers are in: each continued triage's own task, which
     // no attempt created, and which the gateway task still holds.
     for _ in 0..100 {
-        let answered = triage
-            .received()
-            .iter()
-            .filter(|r| r.method == "SendMessage")
-            .count();
+        let answered = triage.sends().len();
         if answered >= 3 {
             break;
         }
@@ -1595,9 +1567,9 @@ async fn one_trace_id_reaches_the_third_agent_of_a_chain() {
     let task = &reply["result"]["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{reply}");
     let seen = technical
-        .received()
+        .sends()
         .into_iter()
-        .find(|r| r.method == "SendMessage")
+        .next()
         .expect("the third agent was reached");
     assert!(
         seen.headers["traceparent"].contains(trace_id),
@@ -1713,11 +1685,7 @@ async fn a_transfer_keeps_the_artifacts_reported_with_it() {
 
 /// How many SendMessage calls `agent` received.
 fn sends_to(agent: &VendorAgent) -> usize {
-    agent
-        .received()
-        .iter()
-        .filter(|r| r.method == "SendMessage")
-        .count()
+    agent.sends().len()
 }
 
 #[tokio::test]
@@ -2048,9 +2016,9 @@ async fn cancel_while_the_result_returns(refuses: bool, answers_at_once: bool) {
 /// message (FULL and LAST_N), as their texts.
 fn history_texts(billing: &VendorAgent) -> Vec<String> {
     let first = billing
-        .received()
+        .sends()
         .into_iter()
-        .find(|call| call.method == "SendMessage")
+        .next()
         .expect("billing got the work");
     let parts = first.params["message"]["parts"].as_array().unwrap().clone();
     let history = parts

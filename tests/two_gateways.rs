@@ -47,9 +47,9 @@ async fn completing(name: &str, skill: &str, text: &'static str) -> VendorAgent 
 /// The first SendMessage `agent` received, and its handoff control.
 fn first_send(agent: &VendorAgent) -> (Received, Value) {
     let seen = agent
-        .received()
+        .sends()
         .into_iter()
-        .find(|r| r.method == "SendMessage")
+        .next()
         .expect("the agent was reached through both gateways");
     let control = seen.params["message"]["metadata"]["urn:baton:handoff:v1"].clone();
     (seen, control)
@@ -123,14 +123,7 @@ async fn hop_limits_and_cycles_hold_across_two_gateways() {
     let task = send(&a, "/agents/bgw/a2a", "cycle", json!({})).await;
     assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
     assert_eq!(reason(&task), "HANDOFF_CYCLE", "{task}");
-    assert_eq!(
-        x.received()
-            .iter()
-            .filter(|r| r.method == "SendMessage")
-            .count(),
-        1,
-        "refused work never reached x"
-    );
+    assert_eq!(x.sends().len(), 1, "refused work never reached x");
 
     // `baton trace` on B lists both hops of B's task: relay, then onward.
     let b_tasks = b.call("ListTasks", json!({})).await;

@@ -206,6 +206,15 @@ impl VendorAgent {
         lock(&self.inner.received).clone()
     }
 
+    /// Every SendMessage received so far, oldest first.
+    pub fn sends(&self) -> Vec<Received> {
+        lock(&self.inner.received)
+            .iter()
+            .filter(|call| call.method == "SendMessage")
+            .cloned()
+            .collect()
+    }
+
     /// Every CancelTask received so far: the task id and the arrival time.
     pub fn cancels(&self) -> Vec<(String, DateTime<Utc>)> {
         lock(&self.inner.cancels).clone()

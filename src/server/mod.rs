@@ -12,8 +12,7 @@ use crate::registry::service::{Registry, SearchParams};
 use crate::upstream::client::VERSION_HEADER_NAME;
 use axum::Router;
 use axum::body::Body;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, RawQuery, Request, State};
+use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -255,35 +254,34 @@ async fn registry_rpc(State(state): State<AppState>, headers: HeaderMap, body: B
     crate::registry::rpc::dispatch(&state.registry, principal.as_str(), request).await
 }
 
-/// A search query string that does not decode, as the field it names:
-/// axum says "Failed to deserialize query string: pageSize: invalid digit
-/// found in string".
-fn query_violation(rejection: &QueryRejection) -> GatewayError {
-    let text = rejection.body_text();
-    let detail = text
-        .strip_prefix("Failed to deserialize query string: ")
-        .unwrap_or(&text);
-    let named = detail.split_once(": ").filter(|(field, _)| {
-        !field.is_empty() && field.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-    });
-    match named {
-        Some((field, message)) => GatewayError::invalid_field(field, message.to_string()),
-        None => GatewayError::invalid_field("query", detail.to_string()),
-    }
+/// Decodes a query string into `T` as axum's `Query` does (the same
+/// deserializer), naming the parameter that fails by its path.
+fn decode_query<T: serde::de::DeserializeOwned>(raw: Option<&str>) -> Result<T, GatewayError> {
+    let parameters = form_urlencoded::parse(raw.unwrap_or_default().as_bytes());
+    serde_path_to_error::deserialize(serde_urlencoded::Deserializer::new(parameters)).map_err(
+        |err| {
+            let path = err.path().to_string();
+            let field = if path == "." {
+                "query".to_string()
+            } else {
+                path
+            };
+            GatewayError::invalid_field(field, err.inner().to_string())
+        },
+    )
 }
 
 async fn registry_search(
     State(state): State<AppState>,
     headers: HeaderMap,
-    // Read after the key check: nobody without a key probes the parser.
-    query: Result<Query<SearchParams>, QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Response {
     if let Err(response) = state.authenticate(&headers) {
         return response;
     }
-    let page = query
-        .map_err(|rejection| query_violation(&rejection))
-        .and_then(|Query(params)| state.registry.search(&params))
+    // Decoded after the key check: nobody without a key probes the parser.
+    let page = decode_query::<SearchParams>(query.as_deref())
+        .and_then(|params| state.registry.search(&params))
         .and_then(crate::registry::rpc::shown);
     match page {
         Ok(page) => axum::Json(page).into_response(),
@@ -767,12 +765,9 @@ mod tests {
 
     #[test]
     fn a_bad_search_parameter_is_named() {
-        let decode = |uri: &str| {
-            let uri: axum::http::Uri = uri.parse().unwrap();
-            let rejection = Query::<SearchParams>::try_from_uri(&uri).unwrap_err();
-            query_violation(&rejection).to_rpc_error()
-        };
-        let error = decode("/registry/agents?pageSize=abc");
+        let error = decode_query::<SearchParams>(Some("pageSize=abc"))
+            .unwrap_err()
+            .to_rpc_error();
         let violation = &error["data"][0]["fieldViolations"][0];
         assert_eq!(violation["field"], "pageSize", "{error}");
         let description = violation["description"].as_str().unwrap();
@@ -780,6 +775,7 @@ mod tests {
             !description.contains("Failed to deserialize"),
             "{description}"
         );
+        assert!(decode_query::<SearchParams>(None).is_ok());
     }
 
     #[test]

@@ -172,6 +172,13 @@ async fn send(gateway: &TestBaton, path: &str, message: Value) -> Value {
     reply.result()["task"].clone()
 }
 
+/// A new user message to triage's endpoint (`message_id(prefix)`); the task
+/// as the blocking send answers.
+async fn send_to_triage(gateway: &TestBaton, prefix: &str, text: &str) -> Value {
+    let message = user_message(&message_id(prefix), text);
+    send(gateway, "/agents/triage/a2a", message).await
+}
+
 async fn get_task(gateway: &TestBaton, id: &str) -> Value {
     gateway
         .call("GetTask", json!({"id": id}))
@@ -289,12 +296,7 @@ async fn a_transfer_keeps_one_task_and_follow_ups_reach_the_new_agent() {
     register(&gateway, "triage", &triage, json!({})).await;
     register(&gateway, "billing", &billing, json!({})).await;
 
-    let task = send(
-        &gateway,
-        "/agents/triage/a2a",
-        user_message(&message_id("t"), "I was charged twice, please refund"),
-    )
-    .await;
+    let task = send_to_triage(&gateway, "t", "I was charged twice, please refund").await;
     let task_id = task["id"].as_str().unwrap().to_string();
     // The question of the new agent is relayed on the caller's one task.
     assert_eq!(
@@ -386,12 +388,7 @@ async fn return_to_parent_delivers_the_result_and_the_source_finishes() {
     )
     .await;
 
-    let task = send(
-        &gateway,
-        "/agents/triage/a2a",
-        user_message(&message_id("r"), "refund please"),
-    )
-    .await;
+    let task = send_to_triage(&gateway, "r", "refund please").await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     let deadline = |task: &Value| {
         let control = &task["metadata"]["urn:baton:handoff:v1"];
@@ -493,12 +490,7 @@ async fn a_result_returns_through_every_source_that_waits_for_it() {
     let billing = register_with_billing(&gateway, &triage).await;
     register(&gateway, "manager", &manager, json!({})).await;
 
-    let task = send(
-        &gateway,
-        "/agents/triage/a2a",
-        user_message(&message_id("n"), "refund please"),
-    )
-    .await;
+    let task = send_to_triage(&gateway, "n", "refund please").await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     let names = artifact_names(&task);
     assert_eq!(names, ["refund", "approval", "case"]);
@@ -549,12 +541,7 @@ async fn hand_on_past_reporter(
     let gateway = baton().agent("reporter", reporter).start().await;
     let triage = source_awaiting_typed_result("triage", "reporter", "case", return_schema).await;
     let billing = register_with_billing(&gateway, &triage).await;
-    let task = send(
-        &gateway,
-        "/agents/triage/a2a",
-        user_message(&message_id("w"), "refund please"),
-    )
-    .await;
+    let task = send_to_triage(&gateway, "w", "refund please").await;
     let task_id = task["id"].as_str().unwrap().to_string();
     (gateway, triage, billing, task_id)
 }
@@ -718,21 +705,11 @@ async fn transfers_are_refused_by_cycle_and_allow_list() {
     )
     .await;
 
-    let task = send(
-        &gateway,
-        "/agents/triage/a2a",
-        user_message(&message_id("c"), "loop"),
-    )
-    .await;
+    let task = send_to_triage(&gateway, "c", "loop").await;
     assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
     assert_eq!(reason(&task), "HANDOFF_CYCLE");
 
-    let task = send(
-        &gateway,
-        "/agents/triage/a2a",
-        user_message(&message_id("n"), "refund"),
-    )
-    .await;
+    let task = send_to_triage(&gateway, "n", "refund").await;
     assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
     assert_eq!(reason(&task), "NOT_ALLOWED");
     assert!(billing.received().is_empty(), "nothing reached billing");
@@ -784,24 +761,14 @@ async fn a_transfer_that_names_no_sender_is_refused_with_its_violations() {
     .unwrap();
     let billing = register_with_billing(&gateway, &triage).await;
 
-    let task = send(
-        &gateway,
-        "/agents/triage/a2a",
-        user_message(&message_id("a"), "anonymous"),
-    )
-    .await;
+    let task = send_to_triage(&gateway, "a", "anonymous").await;
     assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
     assert_eq!(reason(&task), "SCHEMA_INVALID");
     let violations = task["status"]["message"]["parts"][0]["data"]["detail"]["violations"].clone();
     assert!(violations.to_string().contains("from"), "{violations}");
 
     // A payload naming another sender is data passed along, not a transfer.
-    let task = send(
-        &gateway,
-        "/agents/triage/a2a",
-        user_message(&message_id("q"), "quote"),
-    )
-    .await;
+    let task = send_to_triage(&gateway, "q", "quote").await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     assert!(billing.received().is_empty(), "nothing reached billing");
     triage.stop().await;
@@ -1404,12 +1371,7 @@ async fn a_return_leg_past_its_ack_timeout_leaves_the_source_task_alone() {
     .await
     .unwrap();
     let billing = register_with_billing(&gateway, &triage).await;
-    let task = send(
-        &gateway,
-        "/agents/triage/a2a",
-        user_message(&message_id("r"), "refund please"),
-    )
-    .await;
+    let task = send_to_triage(&gateway, "r", "refund please").await;
     assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
     assert_eq!(reason(&task), "TARGET_UNAVAILABLE");
     // Both late answers are in: each continued triage's own task, which
@@ -1442,12 +1404,7 @@ async fn a_return_leg_to_a_finished_source_cancels_the_tasks_it_abandoned() {
     .await
     .unwrap();
     let billing = register_with_billing(&gateway, &triage).await;
-    let task = send(
-        &gateway,
-        "/agents/triage/a2a",
-        user_message(&message_id("r"), "refund please"),
-    )
-    .await;
+    let task = send_to_triage(&gateway, "r", "refund please").await;
     assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
     assert_eq!(reason(&task), "TARGET_UNAVAILABLE");
     // Each late return created a task at triage that nothing took up.
@@ -2063,12 +2020,7 @@ async fn a_transfer_carries_the_conversation_by_its_context_policy() {
         .await
         .unwrap();
         let billing = register_with_billing(&gateway, &triage).await;
-        let asked = send(
-            &gateway,
-            "/agents/triage/a2a",
-            user_message(&message_id("n"), "I was charged twice"),
-        )
-        .await;
+        let asked = send_to_triage(&gateway, "n", "I was charged twice").await;
         assert_eq!(
             asked["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
             "{asked}"

@@ -32,6 +32,11 @@ pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CON
 /// The `source` label of a handoff a client started (no agent handed off).
 pub const CLIENT_SOURCE: &str = "client";
 
+/// The `source` label of a handoff whose payload names, as `from`, no agent
+/// registered here: `from` is the caller's word, and each distinct label is
+/// a series kept until restart.
+pub const UNREGISTERED_SOURCE: &str = "unregistered";
+
 /// The label of a reason code outside the known set.
 pub const OTHER_REASON: &str = "OTHER";
 

@@ -85,6 +85,35 @@ async fn metrics_are_prometheus_text_without_a_key() {
     b.stop().await;
 }
 
+#[tokio::test]
+async fn a_handoff_from_an_unregistered_agent_is_counted_under_one_label() {
+    let b = baton().start().await;
+    // `from` is the caller's word: a thousand made-up senders must not
+    // become a thousand series kept until restart.
+    let made_up = format!("vendor-{}", "x".repeat(4096));
+    for from in [made_up.as_str(), "scenario"] {
+        let payload = handoff_payload(from, json!({"to": "echo"}), json!({}));
+        let reply = b
+            .call("SendMessage", json!({"message": handoff_message(payload)}))
+            .await;
+        let state = &reply.result()["task"]["status"]["state"];
+        assert_eq!(state, "TASK_STATE_COMPLETED", "from {from:.20}");
+    }
+    let (status, _, text) = get(&b, "/metrics", &[]).await;
+    assert_eq!(status, 200, "{text}");
+    for line in [
+        r#"baton_handoffs_total{source="unregistered",target="echo",kind="direct"} 1"#,
+        r#"baton_handoffs_total{source="scenario",target="echo",kind="direct"} 1"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
+    }
+    assert!(
+        !text.contains("vendor-"),
+        "the made-up sender became a label"
+    );
+    b.stop().await;
+}
+
 /// A counter's or gauge's sample in a Prometheus text.
 fn sample(text: &str, name: &str) -> u64 {
     baton::metrics::sample_value(text, name)

@@ -974,7 +974,11 @@ impl Gateway {
         self.ledger
             .create(record, vec![StreamResponse::Task(snapshot)])
             .await?;
-        let source = handoff.payload.as_ref().map_or("", |p| p.from.as_str());
+        let source = match handoff.payload.as_ref().map(|p| p.from.as_str()) {
+            None | Some("") => "",
+            Some(from) if self.agent(from).is_some() => from,
+            Some(_) => crate::metrics::UNREGISTERED_SOURCE,
+        };
         let hops = control.map_or(1, |c| c.hops);
         self.metrics_handoff(
             (source, &agent.id),

@@ -649,6 +649,9 @@ impl Gateway {
         let mut violations = Vec::new();
         check_required(&req.id, "id", &mut violations);
         finish(violations)?;
+        // Checked before the watch: a channel made for a task the caller
+        // may not see would stay until a sweep, keyed by the caller's id.
+        self.owned_task(ctx, &req.id)?;
         // Watch before reading, so no event falls between the two.
         let watcher = self.ledger.hub().watch(&req.id);
         let record = self.owned_durable_task(ctx, &req.id).await?;
@@ -1038,6 +1041,40 @@ mod tests {
             "the caller's own agent"
         );
         assert!(check("torn").is_err(), "an unreadable record must not pass");
+    }
+
+    /// A subscription the caller may not make leaves no channel behind:
+    /// the id is the caller's, and a channel stays until a sweep.
+    #[tokio::test]
+    async fn a_refused_subscription_watches_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        let request = SendMessageRequest {
+            message: Some(hi("m1")),
+            ..SendMessageRequest::default()
+        };
+        let reply = gateway.send_message(&alice(None), request).await.unwrap();
+        let task_id = serde_json::to_value(&reply).unwrap()["task"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let bob = CallContext {
+            principal: "bob".into(),
+            ..alice(None)
+        };
+        for (ctx, id) in [(&bob, task_id.clone()), (&alice(None), "x".repeat(4096))] {
+            let request = SubscribeToTaskRequest {
+                id,
+                ..SubscribeToTaskRequest::default()
+            };
+            let refused = gateway.subscribe(ctx, request).await.err();
+            assert!(
+                matches!(refused, Some(GatewayError::TaskNotFound(_))),
+                "{:?}",
+                refused.map(|err| err.to_string())
+            );
+        }
+        assert_eq!(ledger.hub().watched_tasks(), 0);
     }
 
     /// While the log cannot append, a send is refused before its agent

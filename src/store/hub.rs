@@ -125,6 +125,12 @@ impl EventHub {
         receiver
     }
 
+    /// How many tasks have a channel.
+    #[cfg(test)]
+    pub(crate) fn watched_tasks(&self) -> usize {
+        self.channels.lock().expect("hub lock").len()
+    }
+
     /// Adds a callback that sees every durable event.
     pub fn add_sink(&self, sink: EventSink) {
         self.sinks.lock().expect("hub lock").push(sink);

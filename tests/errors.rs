@@ -1202,7 +1202,7 @@ fn bad_input_rows() -> Vec<Row> {
         row("SendMessage", send(msg(json!({"contextId": 12}))), P, Some("message.contextId")),
         row("SendMessage", send(msg(json!({"parts": [{}]}))), P, Some("message.parts[0]")),
         row("SendMessage", send(msg(json!({"parts": [{"text": "x", "url": "https://example.com/a"}]}))), P, Some("message.parts[0]")),
-        row("SendMessage", send(msg(json!({"parts": [{"text": "ok"}, {"raw": "!!not base64!!"}]}))), P, Some("message.parts[1]")),
+        row("SendMessage", send(msg(json!({"parts": [{"text": "ok"}, {"raw": "!!not base64!!"}]}))), P, Some("message.parts[1].raw")),
         row("SendMessage", send(msg(json!({"parts": [{"url": ""}]}))), P, Some("message.parts[0].url")),
         row("SendMessage", send(msg(json!({"parts": [{"text": 5}]}))), P, Some("message.parts[0].text")),
         row("SendMessage", send(msg(json!({"parts": ["x"]}))), P, Some("message.parts[0]")),

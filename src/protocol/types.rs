@@ -233,6 +233,17 @@ fn present_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<serde_json::V
     serde_json::Value::deserialize(d).map(Some)
 }
 
+/// A `bytes` member, decoded from base64 where it is read, so that an
+/// error names the member (`parts[0].raw`), not only its part.
+fn base64_member<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        Some(text) => wire::decode_base64(&text)
+            .map(Some)
+            .map_err(de::Error::custom),
+        None => Ok(None),
+    }
+}
+
 impl<'de> Deserialize<'de> for Part {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
@@ -240,8 +251,8 @@ impl<'de> Deserialize<'de> for Part {
         struct PartWire {
             #[serde(default)]
             text: Option<String>,
-            #[serde(default)]
-            raw: Option<String>,
+            #[serde(default, deserialize_with = "base64_member")]
+            raw: Option<Vec<u8>>,
             #[serde(default)]
             url: Option<String>,
             // A `google.protobuf.Value`: JSON null is its null value, set.
@@ -261,9 +272,7 @@ impl<'de> Deserialize<'de> for Part {
             contents.push(PartContent::Text(text));
         }
         if let Some(raw) = wire.raw {
-            contents.push(PartContent::Raw(
-                wire::decode_base64(&raw).map_err(de::Error::custom)?,
-            ));
+            contents.push(PartContent::Raw(raw));
         }
         if let Some(url) = wire.url {
             contents.push(PartContent::Url(url));

@@ -235,6 +235,52 @@ async fn with_keys_a_trace_needs_the_owners_key() {
     b.stop().await;
 }
 
+#[tokio::test]
+async fn a_child_naming_another_principals_task_is_not_linked_under_it() {
+    let b = baton().api_keys("acme=KEY1,globex=KEY2").start().await;
+    let acme = [("authorization", "Bearer KEY1")];
+    let globex = [("authorization", "Bearer KEY2")];
+    let root = send(&b, "/a2a", user_message(&message_id("m"), "hi"), &acme).await;
+    let root_id = id(&root);
+    let under_root = |mut message: Value| {
+        message["metadata"] = json!({"urn:baton:handoff:v1": {"parentTaskId": root_id}});
+        message
+    };
+    // globex names acme's task as parent: a plain call, a direct handoff,
+    // and a handoff refused for its unknown target.
+    let handoff = |to: &str| {
+        under_root(handoff_message(handoff_payload(
+            "scenario",
+            json!({"to": to}),
+            json!({}),
+        )))
+    };
+    for (message, state) in [
+        (
+            child_message(&message_id("m"), &root_id),
+            "TASK_STATE_COMPLETED",
+        ),
+        (handoff("echo"), "TASK_STATE_COMPLETED"),
+        (handoff("payroll"), "TASK_STATE_REJECTED"),
+    ] {
+        let task = send(&b, "/a2a", message, &globex).await;
+        assert_eq!(task["status"]["state"], state, "{task}");
+    }
+    // acme's own child is linked.
+    let own = send(&b, "/a2a", child_message(&message_id("m"), &root_id), &acme).await;
+
+    let (status, trace) = get_json(&b, &format!("/tasks/{root_id}/trace"), &acme).await;
+    assert_eq!(status, 200, "{trace}");
+    let children: Vec<&Value> = trace["children"]
+        .as_array()
+        .expect("children")
+        .iter()
+        .collect();
+    assert_eq!(children.len(), 1, "only acme's own child: {trace}");
+    assert_eq!(children[0]["taskId"], own["id"]);
+    b.stop().await;
+}
+
 /// Runs `baton ARGS` with `env` as its only `BATON_*` settings, off the
 /// runtime thread so the in-process server keeps answering.
 async fn baton_cli(args: Vec<String>, env: Vec<(&'static str, String)>) -> Output {

@@ -822,8 +822,10 @@ impl Driver {
             ));
         };
         // The handoff graph: a child names its parent in its control.
-        let parent_task_id =
-            Control::parent_task_id_in(initial.metadata.as_ref()).map(str::to_string);
+        let parent_task_id = self.gateway.linked_parent(
+            &self.owner,
+            Control::parent_task_id_in(initial.metadata.as_ref()),
+        );
         let mut hop = hop;
         hop.acked_at = Some(Utc::now());
         hop.upstream_task_id = upstream.as_ref().map(|u| u.task_id.clone());

@@ -255,6 +255,23 @@ impl Gateway {
             .ok_or_else(|| GatewayError::TaskNotFound(task_id.to_string()))
     }
 
+    /// The parent a new task of `owner` is linked under, of the one its
+    /// control names: none when that task is another principal's, since the
+    /// link puts the child into the parent's trace and its cancel. A parent
+    /// this ledger does not hold stays named: it may be another gateway's.
+    pub(crate) fn linked_parent(&self, owner: &str, named: Option<&str>) -> Option<String> {
+        let named = named?;
+        match self.ledger.get_shared(named) {
+            Ok(None) => Some(named.to_string()),
+            Ok(Some(parent)) if parent.owner == owner => Some(named.to_string()),
+            Ok(Some(_)) => None,
+            Err(err) => {
+                tracing::warn!(%err, parent = named, "the named parent could not be read; the task is not linked to it");
+                None
+            }
+        }
+    }
+
     /// A task of the caller's, returned once what it shows is durable: a
     /// read may see writes noted after any sync the caller waited for.
     async fn owned_durable_task(

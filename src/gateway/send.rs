@@ -416,7 +416,7 @@ impl Gateway {
             },
             owner: ctx.principal.clone(),
             agent: agent_id.to_string(),
-            parent_task_id: control.parent_task_id.clone(),
+            parent_task_id: self.linked_parent(&ctx.principal, control.parent_task_id.as_deref()),
             created_at: chrono::Utc::now(),
             ..TaskRecord::default()
         };
@@ -950,7 +950,10 @@ impl Gateway {
             },
             owner: ctx.principal.clone(),
             agent: agent.id.clone(),
-            parent_task_id: control.as_ref().and_then(|c| c.parent_task_id.clone()),
+            parent_task_id: self.linked_parent(
+                &ctx.principal,
+                control.as_ref().and_then(|c| c.parent_task_id.as_deref()),
+            ),
             return_schema,
             created_at: chrono::Utc::now(),
             hops: vec![HopRecord {

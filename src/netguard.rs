@@ -92,7 +92,9 @@ impl OutboundPolicy {
 /// Loopback, private, link-local, unspecified ("this network"), multicast,
 /// CGNAT, the IETF, benchmarking and reserved IPv4 blocks, ULA, IPv6
 /// site-local, and the cloud metadata address. An IPv6 address that carries an IPv4 one (mapped,
-/// compatible, or the NAT64 prefix `64:ff9b::/96`) is judged by that.
+/// translated, compatible, 6to4, or the NAT64 prefix `64:ff9b::/96`) is judged by that;
+/// the local-use NAT64 prefix `64:ff9b:1::/48`, whose IPv4 address may sit at several
+/// places, is internal as a whole.
 pub fn is_internal(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
@@ -121,11 +123,20 @@ pub fn is_internal(ip: IpAddr) -> bool {
             // `::` and `::1`, judged as IPv6 below.
             let nat64 = segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0];
             let compatible = segments[..6] == [0; 6] && u32::from(embedded) > 1;
-            if nat64 || compatible {
+            // SIIT's IPv4-translated form, ::ffff:0:a.b.c.d.
+            let translated = segments[..6] == [0, 0, 0, 0, 0xffff, 0];
+            if nat64 || compatible || translated {
                 return is_internal(IpAddr::V4(embedded));
             }
+            // 6to4 (2002:a.b.c.d::/48) reaches a.b.c.d's network.
+            if segments[0] == 0x2002 {
+                let [high, low] = [segments[1], segments[2]];
+                let site = (u32::from(high) << 16) | u32::from(low);
+                return is_internal(IpAddr::V4(site.into()));
+            }
             let first = segments[0];
-            v6.is_loopback()
+            segments[..3] == [0x64, 0xff9b, 1]
+                || v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || (first & 0xfe00) == 0xfc00
@@ -253,6 +264,12 @@ mod tests {
             "64:ff9b::10.0.0.1",
             "::10.0.0.1",
             "::ffff:127.0.0.1",
+            // SIIT-translated, 6to4, local-use NAT64.
+            "::ffff:0:127.0.0.1",
+            "2002:a9fe:a9fe::1",
+            "2002:c0a8:1::1",
+            "64:ff9b:1::a9fe:a9fe",
+            "64:ff9b:1:a9fe:a9:fe00::",
         ] {
             assert!(!policy.permits(ip.parse().unwrap()), "{ip}");
         }
@@ -262,6 +279,8 @@ mod tests {
             "192.0.2.1",
             "64:ff9b::808:808",
             "::8.8.8.8",
+            "::ffff:0:8.8.8.8",
+            "2002:808:808::1",
             "2001:db8::1",
         ] {
             assert!(policy.permits(ip.parse().unwrap()), "{ip}");

@@ -233,17 +233,6 @@ fn present_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<serde_json::V
     serde_json::Value::deserialize(d).map(Some)
 }
 
-/// A `bytes` member, decoded from base64 where it is read, so that an
-/// error names the member (`parts[0].raw`), not only its part.
-fn base64_member<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
-    match Option::<String>::deserialize(d)? {
-        Some(text) => wire::decode_base64(&text)
-            .map(Some)
-            .map_err(de::Error::custom),
-        None => Ok(None),
-    }
-}
-
 impl<'de> Deserialize<'de> for Part {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
@@ -251,7 +240,8 @@ impl<'de> Deserialize<'de> for Part {
         struct PartWire {
             #[serde(default)]
             text: Option<String>,
-            #[serde(default, deserialize_with = "base64_member")]
+            // Decoded where it is read, so an error names `raw`, not only the part.
+            #[serde(default, deserialize_with = "wire::opt_bytes")]
             raw: Option<Vec<u8>>,
             #[serde(default)]
             url: Option<String>,

@@ -328,6 +328,15 @@ pub fn decode_base64(text: &str) -> Result<Vec<u8>, String> {
         .ok_or_else(|| "invalid base64 in bytes field".to_string())
 }
 
+/// Reads an optional `bytes` field: base64 as [`decode_base64`] takes it, or
+/// `null`.
+pub fn opt_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        Some(text) => decode_base64(&text).map(Some).map_err(de::Error::custom),
+        None => Ok(None),
+    }
+}
+
 /// Encodes bytes as standard padded base64, as ProtoJSON writes them.
 pub fn encode_base64(bytes: &[u8]) -> String {
     STANDARD.encode(bytes)

@@ -2,6 +2,7 @@
 //! over an optional `baton.toml`, over defaults. Every bad setting is reported
 //! at once.
 
+use crate::server::connections::{ConnectionLimits, DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT};
 use crate::tls::ClientTls;
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -37,6 +38,14 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, env = "BATON_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// Seconds a request head may take to arrive, and then its body; an idle
+    /// kept-alive connection closes after it too (default 30).
+    #[arg(long, env = "BATON_READ_TIMEOUT_SECS")]
+    pub read_timeout_secs: Option<u64>,
+    /// Most inbound connections open at once (default 10000, lowered to fit
+    /// the open-file limit).
+    #[arg(long, env = "BATON_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
     /// Log format: text or json.
     #[arg(long, env = "BATON_LOG_FORMAT")]
     pub log_format: Option<String>,
@@ -91,6 +100,8 @@ pub struct FileConfig {
     allow_upstream: Option<Vec<String>>,
     tls_ca: Option<PathBuf>,
     max_body_bytes: Option<usize>,
+    read_timeout_secs: Option<u64>,
+    max_connections: Option<usize>,
     log_format: Option<String>,
     shutdown_grace_secs: Option<u64>,
     task_timeout_secs: Option<u64>,
@@ -133,6 +144,8 @@ pub struct Config {
     pub tls: ClientTls,
     /// Request body cap.
     pub max_body_bytes: usize,
+    /// Bounds on inbound connections and on a request's arrival.
+    pub connections: ConnectionLimits,
     /// Log format.
     pub log_format: LogFormat,
     /// Bound on a stop, from its signal.
@@ -279,6 +292,21 @@ impl Config {
             errors.push("max-body-bytes: must be positive".into());
         }
 
+        let read_timeout_secs = args
+            .read_timeout_secs
+            .or(file.read_timeout_secs)
+            .unwrap_or(DEFAULT_READ_TIMEOUT.as_secs());
+        if read_timeout_secs == 0 {
+            errors.push("read-timeout-secs: must be positive".into());
+        }
+        let max_connections = args
+            .max_connections
+            .or(file.max_connections)
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 {
+            errors.push("max-connections: must be positive".into());
+        }
+
         let log_format = match args
             .log_format
             .clone()
@@ -346,6 +374,10 @@ impl Config {
             allow_upstream,
             tls,
             max_body_bytes,
+            connections: ConnectionLimits {
+                read_timeout: Duration::from_secs(read_timeout_secs),
+                max_connections,
+            },
             log_format,
             shutdown_grace: Duration::from_secs(
                 args.shutdown_grace_secs
@@ -489,6 +521,33 @@ mod tests {
             ..ServeArgs::default()
         };
         assert!(Config::load(&too_many, &["echo"]).is_err());
+    }
+
+    #[test]
+    fn connection_limits_default_and_must_be_positive() {
+        let config = Config::load(&ServeArgs::default(), &["echo"]).unwrap();
+        assert_eq!(config.connections, ConnectionLimits::default());
+        let args = ServeArgs {
+            read_timeout_secs: Some(5),
+            max_connections: Some(64),
+            ..ServeArgs::default()
+        };
+        let config = Config::load(&args, &["echo"]).unwrap();
+        assert_eq!(config.connections.read_timeout, Duration::from_secs(5));
+        assert_eq!(config.connections.max_connections, 64);
+        let zero = ServeArgs {
+            read_timeout_secs: Some(0),
+            max_connections: Some(0),
+            ..ServeArgs::default()
+        };
+        let err = Config::load(&zero, &["echo"]).unwrap_err();
+        assert_eq!(
+            err.0,
+            [
+                "read-timeout-secs: must be positive",
+                "max-connections: must be positive"
+            ],
+        );
     }
 
     #[test]

@@ -172,6 +172,7 @@ async fn run_over(
             public_url: public_url.clone(),
             default_agent: config.default_agent.clone(),
             max_body_bytes: config.max_body_bytes,
+            connections: config.connections.fit_open_files(),
         },
     );
     tracing::info!(
@@ -194,10 +195,9 @@ async fn run_over(
         }
     };
     let grace = config.shutdown_grace;
-    let served = server::run(listener, state, stop, grace).await;
-    // Already so after a stop; after a server error, drivers and streams
-    // must stop too before the ledger closes.
-    shutdown.cancel();
+    // Returns only after the stop, which has cancelled `shutdown`: the
+    // drivers, streams and health checks are stopping.
+    server::run(listener, state, stop, grace).await;
     let deadline = *stop_began.get_or_init(Instant::now) + grace;
     // What was made durable is also told to its webhooks: the writes made so
     // far first (their events are queued as they become durable), then their
@@ -212,7 +212,7 @@ async fn run_over(
         .await;
     ledger.close();
     tracing::info!("stopped");
-    Ok(served?)
+    Ok(())
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -2,6 +2,8 @@
 //! calls past it, the JSON-RPC endpoints, card publication, health, and
 //! graceful shutdown.
 
+pub mod connections;
+
 use crate::auth::{KeyStore, Principal, WWW_AUTHENTICATE};
 use crate::error::GatewayError;
 use crate::gateway::{CallContext, Gateway};
@@ -16,6 +18,7 @@ use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use connections::ConnectionLimits;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +39,9 @@ pub struct ServerSettings {
     pub default_agent: String,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// Bounds on inbound connections, and on the time a request takes to
+    /// arrive.
+    pub connections: ConnectionLimits,
 }
 
 /// Shared state of every handler.
@@ -115,32 +121,28 @@ pub fn app(state: AppState) -> Router {
 #[derive(Clone)]
 struct FrontDoor {
     router: Router,
-    /// Shared: hyper clones the service for every request.
+    /// Shared: each connection holds a copy of the door.
     state: Arc<AppState>,
 }
 
-impl tower_service::Service<Request> for FrontDoor {
+impl hyper::service::Service<Request<hyper::body::Incoming>> for FrontDoor {
     type Response = Response;
     type Error = std::convert::Infallible;
     type Future = futures::future::BoxFuture<'static, Result<Response, Self::Error>>;
 
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        // The router is always ready too (axum 0.8), so `call` may skip
-        // asking it.
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request) -> Self::Future {
+    fn call(&self, request: Request<hyper::body::Incoming>) -> Self::Future {
+        let request = request.map(Body::new);
         let endpoint = if request.method() == Method::POST {
             rpc_endpoint(request.uri().path())
         } else {
             None
         };
         let Some(endpoint) = endpoint else {
-            return Box::pin(self.router.call(request));
+            // The router is always ready (axum 0.8), so it need not be asked.
+            return Box::pin(tower_service::Service::call(
+                &mut self.router.clone(),
+                request,
+            ));
         };
         let (parts, body) = request.into_parts();
         let span = tracing::debug_span!(
@@ -186,39 +188,34 @@ fn rpc_endpoint(path: &str) -> Option<RpcEndpoint> {
 }
 
 /// Serves `app`, behind its front door for JSON-RPC calls, on `listener`
-/// until `shutdown` resolves, then drains open connections for at most
-/// `grace` (SSE streams end at once).
+/// within the state's connection limits, until `shutdown` resolves; then
+/// drains open connections for at most `grace` (SSE streams end at once).
 pub async fn run(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
-) -> std::io::Result<()> {
+) {
     let gateway = state.gateway.clone();
     let stop = gateway.shutdown.clone();
-    // `into_make_service`: each connection shares the service and its router.
-    // Served as a bare `Router`, axum 0.8 copies the whole route table for
-    // every connection and drops it at close, which showed as ~28 % of the CPU
-    // of a 1 000-stream fan-out.
+    let limits = state.settings.connections;
     let front = FrontDoor {
         router: app(state.clone()),
         state: Arc::new(state),
     };
-    let service = axum::ServiceExt::<Request>::into_make_service(front);
-    let server = axum::serve(listener, service).with_graceful_shutdown(async move {
+    let server = connections::serve(listener, front, limits, async move {
         shutdown.await;
         tracing::info!("shutting down: closing streams and draining connections");
         stop.cancel();
     });
     let drained = gateway.shutdown.clone();
     tokio::select! {
-        result = server => result,
+        () = server => {}
         _ = async move {
             drained.cancelled().await;
             tokio::time::sleep(grace).await;
         } => {
             tracing::warn!(?grace, "drain grace period over; closing remaining connections");
-            Ok(())
         }
     }
 }
@@ -426,8 +423,12 @@ async fn serve_agent_rpc(
         }
         // The answer names the request it answers, when its id can be read
         // (JSON-RPC 2.0 §5); the unknown agent is the error, whatever else.
-        let body = axum::body::to_bytes(body, state.settings.max_body_bytes)
+        let within = state.settings.connections.read_timeout;
+        let body = axum::body::to_bytes(body, state.settings.max_body_bytes);
+        let body = tokio::time::timeout(within, body)
             .await
+            .ok()
+            .and_then(Result::ok)
             .unwrap_or_default();
         let request_id = match parse_request(&body) {
             Ok(request) => Some(request.id),
@@ -575,9 +576,18 @@ async fn read_rpc_body(
     body: Body,
 ) -> Result<axum::body::Bytes, Response> {
     let limit = state.settings.max_body_bytes;
-    let body = match axum::body::to_bytes(body, limit).await {
-        Ok(body) => body,
-        Err(err) => {
+    let within = state.settings.connections.read_timeout;
+    let body = match tokio::time::timeout(within, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(body)) => body,
+        Err(_) => {
+            let why = format!("request body did not arrive within {} s", within.as_secs());
+            let error = GatewayError::InvalidRequest(why);
+            return Err(json_reply(
+                StatusCode::REQUEST_TIMEOUT,
+                crate::jsonrpc::error_body(None, &error),
+            ));
+        }
+        Ok(Err(err)) => {
             let cause = err.into_inner();
             let (status, why) = if cause.is::<http_body_util::LengthLimitError>() {
                 let why = format!("request body exceeds the limit of {limit} bytes");

@@ -11,6 +11,7 @@ use baton::netguard::OutboundPolicy;
 use baton::push::{PushDispatcher, PushSettings};
 use baton::registry::fetch::CardFetcher;
 use baton::registry::{Directory, Registry};
+use baton::server::connections::ConnectionLimits;
 use baton::server::{self, AppState, ServerSettings};
 use baton::store::Ledger;
 use futures::StreamExt;
@@ -34,6 +35,7 @@ pub struct BatonBuilder {
     push_enabled: bool,
     allow_loopback: bool,
     max_body_bytes: usize,
+    connections: ConnectionLimits,
     push_settings: PushSettings,
     api_keys: Option<String>,
     routing: baton::handoff::routing::RoutingRules,
@@ -67,6 +69,7 @@ pub fn baton() -> BatonBuilder {
         push_enabled: true,
         allow_loopback: true,
         max_body_bytes: 4 * 1024 * 1024,
+        connections: ConnectionLimits::default(),
         push_settings: PushSettings {
             initial_backoff: Duration::from_millis(50),
             ..PushSettings::default()
@@ -136,6 +139,12 @@ impl BatonBuilder {
         self
     }
 
+    /// Sets the bounds on inbound connections.
+    pub fn connections(mut self, limits: ConnectionLimits) -> Self {
+        self.connections = limits;
+        self
+    }
+
     /// Serves `server::app`, the router alone, instead of `server::run`,
     /// whose front door takes JSON-RPC calls past it.
     pub fn router_only(mut self) -> Self {
@@ -197,6 +206,7 @@ impl BatonBuilder {
                 public_url: base.clone(),
                 default_agent: self.default_agent,
                 max_body_bytes: self.max_body_bytes,
+                connections: self.connections,
             },
         );
         let (stop, stopped) = oneshot::channel::<()>();
@@ -206,9 +216,8 @@ impl BatonBuilder {
         let server = if self.router_only {
             let router = server::app(state).into_make_service();
             tokio::spawn(async move {
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(stopped)
-                    .await
+                let served = axum::serve(listener, router).with_graceful_shutdown(stopped);
+                served.await.expect("the router serves until stopped");
             })
         } else {
             tokio::spawn(server::run(
@@ -246,7 +255,7 @@ pub struct TestBaton {
     pub registry: Arc<Registry>,
     next_id: AtomicU64,
     stop: Option<oneshot::Sender<()>>,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    server: tokio::task::JoinHandle<()>,
     _dir: tempfile::TempDir,
 }
 

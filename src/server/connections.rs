@@ -1,0 +1,186 @@
+//! Inbound connections: the accept loop that serves HTTP/1.1 with a bound on
+//! how long a request head may take to arrive and on how many connections
+//! are open at once, and that drains them at a stop.
+//!
+//! `axum::serve` gives hyper no timer, so hyper's header-read timeout never
+//! applies there, and it accepts without limit: a client that sends its head
+//! a byte at a time, or opens connections and sends nothing, holds a task and
+//! a file descriptor for as long as it likes, before any key is checked.
+
+use hyper::body::Incoming;
+use hyper::service::HttpService;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// Bounds on inbound connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Longest a request head may take to arrive, from the first wait for
+    /// it, and then its body. On a kept-alive connection the wait for the
+    /// next request counts, so an idle connection closes after it too. A
+    /// response being written (an SSE stream) is not bounded by it.
+    pub read_timeout: Duration,
+    /// Most connections open at once. Past it Baton accepts no more until
+    /// one closes, and new ones wait in the listen backlog.
+    pub max_connections: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            read_timeout: DEFAULT_READ_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// hyper's own default for a head, and nginx's order for its
+/// `client_header_timeout` (60 s) and keep-alive (75 s): long enough for a
+/// slow client, short enough that idle connections do not pile up.
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Enough for thousands of SSE subscribers at once; lowered at start-up when
+/// the open-file limit cannot hold it (see [`ConnectionLimits::fit_open_files`]).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+
+impl ConnectionLimits {
+    /// Raises the soft open-file limit to the hard one (as Go's runtime
+    /// does), and lowers `max_connections` to three quarters of what that
+    /// allows, leaving the rest to the ledger, the agent connections and the
+    /// push webhooks. Without it, accepting past the limit fails with
+    /// `EMFILE` and everything else that opens a file fails with it.
+    pub fn fit_open_files(self) -> Self {
+        let limit = match rlimit::increase_nofile_limit(u64::MAX) {
+            Ok(limit) => limit,
+            Err(err) => {
+                tracing::warn!(%err, "could not read or raise the open-file limit");
+                return self;
+            }
+        };
+        let room = usize::try_from(limit / 4 * 3).unwrap_or(usize::MAX).max(1);
+        if room >= self.max_connections {
+            return self;
+        }
+        tracing::warn!(
+            configured = self.max_connections,
+            open_file_limit = limit,
+            max_connections = room,
+            "the open-file limit cannot hold max-connections; lowered"
+        );
+        Self {
+            max_connections: room,
+            ..self
+        }
+    }
+}
+
+/// Serves `service` on every connection `listener` accepts, within
+/// `limits`, until `shutdown` resolves; then stops accepting, lets each open
+/// connection finish the request it is serving, and returns when all have
+/// closed.
+pub async fn serve<S>(
+    listener: TcpListener,
+    service: S,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()>,
+) where
+    S: HttpService<Incoming> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::ResBody: Send + 'static,
+    <S::ResBody as hyper::body::Body>::Data: Send,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.read_timeout);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut at_cap = false;
+    loop {
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => {
+                at_cap = false;
+                slot
+            }
+            Err(_) => {
+                if !at_cap {
+                    at_cap = true;
+                    tracing::warn!(
+                        max_connections = limits.max_connections,
+                        "connection cap reached; new connections wait until one closes"
+                    );
+                }
+                tokio::select! {
+                    slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+                    () = &mut shutdown => break,
+                }
+            }
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    accept_failed(err).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let connection = http.serve_connection(TokioIo::new(stream), service.clone());
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(%err, "connection closed with an error");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// After a failed accept: a connection the peer dropped before it was
+/// taken is nothing; anything else (most often `EMFILE`) is logged, and the
+/// loop pauses so as not to spin while it lasts (as hyper 0.14's server and
+/// axum do).
+async fn accept_failed(err: std::io::Error) {
+    use std::io::ErrorKind;
+    if matches!(
+        err.kind(),
+        ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset | ErrorKind::ConnectionRefused
+    ) {
+        return;
+    }
+    tracing::error!(%err, "accepting a connection failed; pausing for 1 s");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_fits_within_the_open_file_limit() {
+        let asked = ConnectionLimits {
+            max_connections: usize::MAX,
+            ..ConnectionLimits::default()
+        };
+        let fitted = asked.fit_open_files();
+        let (soft, _) = rlimit::getrlimit(rlimit::Resource::NOFILE).unwrap();
+        let room = usize::try_from(soft / 4 * 3).unwrap_or(usize::MAX);
+        assert_eq!(fitted.max_connections, room.max(1));
+        assert_eq!(fitted.read_timeout, asked.read_timeout);
+        // A cap the limit holds is kept.
+        let modest = ConnectionLimits {
+            max_connections: 16,
+            ..ConnectionLimits::default()
+        };
+        assert_eq!(modest.fit_open_files(), modest);
+    }
+}

@@ -1,0 +1,195 @@
+//! Inbound connection bounds over real TCP: a request head or body that
+//! trickles in past the read timeout is cut off, an idle kept-alive
+//! connection is closed, a stream being written outlives the timeout, and
+//! connections past the cap wait in the backlog until one closes.
+
+mod common;
+
+use baton::server::connections::ConnectionLimits;
+use common::agents::GatedAgent;
+use common::*;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A read timeout short enough for a test to wait out.
+const READ_TIMEOUT: Duration = Duration::from_secs(1);
+
+async fn baton_with(limits: ConnectionLimits) -> TestBaton {
+    baton().connections(limits).start().await
+}
+
+fn short_reads() -> ConnectionLimits {
+    ConnectionLimits {
+        read_timeout: READ_TIMEOUT,
+        ..ConnectionLimits::default()
+    }
+}
+
+async fn connect(baton: &TestBaton) -> TcpStream {
+    let address = baton.base.trim_start_matches("http://");
+    TcpStream::connect(address).await.expect("connect")
+}
+
+/// Reads until the peer closes the connection; what it sent before.
+async fn read_until_closed(stream: &mut TcpStream) -> String {
+    let mut received = Vec::new();
+    let read = stream.read_to_end(&mut received);
+    match tokio::time::timeout(WAIT, read).await {
+        Ok(Ok(_)) => {}
+        // A reset is a close too.
+        Ok(Err(err)) if err.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Ok(Err(err)) => panic!("reading failed: {err}"),
+        Err(_) => panic!("the connection stayed open for {WAIT:?}"),
+    }
+    String::from_utf8_lossy(&received).into_owned()
+}
+
+/// Reads one response to a `GET /healthz` (a short JSON body).
+async fn read_health(stream: &mut TcpStream) -> String {
+    let mut received = Vec::new();
+    let mut chunk = [0u8; 1024];
+    let read = async {
+        while !String::from_utf8_lossy(&received).contains(r#"{"status":"ok"}"#) {
+            let n = stream.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "closed before the response ended");
+            received.extend_from_slice(&chunk[..n]);
+        }
+    };
+    tokio::time::timeout(WAIT, read)
+        .await
+        .expect("the response arrives in time");
+    String::from_utf8_lossy(&received).into_owned()
+}
+
+const HEALTH_REQUEST: &[u8] = b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n";
+
+#[tokio::test]
+async fn a_request_head_that_trickles_in_is_cut_off_at_the_read_timeout() {
+    let baton = baton_with(short_reads()).await;
+    let mut stream = connect(&baton).await;
+    stream
+        .write_all(b"POST /a2a HTTP/1.1\r\nhost: localhost\r\n")
+        .await
+        .unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    // One header byte every 100 ms, for up to ten times the timeout: the
+    // head never ends, and each byte is progress a plain idle check would
+    // take as life.
+    let trickle = tokio::spawn(async move {
+        for _ in 0..100 {
+            if writer.write_all(b"x").await.is_err() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    });
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(WAIT, reader.read_to_end(&mut received)).await;
+    assert!(
+        read.is_ok(),
+        "the connection stayed open for {WAIT:?} of a trickling head"
+    );
+    trickle.abort();
+    let reply = String::from_utf8_lossy(&received);
+    assert!(
+        reply.is_empty() || reply.starts_with("HTTP/1.1 408"),
+        "{reply}"
+    );
+    // Others are served meanwhile and after.
+    let mut other = connect(&baton).await;
+    other.write_all(HEALTH_REQUEST).await.unwrap();
+    assert!(read_health(&mut other).await.starts_with("HTTP/1.1 200"));
+    baton.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_kept_alive_connection_is_closed_after_the_read_timeout() {
+    let baton = baton_with(short_reads()).await;
+    let mut stream = connect(&baton).await;
+    stream.write_all(HEALTH_REQUEST).await.unwrap();
+    let first = read_health(&mut stream).await;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    assert!(!first.to_ascii_lowercase().contains("connection: close"));
+    // Kept alive, then nothing more is sent: closed, without a reply.
+    assert_eq!(read_until_closed(&mut stream).await, "");
+    baton.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_body_that_trickles_in_gets_408_at_the_read_timeout() {
+    let baton = baton_with(short_reads()).await;
+    let mut stream = connect(&baton).await;
+    stream
+        .write_all(
+            b"POST /a2a HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+              content-length: 200\r\n\r\n{\"jsonrpc\":",
+        )
+        .await
+        .unwrap();
+    let reply = read_until_closed(&mut stream).await;
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    let body = &reply[reply.find("\r\n\r\n").expect("a head") + 4..];
+    let body: serde_json::Value = serde_json::from_str(body).expect("a JSON-RPC error");
+    assert_eq!(body["error"]["code"], -32600, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("did not arrive within 1 s"), "{message}");
+    baton.stop().await;
+}
+
+#[tokio::test]
+async fn a_stream_being_written_outlives_the_read_timeout() {
+    let agent = GatedAgent::new();
+    let baton = baton()
+        .agent("gated", agent.clone())
+        .connections(short_reads())
+        .start()
+        .await;
+    let response = baton
+        .open_stream(
+            "/agents/gated/a2a",
+            "SendStreamingMessage",
+            serde_json::json!({"message": user_message(&message_id("slow"), "wait")}),
+        )
+        .await;
+    // Three read timeouts with the stream open and the client silent.
+    tokio::time::sleep(READ_TIMEOUT * 3).await;
+    agent.release(1);
+    let stream = read_sse(response, usize::MAX).await;
+    assert!(stream.closed);
+    let last = stream.events.last().expect("events");
+    let state = &last["result"]["statusUpdate"]["status"]["state"];
+    assert_eq!(state, "TASK_STATE_COMPLETED", "{last}");
+    baton.stop().await;
+}
+
+#[tokio::test]
+async fn connections_past_the_cap_wait_until_one_closes() {
+    let baton = baton_with(ConnectionLimits {
+        max_connections: 2,
+        ..ConnectionLimits::default()
+    })
+    .await;
+    let mut first = connect(&baton).await;
+    let mut second = connect(&baton).await;
+    for stream in [&mut first, &mut second] {
+        stream.write_all(HEALTH_REQUEST).await.unwrap();
+        assert!(read_health(stream).await.starts_with("HTTP/1.1 200"));
+    }
+    // The third is taken by the kernel's backlog, not by Baton.
+    let mut third = connect(&baton).await;
+    third.write_all(HEALTH_REQUEST).await.unwrap();
+    let mut byte = [0u8; 1];
+    let early = tokio::time::timeout(Duration::from_millis(500), third.read(&mut byte)).await;
+    assert!(
+        early.is_err(),
+        "a third connection was served at a cap of 2"
+    );
+    drop(first);
+    assert!(read_health(&mut third).await.starts_with("HTTP/1.1 200"));
+    // The second is still served.
+    second.write_all(HEALTH_REQUEST).await.unwrap();
+    assert!(read_health(&mut second).await.starts_with("HTTP/1.1 200"));
+    baton.stop().await;
+}

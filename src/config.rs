@@ -61,6 +61,10 @@ pub struct ServeArgs {
     /// How long a handoff's target may take to acknowledge, in milliseconds (default 5000).
     #[arg(long, env = "BATON_ACK_TIMEOUT_MS")]
     pub ack_timeout_ms: Option<u64>,
+    /// Most events one task may hold before its agent is stopped and the
+    /// task fails with EVENT_LIMIT_EXCEEDED (default 10000).
+    #[arg(long, env = "BATON_MAX_TASK_EVENTS")]
+    pub max_task_events: Option<u64>,
     /// When a handoff's target never acknowledges, leave the task
     /// INPUT_REQUIRED (ESCALATED) instead of failing it.
     #[arg(long, env = "BATON_ESCALATE")]
@@ -107,6 +111,7 @@ pub struct FileConfig {
     task_timeout_secs: Option<u64>,
     max_hops: Option<u32>,
     ack_timeout_ms: Option<u64>,
+    max_task_events: Option<u64>,
     escalate: Option<bool>,
     disable_push: Option<bool>,
     /// `[[route]]` tables: the routing rules of `/a2a`.
@@ -156,6 +161,8 @@ pub struct Config {
     pub max_hops: u32,
     /// How long a handoff's target may take to acknowledge.
     pub ack_timeout: Duration,
+    /// Most events one task may hold.
+    pub max_task_events: u64,
     /// An unavailable target escalates to the caller instead of failing.
     pub escalate: bool,
     /// Push notifications are offered.
@@ -339,6 +346,14 @@ impl Config {
             errors.push("ack-timeout-ms: must be positive".into());
         }
 
+        let max_task_events = args
+            .max_task_events
+            .or(file.max_task_events)
+            .unwrap_or(crate::gateway::DEFAULT_MAX_TASK_EVENTS);
+        if max_task_events == 0 {
+            errors.push("max-task-events: must be positive".into());
+        }
+
         let workers = args
             .workers
             .or(file.workers)
@@ -387,6 +402,7 @@ impl Config {
             task_timeout: Duration::from_secs(task_timeout_secs),
             max_hops,
             ack_timeout: Duration::from_millis(ack_timeout_ms),
+            max_task_events,
             escalate: args.escalate || file.escalate.unwrap_or(false),
             push_enabled: !(args.disable_push || file.disable_push.unwrap_or(false)),
             agent_cards_dir,
@@ -524,7 +540,7 @@ mod tests {
     }
 
     #[test]
-    fn connection_limits_default_and_must_be_positive() {
+    fn connection_and_task_limits_default_and_must_be_positive() {
         let config = Config::load(&ServeArgs::default(), &["echo"]).unwrap();
         assert_eq!(config.connections, ConnectionLimits::default());
         let args = ServeArgs {
@@ -535,9 +551,14 @@ mod tests {
         let config = Config::load(&args, &["echo"]).unwrap();
         assert_eq!(config.connections.read_timeout, Duration::from_secs(5));
         assert_eq!(config.connections.max_connections, 64);
+        assert_eq!(
+            config.max_task_events,
+            crate::gateway::DEFAULT_MAX_TASK_EVENTS
+        );
         let zero = ServeArgs {
             read_timeout_secs: Some(0),
             max_connections: Some(0),
+            max_task_events: Some(0),
             ..ServeArgs::default()
         };
         let err = Config::load(&zero, &["echo"]).unwrap_err();
@@ -545,7 +566,8 @@ mod tests {
             err.0,
             [
                 "read-timeout-secs: must be positive",
-                "max-connections: must be positive"
+                "max-connections: must be positive",
+                "max-task-events: must be positive",
             ],
         );
     }

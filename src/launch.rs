@@ -147,6 +147,7 @@ async fn run_over(
             max_hops: config.max_hops,
             ack_timeout: config.ack_timeout,
             escalate: config.escalate,
+            max_task_events: config.max_task_events,
             ..GatewaySettings::default()
         },
         shutdown.clone(),

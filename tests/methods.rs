@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::agents::{BurstAgent, GatedAgent, card};
+use common::agents::{BurstAgent, ChattyAgent, GatedAgent, card};
 use common::*;
 use serde_json::{Value, json};
 
@@ -564,5 +564,35 @@ async fn echo_tailors_its_output_to_accepted_output_modes() {
     let part = &result["task"]["artifacts"][0]["parts"][0];
     assert_eq!(part["data"], json!({"text": "hello"}));
     assert_eq!(part["mediaType"], "application/json");
+    baton.stop().await;
+}
+
+#[tokio::test]
+async fn an_agent_reporting_past_the_event_limit_is_stopped_and_its_task_fails() {
+    let chatty = ChattyAgent::new("chatty");
+    let baton = baton()
+        .agent("chatty", chatty.clone())
+        .tune(|settings| settings.max_task_events = 20)
+        .start()
+        .await;
+    let params = json!({"message": user_message(&message_id("m"), "talk")});
+    let reply = baton
+        .call_at("/agents/chatty/a2a", "SendMessage", params)
+        .await;
+    let task = &reply.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(task), "EVENT_LIMIT_EXCEEDED");
+    let status_part = &task["status"]["message"]["parts"][0]["data"];
+    assert_eq!(status_part["detail"]["limit"], 20, "{status_part}");
+    // What was kept stays within the limit, and reads back the same.
+    let kept = task["artifacts"].as_array().map_or(0, Vec::len);
+    assert!((1..20).contains(&kept), "{kept} artifacts kept");
+    let got = baton.call("GetTask", json!({"id": task["id"]})).await;
+    assert_eq!(got.result()["status"], task["status"]);
+    assert_eq!(got.result()["artifacts"], task["artifacts"]);
+    // The agent was stopped: it reports nothing more.
+    let stopped_at = chatty.reported();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(chatty.reported(), stopped_at);
     baton.stop().await;
 }

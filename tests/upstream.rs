@@ -11,7 +11,7 @@ use baton::agents::{Agent, AgentError, AgentEvent, AgentEvents, UpstreamRef};
 use baton::netguard::OutboundPolicy;
 use baton::protocol::{AgentCard, Task, TaskState, TaskStatus};
 use baton::upstream::{RemoteAgent, UpstreamSettings};
-use common::agents::{GatedAgent, card};
+use common::agents::{ChattyAgent, GatedAgent, card};
 use common::*;
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
@@ -908,5 +908,36 @@ async fn recover_follows_a_running_upstream_task_to_its_end() {
     // Without upstream ids there is nothing to pick up.
     let (outcome, _) = recover(&polling, &task, None).await;
     assert!(matches!(outcome, Err(AgentError::Failed(_))), "{outcome:?}");
+    upstream.stop().await;
+}
+
+#[tokio::test]
+async fn a_remote_agent_reporting_past_the_event_limit_is_sent_cancel_task() {
+    let chatty = ChattyAgent::new("chatty");
+    let upstream = baton().agent("chatty", chatty.clone()).start().await;
+    let card = published_card(&upstream, "chatty", true).await;
+    let gateway = baton()
+        .agent("remote", remote(card, fast_upstream()))
+        .default_agent("remote")
+        .tune(|settings| settings.max_task_events = 20)
+        .start()
+        .await;
+    let result = gateway
+        .send_text(&message_id("talk"), "talk", json!({}))
+        .await;
+    let task = &result["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{result}");
+    assert_eq!(reason(task), "EVENT_LIMIT_EXCEEDED");
+    // The agent's own task was canceled there, so it stopped reporting.
+    let up = upstream_of(&gateway, task["id"].as_str().unwrap());
+    let upstream_task = upstream
+        .call_at("/agents/chatty/a2a", "GetTask", json!({"id": up.task_id}))
+        .await;
+    let state = &upstream_task.result()["status"]["state"];
+    assert_eq!(state, "TASK_STATE_CANCELED", "{}", upstream_task.body);
+    let stopped_at = chatty.reported();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(chatty.reported(), stopped_at);
+    gateway.stop().await;
     upstream.stop().await;
 }

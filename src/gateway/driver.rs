@@ -531,12 +531,20 @@ impl Driver {
             if returning {
                 stream_events.retain(|e| e.state() != Some(TaskState::Completed));
             }
+            let mut over_limit = false;
             let result = if self.created {
                 let now = Utc::now();
                 let metrics = self.gateway.metrics.clone();
+                let limit = self.gateway.settings.max_task_events;
                 self.gateway
                     .ledger
                     .update(&self.task_id, |record| {
+                        if record.last_seq + stream_events.len() as u64 > limit {
+                            over_limit = true;
+                            return Err(GatewayError::Internal(format!(
+                                "the agent reported more than {limit} events for one task"
+                            )));
+                        }
                         if bound.is_some() {
                             record.upstream = bound;
                         }
@@ -584,6 +592,12 @@ impl Driver {
                     send_first(&mut self.first_tx, First::Task(None));
                 }
                 Ok(record) => self.last_state = Some(record.task.status.state),
+                Err(err) if over_limit => {
+                    tracing::warn!(task_id = %self.task_id, agent = %agent.id, %err, "task stopped");
+                    execution.abort();
+                    self.stop_at_event_limit(agent).await;
+                    return TurnEnd::Settled;
+                }
                 Err(err) => {
                     // Typically a cancel that made the task terminal first;
                     // anything else must not leave the task open with no driver.
@@ -791,6 +805,17 @@ impl Driver {
         expire_task(&self.gateway, Some(agent), &self.task_id).await;
     }
 
+    /// The agent reported more events than the task may hold: it is told to
+    /// stop, as at the deadline, and the task fails with
+    /// `EVENT_LIMIT_EXCEEDED`.
+    async fn stop_at_event_limit(&mut self, agent: &Arc<AgentEntry>) {
+        self.last_state = None;
+        let limit = self.gateway.settings.max_task_events;
+        let detail = serde_json::json!({ "limit": limit });
+        let reason = status_part(reasons::EVENT_LIMIT_EXCEEDED, detail);
+        stop_task(&self.gateway, Some(agent), &self.task_id, reason).await;
+    }
+
     /// Answers the caller with an error when nothing was created; the
     /// idempotency key is released so a retry reaches the agent again.
     pub(super) async fn refuse(&mut self, error: GatewayError) {
@@ -967,12 +992,19 @@ impl Gateway {
 /// Tells the agent, if still registered, to stop, and fails the task with
 /// `DEADLINE_EXCEEDED`; the sources waiting for its result are released.
 async fn expire_task(gateway: &Gateway, agent: Option<&AgentEntry>, task_id: &str) {
+    let reason = status_part(reasons::DEADLINE_EXCEEDED, serde_json::json!({}));
+    stop_task(gateway, agent, task_id, reason).await;
+}
+
+/// Tells the agent, if still registered, to stop, and fails the task with
+/// the status part `reason`; the sources waiting for its result are released.
+async fn stop_task(gateway: &Gateway, agent: Option<&AgentEntry>, task_id: &str, reason: Part) {
     let record = match gateway.ledger.get_shared(task_id) {
         Ok(Some(record)) if record.task.status.state.is_terminal() => return,
         Ok(record) => record,
         Err(_) => None,
     };
-    // FAILED at the deadline, and CancelTask sent at once (DESIGN.md §3.4).
+    // FAILED, and CancelTask sent at once (DESIGN.md §3.4, for a deadline).
     // The agent's answer is awaited briefly first, so that an agent that
     // answers has stopped before anyone sees FAILED; one that does not,
     // often why the deadline passed, holds the failure up only that long,
@@ -990,14 +1022,13 @@ async fn expire_task(gateway: &Gateway, agent: Option<&AgentEntry>, task_id: &st
             .cancel(&record.task, record.upstream.as_ref())
             .await
         {
-            tracing::warn!(task_id, %err, "agent did not confirm the cancel at the deadline");
+            tracing::warn!(task_id, %err, "agent did not confirm the cancel of a stopped task");
         }
     };
     tokio::pin!(cancel);
     let answered = tokio::time::timeout(CANCEL_HEAD_START, &mut cancel)
         .await
         .is_ok();
-    let reason = status_part(reasons::DEADLINE_EXCEEDED, serde_json::json!({}));
     let fail = settle_task(gateway, task_id, TaskState::Failed, vec![reason]);
     if answered {
         fail.await;

@@ -147,6 +147,12 @@ pub struct GatewaySettings {
     /// An exhausted ladder leaves the task INPUT_REQUIRED (`ESCALATED`) for
     /// the caller to decide, instead of failing it (`TARGET_UNAVAILABLE`).
     pub escalate: bool,
+    /// Most events one task may hold. An agent reporting past it is told to
+    /// stop (`CancelTask` for a remote agent), and the task fails with
+    /// `EVENT_LIMIT_EXCEEDED`: every write rewrites the task's whole record,
+    /// so an agent could otherwise grow one task, and the ledger, until its
+    /// deadline.
+    pub max_task_events: u64,
 }
 
 impl Default for GatewaySettings {
@@ -159,9 +165,15 @@ impl Default for GatewaySettings {
             ack_timeout: Duration::from_secs(5),
             retry_delay: Duration::from_secs(2),
             escalate: false,
+            max_task_events: DEFAULT_MAX_TASK_EVENTS,
         }
     }
 }
+
+/// The default of [`GatewaySettings::max_task_events`]: far more than a
+/// task's status changes and artifacts, enough for an agent that streams
+/// its answer in thousands of chunks.
+pub const DEFAULT_MAX_TASK_EVENTS: u64 = 10_000;
 
 /// The A2A service: eleven methods over the ledger and the agents.
 pub struct Gateway {

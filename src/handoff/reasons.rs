@@ -30,6 +30,9 @@ pub const TARGET_UNAVAILABLE: &str = "TARGET_UNAVAILABLE";
 pub const OUTPUT_SCHEMA_INVALID: &str = "OUTPUT_SCHEMA_INVALID";
 /// Reason: the deadline passed (FAILED).
 pub const DEADLINE_EXCEEDED: &str = "DEADLINE_EXCEEDED";
+/// Reason: the agent reported more events than one task may hold (FAILED,
+/// `detail.limit`; not in DESIGN.md §3.4, see the README's design notes).
+pub const EVENT_LIMIT_EXCEEDED: &str = "EVENT_LIMIT_EXCEEDED";
 
 /// The status part of DESIGN.md §3.4: a `data` part of mediaType
 /// [`STATUS_MEDIA_TYPE`], `{"reason": reason, "detail": detail}`. A `null`

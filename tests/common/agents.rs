@@ -1,7 +1,8 @@
 //! Agents for tests: one that waits to be released, ones that fail, one
 //! that never answers a cancel, one that finishes its work when asked to
 //! cancel, one that hands its task on as it refuses a cancel, one that
-//! reports a burst of artifacts, and cards with chosen capabilities.
+//! reports a burst of artifacts, one that reports artifacts until stopped,
+//! and cards with chosen capabilities.
 
 use async_trait::async_trait;
 use baton::agents::{Agent, AgentError, AgentEvents, AgentRequest};
@@ -10,6 +11,7 @@ use baton::protocol::{
     TaskState,
 };
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::Semaphore;
 
 /// A minimal valid card.
@@ -210,6 +212,54 @@ impl Agent for BurstAgent {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         events.status(TaskState::Completed, None).await;
         Ok(())
+    }
+}
+
+/// Reports WORKING, then an artifact (`note-0`, `note-1`, …) every 5 ms
+/// until its turn is canceled or dropped; never completes.
+#[derive(Clone)]
+pub struct ChattyAgent {
+    card: AgentCard,
+    /// Artifacts reported so far.
+    pub reported: Arc<AtomicUsize>,
+}
+
+impl ChattyAgent {
+    /// A chatty agent named `name`.
+    pub fn new(name: &str) -> Self {
+        Self {
+            card: card(name),
+            reported: Arc::default(),
+        }
+    }
+
+    /// Artifacts reported so far.
+    pub fn reported(&self) -> usize {
+        self.reported.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Agent for ChattyAgent {
+    fn card(&self) -> &AgentCard {
+        &self.card
+    }
+
+    async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+        events.status(TaskState::Working, None).await;
+        loop {
+            tokio::select! {
+                () = request.cancel.cancelled() => return Ok(()),
+                () = tokio::time::sleep(std::time::Duration::from_millis(5)) => {}
+            }
+            let note = self.reported.fetch_add(1, Ordering::SeqCst);
+            let artifact = Artifact {
+                artifact_id: format!("note-{note}"),
+                parts: vec![Part::text(note.to_string())],
+                ..Artifact::default()
+            };
+            events.artifact(artifact).await;
+        }
     }
 }
 

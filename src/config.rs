@@ -350,8 +350,10 @@ impl Config {
             .max_task_events
             .or(file.max_task_events)
             .unwrap_or(crate::gateway::DEFAULT_MAX_TASK_EVENTS);
-        if max_task_events == 0 {
-            errors.push("max-task-events: must be positive".into());
+        if max_task_events < MIN_TASK_EVENTS {
+            errors.push(format!(
+                "max-task-events: must be at least {MIN_TASK_EVENTS}"
+            ));
         }
 
         let workers = args
@@ -424,6 +426,11 @@ impl Config {
         })
     }
 }
+
+/// The fewest events per task accepted: a task's first write alone holds
+/// up to 65 (the agent's queue of 64 and the task's snapshot), and the
+/// limit is checked from the second.
+const MIN_TASK_EVENTS: u64 = 100;
 
 /// The most request-serving threads accepted: far more than cores only adds
 /// thread overhead, and a mistyped value must not start thousands.
@@ -567,7 +574,7 @@ mod tests {
             [
                 "read-timeout-secs: must be positive",
                 "max-connections: must be positive",
-                "max-task-events: must be positive",
+                "max-task-events: must be at least 100",
             ],
         );
     }

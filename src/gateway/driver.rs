@@ -541,9 +541,13 @@ impl Driver {
                     .update(&self.task_id, |record| {
                         if record.last_seq + stream_events.len() as u64 > limit {
                             over_limit = true;
-                            return Err(GatewayError::Internal(format!(
-                                "the agent reported more than {limit} events for one task"
-                            )));
+                            // None of this report is written but the agent's
+                            // ids, so that its CancelTask reaches its task.
+                            if bound.is_none() {
+                                return Ok(Change::Unchanged);
+                            }
+                            record.upstream = bound;
+                            return Ok(Change::Made(Vec::new()));
                         }
                         if bound.is_some() {
                             record.upstream = bound;
@@ -578,13 +582,24 @@ impl Driver {
                         }
                         note_hop(record, &stream_events, first_answer, now);
                         note_transition(&metrics, record, &stream_events, now);
-                        Ok::<_, GatewayError>(stream_events)
+                        Ok::<_, GatewayError>(Change::Made(stream_events))
                     })
                     .await
             } else {
                 let hop = first_hop(agent, hop_kind);
                 self.create(agent, hop, bound, stream_events).await
             };
+            if over_limit {
+                tracing::warn!(
+                    task_id = %self.task_id,
+                    agent = %agent.id,
+                    limit = self.gateway.settings.max_task_events,
+                    "the agent reported more events than a task may hold; stopping it"
+                );
+                execution.abort();
+                self.stop_at_event_limit(agent).await;
+                return TurnEnd::Settled;
+            }
             match result {
                 Ok(record) if !self.created => {
                     self.last_state = Some(record.task.status.state);
@@ -592,12 +607,6 @@ impl Driver {
                     send_first(&mut self.first_tx, First::Task(None));
                 }
                 Ok(record) => self.last_state = Some(record.task.status.state),
-                Err(err) if over_limit => {
-                    tracing::warn!(task_id = %self.task_id, agent = %agent.id, %err, "task stopped");
-                    execution.abort();
-                    self.stop_at_event_limit(agent).await;
-                    return TurnEnd::Settled;
-                }
                 Err(err) => {
                     // Typically a cancel that made the task terminal first;
                     // anything else must not leave the task open with no driver.

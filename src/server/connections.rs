@@ -126,7 +126,12 @@ pub async fn serve<S>(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(err) => {
-                    accept_failed(err).await;
+                    if pause_after(&err) {
+                        tokio::select! {
+                            () = tokio::time::sleep(ACCEPT_PAUSE) => {}
+                            () = &mut shutdown => break,
+                        }
+                    }
                     continue;
                 }
             },
@@ -145,20 +150,23 @@ pub async fn serve<S>(
     graceful.shutdown().await;
 }
 
-/// After a failed accept: a connection the peer dropped before it was
-/// taken is nothing; anything else (most often `EMFILE`) is logged, and the
-/// loop pauses so as not to spin while it lasts (as hyper 0.14's server and
-/// axum do).
-async fn accept_failed(err: std::io::Error) {
+/// How long accepting pauses after a failure that is not the peer's.
+const ACCEPT_PAUSE: Duration = Duration::from_secs(1);
+
+/// Whether a failed accept pauses the loop: a connection the peer dropped
+/// before it was taken is nothing; anything else (most often `EMFILE`) is
+/// logged, and the loop pauses so as not to spin while it lasts (as hyper
+/// 0.14's server and axum do).
+fn pause_after(err: &std::io::Error) -> bool {
     use std::io::ErrorKind;
     if matches!(
         err.kind(),
         ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset | ErrorKind::ConnectionRefused
     ) {
-        return;
+        return false;
     }
-    tracing::error!(%err, "accepting a connection failed; pausing for 1 s");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tracing::error!(%err, "accepting a connection failed; pausing for {ACCEPT_PAUSE:?}");
+    true
 }
 
 #[cfg(test)]

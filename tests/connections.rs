@@ -195,3 +195,24 @@ async fn connections_past_the_cap_wait_until_one_closes() {
     assert!(read_health(&mut second).await.starts_with("HTTP/1.1 200"));
     baton.stop().await;
 }
+
+#[tokio::test]
+async fn a_head_over_64_kib_is_431_and_a_larger_body_streams_through() {
+    let baton = baton().start().await;
+    let mut stream = connect(&baton).await;
+    let filler = "x".repeat(100 * 1024);
+    let head = format!("GET /healthz HTTP/1.1\r\nhost: localhost\r\nx-filler: {filler}\r\n\r\n");
+    // Baton may answer, and close, before the whole head is written.
+    let _ = stream.write_all(head.as_bytes()).await;
+    let reply = read_until_closed(&mut stream).await;
+    assert!(reply.starts_with("HTTP/1.1 431"), "{reply}");
+    // A body three times the buffer is read whole.
+    let text = "y".repeat(3 * 64 * 1024);
+    let result = baton
+        .send_text(&message_id("big"), &text, serde_json::json!({}))
+        .await;
+    let task = &result["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{result}");
+    assert_eq!(task["artifacts"][0]["parts"][0]["text"], text.as_str());
+    baton.stop().await;
+}

@@ -44,6 +44,13 @@ impl Default for ConnectionLimits {
 /// slow client, short enough that idle connections do not pile up.
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The largest request head (a longer one is answered 431), and what a
+/// connection buffers from its client before hyper stops reading for more
+/// (its last read may bring as much again). hyper's default buffer, about
+/// 400 KB, would let each slow head hold that much for a read timeout: 4 GB
+/// at the default connection cap. Bodies stream through it in pieces.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+
 /// Enough for thousands of SSE subscribers at once; lowered at start-up when
 /// the open-file limit cannot hold it (see [`ConnectionLimits::fit_open_files`]).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
@@ -97,7 +104,9 @@ pub async fn serve<S>(
 {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
-        .header_read_timeout(limits.read_timeout);
+        .header_read_timeout(limits.read_timeout)
+        .max_header_size(MAX_HEAD_BYTES)
+        .max_buf_size(MAX_HEAD_BYTES);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);

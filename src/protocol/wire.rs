@@ -398,10 +398,20 @@ impl<'de> Visitor<'de> for Int32Visitor {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        v.trim()
-            .parse::<i64>()
-            .map_err(|_| E::custom(format!("{v:?} is not an integer")))
-            .and_then(|n| self.visit_i64(n))
+        let text = v.trim();
+        if let Ok(n) = text.parse::<i64>() {
+            return self.visit_i64(n);
+        }
+        // A quoted number in any JSON form ("1e1", "10.0"), as protobuf's
+        // own ProtoJSON readers take it; not Rust's "inf" or "NaN".
+        let json_number = text.starts_with(|c: char| c == '-' || c.is_ascii_digit())
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b));
+        match text.parse::<f64>() {
+            Ok(n) if json_number => self.visit_f64(n),
+            _ => Err(E::custom(format!("{v:?} is not an integer"))),
+        }
     }
 
     fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
@@ -534,6 +544,42 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_int32_is_read_from_any_json_number_quoted_or_not() {
+        let read = |json: &str| -> Result<i32, String> {
+            let mut d = serde_json::Deserializer::from_str(json);
+            int32(&mut d).map_err(|e| e.to_string())
+        };
+        for (json, value) in [
+            ("10", 10),
+            ("10.0", 10),
+            ("1e1", 10),
+            (r#""10""#, 10),
+            (r#"" 10 ""#, 10),
+            (r#""1e1""#, 10),
+            (r#""1.0E1""#, 10),
+            (r#""-2.0""#, -2),
+            (r#""2147483647""#, i32::MAX),
+            ("null", 0),
+        ] {
+            assert_eq!(read(json), Ok(value), "{json}");
+        }
+        for json in [
+            r#""abc""#,
+            r#""1.5""#,
+            r#""1e10""#,
+            r#""2147483648""#,
+            r#""inf""#,
+            r#""NaN""#,
+            r#""infinity""#,
+            r#""""#,
+            "1.5",
+            "true",
+        ] {
+            assert!(read(json).is_err(), "{json} was read");
+        }
+    }
 
     #[test]
     fn a_struct_is_shared_until_changed_and_reads_and_writes_as_a_plain_object() {

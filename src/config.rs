@@ -28,6 +28,10 @@ pub struct ServeArgs {
     /// Internal networks Baton may connect to (CIDRs or IPs, comma-separated).
     #[arg(long, env = "BATON_ALLOW_UPSTREAM", value_delimiter = ',')]
     pub allow_upstream: Option<Vec<String>>,
+    /// Internal networks push webhooks may reach, when fewer than agents and
+    /// card fetches may (default: the allow-upstream list; '' for none).
+    #[arg(long, env = "BATON_ALLOW_WEBHOOKS", value_delimiter = ',')]
+    pub allow_webhooks: Option<Vec<String>>,
     /// PEM file of extra CA certificates to trust for https agents, cards
     /// and webhooks, besides the built-in web PKI roots.
     #[arg(long, env = "BATON_TLS_CA")]
@@ -102,6 +106,7 @@ pub struct FileConfig {
     public_url: Option<String>,
     default_agent: Option<String>,
     allow_upstream: Option<Vec<String>>,
+    allow_webhooks: Option<Vec<String>>,
     tls_ca: Option<PathBuf>,
     max_body_bytes: Option<usize>,
     read_timeout_secs: Option<u64>,
@@ -145,6 +150,8 @@ pub struct Config {
     pub default_agent: String,
     /// Internal networks allowed for outbound connections.
     pub allow_upstream: Vec<IpNet>,
+    /// Internal networks allowed for push webhooks.
+    pub allow_webhooks: Vec<IpNet>,
     /// The roots outbound `https` connections are verified against.
     pub tls: ClientTls,
     /// Request body cap.
@@ -217,7 +224,7 @@ fn parse_network(text: &str) -> Result<IpNet, String> {
     let text = text.trim();
     text.parse::<IpNet>()
         .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
-        .map_err(|_| format!("allow-upstream: {text:?} is not a CIDR or an IP address"))
+        .map_err(|_| format!("{text:?} is not a CIDR or an IP address"))
 }
 
 impl Config {
@@ -273,15 +280,29 @@ impl Config {
             ));
         }
 
-        let allow_upstream = args
-            .allow_upstream
-            .clone()
-            .or(file.allow_upstream)
-            .unwrap_or_default()
-            .iter()
-            .filter(|s| !s.trim().is_empty())
-            .filter_map(|s| parse_network(s).map_err(|e| errors.push(e)).ok())
-            .collect();
+        let mut networks = |given: Option<Vec<String>>, setting: &str| -> Option<Vec<IpNet>> {
+            let given = given?;
+            let parsed = given
+                .iter()
+                .filter(|s| !s.trim().is_empty())
+                .filter_map(|s| {
+                    parse_network(s)
+                        .map_err(|e| errors.push(format!("{setting}: {e}")))
+                        .ok()
+                })
+                .collect();
+            Some(parsed)
+        };
+        let allow_upstream: Vec<IpNet> = networks(
+            args.allow_upstream.clone().or(file.allow_upstream),
+            "allow-upstream",
+        )
+        .unwrap_or_default();
+        let allow_webhooks = networks(
+            args.allow_webhooks.clone().or(file.allow_webhooks),
+            "allow-webhooks",
+        )
+        .unwrap_or_else(|| allow_upstream.clone());
 
         let tls = match args.tls_ca.clone().or(file.tls_ca) {
             Some(path) => ClientTls::with_ca_file(&path).unwrap_or_else(|err| {
@@ -389,6 +410,7 @@ impl Config {
             public_url,
             default_agent,
             allow_upstream,
+            allow_webhooks,
             tls,
             max_body_bytes,
             connections: ConnectionLimits {
@@ -576,6 +598,46 @@ mod tests {
                 "max-connections: must be positive",
                 "max-task-events: must be at least 100",
             ],
+        );
+    }
+
+    #[test]
+    fn webhooks_reach_the_upstream_networks_unless_given_their_own() {
+        let args = ServeArgs {
+            allow_upstream: Some(vec!["10.0.0.0/8".into(), "127.0.0.1".into()]),
+            ..ServeArgs::default()
+        };
+        let config = Config::load(&args, &["echo"]).unwrap();
+        let upstream: Vec<IpNet> = vec![
+            "10.0.0.0/8".parse().unwrap(),
+            "127.0.0.1/32".parse().unwrap(),
+        ];
+        assert_eq!(config.allow_upstream, upstream);
+        assert_eq!(config.allow_webhooks, upstream);
+        let none = ServeArgs {
+            allow_webhooks: Some(vec![String::new()]),
+            ..args.clone()
+        };
+        let config = Config::load(&none, &["echo"]).unwrap();
+        assert_eq!(config.allow_upstream, upstream);
+        assert!(config.allow_webhooks.is_empty());
+        let own = ServeArgs {
+            allow_webhooks: Some(vec!["192.168.1.0/24".into()]),
+            ..args.clone()
+        };
+        let config = Config::load(&own, &["echo"]).unwrap();
+        assert_eq!(
+            config.allow_webhooks,
+            ["192.168.1.0/24".parse::<IpNet>().unwrap()]
+        );
+        let bad = ServeArgs {
+            allow_webhooks: Some(vec!["nowhere".into()]),
+            ..args
+        };
+        let err = Config::load(&bad, &["echo"]).unwrap_err();
+        assert_eq!(
+            err.0,
+            [r#"allow-webhooks: "nowhere" is not a CIDR or an IP address"#]
         );
     }
 

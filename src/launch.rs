@@ -116,7 +116,11 @@ async fn run_over(
         allow: config.allow_upstream.clone(),
         tls: config.tls.clone(),
     };
-    let push = PushDispatcher::start(&ledger, policy.clone(), PushSettings::default());
+    let webhook_policy = OutboundPolicy {
+        allow: config.allow_webhooks.clone(),
+        tls: config.tls.clone(),
+    };
+    let push = PushDispatcher::start(&ledger, webhook_policy, PushSettings::default());
     let shutdown = CancellationToken::new();
     let keys = KeyStore::from_config(&config).context("loading API keys")?;
     let directory = Arc::new(Directory::new(&public_url, config.push_enabled));

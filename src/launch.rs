@@ -118,7 +118,7 @@ async fn run_over(
     };
     let webhook_policy = OutboundPolicy {
         allow: config.allow_webhooks.clone(),
-        tls: config.tls.clone(),
+        ..policy.clone()
     };
     let push = PushDispatcher::start(&ledger, webhook_policy, PushSettings::default());
     let shutdown = CancellationToken::new();

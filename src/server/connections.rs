@@ -7,8 +7,7 @@
 //! a byte at a time, or opens connections and sends nothing, holds a task and
 //! a file descriptor for as long as it likes, before any key is checked.
 
-use hyper::body::Incoming;
-use hyper::service::HttpService;
+use super::FrontDoor;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use std::future::Future;
@@ -90,18 +89,12 @@ impl ConnectionLimits {
 /// `limits`, until `shutdown` resolves; then stops accepting, lets each open
 /// connection finish the request it is serving, and returns when all have
 /// closed.
-pub async fn serve<S>(
+pub(super) async fn serve(
     listener: TcpListener,
-    service: S,
+    service: FrontDoor,
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()>,
-) where
-    S: HttpService<Incoming> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::ResBody: Send + 'static,
-    <S::ResBody as hyper::body::Body>::Data: Send,
-    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.read_timeout)

@@ -423,9 +423,7 @@ async fn serve_agent_rpc(
         }
         // The answer names the request it answers, when its id can be read
         // (JSON-RPC 2.0 §5); the unknown agent is the error, whatever else.
-        let within = state.settings.connections.read_timeout;
-        let body = axum::body::to_bytes(body, state.settings.max_body_bytes);
-        let body = tokio::time::timeout(within, body)
+        let body = read_body(state, body)
             .await
             .ok()
             .and_then(Result::ok)
@@ -569,18 +567,29 @@ async fn accept_rpc(
     Ok((principal, body))
 }
 
+/// Reads a request body whole, up to the body limit, within the read
+/// timeout (`Err` when it passed).
+async fn read_body(
+    state: &AppState,
+    body: Body,
+) -> Result<Result<axum::body::Bytes, axum::Error>, tokio::time::error::Elapsed> {
+    let settings = &state.settings;
+    let whole = axum::body::to_bytes(body, settings.max_body_bytes);
+    tokio::time::timeout(settings.connections.read_timeout, whole).await
+}
+
 /// Reads a JSON-RPC body: capped in size, and JSON by its Content-Type.
 async fn read_rpc_body(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<axum::body::Bytes, Response> {
-    let limit = state.settings.max_body_bytes;
-    let within = state.settings.connections.read_timeout;
-    let body = match tokio::time::timeout(within, axum::body::to_bytes(body, limit)).await {
+    let settings = &state.settings;
+    let body = match read_body(state, body).await {
         Ok(Ok(body)) => body,
         Err(_) => {
-            let why = format!("request body did not arrive within {} s", within.as_secs());
+            let within = settings.connections.read_timeout.as_secs();
+            let why = format!("request body did not arrive within {within} s");
             let error = GatewayError::InvalidRequest(why);
             return Err(json_reply(
                 StatusCode::REQUEST_TIMEOUT,
@@ -590,7 +599,10 @@ async fn read_rpc_body(
         Ok(Err(err)) => {
             let cause = err.into_inner();
             let (status, why) = if cause.is::<http_body_util::LengthLimitError>() {
-                let why = format!("request body exceeds the limit of {limit} bytes");
+                let why = format!(
+                    "request body exceeds the limit of {} bytes",
+                    settings.max_body_bytes
+                );
                 (StatusCode::PAYLOAD_TOO_LARGE, why)
             } else {
                 // A broken chunked encoding, or a connection lost mid-body.

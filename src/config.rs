@@ -69,6 +69,10 @@ pub struct ServeArgs {
     /// task fails with EVENT_LIMIT_EXCEEDED (default 10000).
     #[arg(long, env = "BATON_MAX_TASK_EVENTS")]
     pub max_task_events: Option<u64>,
+    /// Longest a task's stored record may grow, in bytes, before its agent
+    /// is stopped and the task fails with TASK_SIZE_EXCEEDED (default 64 MiB).
+    #[arg(long, env = "BATON_MAX_TASK_BYTES")]
+    pub max_task_bytes: Option<usize>,
     /// When a handoff's target never acknowledges, leave the task
     /// INPUT_REQUIRED (ESCALATED) instead of failing it.
     #[arg(long, env = "BATON_ESCALATE")]
@@ -117,6 +121,7 @@ pub struct FileConfig {
     max_hops: Option<u32>,
     ack_timeout_ms: Option<u64>,
     max_task_events: Option<u64>,
+    max_task_bytes: Option<usize>,
     escalate: Option<bool>,
     disable_push: Option<bool>,
     /// `[[route]]` tables: the routing rules of `/a2a`.
@@ -170,6 +175,8 @@ pub struct Config {
     pub ack_timeout: Duration,
     /// Most events one task may hold.
     pub max_task_events: u64,
+    /// Longest a task's stored record may grow, in bytes.
+    pub max_task_bytes: usize,
     /// An unavailable target escalates to the caller instead of failing.
     pub escalate: bool,
     /// Push notifications are offered.
@@ -376,6 +383,13 @@ impl Config {
                 "max-task-events: must be at least {MIN_TASK_EVENTS}"
             ));
         }
+        let max_task_bytes = args
+            .max_task_bytes
+            .or(file.max_task_bytes)
+            .unwrap_or(crate::gateway::DEFAULT_MAX_TASK_BYTES);
+        if max_task_bytes < MIN_TASK_BYTES {
+            errors.push(format!("max-task-bytes: must be at least {MIN_TASK_BYTES}"));
+        }
 
         let workers = args
             .workers
@@ -427,6 +441,7 @@ impl Config {
             max_hops,
             ack_timeout: Duration::from_millis(ack_timeout_ms),
             max_task_events,
+            max_task_bytes,
             escalate: args.escalate || file.escalate.unwrap_or(false),
             push_enabled: !(args.disable_push || file.disable_push.unwrap_or(false)),
             agent_cards_dir,
@@ -453,6 +468,10 @@ impl Config {
 /// up to 65 (the agent's queue of 64 and the task's snapshot), and the
 /// limit is checked from the second.
 const MIN_TASK_EVENTS: u64 = 100;
+
+/// The shortest record limit accepted (1 MiB): below it, ordinary results
+/// and long conversations would fail.
+const MIN_TASK_BYTES: usize = 1024 * 1024;
 
 /// The most request-serving threads accepted: far more than cores only adds
 /// thread overhead, and a mistyped value must not start thousands.
@@ -584,10 +603,15 @@ mod tests {
             config.max_task_events,
             crate::gateway::DEFAULT_MAX_TASK_EVENTS
         );
+        assert_eq!(
+            config.max_task_bytes,
+            crate::gateway::DEFAULT_MAX_TASK_BYTES
+        );
         let zero = ServeArgs {
             read_timeout_secs: Some(0),
             max_connections: Some(0),
             max_task_events: Some(0),
+            max_task_bytes: Some(1024 * 1024 - 1),
             ..ServeArgs::default()
         };
         let err = Config::load(&zero, &["echo"]).unwrap_err();
@@ -597,6 +621,7 @@ mod tests {
                 "read-timeout-secs: must be positive",
                 "max-connections: must be positive",
                 "max-task-events: must be at least 100",
+                "max-task-bytes: must be at least 1048576",
             ],
         );
     }

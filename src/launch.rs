@@ -152,6 +152,7 @@ async fn run_over(
             ack_timeout: config.ack_timeout,
             escalate: config.escalate,
             max_task_events: config.max_task_events,
+            max_task_bytes: config.max_task_bytes,
             ..GatewaySettings::default()
         },
         shutdown.clone(),

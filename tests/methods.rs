@@ -3,6 +3,7 @@
 
 mod common;
 
+use baton::gateway::GatewaySettings;
 use common::agents::{BurstAgent, ChattyAgent, GatedAgent, card};
 use common::*;
 use serde_json::{Value, json};
@@ -568,25 +569,93 @@ async fn echo_tailors_its_output_to_accepted_output_modes() {
 }
 
 #[tokio::test]
+async fn an_agent_reporting_past_the_size_limit_is_stopped_and_its_task_fails() {
+    const LIMIT: usize = 1024 * 1024;
+    let chatty = ChattyAgent::with_note_bytes("chatty", 100 * 1024);
+    let limit = |settings: &mut GatewaySettings| settings.max_task_bytes = LIMIT;
+    let task = agent_past_a_limit_is_stopped(chatty, limit, "TASK_SIZE_EXCEEDED").await;
+    let status_part = &task["status"]["message"]["parts"][0]["data"];
+    assert_eq!(status_part["detail"]["limitBytes"], LIMIT, "{status_part}");
+    // What was kept is the artifacts that fit.
+    let kept = task["artifacts"].as_array().map_or(0, Vec::len);
+    assert!((5..=10).contains(&kept), "{kept} artifacts kept");
+    assert!(task.to_string().len() < LIMIT);
+}
+
+#[tokio::test]
+async fn a_message_past_the_size_limit_is_refused_and_the_task_still_waits_for_an_answer() {
+    let baton = baton()
+        .default_agent("scenario")
+        .tune(|settings| settings.max_task_bytes = 1024 * 1024)
+        .start()
+        .await;
+    let opened = baton
+        .send_text(&message_id("tck-input-required"), "ask", json!({}))
+        .await;
+    let task_id = opened["task"]["id"].as_str().unwrap().to_string();
+    let long = "x".repeat(400 * 1024);
+    // Two long answers fit (each is asked again); the third would not.
+    for turn in 0..3 {
+        let answer = user_message_on(&task_id, &message_id("tck-input-required"), &long);
+        let reply = baton.call("SendMessage", json!({"message": answer})).await;
+        if turn < 2 {
+            let state = &reply.result()["task"]["status"]["state"];
+            assert_eq!(state, "TASK_STATE_INPUT_REQUIRED", "turn {turn}");
+            continue;
+        }
+        assert_eq!(reply.code(), Some(-32602), "{}", reply.body);
+        let violation = &reply.body["error"]["data"][0]["fieldViolations"][0];
+        assert_eq!(violation["field"], "message", "{violation}");
+        let description = violation["description"].as_str().unwrap();
+        assert!(description.contains("1048576"), "{description}");
+    }
+    // Nothing of the refused message was kept, and the task still takes
+    // an answer that fits.
+    let got = baton.call("GetTask", json!({"id": task_id})).await;
+    let history = got.result()["history"].as_array().unwrap();
+    let long_messages = history
+        .iter()
+        .filter(|m| m["parts"][0]["text"] == long.as_str())
+        .count();
+    assert_eq!(long_messages, 2);
+    let answer = user_message_on(&task_id, &message_id("tck-complete-task"), "short");
+    let reply = baton.call("SendMessage", json!({"message": answer})).await;
+    let state = &reply.result()["task"]["status"]["state"];
+    assert_eq!(state, "TASK_STATE_COMPLETED", "{}", reply.body);
+    baton.stop().await;
+}
+
+#[tokio::test]
 async fn an_agent_reporting_past_the_event_limit_is_stopped_and_its_task_fails() {
     let chatty = ChattyAgent::new("chatty");
+    let limit = |settings: &mut GatewaySettings| settings.max_task_events = 20;
+    let task = agent_past_a_limit_is_stopped(chatty, limit, "EVENT_LIMIT_EXCEEDED").await;
+    let status_part = &task["status"]["message"]["parts"][0]["data"];
+    assert_eq!(status_part["detail"]["limit"], 20, "{status_part}");
+    // What was kept stays within the limit.
+    let kept = task["artifacts"].as_array().map_or(0, Vec::len);
+    assert!((1..20).contains(&kept), "{kept} artifacts kept");
+}
+
+/// `chatty` reports until `limit` fails its task with `expected`; what was
+/// kept reads back the same, and the agent reports nothing more. The task.
+async fn agent_past_a_limit_is_stopped(
+    chatty: ChattyAgent,
+    limit: fn(&mut GatewaySettings),
+    expected: &str,
+) -> Value {
     let baton = baton()
         .agent("chatty", chatty.clone())
-        .tune(|settings| settings.max_task_events = 20)
+        .tune(limit)
         .start()
         .await;
     let params = json!({"message": user_message(&message_id("m"), "talk")});
     let reply = baton
         .call_at("/agents/chatty/a2a", "SendMessage", params)
         .await;
-    let task = &reply.result()["task"];
+    let task = reply.result()["task"].clone();
     assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
-    assert_eq!(reason(task), "EVENT_LIMIT_EXCEEDED");
-    let status_part = &task["status"]["message"]["parts"][0]["data"];
-    assert_eq!(status_part["detail"]["limit"], 20, "{status_part}");
-    // What was kept stays within the limit, and reads back the same.
-    let kept = task["artifacts"].as_array().map_or(0, Vec::len);
-    assert!((1..20).contains(&kept), "{kept} artifacts kept");
+    assert_eq!(reason(&task), expected);
     let got = baton.call("GetTask", json!({"id": task["id"]})).await;
     assert_eq!(got.result()["status"], task["status"]);
     assert_eq!(got.result()["artifacts"], task["artifacts"]);
@@ -595,4 +664,5 @@ async fn an_agent_reporting_past_the_event_limit_is_stopped_and_its_task_fails()
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     assert_eq!(chatty.reported(), stopped_at);
     baton.stop().await;
+    task
 }

@@ -8,6 +8,7 @@ mod common;
 
 use axum::http::{HeaderMap, StatusCode, header};
 use baton::agents::{Agent, AgentError, AgentEvent, AgentEvents, UpstreamRef};
+use baton::gateway::GatewaySettings;
 use baton::netguard::OutboundPolicy;
 use baton::protocol::{AgentCard, Task, TaskState, TaskStatus};
 use baton::upstream::{RemoteAgent, UpstreamSettings};
@@ -914,12 +915,30 @@ async fn recover_follows_a_running_upstream_task_to_its_end() {
 #[tokio::test]
 async fn a_remote_agent_reporting_past_the_event_limit_is_sent_cancel_task() {
     let chatty = ChattyAgent::new("chatty");
+    let limit = |settings: &mut GatewaySettings| settings.max_task_events = 20;
+    remote_agent_past_a_limit_is_sent_cancel_task(chatty, limit, "EVENT_LIMIT_EXCEEDED").await;
+}
+
+#[tokio::test]
+async fn a_remote_agent_reporting_past_the_size_limit_is_sent_cancel_task() {
+    let chatty = ChattyAgent::with_note_bytes("chatty", 100 * 1024);
+    let limit = |settings: &mut GatewaySettings| settings.max_task_bytes = 1024 * 1024;
+    remote_agent_past_a_limit_is_sent_cancel_task(chatty, limit, "TASK_SIZE_EXCEEDED").await;
+}
+
+/// `chatty`, behind a second Baton, reports until the gateway's `limit`
+/// fails the task with `expected`; its own task is canceled there.
+async fn remote_agent_past_a_limit_is_sent_cancel_task(
+    chatty: ChattyAgent,
+    limit: fn(&mut GatewaySettings),
+    expected: &str,
+) {
     let upstream = baton().agent("chatty", chatty.clone()).start().await;
     let card = published_card(&upstream, "chatty", true).await;
     let gateway = baton()
         .agent("remote", remote(card, fast_upstream()))
         .default_agent("remote")
-        .tune(|settings| settings.max_task_events = 20)
+        .tune(limit)
         .start()
         .await;
     let result = gateway
@@ -927,7 +946,7 @@ async fn a_remote_agent_reporting_past_the_event_limit_is_sent_cancel_task() {
         .await;
     let task = &result["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{result}");
-    assert_eq!(reason(task), "EVENT_LIMIT_EXCEEDED");
+    assert_eq!(reason(task), expected);
     // The agent's own task was canceled there, so it stopped reporting.
     // The FAILED may come before the cancel is through (it waits 200 ms).
     let up = upstream_of(&gateway, task["id"].as_str().unwrap());

@@ -17,7 +17,7 @@ use crate::handoff::payload::{HANDOFF_MEDIA_TYPE, find_data};
 use crate::handoff::reasons::{self, status_part};
 use crate::protocol::*;
 use crate::registry::AgentEntry;
-use crate::store::{Change, HopKind, HopRecord, IdempotencyRecord, TaskRecord};
+use crate::store::{Change, HopKind, HopRecord, IdempotencyRecord, LedgerError, TaskRecord};
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use std::sync::Arc;
@@ -340,10 +340,11 @@ impl Driver {
     /// otherwise. False when the task could not take the message.
     async fn resume(&mut self, message: &Message, record: &TaskRecord) -> bool {
         let (task_id, context_id) = (self.task_id.clone(), self.context_id.clone());
+        let max_bytes = self.gateway.settings.max_task_bytes;
         let appended = self
             .gateway
             .ledger
-            .update(&task_id, |current| {
+            .update_within(&task_id, max_bytes, |current| {
                 current.task.history.push(message.clone());
                 if current.task.status.state == TaskState::Working {
                     return Ok::<_, GatewayError>(Vec::new());
@@ -531,26 +532,22 @@ impl Driver {
             if returning {
                 stream_events.retain(|e| e.state() != Some(TaskState::Completed));
             }
-            let mut over_limit = false;
+            let mut over_limit = None;
             let result = if self.created {
                 let now = Utc::now();
                 let metrics = self.gateway.metrics.clone();
                 let limit = self.gateway.settings.max_task_events;
-                self.gateway
+                let max_bytes = self.gateway.settings.max_task_bytes;
+                let written = self
+                    .gateway
                     .ledger
-                    .update(&self.task_id, |record| {
+                    .update_within(&self.task_id, max_bytes, |record| {
                         if record.last_seq + stream_events.len() as u64 > limit {
-                            over_limit = true;
-                            // None of this report is written but the agent's
-                            // ids, so that its CancelTask reaches its task.
-                            if bound.is_none() {
-                                return Ok(Change::Unchanged);
-                            }
-                            record.upstream = bound;
-                            return Ok(Change::Made(Vec::new()));
+                            over_limit = Some(TaskLimit::Events);
+                            return Ok(keep_only_bound(record, bound.clone()));
                         }
                         if bound.is_some() {
-                            record.upstream = bound;
+                            record.upstream = bound.clone();
                         }
                         let mut stream_events = stream_events;
                         let mut past_submitted = record.task.status.state != TaskState::Submitted;
@@ -582,22 +579,28 @@ impl Driver {
                         }
                         note_hop(record, &stream_events, first_answer, now);
                         note_transition(&metrics, record, &stream_events, now);
-                        Ok::<_, GatewayError>(Change::Made(stream_events))
+                        Ok::<_, ReportError>(Change::Made(stream_events))
                     })
-                    .await
+                    .await;
+                match written {
+                    Err(ReportError::TooLarge) => {
+                        over_limit = Some(TaskLimit::Bytes);
+                        // As past the event limit: only the agent's ids.
+                        let ids = |record: &mut TaskRecord| {
+                            Ok::<_, GatewayError>(keep_only_bound(record, bound.clone()))
+                        };
+                        self.gateway.ledger.update(&self.task_id, ids).await
+                    }
+                    Err(ReportError::Other(err)) => Err(err),
+                    Ok(record) => Ok(record),
+                }
             } else {
                 let hop = first_hop(agent, hop_kind);
                 self.create(agent, hop, bound, stream_events).await
             };
-            if over_limit {
-                tracing::warn!(
-                    task_id = %self.task_id,
-                    agent = %agent.id,
-                    limit = self.gateway.settings.max_task_events,
-                    "the agent reported more events than a task may hold; stopping it"
-                );
+            if let Some(exceeded) = over_limit {
                 execution.abort();
-                self.stop_at_event_limit(agent).await;
+                self.stop_at_limit(agent, exceeded).await;
                 return TurnEnd::Settled;
             }
             match result {
@@ -814,14 +817,28 @@ impl Driver {
         expire_task(&self.gateway, Some(agent), &self.task_id).await;
     }
 
-    /// The agent reported more events than the task may hold: it is told to
-    /// stop, as at the deadline, and the task fails with
-    /// `EVENT_LIMIT_EXCEEDED`.
-    async fn stop_at_event_limit(&mut self, agent: &Arc<AgentEntry>) {
+    /// The agent reported more than the task may hold: it is told to stop,
+    /// as at the deadline, and the task fails with `EVENT_LIMIT_EXCEEDED` or
+    /// `TASK_SIZE_EXCEEDED`.
+    async fn stop_at_limit(&mut self, agent: &Arc<AgentEntry>, exceeded: TaskLimit) {
         self.last_state = None;
-        let limit = self.gateway.settings.max_task_events;
-        let detail = serde_json::json!({ "limit": limit });
-        let reason = status_part(reasons::EVENT_LIMIT_EXCEEDED, detail);
+        let settings = &self.gateway.settings;
+        let reason = match exceeded {
+            TaskLimit::Events => {
+                let detail = serde_json::json!({ "limit": settings.max_task_events });
+                status_part(reasons::EVENT_LIMIT_EXCEEDED, detail)
+            }
+            TaskLimit::Bytes => {
+                let detail = serde_json::json!({ "limitBytes": settings.max_task_bytes });
+                status_part(reasons::TASK_SIZE_EXCEEDED, detail)
+            }
+        };
+        tracing::warn!(
+            task_id = %self.task_id,
+            agent = %agent.id,
+            ?exceeded,
+            "the agent reported more than a task may hold; stopping it"
+        );
         stop_task(&self.gateway, Some(agent), &self.task_id, reason).await;
     }
 
@@ -1043,6 +1060,43 @@ async fn stop_task(gateway: &Gateway, agent: Option<&AgentEntry>, task_id: &str,
         fail.await;
     } else {
         tokio::join!(cancel, fail);
+    }
+}
+
+/// Which of a task's bounds an agent's report would have passed.
+#[derive(Clone, Copy, Debug)]
+enum TaskLimit {
+    /// `max_task_events`.
+    Events,
+    /// `max_task_bytes`.
+    Bytes,
+}
+
+/// Why an agent's report was not written.
+enum ReportError {
+    /// It would have made the record longer than `max_task_bytes`.
+    TooLarge,
+    Other(GatewayError),
+}
+
+impl From<LedgerError> for ReportError {
+    fn from(err: LedgerError) -> Self {
+        match err {
+            LedgerError::RecordTooLarge { .. } => Self::TooLarge,
+            other => Self::Other(other.into()),
+        }
+    }
+}
+
+/// Of a report past a task's limit, only the agent's ids are written, so
+/// that its CancelTask reaches its task.
+fn keep_only_bound(record: &mut TaskRecord, bound: Option<UpstreamRef>) -> Change {
+    match bound {
+        Some(bound) => {
+            record.upstream = Some(bound);
+            Change::Made(Vec::new())
+        }
+        None => Change::Unchanged,
     }
 }
 

@@ -37,6 +37,11 @@ impl From<LedgerError> for GatewayError {
             LedgerError::NotFound(id) => GatewayError::TaskNotFound(id),
             LedgerError::Transition(t) => GatewayError::UnsupportedOperation(t.to_string()),
             LedgerError::Unavailable(failure) => GatewayError::LedgerUnavailable(failure),
+            // Only a client's message meets it here: an agent's report
+            // past the limit stops the agent instead (see the driver).
+            too_large @ LedgerError::RecordTooLarge { .. } => {
+                GatewayError::invalid_field("message", too_large.to_string())
+            }
             other => GatewayError::Internal(other.to_string()),
         }
     }
@@ -153,6 +158,11 @@ pub struct GatewaySettings {
     /// so an agent could otherwise grow one task, and the ledger, until its
     /// deadline.
     pub max_task_events: u64,
+    /// Longest a task's stored record (its JSON, which every write
+    /// rewrites) may grow. An agent report past it stops the agent, as the
+    /// event limit does, and the task fails with `TASK_SIZE_EXCEEDED`; a
+    /// client's message past it is refused (-32602).
+    pub max_task_bytes: usize,
 }
 
 impl Default for GatewaySettings {
@@ -166,6 +176,7 @@ impl Default for GatewaySettings {
             retry_delay: Duration::from_secs(2),
             escalate: false,
             max_task_events: DEFAULT_MAX_TASK_EVENTS,
+            max_task_bytes: DEFAULT_MAX_TASK_BYTES,
         }
     }
 }
@@ -174,6 +185,11 @@ impl Default for GatewaySettings {
 /// task's status changes and artifacts, enough for an agent that streams
 /// its answer in thousands of chunks.
 pub const DEFAULT_MAX_TASK_EVENTS: u64 = 10_000;
+
+/// The default of [`GatewaySettings::max_task_bytes`] (64 MiB): four of the
+/// largest answers an agent may send, while every write that rewrites it
+/// stays well under a second of this machine's log.
+pub const DEFAULT_MAX_TASK_BYTES: usize = 64 * 1024 * 1024;
 
 /// The A2A service: eleven methods over the ledger and the agents.
 pub struct Gateway {

@@ -33,6 +33,9 @@ pub const DEADLINE_EXCEEDED: &str = "DEADLINE_EXCEEDED";
 /// Reason: the agent reported more events than one task may hold (FAILED,
 /// `detail.limit`; not in DESIGN.md §3.4, see the README's design notes).
 pub const EVENT_LIMIT_EXCEEDED: &str = "EVENT_LIMIT_EXCEEDED";
+/// Reason: the agent reported more than one task's record may hold (FAILED,
+/// `detail.limitBytes`; not in DESIGN.md §3.4, see the README's design notes).
+pub const TASK_SIZE_EXCEEDED: &str = "TASK_SIZE_EXCEEDED";
 
 /// The status part of DESIGN.md §3.4: a `data` part of mediaType
 /// [`STATUS_MEDIA_TYPE`], `{"reason": reason, "detail": detail}`. A `null`

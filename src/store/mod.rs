@@ -48,6 +48,15 @@ pub enum LedgerError {
     /// A stored value did not decode.
     #[error("corrupt record: {0}")]
     Corrupt(#[from] serde_json::Error),
+    /// A write would have made the task's record longer than the caller
+    /// allows ([`Ledger::update_within`]); nothing was written.
+    #[error("the task's record would be {bytes} bytes, more than the {limit} a task may hold")]
+    RecordTooLarge {
+        /// The record's length with the write.
+        bytes: usize,
+        /// The longest record allowed.
+        limit: usize,
+    },
     /// A compressed record bucket failed its checksum or did not decompress.
     #[error("corrupt record bucket {0}")]
     CorruptBucket(String),
@@ -1246,6 +1255,24 @@ impl Ledger {
         C: Into<Change>,
         E: From<LedgerError>,
     {
+        self.update_within(task_id, usize::MAX, change).await
+    }
+
+    /// [`Self::update`], unless the change would make the task's record
+    /// (as encoded, the bytes every later write rewrites) longer than
+    /// `max_record_bytes`: then nothing is written and the error is
+    /// [`LedgerError::RecordTooLarge`].
+    pub async fn update_within<F, C, E>(
+        &self,
+        task_id: &str,
+        max_record_bytes: usize,
+        change: F,
+    ) -> Result<Arc<TaskRecord>, E>
+    where
+        F: FnOnce(&mut TaskRecord) -> Result<C, E>,
+        C: Into<Change>,
+        E: From<LedgerError>,
+    {
         let (record, ticket) = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
             let read = self
@@ -1259,7 +1286,13 @@ impl Ledger {
                 Change::Made(events) => {
                     let published = Self::append_events(&mut record, events)?;
                     record.version += 1;
-                    self.log_task(&mut frames, EncodedTask::new(record, published, false)?)?
+                    let encoded = EncodedTask::new(record, published, false)?;
+                    let bytes = encoded.json.get().len();
+                    if bytes > max_record_bytes {
+                        let limit = max_record_bytes;
+                        return Err(LedgerError::RecordTooLarge { bytes, limit }.into());
+                    }
+                    self.log_task(&mut frames, encoded)?
                 }
             }
         };
@@ -2523,6 +2556,31 @@ mod tests {
             .await
             .unwrap();
         assert_eq!((made.version, made.agent.as_str()), (2, "other"));
+        assert_eq!(ledger.flusher.latest_ticket(), written + 1);
+    }
+
+    #[tokio::test]
+    async fn an_update_past_the_record_limit_logs_nothing_and_says_how_long_it_would_be() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = with_working_task(paused(dir.path()), "t1").await;
+        let before = ledger.get("t1").unwrap().unwrap();
+        let written = ledger.flusher.latest_ticket();
+        let grow = |record: &mut TaskRecord| {
+            record.agent = "a".repeat(2000);
+            Ok::<_, LedgerError>(Vec::new())
+        };
+        let err = ledger.update_within("t1", 1500, grow).await.unwrap_err();
+        let LedgerError::RecordTooLarge { bytes, limit } = err else {
+            panic!("{err:?}");
+        };
+        assert!(bytes > 2000, "{bytes}");
+        assert_eq!(limit, 1500);
+        assert_eq!(ledger.flusher.latest_ticket(), written);
+        assert_eq!(ledger.get("t1").unwrap().unwrap(), before);
+
+        // Within the limit the same change is written.
+        let made = ledger.update_within("t1", bytes, grow).await.unwrap();
+        assert_eq!(made.version, before.version + 1);
         assert_eq!(ledger.flusher.latest_ticket(), written + 1);
     }
 

@@ -222,6 +222,10 @@ pub struct ChattyAgent {
     card: AgentCard,
     /// Artifacts reported so far.
     pub reported: Arc<AtomicUsize>,
+    /// Each artifact's text is padded to this many bytes.
+    note_bytes: usize,
+    /// After this many artifacts the agent completes the task.
+    most_notes: usize,
 }
 
 impl ChattyAgent {
@@ -230,6 +234,18 @@ impl ChattyAgent {
         Self {
             card: card(name),
             reported: Arc::default(),
+            note_bytes: 0,
+            most_notes: usize::MAX,
+        }
+    }
+
+    /// A chatty agent whose every artifact holds `note_bytes` of text, and
+    /// which completes the task after 64 of them.
+    pub fn with_note_bytes(name: &str, note_bytes: usize) -> Self {
+        Self {
+            note_bytes,
+            most_notes: 64,
+            ..Self::new(name)
         }
     }
 
@@ -253,14 +269,26 @@ impl Agent for ChattyAgent {
                 () = tokio::time::sleep(std::time::Duration::from_millis(5)) => {}
             }
             let note = self.reported.fetch_add(1, Ordering::SeqCst);
+            if note == self.most_notes {
+                events.status(TaskState::Completed, None).await;
+                return Ok(());
+            }
             let artifact = Artifact {
                 artifact_id: format!("note-{note}"),
-                parts: vec![Part::text(note.to_string())],
+                parts: vec![Part::text(padded(note, self.note_bytes))],
                 ..Artifact::default()
             };
             events.artifact(artifact).await;
         }
     }
+}
+
+/// `note` followed by dots up to `bytes` bytes.
+fn padded(note: usize, bytes: usize) -> String {
+    let mut text = note.to_string();
+    let pad = bytes.saturating_sub(text.len());
+    text.extend(std::iter::repeat_n('.', pad));
+    text
 }
 
 /// A card declaring a required extension.

@@ -2069,3 +2069,36 @@ async fn an_agents_registered_ack_timeout_shortens_the_gateways() {
     silent.stop().await;
     gateway.stop().await;
 }
+
+/// Results an agent reports with its transfer count toward the task's size
+/// like any report: past `--max-task-bytes` the transfer does not happen and
+/// the task fails.
+#[tokio::test]
+async fn a_transfer_bringing_results_past_the_size_limit_fails_the_task() {
+    let payload = handoff_payload("triage", json!({"to": "echo"}), json!({}));
+    let triage = common::agents::TransfersWithArtifacts::new("triage", payload, 600 * 1024);
+    let gateway = baton()
+        .agent("triage", triage)
+        .tune(|settings| settings.max_task_bytes = 1024 * 1024)
+        .start()
+        .await;
+    let message = user_message(&message_id("r"), "refund please");
+    let reply = gateway
+        .call_at(
+            "/agents/triage/a2a",
+            "SendMessage",
+            json!({"message": message}),
+        )
+        .await;
+    let task = &reply.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(task), "TASK_SIZE_EXCEEDED");
+    assert!(task.get("artifacts").is_none(), "the results were kept");
+    let record = gateway
+        .ledger
+        .get(task["id"].as_str().unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.agent, "triage", "no transfer");
+    gateway.stop().await;
+}

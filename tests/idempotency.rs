@@ -430,18 +430,7 @@ async fn a_blocking_repeat_waits_like_the_first_send() {
 #[tokio::test]
 async fn a_repeated_answer_to_a_paused_task_returns_the_task() {
     let baton = baton().start().await;
-    let opened = baton
-        .call_at(
-            SCENARIO,
-            "SendMessage",
-            json!({"message": user_message(&message_id("tck-input-required"), "ask")}),
-        )
-        .await;
-    let task = task_id(&opened);
-    assert_eq!(
-        opened.result()["task"]["status"]["state"],
-        "TASK_STATE_INPUT_REQUIRED"
-    );
+    let task = open_paused_task(&baton).await;
 
     let key = fresh_key();
     let answer = user_message_on(&task, &message_id("tck-complete-task"), "the answer");
@@ -493,4 +482,42 @@ async fn a_repeat_of_a_failed_send_answers_like_the_first() {
     assert!(took < Duration::from_secs(2), "the repeat took {took:?}");
     assert_eq!(listed(&baton).await.0, 0);
     baton.stop().await;
+}
+
+#[tokio::test]
+async fn an_answer_refused_for_its_size_releases_its_key() {
+    let baton = baton()
+        .tune(|settings| settings.max_task_bytes = 1024 * 1024)
+        .start()
+        .await;
+    let task = open_paused_task(&baton).await;
+    let key = fresh_key();
+    let long = "x".repeat(1024 * 1024);
+    let answer = user_message_on(&task, &message_id("tck-complete-task"), &long);
+    let refused = send_keyed(&baton, SCENARIO, &key, json!({"message": answer})).await;
+    assert_eq!(refused.code(), Some(-32602), "{}", refused.body);
+    // The key is free again: another message under it is taken, not a
+    // conflict with the refused one.
+    let answer = user_message_on(&task, &message_id("tck-complete-task"), "short");
+    let taken = send_keyed(&baton, SCENARIO, &key, json!({"message": answer})).await;
+    assert_eq!(
+        taken.result()["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED",
+        "{}",
+        taken.body
+    );
+    baton.stop().await;
+}
+
+/// Opens a task the scenario agent leaves INPUT_REQUIRED; its id.
+async fn open_paused_task(baton: &TestBaton) -> String {
+    let message = user_message(&message_id("tck-input-required"), "ask");
+    let opened = baton
+        .call_at(SCENARIO, "SendMessage", json!({"message": message}))
+        .await;
+    assert_eq!(
+        opened.result()["task"]["status"]["state"],
+        "TASK_STATE_INPUT_REQUIRED"
+    );
+    task_id(&opened)
 }

@@ -638,7 +638,8 @@ async fn an_agent_reporting_past_the_event_limit_is_stopped_and_its_task_fails()
 }
 
 /// `chatty` reports until `limit` fails its task with `expected`; what was
-/// kept reads back the same, and the agent reports nothing more. The task.
+/// kept reads back the same, and the agent reports nothing more. Returns
+/// the task.
 async fn agent_past_a_limit_is_stopped(
     chatty: ChattyAgent,
     limit: fn(&mut GatewaySettings),

@@ -347,7 +347,7 @@ impl Driver {
             .update_within(&task_id, max_bytes, |current| {
                 current.task.history.push(message.clone());
                 if current.task.status.state == TaskState::Working {
-                    return Ok::<_, GatewayError>(Vec::new());
+                    return Ok::<_, LedgerError>(Vec::new());
                 }
                 Ok(vec![status_update(
                     &task_id,
@@ -356,7 +356,13 @@ impl Driver {
                     None,
                 )])
             })
-            .await;
+            .await
+            .map_err(|err| match err {
+                too_large @ LedgerError::RecordTooLarge { .. } => {
+                    GatewayError::invalid_field("message", too_large.to_string())
+                }
+                other => GatewayError::from(other),
+            });
         debug_assert_eq!(record.task.id, self.task_id);
         match appended {
             Ok(updated) => {
@@ -486,16 +492,22 @@ impl Driver {
                         }
                     }
                 } else if bound.is_some() || !reported.is_empty() {
-                    let _ = self
+                    let max_bytes = self.gateway.settings.max_task_bytes;
+                    let written = self
                         .gateway
                         .ledger
-                        .update(&self.task_id, |record| {
+                        .update_within(&self.task_id, max_bytes, |record| {
                             if bound.is_some() {
-                                record.upstream = bound;
+                                record.upstream = bound.clone();
                             }
-                            Ok::<_, GatewayError>(reported)
+                            Ok::<_, ReportError>(reported)
                         })
                         .await;
+                    if let Err(ReportError::TooLarge) = written {
+                        let _ = self.keep_only_bound(bound).await;
+                        self.stop_at_limit(agent, TaskLimit::Bytes).await;
+                        return TurnEnd::Settled;
+                    }
                 }
                 return TurnEnd::Transfer(offer);
             }
@@ -535,7 +547,7 @@ impl Driver {
             let mut over_limit = None;
             let result = if self.created {
                 let now = Utc::now();
-                let metrics = self.gateway.metrics.clone();
+                let mut transition = None;
                 let limit = self.gateway.settings.max_task_events;
                 let max_bytes = self.gateway.settings.max_task_bytes;
                 let written = self
@@ -578,21 +590,24 @@ impl Driver {
                             }
                         }
                         note_hop(record, &stream_events, first_answer, now);
-                        note_transition(&metrics, record, &stream_events, now);
+                        transition = transition_of(record, &stream_events, now);
                         Ok::<_, ReportError>(Change::Made(stream_events))
                     })
                     .await;
                 match written {
                     Err(ReportError::TooLarge) => {
-                        over_limit = Some(TaskLimit::Bytes);
-                        // As past the event limit: only the agent's ids.
-                        let ids = |record: &mut TaskRecord| {
-                            Ok::<_, GatewayError>(keep_only_bound(record, bound.clone()))
-                        };
-                        self.gateway.ledger.update(&self.task_id, ids).await
+                        // An ids-only write past the event limit may meet
+                        // this too; the event limit is the one reported.
+                        over_limit.get_or_insert(TaskLimit::Bytes);
+                        self.keep_only_bound(bound).await
                     }
                     Err(ReportError::Other(err)) => Err(err),
-                    Ok(record) => Ok(record),
+                    Ok(record) => {
+                        if let Some((from, to, elapsed)) = transition {
+                            self.gateway.metrics.transition(from, to, elapsed);
+                        }
+                        Ok(record)
+                    }
                 }
             } else {
                 let hop = first_hop(agent, hop_kind);
@@ -817,26 +832,39 @@ impl Driver {
         expire_task(&self.gateway, Some(agent), &self.task_id).await;
     }
 
+    /// Of a report past a task's limit only the agent's ids are written, so
+    /// that its CancelTask reaches its task.
+    async fn keep_only_bound(
+        &self,
+        bound: Option<UpstreamRef>,
+    ) -> Result<Arc<TaskRecord>, GatewayError> {
+        let ids = |record: &mut TaskRecord| Ok::<_, GatewayError>(keep_only_bound(record, bound));
+        self.gateway.ledger.update(&self.task_id, ids).await
+    }
+
     /// The agent reported more than the task may hold: it is told to stop,
     /// as at the deadline, and the task fails with `EVENT_LIMIT_EXCEEDED` or
     /// `TASK_SIZE_EXCEEDED`.
     async fn stop_at_limit(&mut self, agent: &Arc<AgentEntry>, exceeded: TaskLimit) {
         self.last_state = None;
         let settings = &self.gateway.settings;
-        let reason = match exceeded {
+        let (reason, limit) = match exceeded {
             TaskLimit::Events => {
-                let detail = serde_json::json!({ "limit": settings.max_task_events });
-                status_part(reasons::EVENT_LIMIT_EXCEEDED, detail)
+                let limit = settings.max_task_events;
+                let detail = serde_json::json!({ "limit": limit });
+                (status_part(reasons::EVENT_LIMIT_EXCEEDED, detail), limit)
             }
             TaskLimit::Bytes => {
-                let detail = serde_json::json!({ "limitBytes": settings.max_task_bytes });
-                status_part(reasons::TASK_SIZE_EXCEEDED, detail)
+                let limit = settings.max_task_bytes as u64;
+                let detail = serde_json::json!({ "limitBytes": limit });
+                (status_part(reasons::TASK_SIZE_EXCEEDED, detail), limit)
             }
         };
         tracing::warn!(
             task_id = %self.task_id,
             agent = %agent.id,
             ?exceeded,
+            limit,
             "the agent reported more than a task may hold; stopping it"
         );
         stop_task(&self.gateway, Some(agent), &self.task_id, reason).await;
@@ -1076,6 +1104,7 @@ enum TaskLimit {
 enum ReportError {
     /// It would have made the record longer than `max_task_bytes`.
     TooLarge,
+    /// Any other failure, as the caller gets it.
     Other(GatewayError),
 }
 
@@ -1169,22 +1198,19 @@ pub(super) fn note_hop(
 }
 
 /// Times the state change `events` make, if they make one.
-fn note_transition(
-    metrics: &crate::metrics::HandoffMetrics,
+fn transition_of(
     record: &TaskRecord,
     events: &[StreamResponse],
     now: DateTime<Utc>,
-) {
+) -> Option<(TaskState, TaskState, Duration)> {
     let from = record.task.status.state;
-    let Some(to) = events.iter().rev().find_map(StreamResponse::state) else {
-        return;
-    };
+    let to = events.iter().rev().find_map(StreamResponse::state)?;
     if to == from {
-        return;
+        return None;
     }
     let since = record.task.status.timestamp.unwrap_or(record.created_at);
     let elapsed = (now - since).to_std().unwrap_or_default();
-    metrics.transition(from, to, elapsed);
+    Some((from, to, elapsed))
 }
 
 /// The reason code in a status event's message, if it has one.

@@ -37,11 +37,6 @@ impl From<LedgerError> for GatewayError {
             LedgerError::NotFound(id) => GatewayError::TaskNotFound(id),
             LedgerError::Transition(t) => GatewayError::UnsupportedOperation(t.to_string()),
             LedgerError::Unavailable(failure) => GatewayError::LedgerUnavailable(failure),
-            // Only a client's message meets it here: an agent's report
-            // past the limit stops the agent instead (see the driver).
-            too_large @ LedgerError::RecordTooLarge { .. } => {
-                GatewayError::invalid_field("message", too_large.to_string())
-            }
             other => GatewayError::Internal(other.to_string()),
         }
     }
@@ -187,8 +182,7 @@ impl Default for GatewaySettings {
 pub const DEFAULT_MAX_TASK_EVENTS: u64 = 10_000;
 
 /// The default of [`GatewaySettings::max_task_bytes`] (64 MiB): four of the
-/// largest answers an agent may send, while every write that rewrites it
-/// stays well under a second of this machine's log.
+/// largest answers an agent may send.
 pub const DEFAULT_MAX_TASK_BYTES: usize = 64 * 1024 * 1024;
 
 /// The A2A service: eleven methods over the ledger and the agents.

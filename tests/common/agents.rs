@@ -492,6 +492,51 @@ impl Agent for HandsOnWhenCanceled {
     }
 }
 
+/// Reports WORKING, then, in one report, two artifacts of `artifact_bytes`
+/// each and a transfer with `payload`: results brought along by a transfer.
+pub struct TransfersWithArtifacts {
+    card: AgentCard,
+    payload: serde_json::Value,
+    artifact_bytes: usize,
+}
+
+impl TransfersWithArtifacts {
+    /// An agent named `name`.
+    pub fn new(name: &str, payload: serde_json::Value, artifact_bytes: usize) -> Self {
+        Self {
+            card: card(name),
+            payload,
+            artifact_bytes,
+        }
+    }
+}
+
+#[async_trait]
+impl Agent for TransfersWithArtifacts {
+    fn card(&self) -> &AgentCard {
+        &self.card
+    }
+
+    async fn execute(&self, _: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+        events.status(TaskState::Working, None).await;
+        // Recorded before the rest, which then comes as one report.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        for note in 0..2 {
+            let artifact = Artifact {
+                artifact_id: format!("result-{note}"),
+                parts: vec![Part::text(padded(note, self.artifact_bytes))],
+                ..Artifact::default()
+            };
+            events.artifact(artifact).await;
+        }
+        let mut handoff = Part::data(self.payload.clone());
+        handoff.media_type = baton::handoff::payload::HANDOFF_MEDIA_TYPE.into();
+        let message = baton::protocol::Message::agent(vec![handoff]);
+        events.status(TaskState::Completed, Some(message)).await;
+        Ok(())
+    }
+}
+
 /// Reports WORKING, then waits for `go`; false if the task was canceled first.
 async fn work_until(
     go: &tokio::sync::Notify,

@@ -503,9 +503,8 @@ impl Driver {
                             Ok::<_, ReportError>(reported)
                         })
                         .await;
-                    if let Err(ReportError::TooLarge) = written {
-                        let _ = self.keep_only_bound(bound).await;
-                        self.stop_at_limit(agent, TaskLimit::Bytes).await;
+                    if let Err(ReportError::PastLimit(exceeded)) = written {
+                        self.stop_past_limit(agent, bound, exceeded).await;
                         return TurnEnd::Settled;
                     }
                 }
@@ -544,7 +543,6 @@ impl Driver {
             if returning {
                 stream_events.retain(|e| e.state() != Some(TaskState::Completed));
             }
-            let mut over_limit = None;
             let result = if self.created {
                 let now = Utc::now();
                 let mut transition = None;
@@ -555,8 +553,7 @@ impl Driver {
                     .ledger
                     .update_within(&self.task_id, max_bytes, |record| {
                         if record.last_seq + stream_events.len() as u64 > limit {
-                            over_limit = Some(TaskLimit::Events);
-                            return Ok(keep_only_bound(record, bound.clone()));
+                            return Err(ReportError::PastLimit(TaskLimit::Events));
                         }
                         if bound.is_some() {
                             record.upstream = bound.clone();
@@ -591,15 +588,14 @@ impl Driver {
                         }
                         note_hop(record, &stream_events, first_answer, now);
                         transition = transition_of(record, &stream_events, now);
-                        Ok::<_, ReportError>(Change::Made(stream_events))
+                        Ok::<_, ReportError>(stream_events)
                     })
                     .await;
                 match written {
-                    Err(ReportError::TooLarge) => {
-                        // An ids-only write past the event limit may meet
-                        // this too; the event limit is the one reported.
-                        over_limit.get_or_insert(TaskLimit::Bytes);
-                        self.keep_only_bound(bound).await
+                    Err(ReportError::PastLimit(exceeded)) => {
+                        execution.abort();
+                        self.stop_past_limit(agent, bound, exceeded).await;
+                        return TurnEnd::Settled;
                     }
                     Err(ReportError::Other(err)) => Err(err),
                     Ok(record) => {
@@ -613,11 +609,6 @@ impl Driver {
                 let hop = first_hop(agent, hop_kind);
                 self.create(agent, hop, bound, stream_events).await
             };
-            if let Some(exceeded) = over_limit {
-                execution.abort();
-                self.stop_at_limit(agent, exceeded).await;
-                return TurnEnd::Settled;
-            }
             match result {
                 Ok(record) if !self.created => {
                     self.last_state = Some(record.task.status.state);
@@ -832,20 +823,23 @@ impl Driver {
         expire_task(&self.gateway, Some(agent), &self.task_id).await;
     }
 
-    /// Of a report past a task's limit only the agent's ids are written, so
-    /// that its CancelTask reaches its task.
-    async fn keep_only_bound(
-        &self,
+    /// The agent reported more than the task may hold: of that report only
+    /// its ids (`bound`) are written, so that its CancelTask reaches its
+    /// task; it is told to stop, as at the deadline, and the task fails with
+    /// `EVENT_LIMIT_EXCEEDED` or `TASK_SIZE_EXCEEDED`.
+    async fn stop_past_limit(
+        &mut self,
+        agent: &Arc<AgentEntry>,
         bound: Option<UpstreamRef>,
-    ) -> Result<Arc<TaskRecord>, GatewayError> {
-        let ids = |record: &mut TaskRecord| Ok::<_, GatewayError>(keep_only_bound(record, bound));
-        self.gateway.ledger.update(&self.task_id, ids).await
-    }
-
-    /// The agent reported more than the task may hold: it is told to stop,
-    /// as at the deadline, and the task fails with `EVENT_LIMIT_EXCEEDED` or
-    /// `TASK_SIZE_EXCEEDED`.
-    async fn stop_at_limit(&mut self, agent: &Arc<AgentEntry>, exceeded: TaskLimit) {
+        exceeded: TaskLimit,
+    ) {
+        if let Some(bound) = bound {
+            let ids = |record: &mut TaskRecord| {
+                record.upstream = Some(bound);
+                Ok::<_, GatewayError>(Vec::new())
+            };
+            let _ = self.gateway.ledger.update(&self.task_id, ids).await;
+        }
         self.last_state = None;
         let settings = &self.gateway.settings;
         let (reason, limit) = match exceeded {
@@ -1102,8 +1096,8 @@ enum TaskLimit {
 
 /// Why an agent's report was not written.
 enum ReportError {
-    /// It would have made the record longer than `max_task_bytes`.
-    TooLarge,
+    /// It would have passed one of the task's limits.
+    PastLimit(TaskLimit),
     /// Any other failure, as the caller gets it.
     Other(GatewayError),
 }
@@ -1111,21 +1105,9 @@ enum ReportError {
 impl From<LedgerError> for ReportError {
     fn from(err: LedgerError) -> Self {
         match err {
-            LedgerError::RecordTooLarge { .. } => Self::TooLarge,
+            LedgerError::RecordTooLarge { .. } => Self::PastLimit(TaskLimit::Bytes),
             other => Self::Other(other.into()),
         }
-    }
-}
-
-/// Of a report past a task's limit, only the agent's ids are written, so
-/// that its CancelTask reaches its task.
-fn keep_only_bound(record: &mut TaskRecord, bound: Option<UpstreamRef>) -> Change {
-    match bound {
-        Some(bound) => {
-            record.upstream = Some(bound);
-            Change::Made(Vec::new())
-        }
-        None => Change::Unchanged,
     }
 }
 

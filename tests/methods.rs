@@ -4,7 +4,7 @@
 mod common;
 
 use baton::gateway::GatewaySettings;
-use common::agents::{BurstAgent, ChattyAgent, GatedAgent, card};
+use common::agents::{BindsInLargeReport, BurstAgent, ChattyAgent, GatedAgent, card};
 use common::*;
 use serde_json::{Value, json};
 
@@ -635,6 +635,46 @@ async fn an_agent_reporting_past_the_event_limit_is_stopped_and_its_task_fails()
     // What was kept stays within the limit.
     let kept = task["artifacts"].as_array().map_or(0, Vec::len);
     assert!((1..20).contains(&kept), "{kept} artifacts kept");
+}
+
+/// An agent whose ids come in the report that passes the size limit: the
+/// ids are still written, so the cancel that stops it names its own task;
+/// the report's COMPLETED is not counted as a transition, the FAILED is.
+#[tokio::test]
+async fn ids_in_a_report_past_the_size_limit_reach_the_agent_s_cancel() {
+    let agent = BindsInLargeReport::new("late", 1536 * 1024);
+    let (ids, cancels) = (agent.ids.clone(), agent.cancels.clone());
+    let baton = baton()
+        .agent("late", agent)
+        .tune(|settings| settings.max_task_bytes = 1024 * 1024)
+        .start()
+        .await;
+    let params = json!({"message": user_message(&message_id("m"), "work")});
+    let reply = baton
+        .call_at("/agents/late/a2a", "SendMessage", params)
+        .await;
+    let task = &reply.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(task), "TASK_SIZE_EXCEEDED");
+    let record = baton
+        .ledger
+        .get(task["id"].as_str().unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.upstream.as_ref(), Some(&ids));
+    assert_eq!(*cancels.lock().unwrap(), vec![Some(ids)]);
+    // The refused report's COMPLETED was never the task's state; the
+    // gateway's FAILED was.
+    let metrics = baton.http.get(baton.url("/metrics")).send().await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    let transitions: Vec<&str> = metrics
+        .lines()
+        .filter(|line| line.starts_with("baton_task_transition_seconds_count"))
+        .collect();
+    let failed = r#"{from="TASK_STATE_WORKING",to="TASK_STATE_FAILED"} 1"#;
+    assert_eq!(transitions.len(), 1, "{transitions:?}");
+    assert!(transitions[0].ends_with(failed), "{transitions:?}");
+    baton.stop().await;
 }
 
 /// `chatty` reports until `limit` fails its task with `expected`; what was

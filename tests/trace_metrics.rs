@@ -114,6 +114,54 @@ async fn a_handoff_from_an_unregistered_agent_is_counted_under_one_label() {
     b.stop().await;
 }
 
+/// Every state change is timed, whoever makes it: the agent (an answer
+/// resuming a task that waited for input), or the gateway (a cancel).
+#[tokio::test]
+async fn state_changes_are_timed_whoever_makes_them() {
+    let gated = common::agents::GatedAgent::new();
+    let b = baton()
+        .agent("gated", gated.clone())
+        .default_agent("scenario")
+        .start()
+        .await;
+    let params = json!({
+        "message": user_message(&message_id("m"), "long job"),
+        "configuration": {"returnImmediately": true},
+    });
+    let held = b.call_at("/agents/gated/a2a", "SendMessage", params).await;
+    let held = held.result()["task"]["id"].clone();
+    let canceled = b.call("CancelTask", json!({"id": held})).await;
+    assert_eq!(canceled.result()["status"]["state"], "TASK_STATE_CANCELED");
+    let asked = b
+        .send_text(&message_id("tck-input-required"), "ask", json!({}))
+        .await;
+    let answer = user_message_on(&asked["task"]["id"], &message_id("tck-complete-task"), "ok");
+    let done = b.call("SendMessage", json!({"message": answer})).await;
+    assert_eq!(
+        done.result()["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    let (status, _, text) = get(&b, "/metrics", &[]).await;
+    assert_eq!(status, 200, "{text}");
+    let counts: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("baton_task_transition_seconds_count"))
+        .collect();
+    // A blocking reply comes once its write is durable, and the write was
+    // counted before that.
+    let expected = [
+        r#"{from="TASK_STATE_INPUT_REQUIRED",to="TASK_STATE_WORKING"} 1"#,
+        r#"{from="TASK_STATE_WORKING",to="TASK_STATE_COMPLETED"} 1"#,
+        r#"{from="TASK_STATE_WORKING",to="TASK_STATE_CANCELED"} 1"#,
+    ];
+    assert_eq!(counts.len(), expected.len(), "{counts:#?}");
+    for series in expected {
+        assert!(counts.contains(&series), "{series} missing: {counts:#?}");
+    }
+    gated.release(1);
+    b.stop().await;
+}
+
 /// A counter's or gauge's sample in a Prometheus text.
 fn sample(text: &str, name: &str) -> u64 {
     baton::metrics::sample_value(text, name)

@@ -545,7 +545,6 @@ impl Driver {
             }
             let result = if self.created {
                 let now = Utc::now();
-                let mut transition = None;
                 let limit = self.gateway.settings.max_task_events;
                 let max_bytes = self.gateway.settings.max_task_bytes;
                 let written = self
@@ -587,7 +586,6 @@ impl Driver {
                             }
                         }
                         note_hop(record, &stream_events, first_answer, now);
-                        transition = transition_of(record, &stream_events, now);
                         Ok::<_, ReportError>(stream_events)
                     })
                     .await;
@@ -598,12 +596,7 @@ impl Driver {
                         return TurnEnd::Settled;
                     }
                     Err(ReportError::Other(err)) => Err(err),
-                    Ok(record) => {
-                        if let Some((from, to, elapsed)) = transition {
-                            self.gateway.metrics.transition(from, to, elapsed);
-                        }
-                        Ok(record)
-                    }
+                    Ok(record) => Ok(record),
                 }
             } else {
                 let hop = first_hop(agent, hop_kind);
@@ -1177,22 +1170,6 @@ pub(super) fn note_hop(
         hop.state = Some(state);
         hop.reason = events.iter().rev().find_map(reason_of);
     }
-}
-
-/// Times the state change `events` make, if they make one.
-fn transition_of(
-    record: &TaskRecord,
-    events: &[StreamResponse],
-    now: DateTime<Utc>,
-) -> Option<(TaskState, TaskState, Duration)> {
-    let from = record.task.status.state;
-    let to = events.iter().rev().find_map(StreamResponse::state)?;
-    if to == from {
-        return None;
-    }
-    let since = record.task.status.timestamp.unwrap_or(record.created_at);
-    let elapsed = (now - since).to_std().unwrap_or_default();
-    Some((from, to, elapsed))
 }
 
 /// The reason code in a status event's message, if it has one.

@@ -213,6 +213,11 @@ impl Gateway {
         settings: GatewaySettings,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
+        let metrics = Arc::<crate::metrics::HandoffMetrics>::default();
+        let observed = metrics.clone();
+        ledger.observe_transitions(Box::new(move |from, to, elapsed| {
+            observed.transition(from, to, elapsed);
+        }));
         Arc::new(Self {
             ledger,
             directory,
@@ -221,7 +226,7 @@ impl Gateway {
             running: Mutex::default(),
             shutdown,
             balance: std::sync::atomic::AtomicU64::new(0),
-            metrics: Arc::default(),
+            metrics,
         })
     }
 

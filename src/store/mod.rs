@@ -31,7 +31,7 @@ use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Ledger failures.
 #[derive(Debug, thiserror::Error)]
@@ -987,7 +987,14 @@ pub struct Ledger {
     applier: Arc<Applier>,
     hub: Arc<EventHub>,
     push_configs_stored: Arc<AtomicU64>,
+    /// Told of each state change an update logs.
+    transitions: OnceLock<TransitionObserver>,
 }
+
+/// Told of a task's state change once the update that made it is logged:
+/// the state left, the state entered, and how long the task was in the
+/// first (since its status was last set, or since it was created).
+pub type TransitionObserver = Box<dyn Fn(TaskState, TaskState, std::time::Duration) + Send + Sync>;
 
 /// Polls `found` every 5 ms until it finds something, for at most 5 s
 /// (then the test fails, saying `what` it waited for).
@@ -1124,7 +1131,15 @@ impl Ledger {
             applier,
             hub,
             push_configs_stored: Arc::new(AtomicU64::new(push_configs_stored)),
+            transitions: OnceLock::new(),
         })
+    }
+
+    /// Tells `observer` of every state change an update makes from now on
+    /// (not of a task's first state, which its creation sets). A ledger has
+    /// one observer: a second is ignored.
+    pub fn observe_transitions(&self, observer: TransitionObserver) {
+        let _ = self.transitions.set(observer);
     }
 
     /// Where durable events are fanned out.
@@ -1273,6 +1288,7 @@ impl Ledger {
         C: Into<Change>,
         E: From<LedgerError>,
     {
+        let mut transition = None;
         let (record, ticket) = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
             let read = self
@@ -1286,6 +1302,12 @@ impl Ledger {
                 Change::Made(events) => {
                     let published = Self::append_events(&mut record, events)?;
                     record.version += 1;
+                    let (from, to) = (read.task.status.state, record.task.status.state);
+                    if from != to {
+                        let since = read.task.status.timestamp.unwrap_or(read.created_at);
+                        let elapsed = (Utc::now() - since).to_std().unwrap_or_default();
+                        transition = Some((from, to, elapsed));
+                    }
                     let encoded = EncodedTask::new(record, published, false)?;
                     let bytes = encoded.json.get().len();
                     if bytes > max_record_bytes {
@@ -1296,6 +1318,11 @@ impl Ledger {
                 }
             }
         };
+        // Told once logged, not once durable: a reply may go out as soon as
+        // the write is durable, and a scrape after it should count it.
+        if let (Some((from, to, elapsed)), Some(observe)) = (transition, self.transitions.get()) {
+            observe(from, to, elapsed);
+        }
         self.wait_written(ticket).await;
         Ok(record)
     }

@@ -2,16 +2,17 @@
 //! that never answers a cancel, one that finishes its work when asked to
 //! cancel, one that hands its task on as it refuses a cancel, one that
 //! reports a burst of artifacts, one that reports artifacts until stopped,
-//! and cards with chosen capabilities.
+//! one that reports its ids with a large artifact, and cards with chosen
+//! capabilities.
 
 use async_trait::async_trait;
-use baton::agents::{Agent, AgentError, AgentEvents, AgentRequest};
+use baton::agents::{Agent, AgentError, AgentEvent, AgentEvents, AgentRequest, UpstreamRef};
 use baton::protocol::{
-    AgentCapabilities, AgentCard, AgentExtension, AgentInterface, AgentSkill, Artifact, Part,
+    AgentCapabilities, AgentCard, AgentExtension, AgentInterface, AgentSkill, Artifact, Part, Task,
     TaskState,
 };
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use tokio::sync::Semaphore;
 
 /// A minimal valid card.
@@ -280,6 +281,62 @@ impl Agent for ChattyAgent {
             };
             events.artifact(artifact).await;
         }
+    }
+}
+
+/// Reports WORKING and a small artifact, then, in one report, its own ids,
+/// an artifact of `artifact_bytes` and COMPLETED; keeps the ids each cancel
+/// named.
+pub struct BindsInLargeReport {
+    card: AgentCard,
+    artifact_bytes: usize,
+    /// The ids this agent reports as its own.
+    pub ids: UpstreamRef,
+    /// The ids each cancel named.
+    pub cancels: Arc<Mutex<Vec<Option<UpstreamRef>>>>,
+}
+
+impl BindsInLargeReport {
+    /// An agent named `name`.
+    pub fn new(name: &str, artifact_bytes: usize) -> Self {
+        Self {
+            card: card(name),
+            artifact_bytes,
+            ids: UpstreamRef {
+                task_id: "own-task".into(),
+                context_id: "own-context".into(),
+            },
+            cancels: Arc::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl Agent for BindsInLargeReport {
+    fn card(&self) -> &AgentCard {
+        &self.card
+    }
+
+    async fn execute(&self, _: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+        events.status(TaskState::Working, None).await;
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let note = |id: &str, bytes| Artifact {
+            artifact_id: id.into(),
+            parts: vec![Part::text(padded(0, bytes))],
+            ..Artifact::default()
+        };
+        // The gateway is busy writing the first artifact while the ids and
+        // the large one queue behind it, to come as one report.
+        events.artifact(note("small", 16)).await;
+        events.send(AgentEvent::Bound(self.ids.clone())).await;
+        events.artifact(note("large", self.artifact_bytes)).await;
+        events.status(TaskState::Completed, None).await;
+        Ok(())
+    }
+
+    async fn cancel(&self, _: &Task, upstream: Option<&UpstreamRef>) -> Result<(), AgentError> {
+        self.cancels.lock().unwrap().push(upstream.cloned());
+        Ok(())
     }
 }
 

@@ -2075,8 +2075,24 @@ async fn an_agents_registered_ack_timeout_shortens_the_gateways() {
 /// the task fails.
 #[tokio::test]
 async fn a_transfer_bringing_results_past_the_size_limit_fails_the_task() {
+    transfer_past_the_size_limit_fails_the_task(false).await;
+}
+
+/// The same when the transfer is the agent's first report, which creates
+/// the task: it is created with the caller's message alone.
+#[tokio::test]
+async fn a_first_report_transferring_past_the_size_limit_fails_the_task() {
+    transfer_past_the_size_limit_fails_the_task(true).await;
+}
+
+/// `triage` transfers with 2 × 600 KiB of results under a 1 MiB limit,
+/// `at_once` or after reporting WORKING.
+async fn transfer_past_the_size_limit_fails_the_task(at_once: bool) {
     let payload = handoff_payload("triage", json!({"to": "echo"}), json!({}));
-    let triage = common::agents::TransfersWithArtifacts::new("triage", payload, 600 * 1024);
+    let mut triage = common::agents::TransfersWithArtifacts::new("triage", payload, 600 * 1024);
+    if at_once {
+        triage = triage.at_once();
+    }
     let gateway = baton()
         .agent("triage", triage)
         .tune(|settings| settings.max_task_bytes = 1024 * 1024)

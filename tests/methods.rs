@@ -643,28 +643,7 @@ async fn an_agent_reporting_past_the_event_limit_is_stopped_and_its_task_fails()
 #[tokio::test]
 async fn ids_in_a_report_past_the_size_limit_reach_the_agent_s_cancel() {
     let agent = BindsInLargeReport::new("late", 1536 * 1024);
-    let (ids, cancels) = (agent.ids.clone(), agent.cancels.clone());
-    let baton = baton()
-        .agent("late", agent)
-        .tune(|settings| settings.max_task_bytes = 1024 * 1024)
-        .start()
-        .await;
-    let params = json!({"message": user_message(&message_id("m"), "work")});
-    let reply = baton
-        .call_at("/agents/late/a2a", "SendMessage", params)
-        .await;
-    let task = &reply.result()["task"];
-    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
-    assert_eq!(reason(task), "TASK_SIZE_EXCEEDED");
-    let record = baton
-        .ledger
-        .get(task["id"].as_str().unwrap())
-        .unwrap()
-        .unwrap();
-    assert_eq!(record.upstream.as_ref(), Some(&ids));
-    assert_eq!(*cancels.lock().unwrap(), vec![Some(ids)]);
-    // The refused report's COMPLETED was never the task's state; the
-    // gateway's FAILED was.
+    let (baton, _) = large_report_fails_the_task(agent).await;
     let metrics = baton.http.get(baton.url("/metrics")).send().await.unwrap();
     let metrics = metrics.text().await.unwrap();
     let transitions: Vec<&str> = metrics
@@ -675,6 +654,45 @@ async fn ids_in_a_report_past_the_size_limit_reach_the_agent_s_cancel() {
     assert_eq!(transitions.len(), 1, "{transitions:?}");
     assert!(transitions[0].ends_with(failed), "{transitions:?}");
     baton.stop().await;
+}
+
+/// An agent whose first report is past the size limit: the task is
+/// created with the caller's message alone, with the agent's ids, and
+/// fails; the agent's cancel names its own task.
+#[tokio::test]
+async fn a_first_report_past_the_size_limit_fails_the_new_task() {
+    let agent = BindsInLargeReport::new("eager", 1536 * 1024).at_once();
+    let (baton, task) = large_report_fails_the_task(agent).await;
+    assert!(task.get("artifacts").is_none(), "{task}");
+    assert_eq!(task["history"][0]["parts"][0]["text"], "work");
+    baton.stop().await;
+}
+
+/// `agent`'s large report fails its task under a 1 MiB limit: its ids are
+/// kept, and its cancel names them. Returns Baton, still running, and the
+/// task.
+async fn large_report_fails_the_task(agent: BindsInLargeReport) -> (TestBaton, Value) {
+    let (ids, cancels) = (agent.ids.clone(), agent.cancels.clone());
+    let baton = baton()
+        .agent("large", agent)
+        .tune(|settings| settings.max_task_bytes = 1024 * 1024)
+        .start()
+        .await;
+    let params = json!({"message": user_message(&message_id("m"), "work")});
+    let reply = baton
+        .call_at("/agents/large/a2a", "SendMessage", params)
+        .await;
+    let task = reply.result()["task"].clone();
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(&task), "TASK_SIZE_EXCEEDED");
+    let record = baton
+        .ledger
+        .get(task["id"].as_str().unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.upstream.as_ref(), Some(&ids));
+    assert_eq!(*cancels.lock().unwrap(), vec![Some(ids)]);
+    (baton, task)
 }
 
 /// `chatty` reports until `limit` fails its task with `expected`; what was

@@ -17,7 +17,9 @@ use crate::handoff::payload::{HANDOFF_MEDIA_TYPE, find_data};
 use crate::handoff::reasons::{self, status_part};
 use crate::protocol::*;
 use crate::registry::AgentEntry;
-use crate::store::{Change, HopKind, HopRecord, IdempotencyRecord, LedgerError, TaskRecord};
+use crate::store::{
+    Change, CreatedTask, HopKind, HopRecord, IdempotencyRecord, LedgerError, TaskRecord,
+};
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use std::sync::Arc;
@@ -482,9 +484,13 @@ impl Driver {
                     events.extend(reported);
                     let hop = first_hop(agent, hop_kind);
                     match self.create(agent, hop, bound, events).await {
-                        Ok(_) => {
+                        Ok(created) => {
                             self.created = true;
                             send_first(&mut self.first_tx, First::Task(None));
+                            if created.cut_from.is_some() {
+                                self.stop_past_limit(agent, None, TaskLimit::Bytes).await;
+                                return TurnEnd::Settled;
+                            }
                         }
                         Err(err) => {
                             self.refuse(err).await;
@@ -600,7 +606,16 @@ impl Driver {
                 }
             } else {
                 let hop = first_hop(agent, hop_kind);
-                self.create(agent, hop, bound, stream_events).await
+                match self.create(agent, hop, bound, stream_events).await {
+                    Ok(created) if created.cut_from.is_some() => {
+                        execution.abort();
+                        self.created = true;
+                        send_first(&mut self.first_tx, First::Task(None));
+                        self.stop_past_limit(agent, None, TaskLimit::Bytes).await;
+                        return TurnEnd::Settled;
+                    }
+                    created => created.map(|created| created.record),
+                }
             };
             match result {
                 Ok(record) if !self.created => {
@@ -875,13 +890,16 @@ impl Driver {
         let _ = tx.send(First::Error(error));
     }
 
+    /// Creates the task on its agent's first report. A report past the
+    /// task size limit is left out (`cut_from`): the task holds the caller's
+    /// message, and its agent is to be stopped.
     async fn create(
         &self,
         agent: &AgentEntry,
         hop: HopRecord,
         upstream: Option<UpstreamRef>,
         events: Vec<StreamResponse>,
-    ) -> Result<Arc<TaskRecord>, GatewayError> {
+    ) -> Result<CreatedTask, GatewayError> {
         let Some(StreamResponse::Task(initial)) = events.first() else {
             return Err(GatewayError::Internal(
                 "a new task starts with its snapshot".into(),
@@ -911,7 +929,12 @@ impl Driver {
             ..TaskRecord::default()
         };
         note_hop(&mut record, &events, false, Utc::now());
-        Ok(self.gateway.ledger.create(record, events).await?)
+        let max_bytes = self.gateway.settings.max_task_bytes;
+        Ok(self
+            .gateway
+            .ledger
+            .create_within(record, events, max_bytes)
+            .await?)
     }
 
     async fn record_direct_reply(&self, agent: &AgentEntry, message: &Message) {

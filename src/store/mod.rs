@@ -991,6 +991,16 @@ pub struct Ledger {
     transitions: OnceLock<TransitionObserver>,
 }
 
+/// A task [`Ledger::create_within`] wrote.
+#[derive(Debug)]
+pub struct CreatedTask {
+    /// The task as written.
+    pub record: Arc<TaskRecord>,
+    /// How long its record would have been with every event, when that was
+    /// past the limit: it was created from its first event alone.
+    pub cut_from: Option<usize>,
+}
+
 /// Told of a task's state change once the update that made it is logged:
 /// the state left, the state entered, and how long the task was in the
 /// first (since its status was last set, or since it was created).
@@ -1237,9 +1247,21 @@ impl Ledger {
     /// a sled read would cost every send a lookup.
     pub async fn create(
         &self,
-        mut record: TaskRecord,
+        record: TaskRecord,
         events: Vec<StreamResponse>,
     ) -> Result<Arc<TaskRecord>, LedgerError> {
+        Ok(self.create_within(record, events, usize::MAX).await?.record)
+    }
+
+    /// Creates a task as [`Ledger::create`] does, unless its record would
+    /// be longer than `max_record_bytes`: then from its first event alone
+    /// (the snapshot every task starts with), which is not checked.
+    pub async fn create_within(
+        &self,
+        mut record: TaskRecord,
+        events: Vec<StreamResponse>,
+        max_record_bytes: usize,
+    ) -> Result<CreatedTask, LedgerError> {
         debug_assert!(
             matches!(self.get_shared(&record.task.id), Ok(None)),
             "task {} exists already",
@@ -1249,13 +1271,41 @@ impl Ledger {
         // write lock, which concurrent writers queue on.
         let published = Self::append_events(&mut record, events)?;
         record.version = 1;
-        let encoded = EncodedTask::new(record, published, true)?;
+        let mut encoded = EncodedTask::new(record, published, true)?;
+        let bytes = encoded.json.get().len();
+        let mut cut_from = None;
+        if bytes > max_record_bytes {
+            encoded = Self::first_event_only(encoded)?;
+            cut_from = Some(bytes);
+        }
         let (record, ticket) = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
             self.log_task(&mut frames, encoded)?
         };
         self.wait_written(ticket).await;
-        Ok(record)
+        Ok(CreatedTask { record, cut_from })
+    }
+
+    /// A new task's write again, holding its first event alone.
+    fn first_event_only(encoded: EncodedTask) -> Result<EncodedTask, LedgerError> {
+        let EncodedTask {
+            mut record,
+            published,
+            ..
+        } = encoded;
+        let first = published
+            .into_iter()
+            .take(1)
+            .map(|event| Arc::try_unwrap(event).map_or_else(|e| e.event.clone(), |e| e.event))
+            .collect();
+        record.task = Task {
+            id: std::mem::take(&mut record.task.id),
+            context_id: std::mem::take(&mut record.task.context_id),
+            ..Task::default()
+        };
+        record.last_seq = 0;
+        let published = Self::append_events(&mut record, first)?;
+        EncodedTask::new(record, published, true)
     }
 
     /// Changes a task durably. `change` may edit the record (history, upstream
@@ -2609,6 +2659,42 @@ mod tests {
         let made = ledger.update_within("t1", bytes, grow).await.unwrap();
         assert_eq!(made.version, before.version + 1);
         assert_eq!(ledger.flusher.latest_ticket(), written + 1);
+    }
+
+    #[tokio::test]
+    async fn a_create_past_the_record_limit_writes_its_first_event_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = paused(dir.path());
+        let events = |task_id: &str| {
+            let text = crate::protocol::Part::text("x".repeat(2000));
+            let long = crate::protocol::Message::agent(vec![text]);
+            let asking = StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+                task_id: task_id.into(),
+                context_id: "ctx".into(),
+                status: TaskStatus::now(TaskState::InputRequired, Some(long)),
+                ..TaskStatusUpdateEvent::default()
+            });
+            vec![status(task_id, TaskState::Working), asking]
+        };
+        let created = ledger
+            .create_within(record("t1"), events("t1"), 1500)
+            .await
+            .unwrap();
+        let bytes = created.cut_from.expect("cut");
+        assert!(bytes > 2000, "{bytes}");
+        let read = ledger.get("t1").unwrap().unwrap();
+        assert_eq!(read.task.status.state, TaskState::Working);
+        assert_eq!((read.version, read.last_seq), (1, 1));
+        assert_eq!(read.agent, record("t1").agent);
+        assert_eq!(*created.record, read);
+
+        // Within the limit every event is written.
+        let created = ledger
+            .create_within(record("t2"), events("t2"), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(created.cut_from, None);
+        assert_eq!(created.record.last_seq, 2);
     }
 
     #[tokio::test]

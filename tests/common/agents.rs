@@ -286,10 +286,11 @@ impl Agent for ChattyAgent {
 
 /// Reports WORKING and a small artifact, then, in one report, its own ids,
 /// an artifact of `artifact_bytes` and COMPLETED; keeps the ids each cancel
-/// named.
+/// named. [`BindsInLargeReport::at_once`] makes that report its first.
 pub struct BindsInLargeReport {
     card: AgentCard,
     artifact_bytes: usize,
+    at_once: bool,
     /// The ids this agent reports as its own.
     pub ids: UpstreamRef,
     /// The ids each cancel named.
@@ -302,11 +303,20 @@ impl BindsInLargeReport {
         Self {
             card: card(name),
             artifact_bytes,
+            at_once: false,
             ids: UpstreamRef {
                 task_id: "own-task".into(),
                 context_id: "own-context".into(),
             },
             cancels: Arc::default(),
+        }
+    }
+
+    /// The same agent, whose first report is the large one.
+    pub fn at_once(self) -> Self {
+        Self {
+            at_once: true,
+            ..self
         }
     }
 }
@@ -318,16 +328,18 @@ impl Agent for BindsInLargeReport {
     }
 
     async fn execute(&self, _: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
-        events.status(TaskState::Working, None).await;
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         let note = |id: &str, bytes| Artifact {
             artifact_id: id.into(),
             parts: vec![Part::text(padded(0, bytes))],
             ..Artifact::default()
         };
-        // The gateway is busy writing the first artifact while the ids and
-        // the large one queue behind it, to come as one report.
-        events.artifact(note("small", 16)).await;
+        if !self.at_once {
+            events.status(TaskState::Working, None).await;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            // The gateway is busy writing the first artifact while the ids
+            // and the large one queue behind it, to come as one report.
+            events.artifact(note("small", 16)).await;
+        }
         events.send(AgentEvent::Bound(self.ids.clone())).await;
         events.artifact(note("large", self.artifact_bytes)).await;
         events.status(TaskState::Completed, None).await;
@@ -555,6 +567,7 @@ pub struct TransfersWithArtifacts {
     card: AgentCard,
     payload: serde_json::Value,
     artifact_bytes: usize,
+    at_once: bool,
 }
 
 impl TransfersWithArtifacts {
@@ -564,6 +577,16 @@ impl TransfersWithArtifacts {
             card: card(name),
             payload,
             artifact_bytes,
+            at_once: false,
+        }
+    }
+
+    /// The same agent, reporting no WORKING first: the transfer is its
+    /// first report.
+    pub fn at_once(self) -> Self {
+        Self {
+            at_once: true,
+            ..self
         }
     }
 }
@@ -575,9 +598,11 @@ impl Agent for TransfersWithArtifacts {
     }
 
     async fn execute(&self, _: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
-        events.status(TaskState::Working, None).await;
-        // Recorded before the rest, which then comes as one report.
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        if !self.at_once {
+            events.status(TaskState::Working, None).await;
+            // Recorded before the rest, which then comes as one report.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
         for note in 0..2 {
             let artifact = Artifact {
                 artifact_id: format!("result-{note}"),

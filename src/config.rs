@@ -389,6 +389,12 @@ impl Config {
             .unwrap_or(crate::gateway::DEFAULT_MAX_TASK_BYTES);
         if max_task_bytes < MIN_TASK_BYTES {
             errors.push(format!("max-task-bytes: must be at least {MIN_TASK_BYTES}"));
+        } else if max_task_bytes < max_body_bytes {
+            // Else a new task's first message alone could pass its limit.
+            errors.push(format!(
+                "max-task-bytes: must be at least max-body-bytes ({max_body_bytes}), so that a \
+                 task holds any message Baton takes"
+            ));
         }
 
         let workers = args
@@ -624,6 +630,24 @@ mod tests {
                 "max-task-bytes: must be at least 1048576",
             ],
         );
+        let smaller_than_a_body = ServeArgs {
+            max_task_bytes: Some(2 * 1024 * 1024),
+            ..ServeArgs::default()
+        };
+        let err = Config::load(&smaller_than_a_body, &["echo"]).unwrap_err();
+        assert_eq!(
+            err.0,
+            [
+                "max-task-bytes: must be at least max-body-bytes (4194304), so that a task \
+              holds any message Baton takes"
+            ],
+        );
+        let with_a_smaller_body = ServeArgs {
+            max_body_bytes: Some(2 * 1024 * 1024),
+            ..smaller_than_a_body
+        };
+        let config = Config::load(&with_a_smaller_body, &["echo"]).unwrap();
+        assert_eq!(config.max_task_bytes, 2 * 1024 * 1024);
     }
 
     #[test]

@@ -644,15 +644,10 @@ async fn an_agent_reporting_past_the_event_limit_is_stopped_and_its_task_fails()
 async fn ids_in_a_report_past_the_size_limit_reach_the_agent_s_cancel() {
     let agent = BindsInLargeReport::new("late", 1536 * 1024);
     let (baton, _) = large_report_fails_the_task(agent).await;
-    let metrics = baton.http.get(baton.url("/metrics")).send().await.unwrap();
-    let metrics = metrics.text().await.unwrap();
-    let transitions: Vec<&str> = metrics
-        .lines()
-        .filter(|line| line.starts_with("baton_task_transition_seconds_count"))
-        .collect();
-    let failed = r#"{from="TASK_STATE_WORKING",to="TASK_STATE_FAILED"} 1"#;
-    assert_eq!(transitions.len(), 1, "{transitions:?}");
-    assert!(transitions[0].ends_with(failed), "{transitions:?}");
+    assert_eq!(
+        transitions(&baton).await,
+        [r#"{from="TASK_STATE_WORKING",to="TASK_STATE_FAILED"} 1"#]
+    );
     baton.stop().await;
 }
 
@@ -665,7 +660,31 @@ async fn a_first_report_past_the_size_limit_fails_the_new_task() {
     let (baton, task) = large_report_fails_the_task(agent).await;
     assert!(task.get("artifacts").is_none(), "{task}");
     assert_eq!(task["history"][0]["parts"][0]["text"], "work");
+    // Its events: the snapshot, then the FAILED.
+    let record = baton.ledger.get(task["id"].as_str().unwrap()).unwrap();
+    let record = record.unwrap();
+    assert_eq!(record.last_seq, 2);
+    assert_eq!(record.hops.len(), 1);
+    assert_eq!(
+        record.hops[0].state,
+        Some(baton::protocol::TaskState::Failed)
+    );
+    assert_eq!(
+        transitions(&baton).await,
+        [r#"{from="TASK_STATE_SUBMITTED",to="TASK_STATE_FAILED"} 1"#]
+    );
     baton.stop().await;
+}
+
+/// The counts of `baton_task_transition_seconds` Baton serves, by label.
+async fn transitions(baton: &TestBaton) -> Vec<String> {
+    let metrics = baton.http.get(baton.url("/metrics")).send().await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("baton_task_transition_seconds_count"))
+        .map(str::to_string)
+        .collect()
 }
 
 /// `agent`'s large report fails its task under a 1 MiB limit: its ids are

@@ -13,12 +13,12 @@ use serde_json::json;
 async fn max_task_bytes_refuses_a_message_that_would_pass_it() {
     let dir = tempfile::tempdir().unwrap();
     let baton = BatonProcess::builder(dir.path())
-        .args(["--max-task-bytes", "1048576"])
+        .args(["--max-task-bytes", "1048576", "--max-body-bytes", "1048576"])
         .start();
-    let message = user_message(&message_id("tck-input-required"), "ask me");
+    let long = "x".repeat(600 * 1024);
+    let message = user_message(&message_id("tck-input-required"), &long);
     let task = baton.call("SendMessage", json!({"message": message})).await;
     let task_id = task["task"]["id"].as_str().unwrap();
-    let long = "x".repeat(1024 * 1024);
     let answer = user_message_on(task_id, &message_id("tck-complete-task"), &long);
     let reply = baton
         .rpc("/a2a", "SendMessage", json!({"message": answer}))

@@ -1001,9 +1001,11 @@ pub struct CreatedTask {
     pub cut_from: Option<usize>,
 }
 
-/// Told of a task's state change once the update that made it is logged:
+/// Told of a task's state change once the update that made it is logged
+/// (not yet durable: a write the log then fails to sync is counted too):
 /// the state left, the state entered, and how long the task was in the
-/// first (since its status was last set, or since it was created).
+/// first (since its status was last set, or since it was created). Called
+/// under the ledger's write lock, so it must be quick.
 pub type TransitionObserver = Box<dyn Fn(TaskState, TaskState, std::time::Duration) + Send + Sync>;
 
 /// Polls `found` every 5 ms until it finds something, for at most 5 s
@@ -1147,9 +1149,13 @@ impl Ledger {
 
     /// Tells `observer` of every state change an update makes from now on
     /// (not of a task's first state, which its creation sets). A ledger has
-    /// one observer: a second is ignored.
+    /// one observer: a second is refused, with a warning.
     pub fn observe_transitions(&self, observer: TransitionObserver) {
-        let _ = self.transitions.set(observer);
+        if self.transitions.set(observer).is_err() {
+            tracing::warn!(
+                "the ledger's state changes are observed already; a second observer is not told"
+            );
+        }
     }
 
     /// Where durable events are fanned out.
@@ -1255,7 +1261,8 @@ impl Ledger {
 
     /// Creates a task as [`Ledger::create`] does, unless its record would
     /// be longer than `max_record_bytes`: then from its first event alone
-    /// (the snapshot every task starts with), which is not checked.
+    /// (for a task the gateway creates, its snapshot: the caller's
+    /// message), which is not checked. The record's other fields are kept.
     pub async fn create_within(
         &self,
         mut record: TaskRecord,
@@ -1286,7 +1293,8 @@ impl Ledger {
         Ok(CreatedTask { record, cut_from })
     }
 
-    /// A new task's write again, holding its first event alone.
+    /// A new task's write again, holding its first event alone: the task
+    /// and its last hop's end as they were before any event.
     fn first_event_only(encoded: EncodedTask) -> Result<EncodedTask, LedgerError> {
         let EncodedTask {
             mut record,
@@ -1304,6 +1312,10 @@ impl Ledger {
             ..Task::default()
         };
         record.last_seq = 0;
+        // An end the dropped events made (a settled state) is no end now.
+        if let Some(hop) = record.hops.last_mut() {
+            (hop.ended_at, hop.state, hop.reason) = (None, None, None);
+        }
         let published = Self::append_events(&mut record, first)?;
         EncodedTask::new(record, published, true)
     }
@@ -1338,7 +1350,6 @@ impl Ledger {
         C: Into<Change>,
         E: From<LedgerError>,
     {
-        let mut transition = None;
         let (record, ticket) = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
             let read = self
@@ -1353,26 +1364,29 @@ impl Ledger {
                     let published = Self::append_events(&mut record, events)?;
                     record.version += 1;
                     let (from, to) = (read.task.status.state, record.task.status.state);
-                    if from != to {
+                    let transition = (from != to).then(|| {
                         let since = read.task.status.timestamp.unwrap_or(read.created_at);
-                        let elapsed = (Utc::now() - since).to_std().unwrap_or_default();
-                        transition = Some((from, to, elapsed));
-                    }
+                        (from, to, (Utc::now() - since).to_std().unwrap_or_default())
+                    });
                     let encoded = EncodedTask::new(record, published, false)?;
                     let bytes = encoded.json.get().len();
                     if bytes > max_record_bytes {
                         let limit = max_record_bytes;
                         return Err(LedgerError::RecordTooLarge { bytes, limit }.into());
                     }
-                    self.log_task(&mut frames, encoded)?
+                    let logged = self.log_task(&mut frames, encoded)?;
+                    // Told once logged, before the flusher can make the write
+                    // durable: a reply may go out as soon as it is, and a
+                    // scrape after that reply counts it.
+                    if let (Some((from, to, elapsed)), Some(observe)) =
+                        (transition, self.transitions.get())
+                    {
+                        observe(from, to, elapsed);
+                    }
+                    logged
                 }
             }
         };
-        // Told once logged, not once durable: a reply may go out as soon as
-        // the write is durable, and a scrape after it should count it.
-        if let (Some((from, to, elapsed)), Some(observe)) = (transition, self.transitions.get()) {
-            observe(from, to, elapsed);
-        }
         self.wait_written(ticket).await;
         Ok(record)
     }
@@ -2676,11 +2690,24 @@ mod tests {
             });
             vec![status(task_id, TaskState::Working), asking]
         };
+        // The hop's end, as the gateway notes it from the events.
+        let mut ended = record("t1");
+        ended.hops.push(HopRecord {
+            ended_at: Some(Utc::now()),
+            state: Some(TaskState::InputRequired),
+            reason: Some("ASKED".into()),
+            ..HopRecord::default()
+        });
         let created = ledger
-            .create_within(record("t1"), events("t1"), 1500)
+            .create_within(ended, events("t1"), 1500)
             .await
             .unwrap();
         let bytes = created.cut_from.expect("cut");
+        let hop = &created.record.hops[0];
+        assert_eq!(
+            (hop.ended_at, hop.state, hop.reason.as_deref()),
+            (None, None, None)
+        );
         assert!(bytes > 2000, "{bytes}");
         let read = ledger.get("t1").unwrap().unwrap();
         assert_eq!(read.task.status.state, TaskState::Working);

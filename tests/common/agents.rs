@@ -284,9 +284,9 @@ impl Agent for ChattyAgent {
     }
 }
 
-/// Reports WORKING and a small artifact, then, in one report, its own ids,
-/// an artifact of `artifact_bytes` and COMPLETED; keeps the ids each cancel
-/// named. [`BindsInLargeReport::at_once`] makes that report its first.
+/// Reports WORKING, then, in one report, its own ids, an artifact of
+/// `artifact_bytes` and COMPLETED; keeps the ids each cancel named.
+/// [`BindsInLargeReport::at_once`] makes that report its first.
 pub struct BindsInLargeReport {
     card: AgentCard,
     artifact_bytes: usize,
@@ -328,20 +328,19 @@ impl Agent for BindsInLargeReport {
     }
 
     async fn execute(&self, _: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
-        let note = |id: &str, bytes| Artifact {
-            artifact_id: id.into(),
-            parts: vec![Part::text(padded(0, bytes))],
-            ..Artifact::default()
-        };
         if !self.at_once {
             events.status(TaskState::Working, None).await;
+            // The gateway takes what an agent reported each time it waits:
+            // WORKING is one report; the sends below never wait, so one more.
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            // The gateway is busy writing the first artifact while the ids
-            // and the large one queue behind it, to come as one report.
-            events.artifact(note("small", 16)).await;
         }
         events.send(AgentEvent::Bound(self.ids.clone())).await;
-        events.artifact(note("large", self.artifact_bytes)).await;
+        let large = Artifact {
+            artifact_id: "large".into(),
+            parts: vec![Part::text(padded(0, self.artifact_bytes))],
+            ..Artifact::default()
+        };
+        events.artifact(large).await;
         events.status(TaskState::Completed, None).await;
         Ok(())
     }

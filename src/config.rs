@@ -2,7 +2,9 @@
 //! over an optional `baton.toml`, over defaults. Every bad setting is reported
 //! at once.
 
-use crate::server::connections::{ConnectionLimits, DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT};
+use crate::server::connections::{
+    ConnectionLimits, DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT, DEFAULT_WRITE_TIMEOUT,
+};
 use crate::tls::ClientTls;
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -46,6 +48,10 @@ pub struct ServeArgs {
     /// kept-alive connection closes after it too (default 30).
     #[arg(long, env = "BATON_READ_TIMEOUT_SECS")]
     pub read_timeout_secs: Option<u64>,
+    /// Seconds one write of a response may wait for the client to read
+    /// before the connection is closed (default 60).
+    #[arg(long, env = "BATON_WRITE_TIMEOUT_SECS")]
+    pub write_timeout_secs: Option<u64>,
     /// Most inbound connections open at once (default 10000, lowered to fit
     /// the open-file limit).
     #[arg(long, env = "BATON_MAX_CONNECTIONS")]
@@ -114,6 +120,7 @@ pub struct FileConfig {
     tls_ca: Option<PathBuf>,
     max_body_bytes: Option<usize>,
     read_timeout_secs: Option<u64>,
+    write_timeout_secs: Option<u64>,
     max_connections: Option<usize>,
     log_format: Option<String>,
     shutdown_grace_secs: Option<u64>,
@@ -334,6 +341,13 @@ impl Config {
         if read_timeout_secs == 0 {
             errors.push("read-timeout-secs: must be positive".into());
         }
+        let write_timeout_secs = args
+            .write_timeout_secs
+            .or(file.write_timeout_secs)
+            .unwrap_or(DEFAULT_WRITE_TIMEOUT.as_secs());
+        if write_timeout_secs == 0 {
+            errors.push("write-timeout-secs: must be positive".into());
+        }
         let max_connections = args
             .max_connections
             .or(file.max_connections)
@@ -435,6 +449,7 @@ impl Config {
             max_body_bytes,
             connections: ConnectionLimits {
                 read_timeout: Duration::from_secs(read_timeout_secs),
+                write_timeout: Duration::from_secs(write_timeout_secs),
                 max_connections,
             },
             log_format,
@@ -599,11 +614,13 @@ mod tests {
         assert_eq!(config.connections, ConnectionLimits::default());
         let args = ServeArgs {
             read_timeout_secs: Some(5),
+            write_timeout_secs: Some(7),
             max_connections: Some(64),
             ..ServeArgs::default()
         };
         let config = Config::load(&args, &["echo"]).unwrap();
         assert_eq!(config.connections.read_timeout, Duration::from_secs(5));
+        assert_eq!(config.connections.write_timeout, Duration::from_secs(7));
         assert_eq!(config.connections.max_connections, 64);
         assert_eq!(
             config.max_task_events,
@@ -615,6 +632,7 @@ mod tests {
         );
         let zero = ServeArgs {
             read_timeout_secs: Some(0),
+            write_timeout_secs: Some(0),
             max_connections: Some(0),
             max_task_events: Some(0),
             max_task_bytes: Some(1024 * 1024 - 1),
@@ -625,6 +643,7 @@ mod tests {
             err.0,
             [
                 "read-timeout-secs: must be positive",
+                "write-timeout-secs: must be positive",
                 "max-connections: must be positive",
                 "max-task-events: must be at least 100",
                 "max-task-bytes: must be at least 1048576",

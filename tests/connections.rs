@@ -1,12 +1,13 @@
 //! Inbound connection bounds over real TCP: a request head or body that
 //! trickles in past the read timeout is cut off, an idle kept-alive
-//! connection is closed, a stream being written outlives the timeout, and
+//! connection is closed, a stream being written outlives the timeout, a
+//! response its client stops reading is cut off at the write timeout, and
 //! connections past the cap wait in the backlog until one closes.
 
 mod common;
 
 use baton::server::connections::ConnectionLimits;
-use common::agents::GatedAgent;
+use common::agents::{BindsInLargeReport, GatedAgent};
 use common::*;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -162,6 +163,118 @@ async fn a_stream_being_written_outlives_the_read_timeout() {
     let last = stream.events.last().expect("events");
     let state = &last["result"]["statusUpdate"]["status"]["state"];
     assert_eq!(state, "TASK_STATE_COMPLETED", "{last}");
+    baton.stop().await;
+}
+
+/// A task of 12 MiB (one artifact), far more than the kernel buffers of a
+/// connection whose client does not read; its id.
+async fn large_task(baton: &TestBaton) -> String {
+    let params = serde_json::json!({"message": user_message(&message_id("m"), "talk")});
+    let reply = baton
+        .call_at("/agents/large/a2a", "SendMessage", params)
+        .await;
+    let task = &reply.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED");
+    task["id"].as_str().unwrap().to_string()
+}
+
+/// Sends a GetTask of `task_id` on `stream`.
+async fn ask_for(stream: &mut TcpStream, task_id: &str) {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task_id},
+    })
+    .to_string();
+    let request = format!(
+        "POST /a2a HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+         a2a-version: 1.0\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("write");
+}
+
+/// Reads a response `chunk` bytes at a time, `pause` before each, until
+/// the peer closes or the response ends: the bytes read, and the
+/// response's length.
+async fn read_response(stream: &mut TcpStream, chunk: usize, pause: Duration) -> (usize, usize) {
+    let mut received = Vec::new();
+    let mut buffer = vec![0u8; 64 * 1024];
+    let mut length = usize::MAX;
+    let read = async {
+        'reading: while received.len() < length {
+            tokio::time::sleep(pause).await;
+            let goal = received.len().saturating_add(chunk);
+            while received.len() < goal.min(length) {
+                let n = match stream.read(&mut buffer).await {
+                    Ok(0) => break 'reading,
+                    Ok(n) => n,
+                    Err(err) if err.kind() == std::io::ErrorKind::ConnectionReset => break 'reading,
+                    Err(err) => panic!("reading failed: {err}"),
+                };
+                received.extend_from_slice(&buffer[..n]);
+                if length == usize::MAX {
+                    length = response_length(&received).unwrap_or(usize::MAX);
+                }
+            }
+        }
+    };
+    tokio::time::timeout(WAIT * 2, read)
+        .await
+        .expect("the response ends or is cut off in time");
+    (received.len(), length)
+}
+
+/// The length of the response whose head `received` begins with.
+fn response_length(received: &[u8]) -> Option<usize> {
+    let text = String::from_utf8_lossy(received);
+    let head_end = text.find("\r\n\r\n")? + 4;
+    let body: usize = text[..head_end]
+        .lines()
+        .find_map(|line| {
+            line.to_ascii_lowercase()
+                .strip_prefix("content-length: ")
+                .map(str::to_string)
+        })?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(head_end + body)
+}
+
+#[tokio::test]
+async fn a_response_the_client_stops_reading_is_cut_off_at_the_write_timeout() {
+    let baton = baton()
+        .agent(
+            "large",
+            BindsInLargeReport::new("large", 12 << 20).at_once(),
+        )
+        .connections(ConnectionLimits {
+            write_timeout: Duration::from_secs(1),
+            ..ConnectionLimits::default()
+        })
+        .start()
+        .await;
+    let task_id = large_task(&baton).await;
+    // A client that stops reading: the kernel buffers fill, the response
+    // waits, and after the write timeout the connection is closed.
+    let mut stopped = connect(&baton).await;
+    ask_for(&mut stopped, &task_id).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (read, length) = read_response(&mut stopped, usize::MAX, Duration::ZERO).await;
+    assert!(length > 12 * 1024 * 1024, "{length}");
+    assert!(read < length, "all {length} bytes came");
+    // One that reads slowly but steadily, taking the response in over
+    // several write timeouts, gets all of it.
+    let mut slow = connect(&baton).await;
+    ask_for(&mut slow, &task_id).await;
+    let started = std::time::Instant::now();
+    let (read, length) =
+        read_response(&mut slow, 2 * 1024 * 1024, Duration::from_millis(500)).await;
+    assert_eq!(read, length);
+    assert!(
+        started.elapsed() > Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     baton.stop().await;
 }
 

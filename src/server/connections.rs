@@ -1,6 +1,7 @@
-//! Inbound connections: the accept loop that serves HTTP/1.1 with a bound on
-//! how long a request head may take to arrive and on how many connections
-//! are open at once, and that drains them at a stop.
+//! Inbound connections: the accept loop that serves HTTP/1.1 with bounds on
+//! how long a request head may take to arrive, on how long a response may
+//! wait for its client to read, and on how many connections are open at
+//! once, and that drains them at a stop.
 //!
 //! `axum::serve` gives hyper no timer, so hyper's header-read timeout never
 //! applies there, and it accepts without limit: a client that sends its head
@@ -8,6 +9,7 @@
 //! a file descriptor for as long as it likes, before any key is checked.
 
 use super::FrontDoor;
+use super::write_stall::WriteStallLimit;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use std::future::Future;
@@ -24,6 +26,10 @@ pub struct ConnectionLimits {
     /// next request counts, so an idle connection closes after it too. A
     /// response being written (an SSE stream) is not bounded by it.
     pub read_timeout: Duration,
+    /// Longest one write of a response may wait for the client to take a
+    /// byte; then the connection is closed. A response as a whole, such as a
+    /// long SSE stream, is not bounded by it.
+    pub write_timeout: Duration,
     /// Most connections open at once. Past it Baton accepts no more until
     /// one closes, and new ones wait in the listen backlog.
     pub max_connections: usize,
@@ -33,6 +39,7 @@ impl Default for ConnectionLimits {
     fn default() -> Self {
         Self {
             read_timeout: DEFAULT_READ_TIMEOUT,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
@@ -42,6 +49,10 @@ impl Default for ConnectionLimits {
 /// `client_header_timeout` (60 s) and keep-alive (75 s): long enough for a
 /// slow client, short enough that idle connections do not pile up.
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// nginx's `send_timeout`: a client that takes nothing of a response for a
+/// minute is gone or stuck.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The largest request head (a longer one is answered 431), and what a
 /// connection buffers from its client before hyper stops reading for more
@@ -139,6 +150,7 @@ pub(super) async fn serve(
             },
             () = &mut shutdown => break,
         };
+        let stream = WriteStallLimit::new(stream, limits.write_timeout);
         let connection = http.serve_connection(TokioIo::new(stream), service.clone());
         let connection = graceful.watch(connection);
         tokio::spawn(async move {

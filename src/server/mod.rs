@@ -3,6 +3,7 @@
 //! graceful shutdown.
 
 pub mod connections;
+mod write_stall;
 
 use crate::auth::{KeyStore, Principal, WWW_AUTHENTICATE};
 use crate::error::GatewayError;

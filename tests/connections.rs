@@ -166,8 +166,7 @@ async fn a_stream_being_written_outlives_the_read_timeout() {
     baton.stop().await;
 }
 
-/// A task of 12 MiB (one artifact), far more than the kernel buffers of a
-/// connection whose client does not read; its id.
+/// The id of the completed task of agent `large`.
 async fn large_task(baton: &TestBaton) -> String {
     let params = serde_json::json!({"message": user_message(&message_id("m"), "talk")});
     let reply = baton
@@ -240,41 +239,59 @@ fn response_length(received: &[u8]) -> Option<usize> {
     Some(head_end + body)
 }
 
+/// A write timeout a test can wait out a few times.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Far more than a connection's kernel buffers hold while its client does
+/// not read: 12 MiB, or more where the send buffers may grow larger.
+fn more_than_buffers() -> usize {
+    let largest_send_buffer = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem")
+        .ok()
+        .and_then(|text| text.split_whitespace().nth(2)?.parse::<usize>().ok())
+        .unwrap_or(0);
+    (12 << 20).max(largest_send_buffer * 2)
+}
+
+/// A connection whose receive buffer stays small (no autotuning), so the
+/// kernel holds little of what its client does not read.
+async fn connect_small(baton: &TestBaton) -> TcpStream {
+    let address = baton.base.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(64 * 1024).expect("SO_RCVBUF");
+    socket.connect(address).await.expect("connect")
+}
+
 #[tokio::test]
 async fn a_response_the_client_stops_reading_is_cut_off_at_the_write_timeout() {
+    let bytes = more_than_buffers();
     let baton = baton()
-        .agent(
-            "large",
-            BindsInLargeReport::new("large", 12 << 20).at_once(),
-        )
+        .agent("large", BindsInLargeReport::new("large", bytes).at_once())
+        .tune(|settings| settings.max_task_bytes = usize::MAX)
         .connections(ConnectionLimits {
-            write_timeout: Duration::from_secs(1),
+            write_timeout: WRITE_TIMEOUT,
             ..ConnectionLimits::default()
         })
         .start()
         .await;
     let task_id = large_task(&baton).await;
     // A client that stops reading: the kernel buffers fill, the response
-    // waits, and after the write timeout the connection is closed.
-    let mut stopped = connect(&baton).await;
+    // waits, and after the write timeout the connection is closed. Three
+    // timeouts leave the server time to shape the reply first.
+    let mut stopped = connect_small(&baton).await;
     ask_for(&mut stopped, &task_id).await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(WRITE_TIMEOUT * 3).await;
     let (read, length) = read_response(&mut stopped, usize::MAX, Duration::ZERO).await;
-    assert!(length > 12 * 1024 * 1024, "{length}");
+    assert!(length > bytes, "{length}");
     assert!(read < length, "all {length} bytes came");
-    // One that reads slowly but steadily, taking the response in over
-    // several write timeouts, gets all of it.
-    let mut slow = connect(&baton).await;
+    // One that reads slowly but steadily, taking the response in over more
+    // than a write timeout, gets all of it.
+    let mut slow = connect_small(&baton).await;
     ask_for(&mut slow, &task_id).await;
     let started = std::time::Instant::now();
-    let (read, length) =
-        read_response(&mut slow, 2 * 1024 * 1024, Duration::from_millis(500)).await;
+    let pace = Duration::from_millis(300);
+    let (read, length) = read_response(&mut slow, bytes / 12, pace).await;
     assert_eq!(read, length);
-    assert!(
-        started.elapsed() > Duration::from_secs(2),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() > WRITE_TIMEOUT, "{:?}", started.elapsed());
     baton.stop().await;
 }
 

@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
 /// `inner`, whose writes fail with `TimedOut` once one has waited `limit`
 /// for the peer to take a byte.
@@ -19,9 +19,11 @@ use tokio::time::Sleep;
 pub struct WriteStallLimit<S> {
     inner: S,
     limit: Duration,
-    /// When the write waiting now gives up; armed when a write first has to
-    /// wait, disarmed when one goes through. Allocated only on a stall.
+    /// When the write waiting now gives up; made at a connection's first
+    /// stall and reset at each later one.
     gives_up: Option<Pin<Box<Sleep>>>,
+    /// A write is waiting: `gives_up` runs.
+    armed: bool,
 }
 
 impl<S> WriteStallLimit<S> {
@@ -31,6 +33,7 @@ impl<S> WriteStallLimit<S> {
             inner,
             limit,
             gives_up: None,
+            armed: false,
         }
     }
 
@@ -41,13 +44,19 @@ impl<S> WriteStallLimit<S> {
         written: Poll<io::Result<T>>,
     ) -> Poll<io::Result<T>> {
         if written.is_ready() {
-            self.gives_up = None;
+            self.armed = false;
             return written;
         }
         let limit = self.limit;
-        let gives_up = self
-            .gives_up
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        let gives_up = match &mut self.gives_up {
+            Some(gives_up) if self.armed => gives_up,
+            Some(gives_up) => {
+                gives_up.as_mut().reset(Instant::now() + limit);
+                gives_up
+            }
+            None => self.gives_up.insert(Box::pin(tokio::time::sleep(limit))),
+        };
+        self.armed = true;
         match gives_up.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,

@@ -326,35 +326,35 @@ impl Config {
             None => ClientTls::default(),
         };
 
-        let max_body_bytes = args
-            .max_body_bytes
-            .or(file.max_body_bytes)
-            .unwrap_or(4 * 1024 * 1024);
-        if max_body_bytes == 0 {
-            errors.push("max-body-bytes: must be positive".into());
-        }
+        let max_body_bytes = positive(
+            args.max_body_bytes
+                .or(file.max_body_bytes)
+                .unwrap_or(4 * 1024 * 1024),
+            "max-body-bytes",
+            &mut errors,
+        );
 
-        let read_timeout_secs = args
-            .read_timeout_secs
-            .or(file.read_timeout_secs)
-            .unwrap_or(DEFAULT_READ_TIMEOUT.as_secs());
-        if read_timeout_secs == 0 {
-            errors.push("read-timeout-secs: must be positive".into());
-        }
-        let write_timeout_secs = args
-            .write_timeout_secs
-            .or(file.write_timeout_secs)
-            .unwrap_or(DEFAULT_WRITE_TIMEOUT.as_secs());
-        if write_timeout_secs == 0 {
-            errors.push("write-timeout-secs: must be positive".into());
-        }
-        let max_connections = args
-            .max_connections
-            .or(file.max_connections)
-            .unwrap_or(DEFAULT_MAX_CONNECTIONS);
-        if max_connections == 0 {
-            errors.push("max-connections: must be positive".into());
-        }
+        let read_timeout_secs = positive(
+            args.read_timeout_secs
+                .or(file.read_timeout_secs)
+                .unwrap_or(DEFAULT_READ_TIMEOUT.as_secs()),
+            "read-timeout-secs",
+            &mut errors,
+        );
+        let write_timeout_secs = positive(
+            args.write_timeout_secs
+                .or(file.write_timeout_secs)
+                .unwrap_or(DEFAULT_WRITE_TIMEOUT.as_secs()),
+            "write-timeout-secs",
+            &mut errors,
+        );
+        let max_connections = positive(
+            args.max_connections
+                .or(file.max_connections)
+                .unwrap_or(DEFAULT_MAX_CONNECTIONS),
+            "max-connections",
+            &mut errors,
+        );
 
         let log_format = match args
             .log_format
@@ -371,22 +371,24 @@ impl Config {
             }
         };
 
-        let task_timeout_secs = args
-            .task_timeout_secs
-            .or(file.task_timeout_secs)
-            .unwrap_or(300);
-        if task_timeout_secs == 0 {
-            errors.push("task-timeout-secs: must be positive".into());
-        }
+        let task_timeout_secs = positive(
+            args.task_timeout_secs
+                .or(file.task_timeout_secs)
+                .unwrap_or(300),
+            "task-timeout-secs",
+            &mut errors,
+        );
 
-        let max_hops = args.max_hops.or(file.max_hops).unwrap_or(5);
-        if max_hops == 0 {
-            errors.push("max-hops: must be positive".into());
-        }
-        let ack_timeout_ms = args.ack_timeout_ms.or(file.ack_timeout_ms).unwrap_or(5000);
-        if ack_timeout_ms == 0 {
-            errors.push("ack-timeout-ms: must be positive".into());
-        }
+        let max_hops = positive(
+            args.max_hops.or(file.max_hops).unwrap_or(5),
+            "max-hops",
+            &mut errors,
+        );
+        let ack_timeout_ms = positive(
+            args.ack_timeout_ms.or(file.ack_timeout_ms).unwrap_or(5000),
+            "ack-timeout-ms",
+            &mut errors,
+        );
 
         let max_task_events = args
             .max_task_events
@@ -483,6 +485,14 @@ impl Config {
             workers,
         })
     }
+}
+
+/// `value`, with an error naming `setting` on `errors` when it is zero.
+fn positive<T: Default + PartialEq>(value: T, setting: &str, errors: &mut Vec<String>) -> T {
+    if value == T::default() {
+        errors.push(format!("{setting}: must be positive"));
+    }
+    value
 }
 
 /// The fewest events per task accepted: a task's first write alone holds

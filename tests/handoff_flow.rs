@@ -2098,17 +2098,9 @@ async fn transfer_past_the_size_limit_fails_the_task(at_once: bool) {
         .tune(|settings| settings.max_task_bytes = 1024 * 1024)
         .start()
         .await;
-    let message = user_message(&message_id("r"), "refund please");
-    let reply = gateway
-        .call_at(
-            "/agents/triage/a2a",
-            "SendMessage",
-            json!({"message": message}),
-        )
+    let task = gateway
+        .send_fails_with("triage", "TASK_SIZE_EXCEEDED")
         .await;
-    let task = &reply.result()["task"];
-    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
-    assert_eq!(reason(task), "TASK_SIZE_EXCEEDED");
     assert!(task.get("artifacts").is_none(), "the results were kept");
     let record = gateway
         .ledger

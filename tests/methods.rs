@@ -697,13 +697,7 @@ async fn large_report_fails_the_task(agent: BindsInLargeReport) -> (TestBaton, V
         .tune(|settings| settings.max_task_bytes = 1024 * 1024)
         .start()
         .await;
-    let params = json!({"message": user_message(&message_id("m"), "work")});
-    let reply = baton
-        .call_at("/agents/large/a2a", "SendMessage", params)
-        .await;
-    let task = reply.result()["task"].clone();
-    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
-    assert_eq!(reason(&task), "TASK_SIZE_EXCEEDED");
+    let task = baton.send_fails_with("large", "TASK_SIZE_EXCEEDED").await;
     let record = baton
         .ledger
         .get(task["id"].as_str().unwrap())
@@ -727,13 +721,7 @@ async fn agent_past_a_limit_is_stopped(
         .tune(limit)
         .start()
         .await;
-    let params = json!({"message": user_message(&message_id("m"), "talk")});
-    let reply = baton
-        .call_at("/agents/chatty/a2a", "SendMessage", params)
-        .await;
-    let task = reply.result()["task"].clone();
-    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
-    assert_eq!(reason(&task), expected);
+    let task = baton.send_fails_with("chatty", expected).await;
     let got = baton.call("GetTask", json!({"id": task["id"]})).await;
     assert_eq!(got.result()["status"], task["status"]);
     assert_eq!(got.result()["artifacts"], task["artifacts"]);

@@ -484,13 +484,13 @@ impl Driver {
                     events.extend(reported);
                     let hop = first_hop(agent, hop_kind);
                     match self.create(agent, hop, bound, events).await {
-                        Ok(created) => {
+                        Ok(created) if created.cut_from.is_some() => {
+                            self.stop_cut_at_creation(agent).await;
+                            return TurnEnd::Settled;
+                        }
+                        Ok(_) => {
                             self.created = true;
                             send_first(&mut self.first_tx, First::Task(None));
-                            if created.cut_from.is_some() {
-                                self.stop_past_limit(agent, None, TaskLimit::Bytes).await;
-                                return TurnEnd::Settled;
-                            }
                         }
                         Err(err) => {
                             self.refuse(err).await;
@@ -609,9 +609,7 @@ impl Driver {
                 match self.create(agent, hop, bound, stream_events).await {
                     Ok(created) if created.cut_from.is_some() => {
                         execution.abort();
-                        self.created = true;
-                        send_first(&mut self.first_tx, First::Task(None));
-                        self.stop_past_limit(agent, None, TaskLimit::Bytes).await;
+                        self.stop_cut_at_creation(agent).await;
                         return TurnEnd::Settled;
                     }
                     created => created.map(|created| created.record),
@@ -870,6 +868,15 @@ impl Driver {
             "the agent reported more than a task may hold; stopping it"
         );
         stop_task(&self.gateway, Some(agent), &self.task_id, reason).await;
+    }
+
+    /// The task was created from its snapshot alone, the agent's first
+    /// report being past the size limit: the caller gets the task, and the
+    /// agent is stopped (its ids came with the creation).
+    async fn stop_cut_at_creation(&mut self, agent: &Arc<AgentEntry>) {
+        self.created = true;
+        send_first(&mut self.first_tx, First::Task(None));
+        self.stop_past_limit(agent, None, TaskLimit::Bytes).await;
     }
 
     /// Answers the caller with an error when nothing was created; the

@@ -1364,10 +1364,6 @@ impl Ledger {
                     let published = Self::append_events(&mut record, events)?;
                     record.version += 1;
                     let (from, to) = (read.task.status.state, record.task.status.state);
-                    let transition = (from != to).then(|| {
-                        let since = read.task.status.timestamp.unwrap_or(read.created_at);
-                        (from, to, (Utc::now() - since).to_std().unwrap_or_default())
-                    });
                     let encoded = EncodedTask::new(record, published, false)?;
                     let bytes = encoded.json.get().len();
                     if bytes > max_record_bytes {
@@ -1378,10 +1374,11 @@ impl Ledger {
                     // Told once logged, before the flusher can make the write
                     // durable: a reply may go out as soon as it is, and a
                     // scrape after that reply counts it.
-                    if let (Some((from, to, elapsed)), Some(observe)) =
-                        (transition, self.transitions.get())
+                    if from != to
+                        && let Some(observe) = self.transitions.get()
                     {
-                        observe(from, to, elapsed);
+                        let since = read.task.status.timestamp.unwrap_or(read.created_at);
+                        observe(from, to, (Utc::now() - since).to_std().unwrap_or_default());
                     }
                     logged
                 }

@@ -274,11 +274,7 @@ impl Agent for ChattyAgent {
                 events.status(TaskState::Completed, None).await;
                 return Ok(());
             }
-            let artifact = Artifact {
-                artifact_id: format!("note-{note}"),
-                parts: vec![Part::text(padded(note, self.note_bytes))],
-                ..Artifact::default()
-            };
+            let artifact = padded(format!("note-{note}"), note, self.note_bytes);
             events.artifact(artifact).await;
         }
     }
@@ -329,17 +325,10 @@ impl Agent for BindsInLargeReport {
 
     async fn execute(&self, _: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
         if !self.at_once {
-            events.status(TaskState::Working, None).await;
-            // The gateway takes what an agent reported each time it waits:
-            // WORKING is one report; the sends below never wait, so one more.
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            working_alone(&events).await;
         }
         events.send(AgentEvent::Bound(self.ids.clone())).await;
-        let large = Artifact {
-            artifact_id: "large".into(),
-            parts: vec![Part::text(padded(0, self.artifact_bytes))],
-            ..Artifact::default()
-        };
+        let large = padded("large".into(), 0, self.artifact_bytes);
         events.artifact(large).await;
         events.status(TaskState::Completed, None).await;
         Ok(())
@@ -351,12 +340,24 @@ impl Agent for BindsInLargeReport {
     }
 }
 
-/// `note` followed by dots up to `bytes` bytes.
-fn padded(note: usize, bytes: usize) -> String {
+/// Artifact `id`, whose text is `note` followed by dots up to `bytes` bytes.
+fn padded(id: String, note: usize, bytes: usize) -> Artifact {
     let mut text = note.to_string();
     let pad = bytes.saturating_sub(text.len());
     text.extend(std::iter::repeat_n('.', pad));
-    text
+    Artifact {
+        artifact_id: id,
+        parts: vec![Part::text(text)],
+        ..Artifact::default()
+    }
+}
+
+/// Reports WORKING as a report of its own: the gateway takes what an agent
+/// reported each time the agent waits, and the sends after this one, which
+/// never wait, come as the next report.
+async fn working_alone(events: &AgentEvents) {
+    events.status(TaskState::Working, None).await;
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
 }
 
 /// A card declaring a required extension.
@@ -598,16 +599,10 @@ impl Agent for TransfersWithArtifacts {
 
     async fn execute(&self, _: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
         if !self.at_once {
-            events.status(TaskState::Working, None).await;
-            // Recorded before the rest, which then comes as one report.
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            working_alone(&events).await;
         }
         for note in 0..2 {
-            let artifact = Artifact {
-                artifact_id: format!("result-{note}"),
-                parts: vec![Part::text(padded(note, self.artifact_bytes))],
-                ..Artifact::default()
-            };
+            let artifact = padded(format!("result-{note}"), note, self.artifact_bytes);
             events.artifact(artifact).await;
         }
         let mut handoff = Part::data(self.payload.clone());

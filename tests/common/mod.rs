@@ -534,6 +534,18 @@ pub fn reason(task: &Value) -> &str {
 }
 
 impl TestBaton {
+    /// Sends "work" to agent `id` (SendMessage on `/agents/{id}/a2a`), which
+    /// must end the task FAILED with reason `expected`; the task.
+    pub async fn send_fails_with(&self, id: &str, expected: &str) -> Value {
+        let params = json!({"message": user_message(&message_id("m"), "work")});
+        let path = format!("/agents/{id}/a2a");
+        let reply = self.call_at(&path, "SendMessage", params).await;
+        let task = reply.result()["task"].clone();
+        assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+        assert_eq!(reason(&task), expected);
+        task
+    }
+
     /// A registry JSON-RPC call at `/registry`.
     pub async fn registry(&self, method: &str, params: Value) -> Reply {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});

@@ -7,8 +7,10 @@
 mod common;
 
 use baton::demo::vendor::{Reply, VendorAgent};
+use baton::gateway::GatewaySettings;
 use baton::handoff::payload::{HANDOFF_MEDIA_TYPE, HANDOFF_RESULT_MEDIA_TYPE};
 use baton::protocol::{Part, PartContent, TaskState};
+use baton::store::TaskLimit;
 use common::*;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -2075,32 +2077,49 @@ async fn an_agents_registered_ack_timeout_shortens_the_gateways() {
 /// the task fails.
 #[tokio::test]
 async fn a_transfer_bringing_results_past_the_size_limit_fails_the_task() {
-    transfer_past_the_size_limit_fails_the_task(false).await;
+    transfer_past_a_limit_fails_the_task(false, TaskLimit::Bytes).await;
 }
 
 /// The same when the transfer is the agent's first report, which creates
 /// the task: it is created with the caller's message alone.
 #[tokio::test]
 async fn a_first_report_transferring_past_the_size_limit_fails_the_task() {
-    transfer_past_the_size_limit_fails_the_task(true).await;
+    transfer_past_a_limit_fails_the_task(true, TaskLimit::Bytes).await;
 }
 
-/// `triage` transfers with 2 × 600 KiB of results under a 1 MiB limit,
-/// `at_once` or after reporting WORKING.
-async fn transfer_past_the_size_limit_fails_the_task(at_once: bool) {
+/// And for their count: past `--max-task-events` the same.
+#[tokio::test]
+async fn a_transfer_bringing_results_past_the_event_limit_fails_the_task() {
+    transfer_past_a_limit_fails_the_task(false, TaskLimit::Events).await;
+}
+
+#[tokio::test]
+async fn a_first_report_transferring_past_the_event_limit_fails_the_task() {
+    transfer_past_a_limit_fails_the_task(true, TaskLimit::Events).await;
+}
+
+/// `triage` transfers with results past `limit`, `at_once` or after
+/// reporting WORKING: 2 × 600 KiB under 1 MiB, or 30 under 20 events.
+async fn transfer_past_a_limit_fails_the_task(at_once: bool, limit: TaskLimit) {
     let payload = handoff_payload("triage", json!({"to": "echo"}), json!({}));
-    let mut triage = common::agents::TransfersWithArtifacts::new("triage", payload, 600 * 1024);
+    let (results, tune, reason): (_, fn(&mut GatewaySettings), _) = match limit {
+        TaskLimit::Bytes => (
+            (2, 600 * 1024),
+            |settings| settings.max_task_bytes = 1024 * 1024,
+            "TASK_SIZE_EXCEEDED",
+        ),
+        TaskLimit::Events => (
+            (30, 16),
+            |settings| settings.max_task_events = 20,
+            "EVENT_LIMIT_EXCEEDED",
+        ),
+    };
+    let mut triage = common::agents::TransfersWithArtifacts::new("triage", payload, results);
     if at_once {
         triage = triage.at_once();
     }
-    let gateway = baton()
-        .agent("triage", triage)
-        .tune(|settings| settings.max_task_bytes = 1024 * 1024)
-        .start()
-        .await;
-    let task = gateway
-        .send_fails_with("triage", "TASK_SIZE_EXCEEDED")
-        .await;
+    let gateway = baton().agent("triage", triage).tune(tune).start().await;
+    let task = gateway.send_fails_with("triage", reason).await;
     assert!(task.get("artifacts").is_none(), "the results were kept");
     let record = gateway
         .ledger

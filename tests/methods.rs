@@ -732,3 +732,36 @@ async fn agent_past_a_limit_is_stopped(
     baton.stop().await;
     task
 }
+
+/// A task asking for input with the most events it may hold: no answer
+/// could resume it (the agent's first report would pass the limit), so an
+/// answer is refused as for an ended task, and nothing of it is kept.
+#[tokio::test]
+async fn an_answer_to_a_task_at_its_event_limit_is_refused() {
+    let baton = baton()
+        .default_agent("scenario")
+        .tune(|settings| settings.max_task_events = 4)
+        .start()
+        .await;
+    let asking = message_id("tck-input-required");
+    let opened = baton.send_text(&asking, "ask", json!({})).await;
+    let task_id = opened["task"]["id"].as_str().unwrap().to_string();
+    // Each answer is asked again: WORKING, then INPUT_REQUIRED.
+    let answer = user_message_on(&task_id, &asking, "first");
+    let reply = baton.call("SendMessage", json!({"message": answer})).await;
+    assert_eq!(
+        reply.result()["task"]["status"]["state"],
+        "TASK_STATE_INPUT_REQUIRED"
+    );
+    let before = baton.ledger.get(&task_id).unwrap().unwrap();
+    assert_eq!(before.last_seq, 4);
+
+    let answer = user_message_on(&task_id, &asking, "second");
+    let reply = baton.call("SendMessage", json!({"message": answer})).await;
+    assert_eq!(reply.code(), Some(-32004), "{}", reply.body);
+    let message = reply.body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("4 events"), "{message}");
+    let after = baton.ledger.get(&task_id).unwrap().unwrap();
+    assert_eq!(after, before);
+    baton.stop().await;
+}

@@ -18,7 +18,7 @@ use crate::handoff::reasons::{self, status_part};
 use crate::protocol::*;
 use crate::registry::AgentEntry;
 use crate::store::{
-    Change, CreatedTask, HopKind, HopRecord, IdempotencyRecord, LedgerError, TaskRecord,
+    Change, CreatedTask, HopKind, HopRecord, IdempotencyRecord, LedgerError, TaskLimit, TaskRecord,
 };
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
@@ -342,11 +342,11 @@ impl Driver {
     /// otherwise. False when the task could not take the message.
     async fn resume(&mut self, message: &Message, record: &TaskRecord) -> bool {
         let (task_id, context_id) = (self.task_id.clone(), self.context_id.clone());
-        let max_bytes = self.gateway.settings.max_task_bytes;
+        let limits = self.gateway.settings.task_limits();
         let appended = self
             .gateway
             .ledger
-            .update_within(&task_id, max_bytes, |current| {
+            .update_within(&task_id, limits, |current| {
                 current.task.history.push(message.clone());
                 if current.task.status.state == TaskState::Working {
                     return Ok::<_, LedgerError>(Vec::new());
@@ -362,6 +362,14 @@ impl Driver {
             .map_err(|err| match err {
                 too_large @ LedgerError::RecordTooLarge { .. } => {
                     GatewayError::invalid_field("message", too_large.to_string())
+                }
+                // No message could resume it: the agent's first report would
+                // pass the limit too.
+                LedgerError::TooManyEvents { limit, .. } => {
+                    GatewayError::UnsupportedOperation(format!(
+                        "task {task_id} holds the {limit} events a task may hold and \
+                         accepts no more messages"
+                    ))
                 }
                 other => GatewayError::from(other),
             });
@@ -484,8 +492,11 @@ impl Driver {
                     events.extend(reported);
                     let hop = first_hop(agent, hop_kind);
                     match self.create(agent, hop, bound, events).await {
-                        Ok(created) if created.cut_from.is_some() => {
-                            self.stop_cut_at_creation(agent).await;
+                        Ok(CreatedTask {
+                            cut: Some(exceeded),
+                            ..
+                        }) => {
+                            self.stop_cut_at_creation(agent, exceeded).await;
                             return TurnEnd::Settled;
                         }
                         Ok(_) => {
@@ -498,11 +509,11 @@ impl Driver {
                         }
                     }
                 } else if bound.is_some() || !reported.is_empty() {
-                    let max_bytes = self.gateway.settings.max_task_bytes;
+                    let limits = self.gateway.settings.task_limits();
                     let written = self
                         .gateway
                         .ledger
-                        .update_within(&self.task_id, max_bytes, |record| {
+                        .update_within(&self.task_id, limits, |record| {
                             if bound.is_some() {
                                 record.upstream = bound.clone();
                             }
@@ -551,15 +562,11 @@ impl Driver {
             }
             let result = if self.created {
                 let now = Utc::now();
-                let limit = self.gateway.settings.max_task_events;
-                let max_bytes = self.gateway.settings.max_task_bytes;
+                let limits = self.gateway.settings.task_limits();
                 let written = self
                     .gateway
                     .ledger
-                    .update_within(&self.task_id, max_bytes, |record| {
-                        if record.last_seq + stream_events.len() as u64 > limit {
-                            return Err(ReportError::PastLimit(TaskLimit::Events));
-                        }
+                    .update_within(&self.task_id, limits, |record| {
                         if bound.is_some() {
                             record.upstream = bound.clone();
                         }
@@ -607,9 +614,12 @@ impl Driver {
             } else {
                 let hop = first_hop(agent, hop_kind);
                 match self.create(agent, hop, bound, stream_events).await {
-                    Ok(created) if created.cut_from.is_some() => {
+                    Ok(CreatedTask {
+                        cut: Some(exceeded),
+                        ..
+                    }) => {
                         execution.abort();
-                        self.stop_cut_at_creation(agent).await;
+                        self.stop_cut_at_creation(agent, exceeded).await;
                         return TurnEnd::Settled;
                     }
                     created => created.map(|created| created.record),
@@ -871,12 +881,12 @@ impl Driver {
     }
 
     /// The task was created from its snapshot alone, the agent's first
-    /// report being past the size limit: the caller gets the task, and the
+    /// report being past `exceeded`: the caller gets the task, and the
     /// agent is stopped (its ids came with the creation).
-    async fn stop_cut_at_creation(&mut self, agent: &Arc<AgentEntry>) {
+    async fn stop_cut_at_creation(&mut self, agent: &Arc<AgentEntry>, exceeded: TaskLimit) {
         self.created = true;
         send_first(&mut self.first_tx, First::Task(None));
-        self.stop_past_limit(agent, None, TaskLimit::Bytes).await;
+        self.stop_past_limit(agent, None, exceeded).await;
     }
 
     /// Answers the caller with an error when nothing was created; the
@@ -898,7 +908,7 @@ impl Driver {
     }
 
     /// Creates the task on its agent's first report. A report past the
-    /// task size limit is left out (`cut_from`): the task holds the caller's
+    /// task's limits is left out (`cut`): the task holds the caller's
     /// message, and its agent is to be stopped.
     async fn create(
         &self,
@@ -936,11 +946,11 @@ impl Driver {
             ..TaskRecord::default()
         };
         note_hop(&mut record, &events, false, Utc::now());
-        let max_bytes = self.gateway.settings.max_task_bytes;
+        let limits = self.gateway.settings.task_limits();
         Ok(self
             .gateway
             .ledger
-            .create_within(record, events, max_bytes)
+            .create_within(record, events, limits)
             .await?)
     }
 
@@ -1108,15 +1118,6 @@ async fn stop_task(gateway: &Gateway, agent: Option<&AgentEntry>, task_id: &str,
     }
 }
 
-/// Which of a task's bounds an agent's report would have passed.
-#[derive(Clone, Copy, Debug)]
-enum TaskLimit {
-    /// `max_task_events`.
-    Events,
-    /// `max_task_bytes`.
-    Bytes,
-}
-
 /// Why an agent's report was not written.
 enum ReportError {
     /// It would have passed one of the task's limits.
@@ -1127,9 +1128,9 @@ enum ReportError {
 
 impl From<LedgerError> for ReportError {
     fn from(err: LedgerError) -> Self {
-        match err {
-            LedgerError::RecordTooLarge { .. } => Self::PastLimit(TaskLimit::Bytes),
-            other => Self::Other(other.into()),
+        match err.passed_limit() {
+            Some(exceeded) => Self::PastLimit(exceeded),
+            None => Self::Other(err.into()),
         }
     }
 }

@@ -151,13 +151,25 @@ pub struct GatewaySettings {
     /// stop (`CancelTask` for a remote agent), and the task fails with
     /// `EVENT_LIMIT_EXCEEDED`: every write rewrites the task's whole record,
     /// so an agent could otherwise grow one task, and the ledger, until its
-    /// deadline.
+    /// deadline. A client's answer to a task holding that many is refused
+    /// (-32004).
     pub max_task_events: u64,
     /// Longest a task's stored record (its JSON, which every write
     /// rewrites) may grow. An agent report past it stops the agent, as the
     /// event limit does, and the task fails with `TASK_SIZE_EXCEEDED`; a
     /// client's message past it is refused (-32602).
     pub max_task_bytes: usize,
+}
+
+impl GatewaySettings {
+    /// The bounds on a task that an agent's report or a client's message
+    /// may not pass.
+    pub fn task_limits(&self) -> store::TaskLimits {
+        store::TaskLimits {
+            max_events: self.max_task_events,
+            max_bytes: self.max_task_bytes,
+        }
+    }
 }
 
 impl Default for GatewaySettings {

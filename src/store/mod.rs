@@ -57,6 +57,15 @@ pub enum LedgerError {
         /// The longest record allowed.
         limit: usize,
     },
+    /// A write would have made the task's event log longer than the caller
+    /// allows ([`Ledger::update_within`]); nothing was written.
+    #[error("the task would hold {events} events, more than the {limit} a task may hold")]
+    TooManyEvents {
+        /// The task's events with the write.
+        events: u64,
+        /// The most events allowed.
+        limit: u64,
+    },
     /// A compressed record bucket failed its checksum or did not decompress.
     #[error("corrupt record bucket {0}")]
     CorruptBucket(String),
@@ -996,9 +1005,48 @@ pub struct Ledger {
 pub struct CreatedTask {
     /// The task as written.
     pub record: Arc<TaskRecord>,
-    /// How long its record would have been with every event, when that was
-    /// past the limit: it was created from its first event alone.
-    pub cut_from: Option<usize>,
+    /// The limit its events would have passed: it was created from its
+    /// first event alone.
+    pub cut: Option<TaskLimit>,
+}
+
+/// The most a task may hold, checked on the writes of content (an agent's
+/// report, a client's message). Every write rewrites the task's whole
+/// record, so each bounds what one task costs every later write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskLimits {
+    /// Most events in its log (`last_seq`).
+    pub max_events: u64,
+    /// Longest its record, as encoded for the log.
+    pub max_bytes: usize,
+}
+
+impl TaskLimits {
+    /// No bound: for writes Baton makes itself.
+    pub const NONE: Self = Self {
+        max_events: u64::MAX,
+        max_bytes: usize::MAX,
+    };
+}
+
+/// Which of [`TaskLimits`] a write would have passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskLimit {
+    /// `max_events`.
+    Events,
+    /// `max_bytes`.
+    Bytes,
+}
+
+impl LedgerError {
+    /// The limit this error says a write would have passed.
+    pub fn passed_limit(&self) -> Option<TaskLimit> {
+        match self {
+            Self::TooManyEvents { .. } => Some(TaskLimit::Events),
+            Self::RecordTooLarge { .. } => Some(TaskLimit::Bytes),
+            _ => None,
+        }
+    }
 }
 
 /// Told of a task's state change once the update that made it is logged
@@ -1256,18 +1304,21 @@ impl Ledger {
         record: TaskRecord,
         events: Vec<StreamResponse>,
     ) -> Result<Arc<TaskRecord>, LedgerError> {
-        Ok(self.create_within(record, events, usize::MAX).await?.record)
+        Ok(self
+            .create_within(record, events, TaskLimits::NONE)
+            .await?
+            .record)
     }
 
-    /// Creates a task as [`Ledger::create`] does, unless its record would
-    /// be longer than `max_record_bytes`: then from its first event alone
-    /// (for a task the gateway creates, its snapshot: the caller's
-    /// message), which is not checked. The record's other fields are kept.
+    /// Creates a task as [`Ledger::create`] does, unless its events would
+    /// pass `limits`: then from its first event alone (for a task the
+    /// gateway creates, its snapshot: the caller's message), which is not
+    /// checked. The record's other fields are kept.
     pub async fn create_within(
         &self,
         mut record: TaskRecord,
         events: Vec<StreamResponse>,
-        max_record_bytes: usize,
+        limits: TaskLimits,
     ) -> Result<CreatedTask, LedgerError> {
         debug_assert!(
             matches!(self.get_shared(&record.task.id), Ok(None)),
@@ -1278,19 +1329,22 @@ impl Ledger {
         // write lock, which concurrent writers queue on.
         let published = Self::append_events(&mut record, events)?;
         record.version = 1;
+        let too_many = record.last_seq > limits.max_events;
         let mut encoded = EncodedTask::new(record, published, true)?;
-        let bytes = encoded.json.get().len();
-        let mut cut_from = None;
-        if bytes > max_record_bytes {
+        let cut = if too_many {
+            Some(TaskLimit::Events)
+        } else {
+            (encoded.json.get().len() > limits.max_bytes).then_some(TaskLimit::Bytes)
+        };
+        if cut.is_some() {
             encoded = Self::first_event_only(encoded)?;
-            cut_from = Some(bytes);
         }
         let (record, ticket) = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
             self.log_task(&mut frames, encoded)?
         };
         self.wait_written(ticket).await;
-        Ok(CreatedTask { record, cut_from })
+        Ok(CreatedTask { record, cut })
     }
 
     /// A new task's write again, holding its first event alone: the task
@@ -1332,17 +1386,18 @@ impl Ledger {
         C: Into<Change>,
         E: From<LedgerError>,
     {
-        self.update_within(task_id, usize::MAX, change).await
+        self.update_within(task_id, TaskLimits::NONE, change).await
     }
 
-    /// [`Self::update`], unless the change would make the task's record
-    /// (as encoded, the bytes every later write rewrites) longer than
-    /// `max_record_bytes`: then nothing is written and the error is
-    /// [`LedgerError::RecordTooLarge`].
+    /// [`Self::update`], unless the change would pass `limits`: append
+    /// events past `max_events` ([`LedgerError::TooManyEvents`]), or make
+    /// the task's record (as encoded, the bytes every later write rewrites)
+    /// longer than `max_bytes` ([`LedgerError::RecordTooLarge`]). Then
+    /// nothing is written.
     pub async fn update_within<F, C, E>(
         &self,
         task_id: &str,
-        max_record_bytes: usize,
+        limits: TaskLimits,
         change: F,
     ) -> Result<Arc<TaskRecord>, E>
     where
@@ -1362,12 +1417,17 @@ impl Ledger {
                 Change::Unchanged => (read, self.flusher.latest_ticket()),
                 Change::Made(events) => {
                     let published = Self::append_events(&mut record, events)?;
+                    // A write of no event leaves the count as it was.
+                    if !published.is_empty() && record.last_seq > limits.max_events {
+                        let (events, limit) = (record.last_seq, limits.max_events);
+                        return Err(LedgerError::TooManyEvents { events, limit }.into());
+                    }
                     record.version += 1;
                     let (from, to) = (read.task.status.state, record.task.status.state);
                     let encoded = EncodedTask::new(record, published, false)?;
                     let bytes = encoded.json.get().len();
-                    if bytes > max_record_bytes {
-                        let limit = max_record_bytes;
+                    if bytes > limits.max_bytes {
+                        let limit = limits.max_bytes;
                         return Err(LedgerError::RecordTooLarge { bytes, limit }.into());
                     }
                     let logged = self.log_task(&mut frames, encoded)?;
@@ -2657,7 +2717,11 @@ mod tests {
             record.agent = "a".repeat(2000);
             Ok::<_, LedgerError>(Vec::new())
         };
-        let err = ledger.update_within("t1", 1500, grow).await.unwrap_err();
+        let err = ledger
+            .update_within("t1", bytes_limit(1500), grow)
+            .await
+            .unwrap_err();
+        assert_eq!(err.passed_limit(), Some(TaskLimit::Bytes));
         let LedgerError::RecordTooLarge { bytes, limit } = err else {
             panic!("{err:?}");
         };
@@ -2667,9 +2731,64 @@ mod tests {
         assert_eq!(ledger.get("t1").unwrap().unwrap(), before);
 
         // Within the limit the same change is written.
-        let made = ledger.update_within("t1", bytes, grow).await.unwrap();
+        let made = ledger
+            .update_within("t1", bytes_limit(bytes), grow)
+            .await
+            .unwrap();
         assert_eq!(made.version, before.version + 1);
         assert_eq!(ledger.flusher.latest_ticket(), written + 1);
+    }
+
+    #[tokio::test]
+    async fn an_update_past_the_event_limit_logs_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = with_working_task(paused(dir.path()), "t1").await;
+        let limits = TaskLimits {
+            max_events: 3,
+            ..TaskLimits::NONE
+        };
+        let flips = |count: usize| {
+            move |record: &mut TaskRecord| {
+                let states = [TaskState::InputRequired, TaskState::Working];
+                let events = (0..count)
+                    .map(|n| status(&record.task.id, states[n % 2]))
+                    .collect::<Vec<_>>();
+                Ok::<_, LedgerError>(events)
+            }
+        };
+        let before = ledger.get("t1").unwrap().unwrap();
+        let written = ledger.flusher.latest_ticket();
+        let err = ledger
+            .update_within("t1", limits, flips(3))
+            .await
+            .unwrap_err();
+        assert_eq!(err.passed_limit(), Some(TaskLimit::Events));
+        let LedgerError::TooManyEvents { events, limit } = err else {
+            panic!("{err:?}");
+        };
+        assert_eq!((events, limit), (4, 3));
+        assert_eq!(ledger.flusher.latest_ticket(), written);
+        assert_eq!(ledger.get("t1").unwrap().unwrap(), before);
+
+        // Up to the limit is written; past it, a write of no event still is.
+        let made = ledger.update_within("t1", limits, flips(2)).await.unwrap();
+        assert_eq!(made.last_seq, 3);
+        let renamed = |record: &mut TaskRecord| {
+            record.agent = "renamed".into();
+            Ok::<_, LedgerError>(Vec::new())
+        };
+        let made = ledger.update_within("t1", limits, renamed).await.unwrap();
+        assert_eq!((made.last_seq, made.agent.as_str()), (3, "renamed"));
+        let err = ledger.update_within("t1", limits, flips(1)).await;
+        assert!(matches!(err, Err(LedgerError::TooManyEvents { .. })));
+    }
+
+    /// Limits of `max_bytes` alone.
+    fn bytes_limit(max_bytes: usize) -> TaskLimits {
+        TaskLimits {
+            max_bytes,
+            ..TaskLimits::NONE
+        }
     }
 
     #[tokio::test]
@@ -2696,28 +2815,43 @@ mod tests {
             ..HopRecord::default()
         });
         let created = ledger
-            .create_within(ended, events("t1"), 1500)
+            .create_within(ended, events("t1"), bytes_limit(1500))
             .await
             .unwrap();
-        let bytes = created.cut_from.expect("cut");
+        assert_eq!(created.cut, Some(TaskLimit::Bytes));
         let hop = &created.record.hops[0];
         assert_eq!(
             (hop.ended_at, hop.state, hop.reason.as_deref()),
             (None, None, None)
         );
-        assert!(bytes > 2000, "{bytes}");
         let read = ledger.get("t1").unwrap().unwrap();
         assert_eq!(read.task.status.state, TaskState::Working);
         assert_eq!((read.version, read.last_seq), (1, 1));
         assert_eq!(read.agent, record("t1").agent);
         assert_eq!(*created.record, read);
 
-        // Within the limit every event is written.
+        // Past the event limit the same.
+        let one_event = TaskLimits {
+            max_events: 1,
+            ..TaskLimits::NONE
+        };
         let created = ledger
-            .create_within(record("t2"), events("t2"), usize::MAX)
+            .create_within(record("t3"), events("t3"), one_event)
             .await
             .unwrap();
-        assert_eq!(created.cut_from, None);
+        assert_eq!(created.cut, Some(TaskLimit::Events));
+        assert_eq!(created.record.last_seq, 1);
+
+        // Within both every event is written.
+        let limits = TaskLimits {
+            max_events: 2,
+            ..TaskLimits::NONE
+        };
+        let created = ledger
+            .create_within(record("t2"), events("t2"), limits)
+            .await
+            .unwrap();
+        assert_eq!(created.cut, None);
         assert_eq!(created.record.last_seq, 2);
     }
 

@@ -561,21 +561,28 @@ impl Agent for HandsOnWhenCanceled {
     }
 }
 
-/// Reports WORKING, then, in one report, two artifacts of `artifact_bytes`
-/// each and a transfer with `payload`: results brought along by a transfer.
+/// Reports WORKING, then, in one report, `artifacts` artifacts of
+/// `artifact_bytes` each and a transfer with `payload`: results brought
+/// along by a transfer.
 pub struct TransfersWithArtifacts {
     card: AgentCard,
     payload: serde_json::Value,
+    artifacts: usize,
     artifact_bytes: usize,
     at_once: bool,
 }
 
 impl TransfersWithArtifacts {
     /// An agent named `name`.
-    pub fn new(name: &str, payload: serde_json::Value, artifact_bytes: usize) -> Self {
+    pub fn new(
+        name: &str,
+        payload: serde_json::Value,
+        (artifacts, artifact_bytes): (usize, usize),
+    ) -> Self {
         Self {
             card: card(name),
             payload,
+            artifacts,
             artifact_bytes,
             at_once: false,
         }
@@ -601,7 +608,7 @@ impl Agent for TransfersWithArtifacts {
         if !self.at_once {
             working_alone(&events).await;
         }
-        for note in 0..2 {
+        for note in 0..self.artifacts {
             let artifact = padded(format!("result-{note}"), note, self.artifact_bytes);
             events.artifact(artifact).await;
         }

@@ -1,5 +1,6 @@
 //! Inbound connection bounds over real TCP: a request head or body that
-//! trickles in past the read timeout is cut off, an idle kept-alive
+//! trickles in past the read timeout is cut off, a broken chunked body is
+//! refused, an idle kept-alive
 //! connection is closed, a stream being written outlives the timeout, a
 //! response its client stops reading is cut off at the write timeout, and
 //! connections past the cap wait in the backlog until one closes.
@@ -137,6 +138,27 @@ async fn a_request_body_that_trickles_in_gets_408_at_the_read_timeout() {
     assert_eq!(body["error"]["code"], -32600, "{body}");
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains("did not arrive within 1 s"), "{message}");
+    baton.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_body_with_a_broken_chunk_gets_400() {
+    let baton = baton_with(short_reads()).await;
+    let mut stream = connect(&baton).await;
+    stream
+        .write_all(
+            b"POST /a2a HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+              transfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n",
+        )
+        .await
+        .unwrap();
+    let reply = read_until_closed(&mut stream).await;
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    let body = &reply[reply.find("\r\n\r\n").expect("a head") + 4..];
+    let body: serde_json::Value = serde_json::from_str(body).expect("a JSON-RPC error");
+    assert_eq!(body["error"]["code"], -32600, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("could not be read"), "{message}");
     baton.stop().await;
 }
 

@@ -424,11 +424,7 @@ async fn serve_agent_rpc(
         }
         // The answer names the request it answers, when its id can be read
         // (JSON-RPC 2.0 §5); the unknown agent is the error, whatever else.
-        let body = read_body(state, body)
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default();
+        let body = read_body(state, body).await.unwrap_or_default();
         let request_id = match parse_request(&body) {
             Ok(request) => Some(request.id),
             Err(failure) => failure.id,
@@ -568,15 +564,49 @@ async fn accept_rpc(
     Ok((principal, body))
 }
 
+/// Why a request body could not be read.
+#[derive(Debug, thiserror::Error)]
+enum BodyError {
+    /// The read timeout (in seconds) passed first.
+    #[error("request body did not arrive within {0} s")]
+    TimedOut(u64),
+    /// Longer than the body limit (in bytes).
+    #[error("request body exceeds the limit of {0} bytes")]
+    TooLarge(usize),
+    /// A broken chunked encoding, or a connection lost mid-body.
+    #[error("request body could not be read: {0}")]
+    Unreadable(axum::BoxError),
+}
+
+impl BodyError {
+    /// The HTTP status of the answer.
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::TimedOut(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Unreadable(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
 /// Reads a request body whole, up to the body limit, within the read
-/// timeout (`Err` when it passed).
-async fn read_body(
-    state: &AppState,
-    body: Body,
-) -> Result<Result<axum::body::Bytes, axum::Error>, tokio::time::error::Elapsed> {
+/// timeout.
+async fn read_body(state: &AppState, body: Body) -> Result<axum::body::Bytes, BodyError> {
     let settings = &state.settings;
     let whole = axum::body::to_bytes(body, settings.max_body_bytes);
-    tokio::time::timeout(settings.connections.read_timeout, whole).await
+    let read_timeout = settings.connections.read_timeout;
+    match tokio::time::timeout(read_timeout, whole).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(err)) => {
+            let cause = err.into_inner();
+            Err(if cause.is::<http_body_util::LengthLimitError>() {
+                BodyError::TooLarge(settings.max_body_bytes)
+            } else {
+                BodyError::Unreadable(cause)
+            })
+        }
+        Err(_) => Err(BodyError::TimedOut(read_timeout.as_secs())),
+    }
 }
 
 /// Reads a JSON-RPC body: capped in size, and JSON by its Content-Type.
@@ -585,35 +615,10 @@ async fn read_rpc_body(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<axum::body::Bytes, Response> {
-    let settings = &state.settings;
-    let body = match read_body(state, body).await {
-        Ok(Ok(body)) => body,
-        Err(_) => {
-            let within = settings.connections.read_timeout.as_secs();
-            let why = format!("request body did not arrive within {within} s");
-            let error = GatewayError::InvalidRequest(why);
-            return Err(json_reply(
-                StatusCode::REQUEST_TIMEOUT,
-                crate::jsonrpc::error_body(None, &error),
-            ));
-        }
-        Ok(Err(err)) => {
-            let cause = err.into_inner();
-            let (status, why) = if cause.is::<http_body_util::LengthLimitError>() {
-                let why = format!(
-                    "request body exceeds the limit of {} bytes",
-                    settings.max_body_bytes
-                );
-                (StatusCode::PAYLOAD_TOO_LARGE, why)
-            } else {
-                // A broken chunked encoding, or a connection lost mid-body.
-                let why = format!("request body could not be read: {cause}");
-                (StatusCode::BAD_REQUEST, why)
-            };
-            let error = GatewayError::InvalidRequest(why);
-            return Err(json_reply(status, crate::jsonrpc::error_body(None, &error)));
-        }
-    };
+    let body = read_body(state, body).await.map_err(|err| {
+        let error = GatewayError::InvalidRequest(err.to_string());
+        json_reply(err.status(), crate::jsonrpc::error_body(None, &error))
+    })?;
     if !is_json_content_type(headers) {
         let error = GatewayError::ContentTypeNotSupported(
             "JSON-RPC requests must be sent as Content-Type: application/json".into(),

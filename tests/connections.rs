@@ -1,9 +1,9 @@
 //! Inbound connection bounds over real TCP: a request head or body that
 //! trickles in past the read timeout is cut off, a broken chunked body is
-//! refused, an idle kept-alive
-//! connection is closed, a stream being written outlives the timeout, a
-//! response its client stops reading is cut off at the write timeout, and
-//! connections past the cap wait in the backlog until one closes.
+//! refused, an idle kept-alive connection is closed, a stream being written
+//! outlives the timeout, a response its client stops reading is cut off at
+//! the write timeout, and connections past the cap wait in the backlog
+//! until one closes.
 
 mod common;
 

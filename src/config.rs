@@ -495,9 +495,9 @@ fn positive<T: Default + PartialEq>(value: T, setting: &str, errors: &mut Vec<St
     value
 }
 
-/// The fewest events per task accepted: a task's first write alone holds
-/// up to 65 (the agent's queue of 64 and the task's snapshot), and the
-/// limit is checked from the second.
+/// The fewest events per task accepted: a task's first write alone may
+/// hold 65 (the agent's queue of 64 and the task's snapshot), and a lower
+/// limit would cut ordinary tasks at their creation.
 const MIN_TASK_EVENTS: u64 = 100;
 
 /// The shortest record limit accepted (1 MiB): below it, ordinary results

@@ -735,7 +735,8 @@ async fn agent_past_a_limit_is_stopped(
 
 /// A task asking for input with the most events it may hold: no answer
 /// could resume it (the agent's first report would pass the limit), so an
-/// answer is refused as for an ended task, and nothing of it is kept.
+/// answer is refused as a message to an ended task is, and nothing of it is
+/// kept.
 #[tokio::test]
 async fn an_answer_to_a_task_at_its_event_limit_is_refused() {
     let baton = baton()
@@ -760,7 +761,7 @@ async fn an_answer_to_a_task_at_its_event_limit_is_refused() {
     let reply = baton.call("SendMessage", json!({"message": answer})).await;
     assert_eq!(reply.code(), Some(-32004), "{}", reply.body);
     let message = reply.body["error"]["message"].as_str().unwrap();
-    assert!(message.contains("4 events"), "{message}");
+    assert!(message.contains("limit of 4 events"), "{message}");
     let after = baton.ledger.get(&task_id).unwrap().unwrap();
     assert_eq!(after, before);
     baton.stop().await;

@@ -347,6 +347,12 @@ impl Driver {
             .gateway
             .ledger
             .update_within(&task_id, limits, |current| {
+                // However it is written, the agent's first report would
+                // pass the limit.
+                if current.last_seq >= limits.max_events {
+                    let (events, limit) = (current.last_seq, limits.max_events);
+                    return Err(LedgerError::TooManyEvents { events, limit });
+                }
                 current.task.history.push(message.clone());
                 if current.task.status.state == TaskState::Working {
                     return Ok::<_, LedgerError>(Vec::new());
@@ -363,12 +369,10 @@ impl Driver {
                 too_large @ LedgerError::RecordTooLarge { .. } => {
                     GatewayError::invalid_field("message", too_large.to_string())
                 }
-                // No message could resume it: the agent's first report would
-                // pass the limit too.
                 LedgerError::TooManyEvents { limit, .. } => {
                     GatewayError::UnsupportedOperation(format!(
-                        "task {task_id} holds the {limit} events a task may hold and \
-                         accepts no more messages"
+                        "task {task_id} has reached its limit of {limit} events and accepts \
+                         no more messages"
                     ))
                 }
                 other => GatewayError::from(other),
@@ -842,7 +846,9 @@ impl Driver {
     /// The agent reported more than the task may hold: of that report only
     /// its ids (`bound`) are written, so that its CancelTask reaches its
     /// task; it is told to stop, as at the deadline, and the task fails with
-    /// `EVENT_LIMIT_EXCEEDED` or `TASK_SIZE_EXCEEDED`.
+    /// `EVENT_LIMIT_EXCEEDED` or `TASK_SIZE_EXCEEDED`. The ids are a write
+    /// of their own, durable before the cancel goes out, so that a restart
+    /// during the stop still knows the agent's task.
     async fn stop_past_limit(
         &mut self,
         agent: &Arc<AgentEntry>,

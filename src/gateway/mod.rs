@@ -151,7 +151,7 @@ pub struct GatewaySettings {
     /// stop (`CancelTask` for a remote agent), and the task fails with
     /// `EVENT_LIMIT_EXCEEDED`: every write rewrites the task's whole record,
     /// so an agent could otherwise grow one task, and the ledger, until its
-    /// deadline. A client's answer to a task holding that many is refused
+    /// deadline. A client's message to a task holding that many is refused
     /// (-32004).
     pub max_task_events: u64,
     /// Longest a task's stored record (its JSON, which every write

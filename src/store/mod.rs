@@ -1327,17 +1327,21 @@ impl Ledger {
         );
         // A new task is nobody else's yet, so it is encoded before the
         // write lock, which concurrent writers queue on.
-        let published = Self::append_events(&mut record, events)?;
+        let mut published = Self::append_events(&mut record, events)?;
         record.version = 1;
-        let too_many = record.last_seq > limits.max_events;
+        let mut cut = None;
+        if record.last_seq > limits.max_events {
+            (record, published) = Self::first_event_only(record, published)?;
+            cut = Some(TaskLimit::Events);
+        }
         let mut encoded = EncodedTask::new(record, published, true)?;
-        let cut = if too_many {
-            Some(TaskLimit::Events)
-        } else {
-            (encoded.json.get().len() > limits.max_bytes).then_some(TaskLimit::Bytes)
-        };
-        if cut.is_some() {
-            encoded = Self::first_event_only(encoded)?;
+        if cut.is_none() && encoded.json.get().len() > limits.max_bytes {
+            let EncodedTask {
+                record, published, ..
+            } = encoded;
+            let (record, published) = Self::first_event_only(record, published)?;
+            encoded = EncodedTask::new(record, published, true)?;
+            cut = Some(TaskLimit::Bytes);
         }
         let (record, ticket) = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
@@ -1347,14 +1351,12 @@ impl Ledger {
         Ok(CreatedTask { record, cut })
     }
 
-    /// A new task's write again, holding its first event alone: the task
-    /// and its last hop's end as they were before any event.
-    fn first_event_only(encoded: EncodedTask) -> Result<EncodedTask, LedgerError> {
-        let EncodedTask {
-            mut record,
-            published,
-            ..
-        } = encoded;
+    /// A new task's record and events again, holding its first event alone:
+    /// the task and its last hop's end as they were before any event.
+    fn first_event_only(
+        mut record: TaskRecord,
+        published: Vec<Arc<LedgerEvent>>,
+    ) -> Result<(TaskRecord, Vec<Arc<LedgerEvent>>), LedgerError> {
         let first = published
             .into_iter()
             .take(1)
@@ -1371,7 +1373,7 @@ impl Ledger {
             (hop.ended_at, hop.state, hop.reason) = (None, None, None);
         }
         let published = Self::append_events(&mut record, first)?;
-        EncodedTask::new(record, published, true)
+        Ok((record, published))
     }
 
     /// Changes a task durably. `change` may edit the record (history, upstream
@@ -2770,17 +2772,19 @@ mod tests {
         assert_eq!(ledger.flusher.latest_ticket(), written);
         assert_eq!(ledger.get("t1").unwrap().unwrap(), before);
 
-        // Up to the limit is written; past it, a write of no event still is.
+        // Up to the limit is written.
         let made = ledger.update_within("t1", limits, flips(2)).await.unwrap();
         assert_eq!(made.last_seq, 3);
+        let err = ledger.update_within("t1", limits, flips(1)).await;
+        assert!(matches!(err, Err(LedgerError::TooManyEvents { .. })));
+        // Past it (by an unbounded write), a write of no event still is.
+        ledger.update("t1", flips(1)).await.unwrap();
         let renamed = |record: &mut TaskRecord| {
             record.agent = "renamed".into();
             Ok::<_, LedgerError>(Vec::new())
         };
         let made = ledger.update_within("t1", limits, renamed).await.unwrap();
-        assert_eq!((made.last_seq, made.agent.as_str()), (3, "renamed"));
-        let err = ledger.update_within("t1", limits, flips(1)).await;
-        assert!(matches!(err, Err(LedgerError::TooManyEvents { .. })));
+        assert_eq!((made.last_seq, made.agent.as_str()), (4, "renamed"));
     }
 
     /// Limits of `max_bytes` alone.

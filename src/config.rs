@@ -56,6 +56,10 @@ pub struct ServeArgs {
     /// the open-file limit).
     #[arg(long, env = "BATON_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Most inbound connections open at once from one client address
+    /// (default: no bound); past it new ones are closed at once.
+    #[arg(long, env = "BATON_MAX_CONNECTIONS_PER_ADDRESS")]
+    pub max_connections_per_address: Option<usize>,
     /// Log format: text or json.
     #[arg(long, env = "BATON_LOG_FORMAT")]
     pub log_format: Option<String>,
@@ -122,6 +126,7 @@ pub struct FileConfig {
     read_timeout_secs: Option<u64>,
     write_timeout_secs: Option<u64>,
     max_connections: Option<usize>,
+    max_connections_per_address: Option<usize>,
     log_format: Option<String>,
     shutdown_grace_secs: Option<u64>,
     task_timeout_secs: Option<u64>,
@@ -355,6 +360,12 @@ impl Config {
             "max-connections",
             &mut errors,
         );
+        let max_per_address = args
+            .max_connections_per_address
+            .or(file.max_connections_per_address)
+            .map_or(usize::MAX, |max| {
+                positive(max, "max-connections-per-address", &mut errors)
+            });
 
         let log_format = match args
             .log_format
@@ -453,6 +464,7 @@ impl Config {
                 read_timeout: Duration::from_secs(read_timeout_secs),
                 write_timeout: Duration::from_secs(write_timeout_secs),
                 max_connections,
+                max_per_address,
             },
             log_format,
             shutdown_grace: Duration::from_secs(
@@ -626,12 +638,14 @@ mod tests {
             read_timeout_secs: Some(5),
             write_timeout_secs: Some(7),
             max_connections: Some(64),
+            max_connections_per_address: Some(8),
             ..ServeArgs::default()
         };
         let config = Config::load(&args, &["echo"]).unwrap();
         assert_eq!(config.connections.read_timeout, Duration::from_secs(5));
         assert_eq!(config.connections.write_timeout, Duration::from_secs(7));
         assert_eq!(config.connections.max_connections, 64);
+        assert_eq!(config.connections.max_per_address, 8);
         assert_eq!(
             config.max_task_events,
             crate::gateway::DEFAULT_MAX_TASK_EVENTS
@@ -644,6 +658,7 @@ mod tests {
             read_timeout_secs: Some(0),
             write_timeout_secs: Some(0),
             max_connections: Some(0),
+            max_connections_per_address: Some(0),
             max_task_events: Some(0),
             max_task_bytes: Some(1024 * 1024 - 1),
             ..ServeArgs::default()
@@ -655,6 +670,7 @@ mod tests {
                 "read-timeout-secs: must be positive",
                 "write-timeout-secs: must be positive",
                 "max-connections: must be positive",
+                "max-connections-per-address: must be positive",
                 "max-task-events: must be at least 100",
                 "max-task-bytes: must be at least 1048576",
             ],

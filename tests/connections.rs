@@ -2,8 +2,8 @@
 //! trickles in past the read timeout is cut off, a broken chunked body is
 //! refused, an idle kept-alive connection is closed, a stream being written
 //! outlives the timeout, a response its client stops reading is cut off at
-//! the write timeout, and connections past the cap wait in the backlog
-//! until one closes.
+//! the write timeout, connections past the cap wait in the backlog until
+//! one closes, and those past an address's bound are closed.
 
 mod common;
 
@@ -345,6 +345,67 @@ async fn connections_past_the_cap_wait_until_one_closes() {
     second.write_all(HEALTH_REQUEST).await.unwrap();
     assert!(read_health(&mut second).await.starts_with("HTTP/1.1 200"));
     baton.stop().await;
+}
+
+#[tokio::test]
+async fn connections_past_an_address_s_bound_are_closed_and_others_served() {
+    // One slot beyond the address's two: the other address is served only
+    // if the refused connection gave its slot back.
+    let baton = baton_with(ConnectionLimits {
+        max_connections: 3,
+        max_per_address: 2,
+        ..ConnectionLimits::default()
+    })
+    .await;
+    let mut first = connect(&baton).await;
+    let mut second = connect(&baton).await;
+    for stream in [&mut first, &mut second] {
+        stream.write_all(HEALTH_REQUEST).await.unwrap();
+        assert!(read_health(stream).await.starts_with("HTTP/1.1 200"));
+    }
+    // A third from the same address is closed unserved.
+    let mut third = connect(&baton).await;
+    let _ = third.write_all(HEALTH_REQUEST).await;
+    assert_eq!(read_until_closed(&mut third).await, "");
+    // Another address (on Linux all of 127/8 is loopback) is served
+    // meanwhile, and then closes.
+    let mut other = connect_from(&baton, [127, 0, 0, 2]).await;
+    other.write_all(HEALTH_REQUEST).await.unwrap();
+    assert!(read_health(&mut other).await.starts_with("HTTP/1.1 200"));
+    drop(other);
+    // Once one of the first two closes, the address is served again.
+    drop(first);
+    let served_again = async {
+        loop {
+            let mut next = connect(&baton).await;
+            let _ = next.write_all(HEALTH_REQUEST).await;
+            let mut byte = [0u8; 1];
+            if matches!(next.read(&mut byte).await, Ok(1)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(WAIT, served_again)
+        .await
+        .expect("a connection is served once one of its address's closed");
+    // The second was never cut off.
+    second.write_all(HEALTH_REQUEST).await.unwrap();
+    assert!(read_health(&mut second).await.starts_with("HTTP/1.1 200"));
+    baton.stop().await;
+}
+
+/// A connection to `baton` from the loopback address `ip`.
+async fn connect_from(baton: &TestBaton, ip: [u8; 4]) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind((std::net::Ipv4Addr::from(ip), 0).into())
+        .unwrap();
+    let address = baton.base.trim_start_matches("http://");
+    socket
+        .connect(address.parse().unwrap())
+        .await
+        .expect("connect")
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! Inbound connections: the accept loop that serves HTTP/1.1 with bounds on
 //! how long a request head may take to arrive, on how long a response may
 //! wait for its client to read, and on how many connections are open at
-//! once, and that drains them at a stop.
+//! once, in all and from one address, and that drains them at a stop.
 //!
 //! `axum::serve` gives hyper no timer, so hyper's header-read timeout never
 //! applies there, and it accepts without limit: a client that sends its head
@@ -12,8 +12,10 @@ use super::FrontDoor;
 use super::write_stall::WriteStallLimit;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -33,6 +35,10 @@ pub struct ConnectionLimits {
     /// Most connections open at once. Past it Baton accepts no more until
     /// one closes, and new ones wait in the listen backlog.
     pub max_connections: usize,
+    /// Most connections open at once from one client address (`usize::MAX`:
+    /// no bound). A connection past it is closed as soon as it is accepted,
+    /// so that one client cannot take every slot of `max_connections`.
+    pub max_per_address: usize,
 }
 
 impl Default for ConnectionLimits {
@@ -41,6 +47,7 @@ impl Default for ConnectionLimits {
             read_timeout: DEFAULT_READ_TIMEOUT,
             write_timeout: DEFAULT_WRITE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_per_address: usize::MAX,
         }
     }
 }
@@ -112,6 +119,8 @@ pub(super) async fn serve(
         .max_header_size(MAX_HEAD_BYTES)
         .max_buf_size(MAX_HEAD_BYTES);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let per_address =
+        (limits.max_per_address < usize::MAX).then(|| AddressCounts::new(limits.max_per_address));
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let mut at_cap = false;
@@ -135,9 +144,9 @@ pub(super) async fn serve(
                 }
             }
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(err) => {
                     if pause_after(&err) {
                         tokio::select! {
@@ -150,6 +159,15 @@ pub(super) async fn serve(
             },
             () = &mut shutdown => break,
         };
+        // Past its address's bound a connection is closed unserved: served,
+        // it would hold a slot until it sent a head or its read timed out.
+        let address_slot = match &per_address {
+            Some(counts) => match counts.admit(peer.ip()) {
+                Some(address_slot) => Some(address_slot),
+                None => continue,
+            },
+            None => None,
+        };
         let stream = WriteStallLimit::new(stream, limits.write_timeout);
         let connection = http.serve_connection(TokioIo::new(stream), service.clone());
         let connection = graceful.watch(connection);
@@ -157,11 +175,94 @@ pub(super) async fn serve(
             if let Err(err) = connection.await {
                 tracing::debug!(%err, "connection closed with an error");
             }
-            drop(slot);
+            drop((slot, address_slot));
         });
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// Open connections by client address, for
+/// [`ConnectionLimits::max_per_address`].
+struct AddressCounts {
+    // std Mutex: one map operation per accept and per close, never held
+    // across an .await.
+    open: Mutex<HashMap<IpAddr, AddressOpen>>,
+    max: usize,
+}
+
+/// One address's open connections.
+#[derive(Default)]
+struct AddressOpen {
+    count: usize,
+    /// A refusal was logged since the address last had nothing open, so
+    /// that a client kept at its bound is logged once.
+    warned: bool,
+}
+
+impl AddressCounts {
+    fn new(max: usize) -> Arc<Self> {
+        assert!(max > 0, "a bound of 0 would refuse every connection");
+        Arc::new(Self {
+            open: Mutex::default(),
+            max,
+        })
+    }
+
+    /// Counts a connection from `address`, unless its client holds `max`
+    /// already.
+    fn admit(self: &Arc<Self>, address: IpAddr) -> Option<AddressSlot> {
+        let client = client_of(address);
+        let first_refusal = {
+            let mut open = self.open.lock().expect("address counts lock");
+            let entry = open.entry(client).or_default();
+            if entry.count < self.max {
+                entry.count += 1;
+                return Some(AddressSlot {
+                    counts: self.clone(),
+                    client,
+                });
+            }
+            !std::mem::replace(&mut entry.warned, true)
+        };
+        if first_refusal {
+            tracing::warn!(
+                client = %client,
+                max_per_address = self.max,
+                "a client holds the most connections one may; closing its new ones \
+                 (logged once until it has none open)"
+            );
+        }
+        None
+    }
+}
+
+/// The client an address counts for: an IPv4 address (also when mapped
+/// into IPv6 by a dual-stack socket), or an IPv6 /64, the least a host is
+/// given (RFC 6177), so that one host cannot step around its bound.
+fn client_of(address: IpAddr) -> IpAddr {
+    match address.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        v4 => v4,
+    }
+}
+
+/// A connection counted against its client until dropped.
+struct AddressSlot {
+    counts: Arc<AddressCounts>,
+    client: IpAddr,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut open = self.counts.open.lock().expect("address counts lock");
+        if let Some(entry) = open.get_mut(&self.client) {
+            entry.count -= 1;
+            if entry.count == 0 {
+                open.remove(&self.client);
+            }
+        }
+    }
 }
 
 /// How long accepting pauses after a failure that is not the peer's.
@@ -204,5 +305,35 @@ mod tests {
             ..ConnectionLimits::default()
         };
         assert_eq!(modest.fit_open_files(), modest);
+    }
+
+    #[test]
+    fn an_address_is_admitted_up_to_its_bound_and_again_once_one_closes() {
+        let counts = AddressCounts::new(2);
+        let v4: IpAddr = "192.0.2.7".parse().unwrap();
+        // The same client on a dual-stack socket.
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        let first = counts.admit(v4).expect("first");
+        let second = counts.admit(mapped).expect("second");
+        assert!(counts.admit(v4).is_none());
+        assert!(counts.admit("192.0.2.8".parse().unwrap()).is_some());
+        drop(first);
+        let third = counts.admit(mapped).expect("admitted once one closed");
+        drop((second, third));
+        // An address with nothing open is forgotten.
+        assert!(counts.open.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_ipv6_client_counts_by_its_64() {
+        let counts = AddressCounts::new(1);
+        let one = counts.admit("2001:db8:1:2::1".parse().unwrap());
+        assert!(one.is_some());
+        assert!(
+            counts
+                .admit("2001:db8:1:2:ffff::9".parse().unwrap())
+                .is_none()
+        );
+        assert!(counts.admit("2001:db8:1:3::1".parse().unwrap()).is_some());
     }
 }

@@ -134,6 +134,16 @@ pub enum AuthError {
         /// The keys file searched.
         path: PathBuf,
     },
+    /// `revoke` would have removed the file's last key without `allow_open`.
+    #[error(
+        "revoking would leave no key in {}: a Baton using it would let every caller in, \
+         unauthenticated; add another key first, or pass --allow-open",
+        path.display()
+    )]
+    LastKey {
+        /// The keys file.
+        path: PathBuf,
+    },
     /// The operating system's random source failed.
     #[error("cannot generate a key: {0}")]
     Random(String),
@@ -506,8 +516,10 @@ impl KeysFile {
     }
 
     /// Removes the key whose id is `target`, or else every key of the agency
-    /// `target`; returns what was removed.
-    pub fn revoke(&self, target: &str) -> Result<Vec<StoredKey>, AuthError> {
+    /// `target`; returns what was removed. Unless `allow_open`, a revoke
+    /// that would leave the file without keys is refused: a Baton using it
+    /// would then let every caller in (DESIGN.md §6).
+    pub fn revoke(&self, target: &str, allow_open: bool) -> Result<Vec<StoredKey>, AuthError> {
         let keys = self.list()?;
         let by_id = keys.iter().any(|k| k.key_id == target);
         let (removed, kept): (Vec<_>, Vec<_>) = keys.into_iter().partition(|k| {
@@ -520,6 +532,11 @@ impl KeysFile {
         if removed.is_empty() {
             return Err(AuthError::NotFound {
                 target: target.to_string(),
+                path: self.path.clone(),
+            });
+        }
+        if kept.is_empty() && !allow_open {
+            return Err(AuthError::LastKey {
                 path: self.path.clone(),
             });
         }
@@ -919,13 +936,13 @@ mod tests {
         assert_eq!(bearer(&first.key).unwrap().as_str(), "acme");
         assert_eq!(bearer(&third.key).unwrap().as_str(), "globex");
 
-        let removed = file.revoke(&first.stored.key_id).unwrap();
+        let removed = file.revoke(&first.stored.key_id, false).unwrap();
         assert_eq!(removed, vec![first.stored.clone()]);
-        let removed = file.revoke("globex").unwrap();
+        let removed = file.revoke("globex", false).unwrap();
         assert_eq!(removed, vec![third.stored.clone()]);
         assert_eq!(file.list().unwrap(), vec![second.stored.clone()]);
         assert!(matches!(
-            file.revoke("globex"),
+            file.revoke("globex", false),
             Err(AuthError::NotFound { .. })
         ));
 
@@ -935,7 +952,13 @@ mod tests {
         unauthenticated(bearer(&third.key));
         assert_eq!(bearer(&second.key).unwrap().as_str(), "acme");
 
-        file.revoke("acme").unwrap();
+        // The last key goes only when asked to open the store.
+        assert!(matches!(
+            file.revoke("acme", false),
+            Err(AuthError::LastKey { .. })
+        ));
+        assert_eq!(file.list().unwrap(), vec![second.stored.clone()]);
+        file.revoke("acme", true).unwrap();
         assert!(KeyStore::load(Some(file.path()), None).unwrap().is_open());
     }
 
@@ -967,7 +990,7 @@ mod tests {
             "acme",
             "added key seen"
         );
-        file.revoke("acme").unwrap();
+        file.revoke("acme", true).unwrap();
         unauthenticated(bearer(&acme.key));
         assert_eq!(bearer("ENVKEY").unwrap().as_str(), "env", "env keys stay");
 

@@ -70,6 +70,10 @@ pub enum KeysCommand {
         /// A key id (`bk_…`, from `baton keys list`) or an agency.
         #[arg(value_name = "KEY_ID_OR_AGENCY")]
         target: String,
+        /// Revoke even the file's last key, which lets every caller of a
+        /// Baton using the file in, unauthenticated.
+        #[arg(long)]
+        allow_open: bool,
     },
 }
 

@@ -108,10 +108,29 @@ fn add_list_revoke() {
     assert!(principal(&file, &acme).is_err());
     assert_eq!(principal(&file, &globex1).unwrap(), "globex");
 
-    // By agency: all its keys.
-    let revoke = baton(
+    // By agency: all its keys; they are the last, so only when asked to
+    // leave the file open.
+    let refused = baton(
         dir.path(),
         &["keys", "revoke", "globex", "--keys-file", file_arg],
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("--allow-open"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(principal(&file, &globex1).unwrap(), "globex");
+    let revoke = baton(
+        dir.path(),
+        &[
+            "keys",
+            "revoke",
+            "globex",
+            "--allow-open",
+            "--keys-file",
+            file_arg,
+        ],
     );
     assert!(revoke.status.success(), "{}", stderr(&revoke));
     assert_eq!(stdout(&revoke).lines().count(), 2);

@@ -37,18 +37,20 @@ pub fn run(args: KeysArgs) -> ExitCode {
                 print!("{}", table(&keys));
             }
         }),
-        KeysCommand::Revoke { target } => file.revoke(&target).map(|removed| {
-            for key in removed {
-                println!("revoked {} (agency {})", key.key_id, key.agency);
-            }
-            if file.list().is_ok_and(|left| left.is_empty()) {
-                eprintln!(
-                    "warning: no key is left in {}: a Baton using it lets every caller in, \
+        KeysCommand::Revoke { target, allow_open } => {
+            file.revoke(&target, allow_open).map(|removed| {
+                for key in removed {
+                    println!("revoked {} (agency {})", key.key_id, key.agency);
+                }
+                if file.list().is_ok_and(|left| left.is_empty()) {
+                    eprintln!(
+                        "warning: no key is left in {}: a Baton using it lets every caller in, \
                      unauthenticated, unless BATON_API_KEYS sets keys",
-                    file.path().display()
-                );
-            }
-        }),
+                        file.path().display()
+                    );
+                }
+            })
+        }
     };
     match done {
         Ok(()) => ExitCode::SUCCESS,

@@ -159,6 +159,8 @@ pub struct GatewayFigures {
     pub ledger_log_failed_appends: u64,
     /// Applications to sled and checkpoints that failed and were tried again.
     pub ledger_sled_failed_attempts: u64,
+    /// Connections closed unserved past their client's bound.
+    pub connections_refused: u64,
 }
 
 /// Encodes the latest [`GatewayFigures`] on each scrape.
@@ -217,6 +219,12 @@ impl Collector for FiguresCollector {
                  were tried again; while they fail, the log keeps the writes, new sends are \
                  refused and /readyz answers 503.",
                 figures.ledger_sled_failed_attempts,
+            ),
+            (
+                "baton_connections_refused",
+                "Inbound connections closed unserved because their client held \
+                 --max-connections-per-address already.",
+                figures.connections_refused,
             ),
         ] {
             let counter = ConstCounter::new(value);

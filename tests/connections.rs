@@ -392,6 +392,13 @@ async fn connections_past_an_address_s_bound_are_closed_and_others_served() {
     // The second was never cut off.
     second.write_all(HEALTH_REQUEST).await.unwrap();
     assert!(read_health(&mut second).await.starts_with("HTTP/1.1 200"));
+    let metrics = baton.http.get(baton.url("/metrics")).send().await.unwrap();
+    let refused = baton::metrics::sample_value(
+        &metrics.text().await.unwrap(),
+        "baton_connections_refused_total",
+    )
+    .map(|value| value.parse::<u64>().unwrap());
+    assert!(refused.is_some_and(|refused| refused >= 1), "{refused:?}");
     baton.stop().await;
 }
 

@@ -15,6 +15,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -104,13 +105,14 @@ impl ConnectionLimits {
 }
 
 /// Serves `service` on every connection `listener` accepts, within
-/// `limits`, until `shutdown` resolves; then stops accepting, lets each open
+/// `limits` (counting in `refused` those closed past their client's bound),
+/// until `shutdown` resolves; then stops accepting, lets each open
 /// connection finish the request it is serving, and returns when all have
 /// closed.
 pub(super) async fn serve(
     listener: TcpListener,
     service: FrontDoor,
-    limits: ConnectionLimits,
+    (limits, refused): (ConnectionLimits, Arc<AtomicU64>),
     shutdown: impl Future<Output = ()>,
 ) {
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -164,7 +166,10 @@ pub(super) async fn serve(
         let address_slot = match &per_address {
             Some(counts) => match counts.admit(peer.ip()) {
                 Some(address_slot) => Some(address_slot),
-                None => continue,
+                None => {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
             },
             None => None,
         };

@@ -22,6 +22,7 @@ use axum::routing::{get, post};
 use connections::ConnectionLimits;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 use tracing::Instrument as _;
 
@@ -52,6 +53,8 @@ pub struct AppState {
     registry: Arc<Registry>,
     keys: KeyStore,
     settings: Arc<ServerSettings>,
+    /// Connections closed unserved past their client's bound.
+    refused_connections: Arc<AtomicU64>,
 }
 
 impl AppState {
@@ -68,6 +71,7 @@ impl AppState {
             registry,
             keys,
             settings: Arc::new(settings),
+            refused_connections: Arc::default(),
         }
     }
 
@@ -200,11 +204,12 @@ pub async fn run(
     let gateway = state.gateway.clone();
     let stop = gateway.shutdown.clone();
     let limits = state.settings.connections;
+    let refused = state.refused_connections.clone();
     let front = FrontDoor {
         router: app(state.clone()),
         state: Arc::new(state),
     };
-    let server = connections::serve(listener, front, limits, async move {
+    let server = connections::serve(listener, front, (limits, refused), async move {
         shutdown.await;
         tracing::info!("shutting down: closing streams and draining connections");
         stop.cancel();
@@ -335,6 +340,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         ledger_log_syncs: log.syncs,
         ledger_log_failed_appends: log.failed_appends,
         ledger_sled_failed_attempts: gateway.ledger().sled_failed_attempts(),
+        connections_refused: load(&state.refused_connections),
     };
     (
         [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],

@@ -746,20 +746,18 @@ async fn agent_ending_without_a_reply_is_32006() {
     baton.stop().await;
 }
 
+/// (With keys: without, Baton offers no extended card at all.)
 #[tokio::test]
 async fn unconfigured_extended_card_is_32007() {
     let baton = baton()
         .agent("ext", PlainAgent(card_with_unconfigured_extended_card()))
+        .api_keys("acme=KEY1")
         .start()
         .await;
-    let wire = call(
-        &baton,
-        "/agents/ext/a2a",
-        json!(1),
-        "GetExtendedAgentCard",
-        json!({}),
-    )
-    .await;
+    let mut headers = STANDARD_HEADERS.to_vec();
+    headers.push(("authorization", "Bearer KEY1"));
+    let body = rpc(json!(1), "GetExtendedAgentCard", json!({}));
+    let wire = post(&baton, "/agents/ext/a2a", body, &headers).await;
     must(check_a2a(
         &wire,
         -32007,

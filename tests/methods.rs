@@ -506,12 +506,37 @@ async fn cards_are_published_with_validators() {
         .unwrap();
     assert_eq!(missing.status(), 404);
 
-    let extended = baton
-        .call_at("/agents/echo/a2a", "GetExtendedAgentCard", json!({}))
-        .await;
-    assert_eq!(extended.result()["name"], "Echo");
-    let gateway_extended = baton.call("GetExtendedAgentCard", json!({})).await;
-    assert_eq!(gateway_extended.result()["name"], "Baton");
+    // Without keys no caller is authenticated, so no extended card is
+    // offered (spec §13.3): the cards do not declare one, and asking is -32004.
+    assert!(card["capabilities"].get("extendedAgentCard").is_none());
+    for path in ["/agents/echo/a2a", "/a2a"] {
+        let extended = baton.call_at(path, "GetExtendedAgentCard", json!({})).await;
+        assert_eq!(extended.code(), Some(-32004), "{path}: {}", extended.body);
+    }
+    baton.stop().await;
+}
+
+/// With keys, the cards offer an extended card, served to a caller with a
+/// key; without one the call is 401.
+#[tokio::test]
+async fn the_extended_card_is_served_to_authenticated_callers() {
+    let baton = baton().api_keys("acme=KEY1").start().await;
+    let card = baton
+        .http
+        .get(baton.url("/agents/echo/.well-known/agent-card.json"))
+        .send()
+        .await
+        .unwrap();
+    let card: Value = card.json().await.unwrap();
+    assert_eq!(card["capabilities"]["extendedAgentCard"], true);
+    for (path, name) in [("/agents/echo/a2a", "Echo"), ("/a2a", "Baton")] {
+        let extended = baton
+            .call_as(path, "KEY1", "GetExtendedAgentCard", json!({}))
+            .await;
+        assert_eq!(extended.result()["name"], name, "{path}");
+        let anonymous = baton.call_at(path, "GetExtendedAgentCard", json!({})).await;
+        assert_eq!(anonymous.status, 401, "{path}: {}", anonymous.body);
+    }
     baton.stop().await;
 }
 

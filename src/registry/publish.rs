@@ -105,7 +105,9 @@ fn jsonrpc_interface(url: String) -> AgentInterface {
 /// itself provides (it streams and notifies from its ledger). The agency's
 /// signatures are dropped, as they sign the card Baton has just changed.
 /// With API keys, Baton's key is the one scheme, for the card and for each
-/// skill. Everything else is the agency's card.
+/// skill. Without, no extended card is offered: the spec has it served to
+/// authenticated callers only (§13.3), and Baton then authenticates no one.
+/// Everything else is the agency's card.
 pub fn publish_agent_card(
     card: &AgentCard,
     agent_id: &str,
@@ -121,6 +123,8 @@ pub fn publish_agent_card(
         for skill in &mut card.skills {
             skill.security_requirements.clear();
         }
+    } else {
+        card.capabilities.extended_agent_card = None;
     }
     card.supported_interfaces = vec![jsonrpc_interface(format!(
         "{public_url}/agents/{agent_id}/a2a"
@@ -173,7 +177,8 @@ pub fn gateway_card(
             streaming: Some(true),
             push_notifications: Some(push_enabled),
             extensions: vec![handoff_extension()],
-            extended_agent_card: Some(true),
+            // Served to authenticated callers only (§13.3), so only with keys.
+            extended_agent_card: secured.then_some(true),
         },
         default_input_modes: vec!["text/plain".into(), "application/json".into()],
         default_output_modes: vec!["text/plain".into(), "application/json".into()],
@@ -257,6 +262,20 @@ mod tests {
             secured.skills[0].security_requirements.is_empty(),
             "no scheme it names is declared"
         );
+    }
+
+    #[test]
+    fn an_extended_card_is_offered_only_with_keys() {
+        let mut card = signed_card();
+        card.capabilities.extended_agent_card = Some(true);
+        for secured in [false, true] {
+            let offered = secured.then_some(true);
+            let url = "http://localhost:8080";
+            let agent = publish_agent_card(&card, "billing", url, true, secured);
+            assert_eq!(agent.capabilities.extended_agent_card, offered);
+            let gateway = gateway_card(&[("billing", &card)], url, true, secured);
+            assert_eq!(gateway.capabilities.extended_agent_card, offered);
+        }
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! Push notifications: every durable event of a task is POSTed, as one
-//! `StreamResponse`, to each webhook configured for the task.
+//! `StreamResponse`, to each webhook configured for the task, while the
+//! process runs (notifications are held in memory, not in the ledger).
 //!
 //! Events enter a bounded queue per shard (a task always maps to the same
 //! shard). The shard reads each event's configs and hands one notification
 //! per config to that webhook's own pipeline, which delivers in order: a
 //! webhook sees its task's events in order, and one that hangs delays only
 //! its own. A full queue drops the notification and counts it rather than
-//! slowing the ledger. Failed deliveries (connection errors, 5xx, 429) are
-//! retried with exponential backoff; other 4xx answers are final. A task
+//! slowing the ledger. Failed deliveries (connection errors, 5xx, 408, 429)
+//! are retried with exponential backoff; other 4xx answers, and hosts the
+//! outbound guard refuses, are final. A task
 //! holds at most [`MAX_CONFIGS_PER_TASK`] configs. A stop waits, within its
 //! grace, for what is still queued ([`PushDispatcher::drain`]).
 
@@ -66,6 +68,13 @@ fn check_fields(
         _ if config.url.trim().is_empty() => {
             violations.push(FieldViolation::new(format!("{prefix}url"), "is required"));
         }
+        // The HTTP client would send them as a second Authorization header.
+        Ok(url) if !url.username().is_empty() || url.password().is_some() => {
+            violations.push(FieldViolation::new(
+                format!("{prefix}url"),
+                "must not carry a user name or password: send credentials in authentication",
+            ));
+        }
         Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {}
         Ok(_) => violations.push(FieldViolation::new(
             format!("{prefix}url"),
@@ -76,13 +85,20 @@ fn check_fields(
             format!("is not a valid URL: {err}"),
         )),
     }
-    if let Some(auth) = &config.authentication
-        && auth.scheme.trim().is_empty()
-    {
-        violations.push(FieldViolation::new(
-            format!("{prefix}authentication.scheme"),
-            "is required",
-        ));
+    if let Some(auth) = &config.authentication {
+        if auth.scheme.trim().is_empty() {
+            violations.push(FieldViolation::new(
+                format!("{prefix}authentication.scheme"),
+                "is required",
+            ));
+        } else if !is_token(&auth.scheme) {
+            // It opens the Authorization header: `Bearer x, Basic` would
+            // smuggle a second scheme in.
+            violations.push(FieldViolation::new(
+                format!("{prefix}authentication.scheme"),
+                "must be one word (an HTTP token, such as Bearer or Basic)",
+            ));
+        }
     }
     // They go out as header values: refused now rather than failing every
     // delivery later.
@@ -99,6 +115,14 @@ fn check_fields(
         header_value("authentication.scheme", &auth.scheme);
         header_value("authentication.credentials", &auth.credentials);
     }
+}
+
+/// Whether `text` is an HTTP token (RFC 9110 §5.6.2), as an auth scheme is.
+fn is_token(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// Counters of push delivery.
@@ -409,51 +433,47 @@ impl Worker {
         Pipeline { sender, finished }
     }
 
-    /// Whether `config` is still its task's config of that id: nothing is
-    /// sent for a config deleted (or replaced) since its notification was
-    /// queued. A ledger that cannot say leaves the notification to go out.
-    async fn still_configured(&self, config: &TaskPushNotificationConfig) -> bool {
-        let Some(ledger) = self.ledger.upgrade() else {
-            return false;
-        };
-        match ledger.get_push_config(&config.task_id, &config.id).await {
-            Ok(current) => current.as_ref() == Some(config),
+    /// The config a notification queued for `queued` goes out with: its
+    /// task's config of that id as it is now, so that a replaced one (a
+    /// rotated token, a moved webhook) gets what was queued for it, and a
+    /// deleted one nothing. A ledger that cannot say leaves `queued`.
+    async fn current_config(
+        &self,
+        queued: &TaskPushNotificationConfig,
+    ) -> Option<TaskPushNotificationConfig> {
+        let ledger = self.ledger.upgrade()?;
+        match ledger.get_push_config(&queued.task_id, &queued.id).await {
+            Ok(current) => current,
             Err(err) => {
-                tracing::warn!(task_id = %config.task_id, %err, "cannot read a push config before delivery");
-                true
+                tracing::warn!(task_id = %queued.task_id, %err, "cannot read a push config before delivery");
+                Some(queued.clone())
             }
         }
     }
 
     async fn deliver(
         &self,
-        config: &TaskPushNotificationConfig,
+        queued: &TaskPushNotificationConfig,
         event: &LedgerEvent,
         body: bytes::Bytes,
     ) {
-        let url = match reqwest::Url::parse(&config.url) {
-            Ok(url) => url,
-            Err(err) => {
-                tracing::warn!(task_id = %event.task_id, %err, "push config has an invalid URL");
-                self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-        };
-        let shown = crate::netguard::shown_url(&url);
-        if let Err(reason) = self.policy.check_url(&url) {
-            tracing::warn!(task_id = %event.task_id, url = %shown, %reason, "push delivery refused");
-            self.stats.failed.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
         let mut backoff = self.settings.initial_backoff;
         for attempt in 1..=self.settings.max_attempts {
-            if !self.still_configured(config).await {
-                tracing::debug!(task_id = %event.task_id, url = %shown, "push config deleted; notification not sent");
+            let Some(config) = self.current_config(queued).await else {
+                tracing::debug!(task_id = %event.task_id, "push config deleted; notification not sent");
                 return;
-            }
+            };
+            let url = match self.webhook_url(&config) {
+                Ok(url) => url,
+                Err(reason) => {
+                    tracing::warn!(task_id = %event.task_id, %reason, "push delivery refused");
+                    break;
+                }
+            };
+            let shown = crate::netguard::shown_url(&url);
             let mut request = self
                 .client
-                .post(url.clone())
+                .post(url)
                 .header(reqwest::header::CONTENT_TYPE, "application/a2a+json")
                 .body(body.clone());
             if let Some(auth) = &config.authentication {
@@ -475,12 +495,16 @@ impl Worker {
                 Ok(response) => {
                     let status = response.status();
                     tracing::warn!(task_id = %event.task_id, url = %shown, %status, attempt, "push delivery rejected");
-                    status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS
+                    status.is_server_error()
+                        || status == reqwest::StatusCode::TOO_MANY_REQUESTS
+                        || status == reqwest::StatusCode::REQUEST_TIMEOUT
                 }
                 Err(err) => {
-                    let err = err.without_url();
+                    let refused = refused_by_policy(&err);
+                    let err = causes(&err.without_url());
                     tracing::warn!(task_id = %event.task_id, url = %shown, %err, attempt, "push delivery failed");
-                    true
+                    // The address guard says the same at every attempt.
+                    !refused
                 }
             };
             if !retryable || attempt == self.settings.max_attempts {
@@ -491,6 +515,45 @@ impl Worker {
         }
         self.stats.failed.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Where `config` is delivered, if the outbound policy lets it be; any
+    /// user name and password (from a config stored before they were
+    /// refused) is dropped, so that only `authentication` is sent.
+    fn webhook_url(&self, config: &TaskPushNotificationConfig) -> Result<reqwest::Url, String> {
+        let url = reqwest::Url::parse(&config.url)
+            .map_err(|err| format!("the push config has an invalid URL: {err}"))?;
+        let url = crate::netguard::without_credentials(&url);
+        self.policy.check_url(&url)?;
+        Ok(url)
+    }
+}
+
+/// Whether a delivery failed because the outbound address guard refused
+/// every address of the webhook's host (at its lookup).
+fn refused_by_policy(err: &reqwest::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(error) = cause {
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::PermissionDenied
+        {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
+/// An error with its causes, `: `-separated: reqwest's own message alone
+/// ("error sending request") does not say what failed.
+fn causes(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(error) = cause {
+        text.push_str(": ");
+        text.push_str(&error.to_string());
+        cause = error.source();
+    }
+    text
 }
 
 #[cfg(test)]

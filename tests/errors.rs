@@ -604,11 +604,14 @@ async fn push_methods_without_push_are_32003() {
         ),
     ];
     for (method, params) in cases {
-        let wire = call(&baton, "/a2a", json!(method), method, params).await;
-        must(
-            check_a2a(&wire, -32003, "PUSH_NOTIFICATION_NOT_SUPPORTED")
-                .map_err(|e| format!("{method}: {e}")),
-        );
+        // Params that would not decode get the same answer.
+        for params in [params, json!({"taskId": 5})] {
+            let wire = call(&baton, "/a2a", json!(method), method, params).await;
+            must(
+                check_a2a(&wire, -32003, "PUSH_NOTIFICATION_NOT_SUPPORTED")
+                    .map_err(|e| format!("{method}: {e}")),
+            );
+        }
     }
     // A push config inside SendMessage is refused too, before a task exists.
     let params = json!({
@@ -1256,6 +1259,8 @@ fn bad_input_rows() -> Vec<Row> {
         row("CreateTaskPushNotificationConfig", json!({"url": url}), P, Some("taskId")),
         row("CreateTaskPushNotificationConfig", json!({"taskId": "t", "url": url, "authentication": {"credentials": "c"}}), P, Some("authentication.scheme")),
         row("CreateTaskPushNotificationConfig", json!({"taskId": "t", "url": url, "token": "t\r\nx-evil: 1"}), P, Some("token")),
+        row("CreateTaskPushNotificationConfig", json!({"taskId": "t", "url": "http://alice:secret@example.com/hook"}), P, Some("url")),
+        row("CreateTaskPushNotificationConfig", json!({"taskId": "t", "url": url, "authentication": {"scheme": "Bearer x, Basic", "credentials": "c"}}), P, Some("authentication.scheme")),
         row("CreateTaskPushNotificationConfig", json!({"taskId": "t", "url": url, "authentication": {"scheme": "Bearer", "credentials": "c\n"}}), P, Some("authentication.credentials")),
         row("SendMessage", json!({"message": msg(json!({})), "configuration": {"taskPushNotificationConfig": {"url": url, "token": "\u{7f}"}}}), P, Some("configuration.taskPushNotificationConfig.token")),
         row("CreateTaskPushNotificationConfig", json!({"taskId": "t", "url": url}), -32001, Some("TASK_NOT_FOUND")),

@@ -1,7 +1,8 @@
 //! Push delivery to a real webhook receiver on loopback: the four
 //! push-config methods, a config given inline in SendMessage, every task
 //! update POSTed as a bare StreamResponse with the configured credentials,
-//! retries after a 500, and the outbound guard refusing loopback.
+//! retries after a 500, a replaced config getting what was queued for it,
+//! and the outbound guard refusing loopback.
 
 mod common;
 
@@ -676,13 +677,8 @@ async fn several_5xx_within_the_attempt_budget_still_deliver_in_order() {
     baton.stop().await;
 }
 
-/// A deleted config gets nothing more, its retries and queued
-/// notifications included.
-#[tokio::test]
-async fn nothing_is_sent_to_a_config_once_it_is_deleted() {
-    let receiver = Receiver::failing_first(usize::MAX, 503).await;
-    let baton = baton().start().await;
-    let task_id = completed_with_inline_config(&baton, &receiver.url("/hook/gone")).await;
+/// The id of `task_id`'s one config, once `receiver` got a first attempt.
+async fn config_after_an_attempt(baton: &TestBaton, receiver: &Receiver, task_id: &str) -> String {
     let start = Instant::now();
     while receiver.all().is_empty() {
         assert!(start.elapsed() < WAIT, "no first attempt");
@@ -695,10 +691,20 @@ async fn nothing_is_sent_to_a_config_once_it_is_deleted() {
             json!({"taskId": task_id}),
         )
         .await;
-    let config_id = listed.result()["configs"][0]["id"]
+    listed.result()["configs"][0]["id"]
         .as_str()
         .unwrap()
-        .to_string();
+        .to_string()
+}
+
+/// A deleted config gets nothing more, its retries and queued
+/// notifications included.
+#[tokio::test]
+async fn nothing_is_sent_to_a_config_once_it_is_deleted() {
+    let receiver = Receiver::failing_first(usize::MAX, 503).await;
+    let baton = baton().start().await;
+    let task_id = completed_with_inline_config(&baton, &receiver.url("/hook/gone")).await;
+    let config_id = config_after_an_attempt(&baton, &receiver, &task_id).await;
     let deleted = baton
         .call_at(
             "/agents/scenario/a2a",
@@ -715,6 +721,38 @@ async fn nothing_is_sent_to_a_config_once_it_is_deleted() {
     // notification after them: without the check, some would land here.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(receiver.all().len(), at_deletion, "{:#?}", receiver.all());
+    baton.stop().await;
+}
+
+/// A config replaced under its id (a rotated token, a moved webhook) gets
+/// what was queued for it, retries included, as it now stands.
+#[tokio::test]
+async fn a_replaced_config_gets_its_queued_notifications() {
+    let down = Receiver::failing_first(usize::MAX, 503).await;
+    let moved = Receiver::start().await;
+    let baton = baton().start().await;
+    let task_id = completed_with_inline_config(&baton, &down.url("/hook/old")).await;
+    let config_id = config_after_an_attempt(&baton, &down, &task_id).await;
+    let replaced = baton
+        .call_at(
+            "/agents/scenario/a2a",
+            "CreateTaskPushNotificationConfig",
+            json!({"taskId": task_id, "id": config_id, "url": moved.url("/hook/new"), "token": "rotated"}),
+        )
+        .await;
+    assert!(replaced.body.get("result").is_some(), "{}", replaced.body);
+    let accepted = moved.wait_terminal("/hook/new").await;
+    let states: Vec<_> = accepted.iter().map(|d| event_state(&d.body)).collect();
+    assert_eq!(
+        states,
+        [Some("TASK_STATE_SUBMITTED"), Some("TASK_STATE_COMPLETED")]
+    );
+    assert!(
+        accepted
+            .iter()
+            .all(|d| d.header("x-a2a-notification-token") == Some("rotated"))
+    );
+    assert_eq!(baton.gateway.push().stats.failed.load(Ordering::Relaxed), 0);
     baton.stop().await;
 }
 

@@ -50,6 +50,13 @@ pub fn dispatch<'a>(
     let params = request.params;
     let answered =
         |response: Response| -> BoxFuture<'a, Response> { Box::pin(std::future::ready(response)) };
+    // With push off, each config method is -32003 whatever its params
+    // (spec §3.3.4), not a complaint about them.
+    if methods::PUSH_CONFIG_METHODS.contains(&&*request.method)
+        && let Err(err) = gateway.check_push_enabled()
+    {
+        return answered(error_reply(Some(id), &err));
+    }
     match &*request.method {
         methods::SEND_MESSAGE => match decode_params(params) {
             Ok(req) => Box::pin(async move { ok(id, gateway.send_message(ctx, req).await) }),

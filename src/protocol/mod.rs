@@ -37,6 +37,13 @@ pub mod methods {
     pub const DELETE_PUSH_CONFIG: &str = "DeleteTaskPushNotificationConfig";
     /// GetExtendedAgentCard.
     pub const GET_EXTENDED_AGENT_CARD: &str = "GetExtendedAgentCard";
+    /// The four push-notification-config methods.
+    pub const PUSH_CONFIG_METHODS: [&str; 4] = [
+        CREATE_PUSH_CONFIG,
+        GET_PUSH_CONFIG,
+        LIST_PUSH_CONFIGS,
+        DELETE_PUSH_CONFIG,
+    ];
 }
 
 /// The protocol version Baton speaks.

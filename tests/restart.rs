@@ -1,6 +1,7 @@
 //! The `baton` binary as an operator runs it: tasks, history, artifacts and
 //! push configs survive a restart on the same data directory, and a SIGKILL
-//! straight after the answers; SIGTERM drains gracefully, closing SSE streams.
+//! straight after the answers; SIGTERM drains gracefully, closing SSE streams;
+//! an idempotency key a crash left claimed is taken over by its next repeat.
 
 mod common;
 #[path = "common/process.rs"]
@@ -660,4 +661,62 @@ async fn one_shutdown_grace_bounds_both_the_connections_and_the_push_drain() {
         baton.logs()
     );
     drop(held);
+}
+
+/// A send whose agent had not answered when Baton was killed created no
+/// task, and no one will fill its idempotency claim: after the restart a
+/// repeat takes the key over and runs, and a repeat after that replays it.
+#[tokio::test]
+async fn a_key_claimed_by_a_send_no_agent_answered_before_a_crash_is_taken_over() {
+    use baton::demo::vendor::{Reply, VendorAgent};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let sends = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = sends.clone();
+    let vendor = VendorAgent::start("slowpoke", &["waiting"], move |_| {
+        if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+            Reply::Silent
+        } else {
+            Reply::Complete {
+                text: Some("done".into()),
+                artifacts: Vec::new(),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = loopback_process(dir.path());
+    register_vendor(&first, "slowpoke", &vendor).await;
+    let message = user_message(&message_id("once"), "exactly once");
+    let send = |baton: &BatonProcess| {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+                          "params": {"message": message}});
+        reqwest::Client::new()
+            .post(baton.url("/agents/slowpoke/a2a"))
+            .header("content-type", "application/json")
+            .header("a2a-version", "1.0")
+            .header("idempotency-key", "k-1")
+            .body(body.to_string())
+            .timeout(WAIT)
+            .send()
+    };
+    // The first send is claimed and reaches its agent, which never answers.
+    let held = tokio::spawn(send(&first));
+    let started = Instant::now();
+    while vendor.sends().is_empty() {
+        assert!(started.elapsed() < WAIT, "the agent got no send");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.kill();
+    let _ = held.await;
+
+    let second = loopback_process(dir.path());
+    let reply: serde_json::Value = send(&second).await.unwrap().json().await.unwrap();
+    let task = &reply["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{reply}");
+    assert_eq!(vendor.sends().len(), 2);
+    let again: serde_json::Value = send(&second).await.unwrap().json().await.unwrap();
+    assert_eq!(again["result"]["task"]["id"], task["id"], "{again}");
+    assert_eq!(vendor.sends().len(), 2, "the repeat is replayed, not sent");
+    vendor.stop().await;
 }

@@ -967,6 +967,7 @@ impl Driver {
                 fingerprint: self.fingerprint.clone(),
                 task_id: self.task_id.clone(),
                 message: Some(message.clone()),
+                claimed_by: self.gateway.ledger.instance(),
             };
             if let Err(err) = self
                 .gateway

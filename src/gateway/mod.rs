@@ -1363,6 +1363,8 @@ mod tests {
             fingerprint: send::fingerprint("echo", &message),
             task_id: "t1".into(),
             message: None,
+            // An older build's claim, as a restart leaves it.
+            claimed_by: 0,
         };
         let claimed = ledger.claim_idempotency("alice", "k-old", &older).await;
         assert!(claimed.unwrap().is_none());
@@ -1564,6 +1566,7 @@ mod tests {
             fingerprint: send::fingerprint("echo", &message),
             task_id: "t-first".into(),
             message: Some(Message::agent(vec![Part::text("hello")])),
+            claimed_by: ledger.instance(),
         };
 
         let hold = ledger.hold_log();

@@ -617,6 +617,7 @@ impl Gateway {
             fingerprint: sent_fingerprint.clone(),
             task_id: task_id.clone(),
             message: None,
+            claimed_by: self.ledger.instance(),
         };
         if let Some(key) = &ctx.idempotency_key
             && let Some(earlier) = self.ledger.claim_idempotency_peek(&ctx.principal, key)?
@@ -1053,6 +1054,19 @@ impl Gateway {
         ctx: &CallContext,
         mut earlier: IdempotencyRecord,
     ) -> Result<Option<IdempotencyRecord>, GatewayError> {
+        // Claimed before a restart by a send whose agent never answered: no
+        // one will fill the claim, so it is let go and this send runs.
+        if earlier.message.is_none()
+            && earlier.claimed_by != self.ledger.instance()
+            && let Some(key) = &ctx.idempotency_key
+            && self.ledger.get_shared(&earlier.task_id)?.is_none()
+        {
+            tracing::info!(task_id = %earlier.task_id, "an idempotency key claimed before a restart, by a send that created no task, is taken over");
+            self.ledger
+                .release_idempotency_if(&ctx.principal, key, &earlier)
+                .await?;
+            return Ok(None);
+        }
         for _ in 0..250 {
             if earlier.message.is_some() || self.owned_task(ctx, &earlier.task_id).is_ok() {
                 return Ok(Some(earlier));

@@ -562,6 +562,11 @@ pub struct IdempotencyRecord {
     /// The direct reply, when the agent answered with a message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<crate::protocol::Message>,
+    /// The [`Ledger::instance`] that claimed the key (0 in records older
+    /// than the field): a claim of an earlier one that neither created its
+    /// task nor got a message never will.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub claimed_by: u64,
 }
 
 /// Filters of a ListTasks query, already validated.
@@ -998,6 +1003,8 @@ pub struct Ledger {
     push_configs_stored: Arc<AtomicU64>,
     /// Told of each state change an update logs.
     transitions: OnceLock<TransitionObserver>,
+    /// Names this opening of the ledger (random, never 0).
+    instance: u64,
 }
 
 /// A task [`Ledger::create_within`] wrote.
@@ -1192,7 +1199,13 @@ impl Ledger {
             hub,
             push_configs_stored: Arc::new(AtomicU64::new(push_configs_stored)),
             transitions: OnceLock::new(),
+            instance: uuid::Uuid::new_v4().as_u64_pair().0.max(1),
         })
+    }
+
+    /// Names this opening of the ledger, as against those before a restart.
+    pub fn instance(&self) -> u64 {
+        self.instance
     }
 
     /// Tells `observer` of every state change an update makes from now on
@@ -1937,6 +1950,28 @@ impl Ledger {
     /// Forgets an idempotency key whose send created nothing.
     pub async fn release_idempotency(&self, owner: &str, key: &str) -> Result<(), LedgerError> {
         self.write_raw(keys::idempotency(owner, key), None).await
+    }
+
+    /// Removes the idempotency record of `key` if it is still `expected`;
+    /// false if it was changed or removed meanwhile (a concurrent claim is
+    /// never taken away).
+    pub async fn release_idempotency_if(
+        &self,
+        owner: &str,
+        key: &str,
+        expected: &IdempotencyRecord,
+    ) -> Result<bool, LedgerError> {
+        let db_key = keys::idempotency(owner, key);
+        let ticket = {
+            let mut frames = self.write_lock.lock().expect("ledger lock");
+            match self.read_raw(&db_key)? {
+                Some(bytes) if decode_stored::<IdempotencyRecord>(&bytes)? == *expected => {}
+                _ => return Ok(false),
+            }
+            self.log_raw(&mut frames, db_key, None)?
+        };
+        self.wait_written(ticket).await;
+        Ok(true)
     }
 
     /// Reads an idempotency record without claiming it.
@@ -2739,6 +2774,49 @@ mod tests {
             .unwrap();
         assert_eq!(made.version, before.version + 1);
         assert_eq!(ledger.flusher.latest_ticket(), written + 1);
+    }
+
+    #[tokio::test]
+    async fn an_idempotency_claim_is_released_only_as_it_was_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = paused(dir.path());
+        let claim = |task_id: &str| IdempotencyRecord {
+            fingerprint: "f".into(),
+            task_id: task_id.into(),
+            message: None,
+            claimed_by: 7,
+        };
+        assert!(
+            ledger
+                .claim_idempotency("o", "k", &claim("t1"))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        // Read as t0's, the claim is another's by now: it stays.
+        assert!(
+            !ledger
+                .release_idempotency_if("o", "k", &claim("t0"))
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            ledger.claim_idempotency_peek("o", "k").unwrap(),
+            Some(claim("t1"))
+        );
+        assert!(
+            ledger
+                .release_idempotency_if("o", "k", &claim("t1"))
+                .await
+                .unwrap()
+        );
+        assert_eq!(ledger.claim_idempotency_peek("o", "k").unwrap(), None);
+        assert!(
+            !ledger
+                .release_idempotency_if("o", "k", &claim("t1"))
+                .await
+                .unwrap()
+        );
     }
 
     #[tokio::test]

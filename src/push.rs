@@ -18,6 +18,7 @@ use crate::netguard::OutboundPolicy;
 use crate::protocol::TaskPushNotificationConfig;
 use crate::store::Ledger;
 use crate::store::hub::LedgerEvent;
+use crate::upstream::{error_chain, has_io_cause};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -500,10 +501,11 @@ impl Worker {
                         || status == reqwest::StatusCode::REQUEST_TIMEOUT
                 }
                 Err(err) => {
-                    let refused = refused_by_policy(&err);
-                    let err = causes(&err.without_url());
+                    // The address guard refuses a host it resolved (its
+                    // PermissionDenied), and says the same at every attempt.
+                    let refused = has_io_cause(&err, std::io::ErrorKind::PermissionDenied);
+                    let err = error_chain(&err.without_url());
                     tracing::warn!(task_id = %event.task_id, url = %shown, %err, attempt, "push delivery failed");
-                    // The address guard says the same at every attempt.
                     !refused
                 }
             };
@@ -526,34 +528,6 @@ impl Worker {
         self.policy.check_url(&url)?;
         Ok(url)
     }
-}
-
-/// Whether a delivery failed because the outbound address guard refused
-/// every address of the webhook's host (at its lookup).
-fn refused_by_policy(err: &reqwest::Error) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(error) = cause {
-        if let Some(io) = error.downcast_ref::<std::io::Error>()
-            && io.kind() == std::io::ErrorKind::PermissionDenied
-        {
-            return true;
-        }
-        cause = error.source();
-    }
-    false
-}
-
-/// An error with its causes, `: `-separated: reqwest's own message alone
-/// ("error sending request") does not say what failed.
-fn causes(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut cause = err.source();
-    while let Some(error) = cause {
-        text.push_str(": ");
-        text.push_str(&error.to_string());
-        cause = error.source();
-    }
-    text
 }
 
 #[cfg(test)]

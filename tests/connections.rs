@@ -277,9 +277,14 @@ fn more_than_buffers() -> usize {
 /// A connection whose receive buffer stays small (no autotuning), so the
 /// kernel holds little of what its client does not read.
 async fn connect_small(baton: &TestBaton) -> TcpStream {
-    let address = baton.base.trim_start_matches("http://").parse().unwrap();
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     socket.set_recv_buffer_size(64 * 1024).expect("SO_RCVBUF");
+    connect_socket(baton, socket).await
+}
+
+/// `socket`, connected to `baton`.
+async fn connect_socket(baton: &TestBaton, socket: tokio::net::TcpSocket) -> TcpStream {
+    let address = baton.base.trim_start_matches("http://").parse().unwrap();
     socket.connect(address).await.expect("connect")
 }
 
@@ -324,12 +329,7 @@ async fn connections_past_the_cap_wait_until_one_closes() {
         ..ConnectionLimits::default()
     })
     .await;
-    let mut first = connect(&baton).await;
-    let mut second = connect(&baton).await;
-    for stream in [&mut first, &mut second] {
-        stream.write_all(HEALTH_REQUEST).await.unwrap();
-        assert!(read_health(stream).await.starts_with("HTTP/1.1 200"));
-    }
+    let (first, mut second) = two_served(&baton).await;
     // The third is taken by the kernel's backlog, not by Baton.
     let mut third = connect(&baton).await;
     third.write_all(HEALTH_REQUEST).await.unwrap();
@@ -357,12 +357,7 @@ async fn connections_past_an_address_s_bound_are_closed_and_others_served() {
         ..ConnectionLimits::default()
     })
     .await;
-    let mut first = connect(&baton).await;
-    let mut second = connect(&baton).await;
-    for stream in [&mut first, &mut second] {
-        stream.write_all(HEALTH_REQUEST).await.unwrap();
-        assert!(read_health(stream).await.starts_with("HTTP/1.1 200"));
-    }
+    let (first, mut second) = two_served(&baton).await;
     // A third from the same address is closed unserved.
     let mut third = connect(&baton).await;
     let _ = third.write_all(HEALTH_REQUEST).await;
@@ -392,27 +387,30 @@ async fn connections_past_an_address_s_bound_are_closed_and_others_served() {
     // The second was never cut off.
     second.write_all(HEALTH_REQUEST).await.unwrap();
     assert!(read_health(&mut second).await.starts_with("HTTP/1.1 200"));
-    let metrics = baton.http.get(baton.url("/metrics")).send().await.unwrap();
-    let refused = baton::metrics::sample_value(
-        &metrics.text().await.unwrap(),
-        "baton_connections_refused_total",
-    )
-    .map(|value| value.parse::<u64>().unwrap());
+    let metrics = baton.metrics().await;
+    let refused = baton::metrics::sample_value(&metrics, "baton_connections_refused_total")
+        .map(|value| value.parse::<u64>().unwrap());
     assert!(refused.is_some_and(|refused| refused >= 1), "{refused:?}");
     baton.stop().await;
 }
 
+/// Two connections to `baton`, each served a health check and kept open.
+async fn two_served(baton: &TestBaton) -> (TcpStream, TcpStream) {
+    let mut first = connect(baton).await;
+    let mut second = connect(baton).await;
+    for stream in [&mut first, &mut second] {
+        stream.write_all(HEALTH_REQUEST).await.unwrap();
+        assert!(read_health(stream).await.starts_with("HTTP/1.1 200"));
+    }
+    (first, second)
+}
+
 /// A connection to `baton` from the loopback address `ip`.
 async fn connect_from(baton: &TestBaton, ip: [u8; 4]) -> TcpStream {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket
-        .bind((std::net::Ipv4Addr::from(ip), 0).into())
-        .unwrap();
-    let address = baton.base.trim_start_matches("http://");
-    socket
-        .connect(address.parse().unwrap())
-        .await
-        .expect("connect")
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    let from = (std::net::Ipv4Addr::from(ip), 0).into();
+    socket.bind(from).expect("bind");
+    connect_socket(baton, socket).await
 }
 
 #[tokio::test]

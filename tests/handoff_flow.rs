@@ -2102,7 +2102,7 @@ async fn a_first_report_transferring_past_the_event_limit_fails_the_task() {
 /// reporting WORKING: 2 × 600 KiB under 1 MiB, or 30 under 20 events.
 async fn transfer_past_a_limit_fails_the_task(at_once: bool, limit: TaskLimit) {
     let payload = handoff_payload("triage", json!({"to": "echo"}), json!({}));
-    let (results, tune, reason): (_, fn(&mut GatewaySettings), _) = match limit {
+    let ((artifacts, bytes), tune, reason): (_, fn(&mut GatewaySettings), _) = match limit {
         TaskLimit::Bytes => (
             (2, 600 * 1024),
             |settings| settings.max_task_bytes = 1024 * 1024,
@@ -2114,7 +2114,8 @@ async fn transfer_past_a_limit_fails_the_task(at_once: bool, limit: TaskLimit) {
             "EVENT_LIMIT_EXCEEDED",
         ),
     };
-    let mut triage = common::agents::TransfersWithArtifacts::new("triage", payload, results);
+    let mut triage =
+        common::agents::TransfersWithArtifacts::new("triage", payload, artifacts, bytes);
     if at_once {
         triage = triage.at_once();
     }

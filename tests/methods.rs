@@ -670,7 +670,7 @@ async fn ids_in_a_report_past_the_size_limit_reach_the_agent_s_cancel() {
     let agent = BindsInLargeReport::new("late", 1536 * 1024);
     let (baton, _) = large_report_fails_the_task(agent).await;
     assert_eq!(
-        transitions(&baton).await,
+        transition_counts(&baton.metrics().await),
         [r#"{from="TASK_STATE_WORKING",to="TASK_STATE_FAILED"} 1"#]
     );
     baton.stop().await;
@@ -695,21 +695,10 @@ async fn a_first_report_past_the_size_limit_fails_the_new_task() {
         Some(baton::protocol::TaskState::Failed)
     );
     assert_eq!(
-        transitions(&baton).await,
+        transition_counts(&baton.metrics().await),
         [r#"{from="TASK_STATE_SUBMITTED",to="TASK_STATE_FAILED"} 1"#]
     );
     baton.stop().await;
-}
-
-/// The counts of `baton_task_transition_seconds` Baton serves, by label.
-async fn transitions(baton: &TestBaton) -> Vec<String> {
-    let metrics = baton.http.get(baton.url("/metrics")).send().await.unwrap();
-    let metrics = metrics.text().await.unwrap();
-    metrics
-        .lines()
-        .filter_map(|line| line.strip_prefix("baton_task_transition_seconds_count"))
-        .map(str::to_string)
-        .collect()
 }
 
 /// `agent`'s large report fails its task under a 1 MiB limit: its ids are

@@ -143,10 +143,7 @@ async fn state_changes_are_timed_whoever_makes_them() {
     );
     let (status, _, text) = get(&b, "/metrics", &[]).await;
     assert_eq!(status, 200, "{text}");
-    let counts: Vec<&str> = text
-        .lines()
-        .filter_map(|line| line.strip_prefix("baton_task_transition_seconds_count"))
-        .collect();
+    let counts = transition_counts(&text);
     // A blocking reply comes once its write is durable, and the write was
     // counted before that.
     let expected = [

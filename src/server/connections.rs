@@ -112,7 +112,8 @@ impl ConnectionLimits {
 pub(super) async fn serve(
     listener: TcpListener,
     service: FrontDoor,
-    (limits, refused): (ConnectionLimits, Arc<AtomicU64>),
+    limits: ConnectionLimits,
+    refused: Arc<AtomicU64>,
     shutdown: impl Future<Output = ()>,
 ) {
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -121,8 +122,8 @@ pub(super) async fn serve(
         .max_header_size(MAX_HEAD_BYTES)
         .max_buf_size(MAX_HEAD_BYTES);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let per_address =
-        (limits.max_per_address < usize::MAX).then(|| AddressCounts::new(limits.max_per_address));
+    let per_address = (limits.max_per_address < usize::MAX)
+        .then(|| AddressCounts::new(limits.max_per_address, refused));
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let mut at_cap = false;
@@ -163,15 +164,9 @@ pub(super) async fn serve(
         };
         // Past its address's bound a connection is closed unserved: served,
         // it would hold a slot until it sent a head or its read timed out.
-        let address_slot = match &per_address {
-            Some(counts) => match counts.admit(peer.ip()) {
-                Some(address_slot) => Some(address_slot),
-                None => {
-                    refused.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-            },
-            None => None,
+        let address_slot = match per_address.as_ref().map(|counts| counts.admit(peer.ip())) {
+            Some(None) => continue,
+            admitted => admitted.flatten(),
         };
         let stream = WriteStallLimit::new(stream, limits.write_timeout);
         let connection = http.serve_connection(TokioIo::new(stream), service.clone());
@@ -194,6 +189,8 @@ struct AddressCounts {
     // across an .await.
     open: Mutex<HashMap<IpAddr, AddressOpen>>,
     max: usize,
+    /// Connections refused so far (the metric's).
+    refused: Arc<AtomicU64>,
 }
 
 /// One address's open connections.
@@ -206,16 +203,17 @@ struct AddressOpen {
 }
 
 impl AddressCounts {
-    fn new(max: usize) -> Arc<Self> {
+    fn new(max: usize, refused: Arc<AtomicU64>) -> Arc<Self> {
         assert!(max > 0, "a bound of 0 would refuse every connection");
         Arc::new(Self {
             open: Mutex::default(),
             max,
+            refused,
         })
     }
 
     /// Counts a connection from `address`, unless its client holds `max`
-    /// already.
+    /// already (then it counts the refusal).
     fn admit(self: &Arc<Self>, address: IpAddr) -> Option<AddressSlot> {
         let client = client_of(address);
         let first_refusal = {
@@ -230,6 +228,7 @@ impl AddressCounts {
             }
             !std::mem::replace(&mut entry.warned, true)
         };
+        self.refused.fetch_add(1, Ordering::Relaxed);
         if first_refusal {
             tracing::warn!(
                 client = %client,
@@ -314,7 +313,7 @@ mod tests {
 
     #[test]
     fn an_address_is_admitted_up_to_its_bound_and_again_once_one_closes() {
-        let counts = AddressCounts::new(2);
+        let counts = AddressCounts::new(2, Arc::default());
         let v4: IpAddr = "192.0.2.7".parse().unwrap();
         // The same client on a dual-stack socket.
         let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
@@ -331,7 +330,7 @@ mod tests {
 
     #[test]
     fn an_ipv6_client_counts_by_its_64() {
-        let counts = AddressCounts::new(1);
+        let counts = AddressCounts::new(1, Arc::default());
         let one = counts.admit("2001:db8:1:2::1".parse().unwrap());
         assert!(one.is_some());
         assert!(

@@ -209,7 +209,7 @@ pub async fn run(
         router: app(state.clone()),
         state: Arc::new(state),
     };
-    let server = connections::serve(listener, front, (limits, refused), async move {
+    let server = connections::serve(listener, front, limits, refused, async move {
         shutdown.await;
         tracing::info!("shutting down: closing streams and draining connections");
         stop.cancel();

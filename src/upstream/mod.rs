@@ -25,7 +25,7 @@ mod transport;
 
 pub use client::{UpstreamClient, UpstreamStream};
 pub use remote::RemoteAgent;
-pub use transport::error_chain;
+pub use transport::{error_chain, has_io_cause};
 
 use std::time::Duration;
 

@@ -418,17 +418,19 @@ pub fn failure(
     err: &(dyn std::error::Error + 'static),
 ) -> AgentError {
     let detail = format!("{label}: {}", error_chain(err));
-    let mut cause = Some(err);
-    while let Some(current) = cause {
-        if current
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-        {
-            return AgentError::Timeout(detail);
-        }
-        cause = current.source();
+    if has_io_cause(err, std::io::ErrorKind::TimedOut) {
+        return AgentError::Timeout(detail);
     }
     AgentError::Unreachable(detail)
+}
+
+/// Whether `err` or one of its causes is an I/O error of `kind`.
+pub fn has_io_cause(err: &(dyn std::error::Error + 'static), kind: std::io::ErrorKind) -> bool {
+    std::iter::successors(Some(err), |current| current.source()).any(|current| {
+        current
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == kind)
+    })
 }
 
 /// An error and its causes, which say what actually failed (refused,

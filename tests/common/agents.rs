@@ -577,7 +577,8 @@ impl TransfersWithArtifacts {
     pub fn new(
         name: &str,
         payload: serde_json::Value,
-        (artifacts, artifact_bytes): (usize, usize),
+        artifacts: usize,
+        artifact_bytes: usize,
     ) -> Self {
         Self {
             card: card(name),

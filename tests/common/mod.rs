@@ -329,6 +329,12 @@ impl TestBaton {
             .await
     }
 
+    /// The Prometheus text Baton serves at `/metrics`.
+    pub async fn metrics(&self) -> String {
+        let response = self.http.get(self.url("/metrics")).send().await.unwrap();
+        response.text().await.unwrap()
+    }
+
     /// Calls a method on `path` (e.g. `/a2a`).
     pub async fn call_at(&self, path: &str, method: &str, params: Value) -> Reply {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -531,6 +537,14 @@ pub fn reason_of(message: &Value) -> &str {
 /// The reason code of a task's current status.
 pub fn reason(task: &Value) -> &str {
     reason_of(&task["status"]["message"])
+}
+
+/// The counts of `baton_task_transition_seconds` in a Prometheus `text`,
+/// each as its labels and count (`{from="…",to="…"} 1`).
+pub fn transition_counts(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("baton_task_transition_seconds_count"))
+        .collect()
 }
 
 impl TestBaton {

@@ -564,6 +564,24 @@ async fn fake_agent(
     (url, seen, server)
 }
 
+/// What a fake agent holding one task answers: `SubscribeToTask` is refused
+/// as for a settled task (-32004), anything else gets the task COMPLETED
+/// with one artifact.
+fn settled_task_answer(request: &Value) -> (&'static str, String) {
+    let id = request["id"].clone();
+    let answer = if request["method"] == "SubscribeToTask" {
+        json!({"jsonrpc": "2.0", "id": id,
+               "error": {"code": -32004, "message": "the task is terminal"}})
+    } else {
+        json!({"jsonrpc": "2.0", "id": id, "result": {
+            "id": "up-task", "contextId": "up-context",
+            "status": {"state": "TASK_STATE_COMPLETED"},
+            "artifacts": [{"artifactId": "a1", "parts": [{"text": "done upstream"}]}],
+        }})
+    };
+    ("application/json", answer.to_string())
+}
+
 #[tokio::test]
 async fn a_non_json_answer_is_an_invalid_agent_response() {
     let (url, _, server) = fake_agent(|_| ("text/html", "<html>Bad gateway</html>".into())).await;
@@ -910,6 +928,81 @@ async fn recover_follows_a_running_upstream_task_to_its_end() {
     let (outcome, _) = recover(&polling, &task, None).await;
     assert!(matches!(outcome, Err(AgentError::Failed(_))), "{outcome:?}");
     upstream.stop().await;
+}
+
+#[tokio::test]
+async fn recover_waits_for_an_agent_that_is_not_up_yet() {
+    // A port nobody listens on yet: every call is refused until the agent
+    // comes up on it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}/a2a");
+    let up = UpstreamRef {
+        task_id: "up-task".into(),
+        context_id: "up-context".into(),
+    };
+    let task = Task {
+        id: "gateway-task".into(),
+        context_id: "gateway-context".into(),
+        status: TaskStatus::now(TaskState::Working, None),
+        ..Task::default()
+    };
+    let patient = UpstreamSettings {
+        follow_outage: Duration::from_secs(30),
+        ..fast_upstream()
+    };
+    let streaming = remote(card_at(&url, true), patient.clone());
+    let polling = remote(card_at(&url, false), patient);
+    let agent_comes_up = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let app = axum::Router::new().fallback(|body: axum::body::Bytes| async move {
+            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let (content_type, text) = settled_task_answer(&request);
+            ([(header::CONTENT_TYPE, content_type)], text)
+        });
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("the agent's port is free again");
+        let _ = axum::serve(listener, app).await;
+    });
+    let ((streamed, streamed_events), (polled, polled_events)) = tokio::join!(
+        recover(&streaming, &task, Some(&up)),
+        recover(&polling, &task, Some(&up)),
+    );
+    for (outcome, events) in [(streamed, streamed_events), (polled, polled_events)] {
+        outcome.expect("recovered once the agent was up");
+        assert!(
+            matches!(
+                events.as_slice(),
+                [
+                    AgentEvent::Artifact { .. },
+                    AgentEvent::Status {
+                        state: TaskState::Completed,
+                        ..
+                    }
+                ]
+            ),
+            "{events:?}"
+        );
+    }
+    agent_comes_up.abort();
+
+    // An agent that never comes back fails the task once the outage
+    // outlasts the tolerance, with the connection error.
+    let impatient = UpstreamSettings {
+        follow_outage: Duration::from_millis(300),
+        ..fast_upstream()
+    };
+    let polling = remote(card_at(&url, false), impatient);
+    let (outcome, events) = recover(&polling, &task, Some(&up)).await;
+    assert!(
+        matches!(outcome, Err(AgentError::Unreachable(_))),
+        "{outcome:?}"
+    );
+    assert!(events.is_empty(), "{events:?}");
 }
 
 #[tokio::test]

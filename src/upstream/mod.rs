@@ -40,6 +40,10 @@ pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_POLL_INITIAL: Duration = Duration::from_millis(50);
 /// Longest delay between two GetTask polls.
 pub const DEFAULT_POLL_MAX: Duration = Duration::from_secs(2);
+/// Longest run of failed polls (no connection, no answer) while following a
+/// task the agent holds; as long as the default task timeout, so a task's
+/// own deadline ends the wait first.
+pub const DEFAULT_FOLLOW_OUTAGE: Duration = Duration::from_secs(300);
 /// Largest answer (or single SSE event) accepted from an agent.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
@@ -56,6 +60,9 @@ pub struct UpstreamSettings {
     pub poll_initial: Duration,
     /// Cap of the poll delay.
     pub poll_max: Duration,
+    /// How long polls may keep failing for want of a connection or an
+    /// answer before following the task gives up.
+    pub follow_outage: Duration,
     /// Largest answer accepted; bigger ones are invalid responses, so a
     /// faulty agent cannot exhaust the gateway's memory.
     pub max_body_bytes: usize,
@@ -69,6 +76,7 @@ impl Default for UpstreamSettings {
             stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
             poll_initial: DEFAULT_POLL_INITIAL,
             poll_max: DEFAULT_POLL_MAX,
+            follow_outage: DEFAULT_FOLLOW_OUTAGE,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
     }

@@ -20,13 +20,8 @@ use crate::protocol::{
 };
 use async_trait::async_trait;
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-
-/// Consecutive polls that may fail for want of a connection or an answer
-/// before following the task gives up: the task lives on upstream, so a
-/// blip should not fail it at the gateway.
-pub const MAX_POLL_FAILURES: u32 = 3;
 
 /// An A2A 1.0 agent reached over JSON-RPC.
 #[derive(Debug)]
@@ -100,7 +95,8 @@ impl RemoteAgent {
                 return Ok(());
             }
         }
-        self.poll(&mut follower).await
+        self.poll(&mut follower, self.client.settings().poll_initial)
+            .await
     }
 
     /// Follows a stream until the task settles (`Done`) or the stream ends or
@@ -139,17 +135,20 @@ impl RemoteAgent {
         }
     }
 
-    /// Polls GetTask until the task settles: quickly while it changes, then
-    /// backing off to `poll_max`.
-    async fn poll(&self, follower: &mut Follower) -> Result<(), AgentError> {
+    /// Polls GetTask, the first time after `first_delay`, until the task
+    /// settles: quickly while it changes, then backing off to `poll_max`.
+    /// No connection or no answer is retried for up to `follow_outage` in a
+    /// row: the task lives on upstream, and the gateway's deadline bounds
+    /// the wait anyway.
+    async fn poll(&self, follower: &mut Follower, first_delay: Duration) -> Result<(), AgentError> {
         let Some(task_id) = follower.bound.as_ref().map(|b| b.task_id.clone()) else {
             return Err(AgentError::InvalidResponse(
                 "the agent reported no task to follow".into(),
             ));
         };
         let settings = self.client.settings();
-        let mut delay = settings.poll_initial;
-        let mut failures = 0;
+        let mut delay = first_delay;
+        let mut outage_since: Option<Instant> = None;
         loop {
             tokio::time::sleep(delay).await;
             let reported = follower.reported;
@@ -161,7 +160,9 @@ impl RemoteAgent {
             };
             match self.client.get_task(request).await {
                 Ok(task) => {
-                    failures = 0;
+                    if outage_since.take().is_some() {
+                        tracing::info!(agent = %self.card.name, upstream_task = %task_id, "agent answers again");
+                    }
                     if follower.on_task(task).await? == Flow::Done {
                         return Ok(());
                     }
@@ -172,10 +173,10 @@ impl RemoteAgent {
                     };
                 }
                 Err(err @ (AgentError::Unreachable(_) | AgentError::Timeout(_)))
-                    if failures < MAX_POLL_FAILURES =>
+                    if outage_since.get_or_insert_with(Instant::now).elapsed()
+                        < settings.follow_outage =>
                 {
-                    failures += 1;
-                    tracing::warn!(agent = %self.card.name, upstream_task = %task_id, failures, %err, "poll failed; retrying");
+                    tracing::warn!(agent = %self.card.name, upstream_task = %task_id, %err, "poll failed; retrying");
                     delay = backoff(delay, settings.poll_max);
                 }
                 Err(err) => return Err(err),
@@ -269,18 +270,6 @@ impl RemoteAgent {
         let mut follower = Follower::new(events);
         follower.knows(task);
         follower.bound = Some(upstream.clone());
-        // A task the agent forgot (-32001) fails here, with the agent's answer.
-        let current = self
-            .client
-            .get_task(GetTaskRequest {
-                id: upstream.task_id.clone(),
-                history_length: Some(0),
-                ..GetTaskRequest::default()
-            })
-            .await?;
-        if follower.on_task(current).await? == Flow::Done {
-            return Ok(());
-        }
         if self.streams() {
             let request = SubscribeToTaskRequest {
                 id: upstream.task_id.clone(),
@@ -292,14 +281,16 @@ impl RemoteAgent {
                         return Ok(());
                     }
                 }
-                // E.g. the task settled between the two calls (-32004): the
-                // next poll sees how.
+                // The task settled while the gateway was down (-32004), the
+                // agent forgot it (-32001), or it cannot be reached yet: the
+                // polls tell which.
                 Err(err) => {
                     tracing::warn!(task_id = %task.id, %err, "cannot resubscribe to the agent's task; polling");
                 }
             }
         }
-        self.poll(&mut follower).await
+        // At once: a restart may have missed the task's end.
+        self.poll(&mut follower, Duration::ZERO).await
     }
 
     async fn forward_cancel(

@@ -720,3 +720,102 @@ async fn a_key_claimed_by_a_send_no_agent_answered_before_a_crash_is_taken_over(
     assert_eq!(vendor.sends().len(), 2, "the repeat is replayed, not sent");
     vendor.stop().await;
 }
+
+/// A transfer's target still working when Baton was killed returns its
+/// result to the source after the restart, as it would have without one:
+/// the source's own task gets it and finishes the gateway task.
+#[tokio::test]
+async fn a_result_due_back_to_its_source_at_a_crash_is_returned_after_restart() {
+    use baton::demo::vendor::{Reply, VendorAgent};
+    use baton::handoff::payload::HANDOFF_RESULT_MEDIA_TYPE;
+    use baton::protocol::TaskState;
+    let planner = VendorAgent::start("planner", &["plan"], |turn| {
+        if turn.task_id.is_none() {
+            let payload = json!({
+                "handoffId": "hf_restart", "from": "planner", "to": "worker",
+                "reason": "specialization", "goal": "Do the slow part.",
+                "summary": "The plan needs the worker's result.", "returnToParent": true,
+            });
+            return Reply::Handoff {
+                payload,
+                state: TaskState::InputRequired,
+            };
+        }
+        let returned = turn
+            .message
+            .parts
+            .iter()
+            .any(|part| part.media_type == HANDOFF_RESULT_MEDIA_TYPE);
+        if returned {
+            Reply::artifact("plan", json!({"done": true}))
+        } else {
+            Reply::Fail("no handoff result".into())
+        }
+    })
+    .await
+    .unwrap();
+    let worker = VendorAgent::start("worker", &["slow"], |_| {
+        let result = Reply::artifact("part", json!({"value": 42}));
+        Reply::Later(Duration::from_millis(1500), Box::new(result))
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let start = || loopback_process(dir.path());
+    let mut first = start();
+    register_vendor(&first, "planner", &planner).await;
+    register_vendor(&first, "worker", &worker).await;
+    let params = json!({
+        "message": user_message(&message_id("plan"), "plan it"),
+        "configuration": {"returnImmediately": true},
+    });
+    let reply = first
+        .rpc("/agents/planner/a2a", "SendMessage", params)
+        .await;
+    let id = reply["result"]["task"]["id"].as_str().unwrap().to_string();
+    // Killed once the worker holds the task and Baton follows it there.
+    let until = Instant::now() + WAIT;
+    while !worker
+        .received()
+        .iter()
+        .any(|call| call.method == "GetTask")
+    {
+        assert!(
+            Instant::now() < until,
+            "Baton never followed the worker's task"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.kill();
+
+    let second = start();
+    let until = Instant::now() + WAIT;
+    let task = loop {
+        let task = second.call("GetTask", json!({"id": id})).await;
+        let state = task["status"]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if state == "TASK_STATE_COMPLETED" || state == "TASK_STATE_FAILED" {
+            break task;
+        }
+        assert!(Instant::now() < until, "the task never settled: {task}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let names: Vec<&str> = task["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|artifact| artifact["name"].as_str())
+        .collect();
+    assert_eq!(names, ["part", "plan"], "{task}");
+    assert_eq!(
+        planner.sends().len(),
+        2,
+        "the result went back to the planner"
+    );
+    assert_eq!(worker.sends().len(), 1);
+    planner.stop().await;
+    worker.stop().await;
+}

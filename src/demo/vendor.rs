@@ -96,6 +96,10 @@ pub enum Reply {
     /// The reply, with its task created at once but the answer held back
     /// this long (until [`VendorAgent::stop`] at most): a slow agent.
     Late(Duration, Box<Reply>),
+    /// The task WORKING at once, in the answer too, and moved to the reply's
+    /// status this much later, unless canceled first: a long job whose end
+    /// only `GetTask` tells.
+    Later(Duration, Box<Reply>),
 }
 
 impl Reply {
@@ -350,7 +354,7 @@ fn cancel(inner: &Inner, id: &str) -> Result<Value, RpcError> {
     Ok(json!(task))
 }
 
-async fn send_message(inner: &Inner, params: &Value) -> Result<Value, RpcError> {
+async fn send_message(inner: &Arc<Inner>, params: &Value) -> Result<Value, RpcError> {
     let message: Message = params
         .get("message")
         .cloned()
@@ -403,9 +407,10 @@ async fn send_message(inner: &Inner, params: &Value) -> Result<Value, RpcError> 
         (turn, task)
     };
 
-    let (reply, held) = match (inner.script)(&turn) {
-        Reply::Late(held, reply) => (*reply, Some(held)),
-        reply => (reply, None),
+    let (reply, held, settles_after) = match (inner.script)(&turn) {
+        Reply::Late(held, reply) => (*reply, Some(held), None),
+        Reply::Later(after, reply) => (*reply, None, Some(after)),
+        reply => (reply, None, None),
     };
     let (state, status_text, artifacts, payload) = match reply {
         Reply::Message(text) => {
@@ -425,7 +430,7 @@ async fn send_message(inner: &Inner, params: &Value) -> Result<Value, RpcError> 
         Reply::Handoff { payload, state } => (state, None, Vec::new(), Some(payload)),
         Reply::Working => (TaskState::Working, None, Vec::new(), None),
         Reply::Fail(reason) => (TaskState::Failed, Some(reason), Vec::new(), None),
-        Reply::Late(..) => {
+        Reply::Late(..) | Reply::Later(..) => {
             return Err((INTERNAL_ERROR, "a late reply must hold another".into()));
         }
     };
@@ -451,18 +456,26 @@ async fn send_message(inner: &Inner, params: &Value) -> Result<Value, RpcError> 
     // With returnImmediately the caller sees the task WORKING and learns the
     // outcome by GetTask, as it would from a slower agent.
     let final_status = TaskStatus::now(state, status_message.clone());
-    task.status = if return_immediately {
+    task.status = if return_immediately || settles_after.is_some() {
         TaskStatus::now(TaskState::Working, None)
     } else {
         final_status.clone()
     };
-    if !return_immediately {
+    if !return_immediately && settles_after.is_none() {
         task.history.extend(status_message);
     }
     let answer = json!({"task": task});
     let id = task.id.clone();
     lock(&inner.tasks).insert(id.clone(), task);
-    if return_immediately {
+    if let Some(after) = settles_after {
+        let inner = inner.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(after) => settle(&inner, &id, final_status),
+                _ = inner.shutdown.cancelled() => {}
+            }
+        });
+    } else if return_immediately {
         settle(inner, &id, final_status);
     }
     if let Some(held) = held {

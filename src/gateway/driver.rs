@@ -323,15 +323,40 @@ impl Driver {
             false,
         );
         self.created = true;
-        // A recovered turn has no request to hand on: a transfer or return
-        // found now cannot be resumed, and the task says so.
         let end = self
             .pump(&agent, false, (None, HopKind::Call), receiver, execution)
             .await;
-        if !matches!(end, TurnEnd::Settled) {
-            let reason = "the agent handed the task on while the gateway restarted; \
-                          send the request again";
-            self.fail(vec![Part::text(reason)]).await;
+        // A transfer or a result to return goes on as it would have: both
+        // need only the ledger's record, and the turn's agent. No caller is
+        // streaming, and none restricted the output modes any more.
+        let recovered = Turn {
+            agent,
+            request: AgentRequest {
+                task_id: self.task_id.clone(),
+                context_id: self.context_id.clone(),
+                message: Message::default(),
+                task: None,
+                upstream: None,
+                streaming: false,
+                accepted_output_modes: Vec::new(),
+                cancel: self.task_cancel.child_token(),
+            },
+            handoff: false,
+            skill: None,
+            source: None,
+        };
+        let next = match end {
+            TurnEnd::Settled => None,
+            TurnEnd::Transfer(offer) => self.transfer(&recovered, offer).await,
+            TurnEnd::Return(artifacts) => self.give_back(&recovered, artifacts).await,
+            // Only a handoff's turn waits for an acknowledgement.
+            TurnEnd::NoAck(why) => {
+                self.fail(vec![Part::text(why)]).await;
+                None
+            }
+        };
+        if let Some(next) = next {
+            return self.run(next, Start::Accepted).await;
         }
         self.watch_interrupted_deadline();
         self.release_waiting_sources().await;

@@ -405,16 +405,23 @@ async fn register_vendor(baton: &BatonProcess, id: &str, agent: &baton::demo::ve
         .await;
 }
 
-/// Waits until the task is FAILED, for `DEADLINE_EXCEEDED`.
-async fn assert_failed_at_its_deadline(baton: &BatonProcess, id: &str) {
+/// The task once it is COMPLETED or FAILED (as it stands after `WAIT`).
+async fn ended(baton: &BatonProcess, id: &str) -> serde_json::Value {
     let until = Instant::now() + WAIT;
-    let task = loop {
+    loop {
         let task = baton.call("GetTask", json!({"id": id})).await;
-        if task["status"]["state"] == "TASK_STATE_FAILED" || Instant::now() > until {
-            break task;
+        let state = &task["status"]["state"];
+        let ended = state == "TASK_STATE_COMPLETED" || state == "TASK_STATE_FAILED";
+        if ended || Instant::now() > until {
+            return task;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    }
+}
+
+/// Waits until the task is FAILED, for `DEADLINE_EXCEEDED`.
+async fn assert_failed_at_its_deadline(baton: &BatonProcess, id: &str) {
+    let task = ended(baton, id).await;
     assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
     assert!(task.to_string().contains("DEADLINE_EXCEEDED"), "{task}");
 }
@@ -663,27 +670,37 @@ async fn one_shutdown_grace_bounds_both_the_connections_and_the_push_drain() {
     drop(held);
 }
 
+/// A vendor agent named `id` that never answers its first send, and
+/// answers every later one with `then`.
+async fn silent_at_first(
+    id: &str,
+    then: baton::demo::vendor::Reply,
+) -> baton::demo::vendor::VendorAgent {
+    use baton::demo::vendor::{Reply, VendorAgent};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let answered_once = AtomicBool::new(false);
+    VendorAgent::start(id, &["waiting"], move |_| {
+        if answered_once.swap(true, Ordering::SeqCst) {
+            then.clone()
+        } else {
+            Reply::Silent
+        }
+    })
+    .await
+    .unwrap()
+}
+
 /// A send whose agent had not answered when Baton was killed created no
 /// task, and no one will fill its idempotency claim: after the restart a
 /// repeat takes the key over and runs, and a repeat after that replays it.
 #[tokio::test]
 async fn a_key_claimed_by_a_send_no_agent_answered_before_a_crash_is_taken_over() {
-    use baton::demo::vendor::{Reply, VendorAgent};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let sends = std::sync::Arc::new(AtomicUsize::new(0));
-    let counted = sends.clone();
-    let vendor = VendorAgent::start("slowpoke", &["waiting"], move |_| {
-        if counted.fetch_add(1, Ordering::SeqCst) == 0 {
-            Reply::Silent
-        } else {
-            Reply::Complete {
-                text: Some("done".into()),
-                artifacts: Vec::new(),
-            }
-        }
-    })
-    .await
-    .unwrap();
+    use baton::demo::vendor::Reply;
+    let done = Reply::Complete {
+        text: Some("done".into()),
+        artifacts: Vec::new(),
+    };
+    let vendor = silent_at_first("slowpoke", done).await;
     let dir = tempfile::tempdir().unwrap();
     let mut first = loopback_process(dir.path());
     register_vendor(&first, "slowpoke", &vendor).await;
@@ -789,19 +806,7 @@ async fn a_result_due_back_to_its_source_at_a_crash_is_returned_after_restart() 
     first.kill();
 
     let second = start();
-    let until = Instant::now() + WAIT;
-    let task = loop {
-        let task = second.call("GetTask", json!({"id": id})).await;
-        let state = task["status"]["state"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        if state == "TASK_STATE_COMPLETED" || state == "TASK_STATE_FAILED" {
-            break task;
-        }
-        assert!(Instant::now() < until, "the task never settled: {task}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let task = ended(&second, &id).await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     let names: Vec<&str> = task["artifacts"]
         .as_array()
@@ -817,5 +822,48 @@ async fn a_result_due_back_to_its_source_at_a_crash_is_returned_after_restart() 
     );
     assert_eq!(worker.sends().len(), 1);
     planner.stop().await;
+    worker.stop().await;
+}
+
+/// A handoff its target had not acknowledged when Baton was killed goes on
+/// along the failure ladder after the restart: announced as a retry, and
+/// delivered again with the same messageId.
+#[tokio::test]
+async fn a_handoff_unacknowledged_at_a_crash_is_retried_after_restart() {
+    use baton::demo::vendor::Reply;
+    let refund = Reply::artifact("refund", json!({"refundId": "rf_1"}));
+    let worker = silent_at_first("worker", refund).await;
+    let dir = tempfile::tempdir().unwrap();
+    let start = || loopback_process(dir.path());
+    let mut first = start();
+    register_vendor(&first, "worker", &worker).await;
+    let payload = common::handoff_payload("triage", json!({"to": "worker"}), json!({}));
+    let params = json!({
+        "message": common::handoff_message(payload),
+        "configuration": {"returnImmediately": true},
+    });
+    let reply = first.rpc("/a2a", "SendMessage", params).await;
+    let task = &reply["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_SUBMITTED", "{reply}");
+    let id = task["id"].as_str().unwrap().to_string();
+    let until = Instant::now() + WAIT;
+    while worker.sends().is_empty() {
+        assert!(Instant::now() < until, "the worker got no delivery");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.kill();
+
+    let second = start();
+    let task = ended(&second, &id).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(task["artifacts"][0]["name"], "refund", "{task}");
+    let deliveries = worker.sends();
+    assert_eq!(deliveries.len(), 2);
+    let message_ids: Vec<&serde_json::Value> = deliveries
+        .iter()
+        .map(|call| &call.params["message"]["messageId"])
+        .collect();
+    assert_eq!(message_ids[0], message_ids[1], "the same delivery again");
+    assert!(task["history"].to_string().contains("RETRY"), "{task}");
     worker.stop().await;
 }

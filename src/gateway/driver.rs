@@ -115,8 +115,9 @@ pub(super) struct Turn {
 pub(super) enum Start {
     /// Created on the agent's first answer; a message reply creates none.
     New(HopKind),
-    /// Created at acceptance (a handoff), SUBMITTED.
-    Accepted,
+    /// Created at acceptance (a handoff), SUBMITTED; the turn is its
+    /// delivery's attempt number so many on the failure ladder.
+    Accepted(u32),
     /// A message continues this task.
     Continued(Arc<TaskRecord>),
 }
@@ -201,9 +202,13 @@ impl Driver {
     /// Runs turns until the task settles.
     pub(super) async fn run(mut self, first: Turn, start: Start) {
         let mut hop_kind = HopKind::Call;
+        let mut attempts = 1;
         match start {
             Start::New(kind) => hop_kind = kind,
-            Start::Accepted => self.created = true,
+            Start::Accepted(made) => {
+                self.created = true;
+                attempts = made;
+            }
             Start::Continued(record) => {
                 if !self.resume(&first.request.message, &record).await {
                     self.gateway.unregister_running(&self.task_id);
@@ -212,7 +217,6 @@ impl Driver {
             }
         }
         let mut turn = first;
-        let mut attempts = 1;
         let mut handed_on = false;
         loop {
             handed_on |= turn.handoff;
@@ -307,10 +311,41 @@ impl Driver {
             self.gateway.unregister_running(&self.task_id);
             return;
         }
+        self.created = true;
+        // A handoff its target had not acknowledged is a delivery without
+        // an acknowledgement: on to the next step of the ladder.
+        let next = match self.undelivered_handoff(&agent, &record) {
+            Some((turn, mut attempts)) => {
+                let why = "the gateway restarted before the agent acknowledged".to_string();
+                let next = self.next_attempt(turn, why, &mut attempts).await;
+                next.map(|next| (next, attempts))
+            }
+            None => self
+                .follow_recovered(agent, record)
+                .await
+                .map(|next| (next, 1)),
+        };
+        if let Some((next, attempts)) = next {
+            return self.run(next, Start::Accepted(attempts)).await;
+        }
+        self.watch_interrupted_deadline();
+        self.release_waiting_sources().await;
+        self.gateway.unregister_running(&self.task_id);
+    }
+
+    /// Has the agent pick its task up again and records what it reports.
+    /// A transfer or a result to return found meanwhile goes on as it would
+    /// have: both need only the ledger's record and the turn's agent (no
+    /// caller streams or restricts the output modes any more).
+    async fn follow_recovered(
+        &mut self,
+        agent: Arc<AgentEntry>,
+        record: TaskRecord,
+    ) -> Option<Turn> {
         let (events, receiver) = AgentEvents::channel(64);
         let implementation = agent.agent.clone();
-        let task = record.task.clone();
-        let upstream = record.upstream.clone();
+        let task = record.task;
+        let upstream = record.upstream;
         let cancel = self.task_cancel.child_token();
         let agent_cancel = cancel.clone();
         let execution = Execution::new(
@@ -322,13 +357,9 @@ impl Driver {
             cancel,
             false,
         );
-        self.created = true;
         let end = self
             .pump(&agent, false, (None, HopKind::Call), receiver, execution)
             .await;
-        // A transfer or a result to return goes on as it would have: both
-        // need only the ledger's record, and the turn's agent. No caller is
-        // streaming, and none restricted the output modes any more.
         let recovered = Turn {
             agent,
             request: AgentRequest {
@@ -345,7 +376,7 @@ impl Driver {
             skill: None,
             source: None,
         };
-        let next = match end {
+        match end {
             TurnEnd::Settled => None,
             TurnEnd::Transfer(offer) => self.transfer(&recovered, offer).await,
             TurnEnd::Return(artifacts) => self.give_back(&recovered, artifacts).await,
@@ -354,13 +385,7 @@ impl Driver {
                 self.fail(vec![Part::text(why)]).await;
                 None
             }
-        };
-        if let Some(next) = next {
-            return self.run(next, Start::Accepted).await;
         }
-        self.watch_interrupted_deadline();
-        self.release_waiting_sources().await;
-        self.gateway.unregister_running(&self.task_id);
     }
 
     /// The answer resumes the task: it is WORKING again until the agent says

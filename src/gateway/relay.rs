@@ -8,7 +8,9 @@ use crate::agents::{AgentRequest, UpstreamRef};
 use crate::error::GatewayError;
 use crate::handoff::context::{message_bytes, result_parts, transfer_parts};
 use crate::handoff::control::Control;
-use crate::handoff::payload::{HandoffTarget, PayloadValidator, violations_detail};
+use crate::handoff::payload::{
+    HANDOFF_MEDIA_TYPE, HandoffTarget, PayloadValidator, find_data, violations_detail,
+};
 use crate::handoff::reasons::{self, status_part};
 use crate::handoff::routing::{AgentView, agents_with_skill};
 use crate::protocol::*;
@@ -439,6 +441,53 @@ impl Driver {
             skill: None,
             source: Some(target.agent.id.clone()),
         })
+    }
+
+    /// A directly accepted handoff whose target had not acknowledged it
+    /// when the gateway stopped: its delivery as first made (the message
+    /// the task keeps, the skill its payload asked for), and the attempts
+    /// made so far. `None` for anything else, or a delivery that moved on.
+    pub(super) fn undelivered_handoff(
+        &self,
+        agent: &Arc<AgentEntry>,
+        record: &TaskRecord,
+    ) -> Option<(Turn, u32)> {
+        let [hop] = record.hops.as_slice() else {
+            return None;
+        };
+        let undelivered = record.upstream.is_none()
+            && record.transfer.is_none()
+            && record.task.status.state == TaskState::Submitted
+            && hop.kind == HopKind::Direct
+            && hop.acked_at.is_none()
+            && hop.agent == agent.id;
+        if !undelivered {
+            return None;
+        }
+        let message = record.task.history.first()?.clone();
+        let data = find_data(&message.parts, HANDOFF_MEDIA_TYPE)?;
+        let payload = PayloadValidator::shared().validate(data).ok()?;
+        let skill = match payload.target {
+            HandoffTarget::Skill(skill) => Some(skill),
+            HandoffTarget::Agent(_) => None,
+        };
+        let turn = Turn {
+            agent: agent.clone(),
+            request: AgentRequest {
+                task_id: self.task_id.clone(),
+                context_id: self.context_id.clone(),
+                message,
+                task: None,
+                upstream: None,
+                streaming: false,
+                accepted_output_modes: Vec::new(),
+                cancel: self.task_cancel.child_token(),
+            },
+            handoff: true,
+            skill,
+            source: Some(payload.from),
+        };
+        Some((turn, hop.attempts.max(1)))
     }
 
     /// The failure ladder (DESIGN.md §3.3) after `turn`'s agent did not

@@ -869,7 +869,7 @@ impl Gateway {
                     return Err(err);
                 }
                 send_first(&mut driver.first_tx, First::Task(None));
-                Start::Accepted
+                Start::Accepted(1)
             }
             None => Start::New(handoff.kind),
         };

@@ -124,6 +124,10 @@ pub fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
 /// Reads every whole frame of the segments in `dir`, in order. A frame
 /// that is short, fails its checksum or does not decode ends the log, later
 /// segments included: what follows it must not be applied over the hole.
+/// When segments follow the damage (no crash tears more than the last
+/// one), the damaged segment and those after it are moved to
+/// `dir/damaged/`, kept for an operator rather than deleted with the
+/// replayed ones.
 pub fn read_all(dir: &Path) -> io::Result<Vec<Entry>> {
     let mut entries = Vec::new();
     let segments = segments(dir)?;
@@ -156,7 +160,8 @@ pub fn read_all(dir: &Path) -> io::Result<Vec<Entry>> {
             // segments after it means the log was damaged.
             let later = segments.len() - index - 1;
             if later > 0 {
-                tracing::error!(path = %path.display(), later, "the ledger log ends at {why}; later segments are not replayed");
+                let kept = keep_damaged(dir, &segments[index..])?;
+                tracing::error!(path = %path.display(), later, kept = %kept.display(), "the ledger log ends at {why}; it and the later segments are not replayed, and are kept");
             } else {
                 tracing::warn!(path = %path.display(), "the ledger log ends at {why}");
             }
@@ -164,6 +169,20 @@ pub fn read_all(dir: &Path) -> io::Result<Vec<Entry>> {
         }
     }
     Ok(entries)
+}
+
+/// Moves `segments` to a folder of their own under `dir/damaged/`, named
+/// by the time, and returns it.
+fn keep_damaged(dir: &Path, segments: &[(u64, PathBuf)]) -> io::Result<PathBuf> {
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ").to_string();
+    let kept = dir.join("damaged").join(stamp);
+    std::fs::create_dir_all(&kept)?;
+    for (_, path) in segments {
+        if let Some(name) = path.file_name() {
+            std::fs::rename(path, kept.join(name))?;
+        }
+    }
+    Ok(kept)
 }
 
 /// The segment being appended to.
@@ -324,6 +343,23 @@ mod tests {
         let entries = read_all(dir.path()).unwrap();
         assert_eq!(entries.len(), 1, "only what precedes the damage");
         assert!(matches!(&entries[0], Entry::Put { key, .. } if key == b"k1"));
+        // Kept aside whole, and no longer among the log's segments.
+        assert!(segments(dir.path()).unwrap().is_empty());
+        let kept: Vec<PathBuf> = std::fs::read_dir(dir.path().join("damaged"))
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .collect();
+        let [kept] = kept.as_slice() else {
+            panic!("one folder of damaged segments: {kept:?}");
+        };
+        assert_eq!(
+            std::fs::read(segment_path(kept, 1)).unwrap()[..frames.len()],
+            frames
+        );
+        assert_eq!(
+            std::fs::read(segment_path(kept, 2)).unwrap()[..later.len()],
+            later
+        );
     }
 
     /// After the frames, zeros only, up to the zero-filled end.

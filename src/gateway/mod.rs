@@ -988,9 +988,14 @@ mod tests {
 
     /// alice's task `t1`, in `state` at the echo agent, durable.
     async fn alices_task(ledger: &Ledger, state: TaskState) {
+        alices_task_named(ledger, "t1", state).await;
+    }
+
+    /// alice's task `id`, in `state` at the echo agent, durable.
+    async fn alices_task_named(ledger: &Ledger, id: &str, state: TaskState) {
         let record = TaskRecord {
             task: Task {
-                id: "t1".into(),
+                id: id.into(),
                 context_id: "c1".into(),
                 ..Task::default()
             },
@@ -998,7 +1003,29 @@ mod tests {
             agent: "echo".into(),
             ..TaskRecord::default()
         };
-        ledger.create(record, vec![status(state)]).await.unwrap();
+        let StreamResponse::StatusUpdate(mut update) = status(state) else {
+            unreachable!("status builds a status update");
+        };
+        update.task_id = id.into();
+        let events = vec![StreamResponse::StatusUpdate(update)];
+        ledger.create(record, events).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_record_that_does_not_decode_leaves_the_other_tasks_recovered() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        for id in ["t1", "t2", "t3"] {
+            alices_task_named(&ledger, id, TaskState::Working).await;
+        }
+        ledger.damage_record("t2");
+        drop(gateway);
+        drop(ledger);
+        // Read back from disk, as at a start-up.
+        let (ledger, gateway) = open_gateway(dir.path());
+        let recovered = gateway.recover_in_flight().await.expect("start-up goes on");
+        assert_eq!(recovered, 2, "every task but the damaged one");
+        assert!(ledger.get("t2").is_err_and(|err| err.is_corrupt()));
     }
 
     /// Completes `t1` in a task of its own, which ends once the write is

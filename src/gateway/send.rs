@@ -1001,8 +1001,16 @@ impl Gateway {
         let ids = self.ledger.active_task_ids()?;
         let mut recovered = 0;
         for task_id in ids {
-            let Some(record) = self.ledger.get(&task_id)? else {
-                continue;
+            let record = match self.ledger.get(&task_id) {
+                Ok(Some(record)) => record,
+                Ok(None) => continue,
+                // One damaged record must not keep every other task, and the
+                // gateway, down: it is left as it is, and said loudly.
+                Err(err) if err.is_corrupt() => {
+                    tracing::error!(task_id, %err, "an in-flight task's record does not decode; it is not picked up");
+                    continue;
+                }
+                Err(err) => return Err(err.into()),
             };
             let Some(agent) = self.agent(&record.agent) else {
                 tracing::warn!(task_id, agent = %record.agent, "in-flight task of an agent no longer registered");
@@ -1034,9 +1042,14 @@ impl Gateway {
         }
         // Nobody drives a task waiting for input; its deadline still holds.
         for task_id in self.ledger.waiting_task_ids()? {
-            let deadline = self
-                .ledger
-                .get(&task_id)?
+            let record = match self.ledger.get(&task_id) {
+                Err(err) if err.is_corrupt() => {
+                    tracing::error!(task_id, %err, "a waiting task's record does not decode; its deadline is not watched");
+                    continue;
+                }
+                read => read?,
+            };
+            let deadline = record
                 .and_then(|record| Control::read_from(record.task.metadata.as_ref()))
                 .and_then(|control| control.deadline);
             if let Some(deadline) = deadline {

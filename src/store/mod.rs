@@ -1054,6 +1054,12 @@ impl LedgerError {
             _ => None,
         }
     }
+
+    /// Whether a stored value was read but did not decode: about that one
+    /// value, not about the ledger.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, Self::Corrupt(_) | Self::CorruptBucket(_))
+    }
 }
 
 /// Told of a task's state change once the update that made it is logged
@@ -1147,6 +1153,19 @@ impl Ledger {
     #[cfg(test)]
     pub(crate) fn fail_sled(&self, kind: std::io::ErrorKind) -> failing::FaultGuard {
         self.applier.fail(kind)
+    }
+
+    /// Overwrites the record sled holds for the active task `task_id` with
+    /// bytes that do not decode, as a damaged disk or a bug might.
+    #[cfg(test)]
+    pub(crate) fn damage_record(&self, task_id: &str) {
+        drop(self.applier.applied().expect("applied"));
+        let key = keys::task(task_id);
+        assert!(
+            self.tree.get(&key).unwrap().is_some(),
+            "an active task's record"
+        );
+        self.tree.insert(key, &b"{not a record"[..]).unwrap();
     }
 
     /// Waits, at most 5 s, until the log reports a failed append (one

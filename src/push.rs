@@ -8,8 +8,9 @@
 //! webhook sees its task's events in order, and one that hangs delays only
 //! its own. A full queue drops the notification and counts it rather than
 //! slowing the ledger. Failed deliveries (connection errors, 5xx, 408, 429)
-//! are retried with exponential backoff; other 4xx answers, and hosts the
-//! outbound guard refuses, are final. A task
+//! are retried with exponential backoff and jitter, or after the wait a
+//! 429 or 503 asks for in `Retry-After` (at most [`MAX_RETRY_AFTER`]);
+//! other 4xx answers, and hosts the outbound guard refuses, are final. A task
 //! holds at most [`MAX_CONFIGS_PER_TASK`] configs. A stop waits, within its
 //! grace, for what is still queued ([`PushDispatcher::drain`]).
 
@@ -25,6 +26,10 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::sync::oneshot::{self, error::TryRecvError};
+
+/// Longest wait a webhook's `Retry-After` is granted: a longer one would
+/// hold up the webhook's later notifications for as long.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 
 /// The notification token header, as the official SDKs send it.
 pub const TOKEN_HEADER: &str = "X-A2A-Notification-Token";
@@ -488,6 +493,7 @@ impl Worker {
             if !config.token.is_empty() {
                 request = request.header(TOKEN_HEADER, &config.token);
             }
+            let mut asked_wait = None;
             let retryable = match request.send().await {
                 Ok(response) if response.status().is_success() => {
                     self.stats.delivered.fetch_add(1, Ordering::Relaxed);
@@ -496,6 +502,7 @@ impl Worker {
                 Ok(response) => {
                     let status = response.status();
                     tracing::warn!(task_id = %event.task_id, url = %shown, %status, attempt, "push delivery rejected");
+                    asked_wait = retry_after(response.headers(), chrono::Utc::now());
                     status.is_server_error()
                         || status == reqwest::StatusCode::TOO_MANY_REQUESTS
                         || status == reqwest::StatusCode::REQUEST_TIMEOUT
@@ -512,7 +519,7 @@ impl Worker {
             if !retryable || attempt == self.settings.max_attempts {
                 break;
             }
-            tokio::time::sleep(backoff).await;
+            tokio::time::sleep(asked_wait.unwrap_or_else(|| jittered(backoff))).await;
             backoff *= 2;
         }
         self.stats.failed.fetch_add(1, Ordering::Relaxed);
@@ -530,11 +537,76 @@ impl Worker {
     }
 }
 
+/// The wait an answer's `Retry-After` asks for (delay-seconds or an HTTP
+/// date, as of `now`), at most [`MAX_RETRY_AFTER`]; `None` without one that
+/// parses.
+fn retry_after(
+    headers: &reqwest::header::HeaderMap,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<Duration> {
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    let wait = match value.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        // An HTTP date (IMF-fixdate) reads as RFC 2822; one past is now.
+        Err(_) => {
+            let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+            (at.with_timezone(&chrono::Utc) - now)
+                .to_std()
+                .unwrap_or_default()
+        }
+    };
+    Some(wait.min(MAX_RETRY_AFTER))
+}
+
+/// Half of `backoff` and a random part of the other half, so that the
+/// deliveries a webhook's outage failed together are not retried together.
+fn jittered(backoff: Duration) -> Duration {
+    let half = backoff / 2;
+    let random = f64::from(getrandom::u32().unwrap_or(0)) / f64::from(u32::MAX);
+    half + half.mul_f64(random)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::protocol::{StreamResponse, TaskState, TaskStatus, TaskStatusUpdateEvent};
     use std::sync::Mutex;
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates_within_its_cap() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-12-07T08:49:37Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        let asked = |value: &str| {
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(reqwest::header::RETRY_AFTER, value.parse().unwrap());
+            retry_after(&headers, now)
+        };
+        assert_eq!(asked("3"), Some(Duration::from_secs(3)));
+        assert_eq!(asked(" 0 "), Some(Duration::ZERO));
+        assert_eq!(asked("86400"), Some(MAX_RETRY_AFTER));
+        let in_ten = "Mon, 07 Dec 2026 08:49:47 GMT";
+        assert_eq!(asked(in_ten), Some(Duration::from_secs(10)));
+        let past = "Mon, 07 Dec 2026 08:00:00 GMT";
+        assert_eq!(asked(past), Some(Duration::ZERO));
+        assert_eq!(asked("soon"), None);
+        assert_eq!(asked("-5"), None);
+        let none = reqwest::header::HeaderMap::new();
+        assert_eq!(retry_after(&none, now), None);
+    }
+
+    #[test]
+    fn a_jittered_backoff_lies_between_its_half_and_itself() {
+        let backoff = Duration::from_millis(800);
+        let waits: Vec<Duration> = (0..64).map(|_| jittered(backoff)).collect();
+        assert!(waits.iter().all(|w| *w >= backoff / 2 && *w <= backoff));
+        let first = waits[0];
+        assert!(waits.iter().any(|w| *w != first), "the waits vary");
+    }
 
     /// A webhook on loopback that records the states it is sent, in order;
     /// it holds its first answer back a while.

@@ -10,6 +10,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::IntoResponse;
 use common::agents::GatedAgent;
 use common::*;
 use serde_json::{Value, json};
@@ -26,6 +27,8 @@ struct Delivery {
     body: Value,
     /// What the receiver answered.
     answered: StatusCode,
+    /// When it arrived.
+    at: Instant,
 }
 
 impl Delivery {
@@ -40,6 +43,8 @@ struct Inbox {
     deliveries: Mutex<Vec<Delivery>>,
     /// How many of the next requests to fail, and with what.
     failing: Mutex<(usize, u16)>,
+    /// The `Retry-After` a failing answer carries, if any.
+    retry_after: Mutex<Option<&'static str>>,
 }
 
 /// A webhook receiver on 127.0.0.1:0 that records every request.
@@ -55,7 +60,7 @@ async fn record(
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
-) -> StatusCode {
+) -> axum::response::Response {
     let body = serde_json::from_slice(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
     let answered = {
@@ -73,8 +78,15 @@ async fn record(
         headers,
         body,
         answered,
+        at: Instant::now(),
     });
-    answered
+    let retry_after = *inbox.retry_after.lock().unwrap();
+    match retry_after {
+        Some(wait) if !answered.is_success() => {
+            (answered, [(axum::http::header::RETRY_AFTER, wait)]).into_response()
+        }
+        _ => answered.into_response(),
+    }
 }
 
 impl Receiver {
@@ -654,6 +666,25 @@ async fn a_500_is_retried_and_the_notification_still_arrives() {
     );
     assert!(accepted.iter().all(|d| event_task_id(&d.body) == task_id));
     assert_eq!(baton.gateway.push().stats.failed.load(Ordering::Relaxed), 0);
+    baton.stop().await;
+}
+
+#[tokio::test]
+async fn a_retry_after_answer_is_waited_out_before_the_next_attempt() {
+    let receiver = Receiver::failing_first(1, 503).await;
+    *receiver.inbox.retry_after.lock().unwrap() = Some("1");
+    let baton = baton().start().await;
+    completed_with_inline_config(&baton, &receiver.url("/hook/busy")).await;
+    receiver.wait_terminal("/hook/busy").await;
+    let all = receiver.all();
+    assert_eq!(all[0].answered, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(all[0].body, all[1].body, "the same notification again");
+    // The first retry's own backoff is 200 ms at most.
+    let waited = all[1].at - all[0].at;
+    assert!(
+        waited >= Duration::from_millis(950),
+        "retried after {waited:?}"
+    );
     baton.stop().await;
 }
 

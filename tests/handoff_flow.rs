@@ -35,16 +35,6 @@ async fn register_with_billing(gateway: &TestBaton, triage: &VendorAgent) -> Ven
     billing
 }
 
-/// The names of the task's artifacts, in order.
-fn artifact_names(task: &Value) -> Vec<&str> {
-    task["artifacts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|a| a["name"].as_str())
-        .collect()
-}
-
 /// A vendor agent `id` declaring `skills` that hands every task on to
 /// `target` (`{"to": ..}` or `{"toSkill": ..}`) for good.
 async fn handing_on(id: &str, skills: &[&str], target: Value) -> VendorAgent {

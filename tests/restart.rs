@@ -808,13 +808,7 @@ async fn a_result_due_back_to_its_source_at_a_crash_is_returned_after_restart() 
     let second = start();
     let task = ended(&second, &id).await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
-    let names: Vec<&str> = task["artifacts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|artifact| artifact["name"].as_str())
-        .collect();
-    assert_eq!(names, ["part", "plan"], "{task}");
+    assert_eq!(common::artifact_names(&task), ["part", "plan"], "{task}");
     assert_eq!(
         planner.sends().len(),
         2,

@@ -456,12 +456,13 @@ async fn send_message(inner: &Arc<Inner>, params: &Value) -> Result<Value, RpcEr
     // With returnImmediately the caller sees the task WORKING and learns the
     // outcome by GetTask, as it would from a slower agent.
     let final_status = TaskStatus::now(state, status_message.clone());
-    task.status = if return_immediately || settles_after.is_some() {
+    let answered_working = return_immediately || settles_after.is_some();
+    task.status = if answered_working {
         TaskStatus::now(TaskState::Working, None)
     } else {
         final_status.clone()
     };
-    if !return_immediately && settles_after.is_none() {
+    if !answered_working {
         task.history.extend(status_message);
     }
     let answer = json!({"task": task});

@@ -311,7 +311,6 @@ impl Driver {
             self.gateway.unregister_running(&self.task_id);
             return;
         }
-        self.created = true;
         // A handoff its target had not acknowledged is a delivery without
         // an acknowledgement: on to the next step of the ladder.
         let next = match self.undelivered_handoff(&agent, &record) {
@@ -335,8 +334,7 @@ impl Driver {
 
     /// Has the agent pick its task up again and records what it reports.
     /// A transfer or a result to return found meanwhile goes on as it would
-    /// have: both need only the ledger's record and the turn's agent (no
-    /// caller streams or restricts the output modes any more).
+    /// have: both need only the ledger's record and the turn's agent.
     async fn follow_recovered(
         &mut self,
         agent: Arc<AgentEntry>,
@@ -362,16 +360,7 @@ impl Driver {
             .await;
         let recovered = Turn {
             agent,
-            request: AgentRequest {
-                task_id: self.task_id.clone(),
-                context_id: self.context_id.clone(),
-                message: Message::default(),
-                task: None,
-                upstream: None,
-                streaming: false,
-                accepted_output_modes: Vec::new(),
-                cancel: self.task_cancel.child_token(),
-            },
+            request: self.recovered_request(Message::default()),
             handoff: false,
             skill: None,
             source: None,
@@ -385,6 +374,21 @@ impl Driver {
                 self.fail(vec![Part::text(why)]).await;
                 None
             }
+        }
+    }
+
+    /// A request for a task picked up at start-up: no caller streams or
+    /// restricts the output modes any more.
+    pub(super) fn recovered_request(&self, message: Message) -> AgentRequest {
+        AgentRequest {
+            task_id: self.task_id.clone(),
+            context_id: self.context_id.clone(),
+            message,
+            task: None,
+            upstream: None,
+            streaming: false,
+            accepted_output_modes: Vec::new(),
+            cancel: self.task_cancel.child_token(),
         }
     }
 

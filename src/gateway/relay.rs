@@ -473,16 +473,7 @@ impl Driver {
         };
         let turn = Turn {
             agent: agent.clone(),
-            request: AgentRequest {
-                task_id: self.task_id.clone(),
-                context_id: self.context_id.clone(),
-                message,
-                task: None,
-                upstream: None,
-                streaming: false,
-                accepted_output_modes: Vec::new(),
-                cancel: self.task_cancel.child_token(),
-            },
+            request: self.recovered_request(message),
             handoff: true,
             skill,
             source: Some(payload.from),

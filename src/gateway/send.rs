@@ -1001,16 +1001,8 @@ impl Gateway {
         let ids = self.ledger.active_task_ids()?;
         let mut recovered = 0;
         for task_id in ids {
-            let record = match self.ledger.get(&task_id) {
-                Ok(Some(record)) => record,
-                Ok(None) => continue,
-                // One damaged record must not keep every other task, and the
-                // gateway, down: it is left as it is, and said loudly.
-                Err(err) if err.is_corrupt() => {
-                    tracing::error!(task_id, %err, "an in-flight task's record does not decode; it is not picked up");
-                    continue;
-                }
-                Err(err) => return Err(err.into()),
+            let Some(record) = self.record_at_start_up(&task_id)? else {
+                continue;
             };
             let Some(agent) = self.agent(&record.agent) else {
                 tracing::warn!(task_id, agent = %record.agent, "in-flight task of an agent no longer registered");
@@ -1042,14 +1034,8 @@ impl Gateway {
         }
         // Nobody drives a task waiting for input; its deadline still holds.
         for task_id in self.ledger.waiting_task_ids()? {
-            let record = match self.ledger.get(&task_id) {
-                Err(err) if err.is_corrupt() => {
-                    tracing::error!(task_id, %err, "a waiting task's record does not decode; its deadline is not watched");
-                    continue;
-                }
-                read => read?,
-            };
-            let deadline = record
+            let deadline = self
+                .record_at_start_up(&task_id)?
                 .and_then(|record| Control::read_from(record.task.metadata.as_ref()))
                 .and_then(|control| control.deadline);
             if let Some(deadline) = deadline {
@@ -1057,6 +1043,19 @@ impl Gateway {
             }
         }
         Ok(recovered)
+    }
+
+    /// A task's record as start-up picks it up. One that does not decode is
+    /// left as it is, and said loudly (`None`): one damaged record must not
+    /// keep every other task, and the gateway, down.
+    fn record_at_start_up(&self, task_id: &str) -> Result<Option<TaskRecord>, GatewayError> {
+        match self.ledger.get(task_id) {
+            Err(err) if err.is_corrupt() => {
+                tracing::error!(task_id, %err, "a task's record does not decode; it is not picked up at start-up");
+                Ok(None)
+            }
+            read => Ok(read?),
+        }
     }
 
     /// A repeated send may arrive while the first is still deciding between

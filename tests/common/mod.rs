@@ -523,6 +523,16 @@ pub fn handoff_message(payload: Value) -> Value {
     })
 }
 
+/// The names of the task's artifacts, in order.
+pub fn artifact_names(task: &Value) -> Vec<&str> {
+    task["artifacts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["name"].as_str())
+        .collect()
+}
+
 /// The reason code in a status message (`application/vnd.baton.status.v1+json`), or "".
 pub fn reason_of(message: &Value) -> &str {
     message["parts"]

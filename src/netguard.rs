@@ -91,10 +91,13 @@ impl OutboundPolicy {
 
 /// Loopback, private, link-local, unspecified ("this network"), multicast,
 /// CGNAT, the IETF, benchmarking and reserved IPv4 blocks, ULA, IPv6
-/// site-local, and the cloud metadata address. An IPv6 address that carries an IPv4 one (mapped,
-/// translated, compatible, 6to4, or the NAT64 prefix `64:ff9b::/96`) is judged by that;
-/// the local-use NAT64 prefix `64:ff9b:1::/48`, whose IPv4 address may sit at several
-/// places, is internal as a whole.
+/// site-local, and the cloud metadata addresses (169.254.169.254 is
+/// link-local; Azure's platform address 168.63.129.16 is public). An IPv6
+/// address that carries an IPv4 one (mapped, translated, compatible, 6to4, or
+/// the NAT64 prefix `64:ff9b::/96`) is judged by that; the local-use NAT64
+/// prefix `64:ff9b:1::/48`, whose IPv4 address may sit at several places, and
+/// Teredo (`2001::/32`, whose client address is obfuscated and whose relay is
+/// anyone's) are internal as a whole.
 pub fn is_internal(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
@@ -110,6 +113,8 @@ pub fn is_internal(ip: IpAddr) -> bool {
                 || (a == 192 && b == 0 && v4.octets()[2] == 0)
                 || (a == 198 && (18..20).contains(&b))
                 || a >= 240
+                // Azure's wireserver and DNS, reachable from every Azure VM.
+                || v4 == std::net::Ipv4Addr::new(168, 63, 129, 16)
         }
         IpAddr::V6(v6) => {
             if let Some(v4) = v6.to_ipv4_mapped() {
@@ -136,6 +141,7 @@ pub fn is_internal(ip: IpAddr) -> bool {
             }
             let first = segments[0];
             segments[..3] == [0x64, 0xff9b, 1]
+                || segments[..2] == [0x2001, 0]
                 || v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
@@ -270,6 +276,10 @@ mod tests {
             "2002:c0a8:1::1",
             "64:ff9b:1::a9fe:a9fe",
             "64:ff9b:1:a9fe:a9:fe00::",
+            // Azure's platform address; Teredo, whose client is obfuscated.
+            "168.63.129.16",
+            "::ffff:168.63.129.16",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
         ] {
             assert!(!policy.permits(ip.parse().unwrap()), "{ip}");
         }
@@ -282,6 +292,8 @@ mod tests {
             "::ffff:0:8.8.8.8",
             "2002:808:808::1",
             "2001:db8::1",
+            "2606:4700:4700::1111",
+            "168.63.129.17",
         ] {
             assert!(policy.permits(ip.parse().unwrap()), "{ip}");
         }

@@ -12,7 +12,9 @@
 //! answer asks for in `Retry-After`, as a 429 or 503 may (at most
 //! [`MAX_RETRY_AFTER`]);
 //! other 4xx answers, and hosts the outbound guard refuses, are final. A task
-//! holds at most [`MAX_CONFIGS_PER_TASK`] configs. A stop waits, within its
+//! holds at most [`MAX_CONFIGS_PER_TASK`] configs, and at most
+//! [`PushSettings::max_in_flight`] POSTs are in flight at once, over all
+//! webhooks, so that many tasks' webhooks cannot take all of Baton's sockets. A stop waits, within its
 //! grace, for what is still queued ([`PushDispatcher::drain`]).
 
 use crate::error::FieldViolation;
@@ -25,8 +27,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-use tokio::sync::mpsc;
 use tokio::sync::oneshot::{self, error::TryRecvError};
+use tokio::sync::{Semaphore, mpsc};
 
 /// Longest wait a webhook's `Retry-After` is granted: a longer one would
 /// hold up the webhook's later notifications for as long.
@@ -48,6 +50,9 @@ pub struct PushSettings {
     pub initial_backoff: Duration,
     /// Timeout of one POST.
     pub request_timeout: Duration,
+    /// POSTs in flight at once, over all webhooks: each holds a connection,
+    /// and a task may have many configs (a wait for a retry holds none).
+    pub max_in_flight: usize,
 }
 
 impl Default for PushSettings {
@@ -58,6 +63,7 @@ impl Default for PushSettings {
             max_attempts: 5,
             initial_backoff: Duration::from_millis(200),
             request_timeout: Duration::from_secs(10),
+            max_in_flight: 256,
         }
     }
 }
@@ -161,6 +167,7 @@ impl PushDispatcher {
     pub fn start(ledger: &Arc<Ledger>, policy: OutboundPolicy, settings: PushSettings) -> Self {
         let client = policy.client(settings.request_timeout);
         let stats = Arc::new(PushStats::default());
+        let in_flight = Arc::new(Semaphore::new(settings.max_in_flight.max(1)));
         let mut shards = Vec::with_capacity(settings.workers);
         for _ in 0..settings.workers.max(1) {
             let (sender, receiver) = mpsc::channel(settings.queue_capacity);
@@ -171,6 +178,7 @@ impl PushDispatcher {
                 policy: policy.clone(),
                 settings: settings.clone(),
                 stats: stats.clone(),
+                in_flight: in_flight.clone(),
             };
             tokio::spawn(worker.run(receiver));
         }
@@ -284,6 +292,8 @@ struct Worker {
     policy: OutboundPolicy,
     settings: PushSettings,
     stats: Arc<PushStats>,
+    /// Permits for POSTs in flight, shared by every shard.
+    in_flight: Arc<Semaphore>,
 }
 
 /// One notification for one webhook.
@@ -495,6 +505,8 @@ impl Worker {
                 request = request.header(TOKEN_HEADER, &config.token);
             }
             let mut asked_wait = None;
+            // Never closed: the dispatcher's semaphore lives as long as its workers.
+            let permit = self.in_flight.acquire().await.expect("push semaphore");
             let retryable = match request.send().await {
                 Ok(response) if response.status().is_success() => {
                     self.stats.delivered.fetch_add(1, Ordering::Relaxed);
@@ -517,6 +529,7 @@ impl Worker {
                     !refused
                 }
             };
+            drop(permit);
             if !retryable || attempt == self.settings.max_attempts {
                 break;
             }
@@ -675,6 +688,7 @@ mod tests {
         let worker = Arc::new(Worker {
             ledger: Arc::downgrade(&ledger),
             client: policy.client(settings.request_timeout),
+            in_flight: Arc::new(Semaphore::new(settings.max_in_flight)),
             policy,
             settings,
             stats: Arc::default(),

@@ -1,7 +1,7 @@
 //! Push delivery to a real webhook receiver on loopback: the four
 //! push-config methods, a config given inline in SendMessage, every task
 //! update POSTed as a bare StreamResponse with the configured credentials,
-//! retries after a 500, a replaced config getting what was queued for it,
+//! retries after a 500, a cap on POSTs in flight, a replaced config getting what was queued for it,
 //! and the outbound guard refusing loopback.
 
 mod common;
@@ -14,7 +14,7 @@ use axum::response::IntoResponse;
 use common::agents::GatedAgent;
 use common::*;
 use serde_json::{Value, json};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,11 @@ struct Inbox {
     failing: Mutex<(usize, u16)>,
     /// The `Retry-After` a failing answer carries, if any.
     retry_after: Mutex<Option<&'static str>>,
+    /// How long each request is held before it is answered.
+    hold: Mutex<Duration>,
+    /// Requests being held now, and the most ever held at once.
+    held: AtomicUsize,
+    most_held: AtomicUsize,
 }
 
 /// A webhook receiver on 127.0.0.1:0 that records every request.
@@ -63,6 +68,13 @@ async fn record(
 ) -> axum::response::Response {
     let body = serde_json::from_slice(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    let hold = *inbox.hold.lock().unwrap();
+    if !hold.is_zero() {
+        let held = inbox.held.fetch_add(1, Ordering::SeqCst) + 1;
+        inbox.most_held.fetch_max(held, Ordering::SeqCst);
+        tokio::time::sleep(hold).await;
+        inbox.held.fetch_sub(1, Ordering::SeqCst);
+    }
     let answered = {
         let mut failing = inbox.failing.lock().unwrap();
         if failing.0 > 0 {
@@ -685,6 +697,24 @@ async fn a_retry_after_answer_is_waited_out_before_the_next_attempt() {
         waited >= Duration::from_millis(950),
         "retried after {waited:?}"
     );
+    baton.stop().await;
+}
+
+#[tokio::test]
+async fn no_more_posts_are_in_flight_than_the_cap_and_all_arrive() {
+    let receiver = Receiver::start().await;
+    *receiver.inbox.hold.lock().unwrap() = Duration::from_millis(100);
+    let baton = baton().push_in_flight(2).start().await;
+    let hooks: Vec<String> = (0..6).map(|n| format!("/hook/capped-{n}")).collect();
+    for hook in &hooks {
+        completed_with_inline_config(&baton, &receiver.url(hook)).await;
+    }
+    for hook in &hooks {
+        receiver.wait_terminal(hook).await;
+    }
+    // Six webhooks' pipelines, each with a POST to make at once.
+    assert_eq!(receiver.inbox.most_held.load(Ordering::SeqCst), 2);
+    assert_eq!(receiver.all().len(), 12, "two notifications per task");
     baton.stop().await;
 }
 

@@ -104,6 +104,12 @@ impl BatonBuilder {
         self
     }
 
+    /// At most `permits` push POSTs in flight at once.
+    pub fn push_in_flight(mut self, permits: usize) -> Self {
+        self.push_settings.max_in_flight = permits;
+        self
+    }
+
     /// Refuses loopback webhooks (the production default).
     pub fn without_loopback(mut self) -> Self {
         self.allow_loopback = false;

@@ -690,6 +690,35 @@ async fn silent_at_first(
     .unwrap()
 }
 
+/// Polls `done` until it holds; fails the test as `what` past `WAIT`.
+async fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let until = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < until, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Registers `planner` and `worker` and sends the planner `text`, without
+/// waiting for the outcome; the gateway task's id.
+async fn planner_task(
+    baton: &BatonProcess,
+    planner: &baton::demo::vendor::VendorAgent,
+    worker: &baton::demo::vendor::VendorAgent,
+    text: &str,
+) -> String {
+    register_vendor(baton, "planner", planner).await;
+    register_vendor(baton, "worker", worker).await;
+    let params = json!({
+        "message": user_message(&message_id("plan"), text),
+        "configuration": {"returnImmediately": true},
+    });
+    let reply = baton
+        .rpc("/agents/planner/a2a", "SendMessage", params)
+        .await;
+    reply["result"]["task"]["id"].as_str().unwrap().to_string()
+}
+
 /// A send whose agent had not answered when Baton was killed created no
 /// task, and no one will fill its idempotency claim: after the restart a
 /// repeat takes the key over and runs, and a repeat after that replays it.
@@ -780,29 +809,15 @@ async fn a_result_due_back_to_its_source_at_a_crash_is_returned_after_restart() 
     let dir = tempfile::tempdir().unwrap();
     let start = || loopback_process(dir.path());
     let mut first = start();
-    register_vendor(&first, "planner", &planner).await;
-    register_vendor(&first, "worker", &worker).await;
-    let params = json!({
-        "message": user_message(&message_id("plan"), "plan it"),
-        "configuration": {"returnImmediately": true},
-    });
-    let reply = first
-        .rpc("/agents/planner/a2a", "SendMessage", params)
-        .await;
-    let id = reply["result"]["task"]["id"].as_str().unwrap().to_string();
+    let id = planner_task(&first, &planner, &worker, "plan it").await;
     // Killed once the worker holds the task and Baton follows it there.
-    let until = Instant::now() + WAIT;
-    while !worker
-        .received()
-        .iter()
-        .any(|call| call.method == "GetTask")
-    {
-        assert!(
-            Instant::now() < until,
-            "Baton never followed the worker's task"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let followed = || {
+        worker
+            .received()
+            .iter()
+            .any(|call| call.method == "GetTask")
+    };
+    wait_until("Baton never followed the worker's task", followed).await;
     first.kill();
 
     let second = start();
@@ -840,11 +855,7 @@ async fn a_handoff_unacknowledged_at_a_crash_is_retried_after_restart() {
     let task = &reply["result"]["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_SUBMITTED", "{reply}");
     let id = task["id"].as_str().unwrap().to_string();
-    let until = Instant::now() + WAIT;
-    while worker.sends().is_empty() {
-        assert!(Instant::now() < until, "the worker got no delivery");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until("the worker got no delivery", || !worker.sends().is_empty()).await;
     first.kill();
 
     let second = start();
@@ -860,4 +871,136 @@ async fn a_handoff_unacknowledged_at_a_crash_is_retried_after_restart() {
     assert_eq!(message_ids[0], message_ids[1], "the same delivery again");
     assert!(task["history"].to_string().contains("RETRY"), "{task}");
     worker.stop().await;
+}
+
+/// The same for a transfer: the message built for its target is kept until
+/// the target acknowledges it, so after the restart the ladder delivers it
+/// again, with its messageId, and the target's work completes the task.
+#[tokio::test]
+async fn a_transfer_unacknowledged_at_a_crash_is_retried_after_restart() {
+    use baton::demo::vendor::{Reply, VendorAgent};
+    use baton::protocol::TaskState;
+    let planner = VendorAgent::start("planner", &["plan"], |_| {
+        let payload = json!({
+            "handoffId": "hf_transfer_restart", "from": "planner", "to": "worker",
+            "reason": "specialization", "goal": "Do the refund.",
+            "summary": "The worker does refunds.",
+        });
+        Reply::Handoff {
+            payload,
+            state: TaskState::Completed,
+        }
+    })
+    .await
+    .unwrap();
+    let refund = Reply::artifact("refund", json!({"refundId": "rf_2"}));
+    let worker = silent_at_first("worker", refund).await;
+    let dir = tempfile::tempdir().unwrap();
+    let start = || loopback_process(dir.path());
+    let mut first = start();
+    let id = planner_task(&first, &planner, &worker, "refund order 7").await;
+    wait_until("the worker got no delivery", || !worker.sends().is_empty()).await;
+    first.kill();
+
+    let second = start();
+    let task = ended(&second, &id).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(common::artifact_names(&task), ["refund"], "{task}");
+    let deliveries = worker.sends();
+    assert_eq!(deliveries.len(), 2);
+    let messages: Vec<&serde_json::Value> = deliveries
+        .iter()
+        .map(|call| &call.params["message"])
+        .collect();
+    assert_eq!(
+        messages[0]["messageId"], messages[1]["messageId"],
+        "the same delivery again"
+    );
+    assert_eq!(messages[0]["parts"], messages[1]["parts"]);
+    assert!(task["history"].to_string().contains("RETRY"), "{task}");
+    let (status, trace) = second.get_json(&format!("/tasks/{id}/trace")).await;
+    assert_eq!(status, 200, "{trace}");
+    assert_eq!(trace["hops"][1]["kind"], "transfer", "{trace}");
+    assert_eq!(trace["hops"][1]["attempts"], 2, "{trace}");
+    assert_eq!(planner.sends().len(), 1);
+    planner.stop().await;
+    worker.stop().await;
+}
+
+/// A reroute its alternative had not acknowledged at a crash goes on after
+/// the restart as the ladder would have: the alternative had its one
+/// attempt, so the next healthy agent with the skill gets the delivery, and
+/// the first choice, given up on before the crash, is not tried again.
+#[tokio::test]
+async fn a_reroute_unacknowledged_at_a_crash_goes_on_to_the_next_alternative() {
+    use baton::demo::vendor::{Reply, VendorAgent};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let first_choice = VendorAgent::start("refunds-a", &["refunds"], |_| Reply::Silent)
+        .await
+        .unwrap();
+    // Whichever alternative is rerouted to first is silent; then both answer.
+    let answered_once = Arc::new(AtomicBool::new(false));
+    let alternative = |id: &'static str| {
+        let answered_once = answered_once.clone();
+        VendorAgent::start(id, &["refunds"], move |_| {
+            if answered_once.swap(true, Ordering::SeqCst) {
+                Reply::artifact("refund", json!({"by": id}))
+            } else {
+                Reply::Silent
+            }
+        })
+    };
+    let alternatives = [
+        alternative("refunds-b").await.unwrap(),
+        alternative("refunds-c").await.unwrap(),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let start = || {
+        BatonProcess::builder(dir.path())
+            .args(["--allow-upstream", "127.0.0.0/8,::1"])
+            .args(["--ack-timeout-ms", "300"])
+            .start()
+    };
+    let mut first = start();
+    register_vendor(&first, "refunds-a", &first_choice).await;
+    for agent in &alternatives {
+        register_vendor(&first, &agent.card().name, agent).await;
+    }
+    let payload = common::handoff_payload("triage", json!({"toSkill": "refunds"}), json!({}));
+    let params = json!({
+        "message": common::handoff_message(payload),
+        "configuration": {"returnImmediately": true},
+    });
+    let reply = first.rpc("/a2a", "SendMessage", params).await;
+    let id = reply["result"]["task"]["id"].as_str().unwrap().to_string();
+    let delivered = || alternatives.iter().map(|a| a.sends().len()).sum::<usize>();
+    wait_until("no reroute was delivered", || delivered() > 0).await;
+    first.kill();
+
+    let second = start();
+    let task = ended(&second, &id).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(common::artifact_names(&task), ["refund"], "{task}");
+    assert_eq!(first_choice.sends().len(), 2, "a delivery and its retry");
+    for agent in &alternatives {
+        let name = agent.card().name;
+        let sends = agent.sends();
+        assert_eq!(sends.len(), 1, "{name}: one attempt");
+        // Each delivery's control names its own agent as the chain's end.
+        let control = &sends[0].params["message"]["metadata"]["urn:baton:handoff:v1"];
+        assert_eq!(
+            control["chain"].as_array().unwrap().last().unwrap(),
+            &json!(name)
+        );
+    }
+    assert_eq!(
+        task["history"].to_string().matches("REROUTED").count(),
+        2,
+        "{task}"
+    );
+    first_choice.stop().await;
+    for agent in alternatives {
+        agent.stop().await;
+    }
 }

@@ -1248,19 +1248,29 @@ pub(super) fn note_hop(
     let Some(hop) = record.hops.last_mut() else {
         return;
     };
-    if acknowledged && hop.acked_at.is_none() {
+    let first_ack = acknowledged && hop.acked_at.is_none();
+    if first_ack {
         hop.acked_at = Some(now);
     }
     if hop.upstream_task_id.is_none() {
         hop.upstream_task_id = upstream_task_id;
     }
-    let last_state = events.iter().rev().find_map(StreamResponse::state);
-    if let Some(state) = last_state
-        && state.is_settled()
-    {
+    let settled = events
+        .iter()
+        .rev()
+        .find_map(StreamResponse::state)
+        .filter(|state| state.is_settled());
+    if let Some(state) = settled {
         hop.ended_at = Some(now);
         hop.state = Some(state);
         hop.reason = events.iter().rev().find_map(reason_of);
+    }
+    // A delivery acknowledged, or given up on (the ladder's end), is not
+    // made again. It is kept on its first hop, which a reroute's goes back to.
+    if first_ack || settled.is_some() {
+        for hop in &mut record.hops {
+            hop.undelivered = None;
+        }
     }
 }
 
@@ -1426,6 +1436,37 @@ fn to_stream_event(event: AgentEvent, task_id: &str, context_id: &str) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_delivery_is_kept_until_acknowledged_or_given_up() {
+        use crate::store::Undelivered;
+        let hop = |kind| HopRecord {
+            agent: "worker".into(),
+            kind,
+            undelivered: Some(Undelivered::default()),
+            ..HopRecord::default()
+        };
+        let delivering = TaskRecord {
+            hops: vec![hop(HopKind::Transfer), hop(HopKind::Reroute)],
+            ..TaskRecord::default()
+        };
+        let kept = |record: &TaskRecord| record.hops.iter().any(|h| h.undelivered.is_some());
+        // A ladder step's event in the task's state acknowledges nothing.
+        let mut record = delivering.clone();
+        let working = status_update("t", "c", TaskState::Working, None);
+        note_hop(&mut record, &[working], false, Utc::now());
+        assert!(kept(&record));
+        // The target's first answer.
+        note_hop(&mut record, &[], true, Utc::now());
+        assert!(!kept(&record));
+        // The ladder's end, escalated or failed.
+        for state in [TaskState::InputRequired, TaskState::Failed] {
+            let mut record = delivering.clone();
+            let ended = status_update("t", "c", state, None);
+            note_hop(&mut record, &[ended], false, Utc::now());
+            assert!(!kept(&record), "{state:?}");
+        }
+    }
 
     #[test]
     fn an_abandoned_task_is_an_orphan_once_it_can_no_longer_be_taken_up() {

@@ -15,7 +15,7 @@ use crate::handoff::reasons::{self, status_part};
 use crate::handoff::routing::{AgentView, agents_with_skill};
 use crate::protocol::*;
 use crate::registry::AgentEntry;
-use crate::store::{HopKind, HopRecord, SchemaBinding, TaskRecord, TransferSource};
+use crate::store::{HopKind, HopRecord, SchemaBinding, TaskRecord, TransferSource, Undelivered};
 use chrono::Utc;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -231,6 +231,10 @@ impl Driver {
                     started_at: now,
                     message_bytes: Some(bytes),
                     attempts: 1,
+                    undelivered: Some(Undelivered {
+                        message: message.clone(),
+                        skill: skill.clone(),
+                    }),
                     ..HopRecord::default()
                 });
                 // What binds the source's work binds its target's too when
@@ -443,42 +447,71 @@ impl Driver {
         })
     }
 
-    /// A directly accepted handoff whose target had not acknowledged it
-    /// when the gateway stopped: its delivery as first made (the message
-    /// the task keeps, the skill its payload asked for), and the attempts
-    /// made so far. `None` for anything else, or a delivery that moved on.
+    /// A handoff whose target had not acknowledged it when the gateway
+    /// stopped: its delivery as first made (a direct handoff's message is
+    /// the task's first, a transfer's is kept on its hop), with the skill
+    /// the target was chosen by and the attempts made. After reroutes, the
+    /// agents given up on are `tried` again, and the ladder goes on past a
+    /// retry. `None` for any other task (a turn without a handoff, or one
+    /// acknowledged).
     pub(super) fn undelivered_handoff(
-        &self,
+        &mut self,
         agent: &Arc<AgentEntry>,
         record: &TaskRecord,
     ) -> Option<(Turn, u32)> {
-        let [hop] = record.hops.as_slice() else {
-            return None;
-        };
-        let undelivered = record.upstream.is_none()
-            && record.transfer.is_none()
-            && record.task.status.state == TaskState::Submitted
-            && hop.kind == HopKind::Direct
-            && hop.acked_at.is_none()
-            && hop.agent == agent.id;
-        if !undelivered {
+        let last = record.hops.last()?;
+        let unacknowledged = record.upstream.is_none()
+            && !record.task.status.state.is_settled()
+            && last.acked_at.is_none()
+            && last.agent == agent.id;
+        if !unacknowledged {
             return None;
         }
-        let message = record.task.history.first()?.clone();
-        let data = find_data(&message.parts, HANDOFF_MEDIA_TYPE)?;
-        let payload = PayloadValidator::shared().validate(data).ok()?;
-        let skill = match payload.target {
-            HandoffTarget::Skill(skill) => Some(skill),
-            HandoffTarget::Agent(_) => None,
+        // The delivery began at its last hop that was no reroute.
+        let first = record
+            .hops
+            .iter()
+            .rposition(|hop| hop.kind != HopKind::Reroute)?;
+        let origin = &record.hops[first];
+        let (message, skill, source, task) = match origin.kind {
+            HopKind::Direct if first == 0 && record.transfer.is_none() => {
+                let message = record.task.history.first()?.clone();
+                let data = find_data(&message.parts, HANDOFF_MEDIA_TYPE)?;
+                let payload = PayloadValidator::shared().validate(data).ok()?;
+                let skill = match payload.target {
+                    HandoffTarget::Skill(skill) => Some(skill),
+                    HandoffTarget::Agent(_) => None,
+                };
+                (message, skill, payload.from, None)
+            }
+            HopKind::Transfer => {
+                let undelivered = origin.undelivered.clone()?;
+                let source = record.transfer.as_ref()?.agent.clone();
+                let task = Some(record.task.clone());
+                (undelivered.message, undelivered.skill, source, task)
+            }
+            _ => return None,
+        };
+        let given_up = &record.hops[first..record.hops.len() - 1];
+        self.tried = given_up.iter().map(|hop| hop.agent.clone()).collect();
+        // A reroute's alternative gets one attempt, which the restart ended:
+        // its message is only the next reroute's, whose control is rewritten.
+        let attempts = if given_up.is_empty() {
+            last.attempts.max(1)
+        } else {
+            2
         };
         let turn = Turn {
             agent: agent.clone(),
-            request: self.recovered_request(message),
+            request: AgentRequest {
+                task,
+                ..self.recovered_request(message)
+            },
             handoff: true,
             skill,
-            source: Some(payload.from),
+            source: Some(source),
         };
-        Some((turn, hop.attempts.max(1)))
+        Some((turn, attempts))
     }
 
     /// The failure ladder (DESIGN.md §3.3) after `turn`'s agent did not

@@ -142,7 +142,15 @@ fn node_of(record: TaskRecord) -> TraceNode {
         updated_at: task.status.timestamp,
         parent_task_id: record.parent_task_id.clone(),
         reason: status_reason(task),
-        hops: record.hops,
+        // A delivery kept for a restart is the task's content, not its path.
+        hops: record
+            .hops
+            .into_iter()
+            .map(|hop| HopRecord {
+                undelivered: None,
+                ..hop
+            })
+            .collect(),
         children: Vec::new(),
     }
 }

@@ -407,6 +407,21 @@ pub struct HopRecord {
     /// Delivery attempts made (1 unless the ladder retried).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attempts: u32,
+    /// A transfer's delivery, kept until its agent acknowledges it: the
+    /// record holds its message nowhere else, and a restart makes it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undelivered: Option<Undelivered>,
+}
+
+/// A delivery its agent has not acknowledged yet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Undelivered {
+    /// The message, its messageId included, as the agent is sent it.
+    pub message: crate::protocol::Message,
+    /// The skill the agent was chosen by, which a reroute keeps to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skill: Option<String>,
 }
 
 /// Whether a count is zero, to leave it out of a record.

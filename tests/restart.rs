@@ -301,6 +301,7 @@ async fn work_in_flight_at_a_stop_is_failed_with_the_reason_after_restart() {
                 .as_str()
                 .unwrap();
             assert!(reason.contains("restarted"), "{reason}");
+            assert_eq!(common::reason(&got), "AGENT_FAILED", "{got}");
             break;
         }
         assert!(

@@ -458,6 +458,50 @@ async fn send_to_gateway(gateway: &TestBaton) -> Reply {
         .await
 }
 
+/// An agent that forgets the task it took (-32001 to the polls): the
+/// gateway task fails with the agent's error, its reason `UPSTREAM_ERROR`
+/// naming the agent and the code.
+#[tokio::test]
+async fn a_task_its_agent_forgets_fails_with_the_agents_error_code() {
+    let (url, _, server) = fake_agent(|request| {
+        let id = request["id"].clone();
+        let answer = if request["method"] == "SendMessage" {
+            json!({"jsonrpc": "2.0", "id": id, "result": {"task": {
+                "id": "up-task", "contextId": "up-context",
+                "status": {"state": "TASK_STATE_WORKING"}}}})
+        } else {
+            json!({"jsonrpc": "2.0", "id": id,
+                   "error": {"code": -32001, "message": "no task up-task here"}})
+        };
+        ("application/json", answer.to_string())
+    })
+    .await;
+    let gateway = gateway_for(card_at(&url, false), fast_upstream()).await;
+    let reply = send_to_gateway(&gateway).await;
+    let task = &reply.result()["task"];
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_FAILED",
+        "{}",
+        reply.body
+    );
+    assert_eq!(reason(task), "UPSTREAM_ERROR");
+    let message = &task["status"]["message"];
+    let status = message["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|part| !part["data"].is_null())
+        .unwrap();
+    assert_eq!(
+        status["data"]["detail"],
+        json!({"agent": "remote", "code": -32001})
+    );
+    let text = message["parts"][0]["text"].as_str().unwrap();
+    assert!(text.contains("no task up-task here"), "{text}");
+    gateway.stop().await;
+    server.abort();
+}
+
 #[tokio::test]
 async fn an_unreachable_upstream_is_reported_as_such() {
     // A port nobody listens on.

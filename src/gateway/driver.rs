@@ -22,6 +22,7 @@ use crate::store::{
 };
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
+use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -719,8 +720,7 @@ impl Driver {
                 TurnEnd::NoAck(err.to_string())
             }
             (Some(err), true) => {
-                let reason = vec![Part::text(err.to_string())];
-                self.fail(reason).await;
+                self.fail(agent_failure(&agent.id, &err)).await;
                 TurnEnd::Settled
             }
             (Some(err), false) => {
@@ -921,12 +921,12 @@ impl Driver {
         let (reason, limit) = match exceeded {
             TaskLimit::Events => {
                 let limit = settings.max_task_events;
-                let detail = serde_json::json!({ "limit": limit });
+                let detail = json!({ "limit": limit });
                 (status_part(reasons::EVENT_LIMIT_EXCEEDED, detail), limit)
             }
             TaskLimit::Bytes => {
                 let limit = settings.max_task_bytes as u64;
-                let detail = serde_json::json!({ "limitBytes": limit });
+                let detail = json!({ "limitBytes": limit });
                 (status_part(reasons::TASK_SIZE_EXCEEDED, detail), limit)
             }
         };
@@ -1134,7 +1134,7 @@ impl Gateway {
 /// Tells the agent, if still registered, to stop, and fails the task with
 /// `DEADLINE_EXCEEDED`; the sources waiting for its result are released.
 async fn expire_task(gateway: &Gateway, agent: Option<&AgentEntry>, task_id: &str) {
-    let reason = status_part(reasons::DEADLINE_EXCEEDED, serde_json::json!({}));
+    let reason = status_part(reasons::DEADLINE_EXCEEDED, json!({}));
     stop_task(gateway, agent, task_id, reason).await;
 }
 
@@ -1234,6 +1234,23 @@ pub(super) async fn settle_task(
     if let Err(err) = result {
         tracing::error!(task_id, %err, "could not record the task's end");
     }
+}
+
+/// The status message of a task its agent's fault ends: the error as text,
+/// and its reason code with the agent (and an agent's JSON-RPC error code).
+fn agent_failure(agent_id: &str, err: &AgentError) -> Vec<Part> {
+    let reason = match err {
+        AgentError::Unreachable(_) => reasons::UPSTREAM_UNREACHABLE,
+        AgentError::Timeout(_) => reasons::UPSTREAM_TIMEOUT,
+        AgentError::NotJson(_) | AgentError::InvalidResponse(_) => reasons::INVALID_AGENT_RESPONSE,
+        AgentError::Refused { .. } => reasons::UPSTREAM_ERROR,
+        AgentError::Failed(_) | AgentError::InvalidInput(_) => reasons::AGENT_FAILED,
+    };
+    let mut detail = json!({ "agent": agent_id });
+    if let AgentError::Refused { code, .. } = err {
+        detail["code"] = json!(code);
+    }
+    vec![Part::text(err.to_string()), status_part(reason, detail)]
 }
 
 /// Notes on the task's current hop what `events` do: its acknowledgement,

@@ -36,6 +36,22 @@ pub const EVENT_LIMIT_EXCEEDED: &str = "EVENT_LIMIT_EXCEEDED";
 /// Reason: the agent reported more than one task's record may hold (FAILED,
 /// `detail.limitBytes`; not in DESIGN.md §3.4, see the README's design notes).
 pub const TASK_SIZE_EXCEEDED: &str = "TASK_SIZE_EXCEEDED";
+/// Reason: the agent holding the task could not be reached (FAILED,
+/// `detail.agent`). This and the next four are not in DESIGN.md §3.4: an
+/// agent's fault ends the task, and the first three are the codes the same
+/// fault has in a JSON-RPC error's `ErrorInfo` before a task exists.
+pub const UPSTREAM_UNREACHABLE: &str = "UPSTREAM_UNREACHABLE";
+/// Reason: the agent holding the task did not answer in time (FAILED).
+pub const UPSTREAM_TIMEOUT: &str = "UPSTREAM_TIMEOUT";
+/// Reason: the agent answered with something that is not a valid A2A
+/// reply (FAILED).
+pub const INVALID_AGENT_RESPONSE: &str = "INVALID_AGENT_RESPONSE";
+/// Reason: the agent answered a call about the task with a JSON-RPC error
+/// (FAILED, `detail.code`), such as -32001 for a task it no longer knows.
+pub const UPSTREAM_ERROR: &str = "UPSTREAM_ERROR";
+/// Reason: the agent failed otherwise, or cannot take its task up again
+/// after a restart (a built-in agent's work is not kept) (FAILED).
+pub const AGENT_FAILED: &str = "AGENT_FAILED";
 
 /// The status part of DESIGN.md §3.4: a `data` part of mediaType
 /// [`STATUS_MEDIA_TYPE`], `{"reason": reason, "detail": detail}`. A `null`

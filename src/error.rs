@@ -7,6 +7,7 @@
 //! field violations. Conversion has no side effects: logging happens where the
 //! error is handled, not here.
 
+use crate::handoff::reasons;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -272,7 +273,7 @@ impl GatewayError {
             Self::PushNotificationNotSupported => "PUSH_NOTIFICATION_NOT_SUPPORTED",
             Self::UnsupportedOperation(_) => "UNSUPPORTED_OPERATION",
             Self::ContentTypeNotSupported(_) => "CONTENT_TYPE_NOT_SUPPORTED",
-            Self::InvalidAgentResponse { .. } => "INVALID_AGENT_RESPONSE",
+            Self::InvalidAgentResponse { .. } => reasons::INVALID_AGENT_RESPONSE,
             Self::ExtendedAgentCardNotConfigured => "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
             Self::ExtensionSupportRequired(_) => "EXTENSION_SUPPORT_REQUIRED",
             Self::VersionNotSupported { .. } => "VERSION_NOT_SUPPORTED",
@@ -323,8 +324,8 @@ impl GatewayError {
     pub fn to_rpc_error(&self) -> Value {
         let message = self.to_string();
         let baton_reason = match self {
-            Self::UpstreamUnreachable { .. } => Some("UPSTREAM_UNREACHABLE"),
-            Self::UpstreamTimeout { .. } => Some("UPSTREAM_TIMEOUT"),
+            Self::UpstreamUnreachable { .. } => Some(reasons::UPSTREAM_UNREACHABLE),
+            Self::UpstreamTimeout { .. } => Some(reasons::UPSTREAM_TIMEOUT),
             Self::LedgerUnavailable(_) => Some("LEDGER_UNAVAILABLE"),
             Self::Unauthenticated(_) => Some("UNAUTHENTICATED"),
             _ => None,

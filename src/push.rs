@@ -9,13 +9,13 @@
 //! its own. A full queue drops the notification and counts it rather than
 //! slowing the ledger. Failed deliveries (connection errors, 5xx, 408, 429)
 //! are retried with exponential backoff and jitter, or after the wait the
-//! answer asks for in `Retry-After`, as a 429 or 503 may (at most
-//! [`MAX_RETRY_AFTER`]);
-//! other 4xx answers, and hosts the outbound guard refuses, are final. A task
-//! holds at most [`MAX_CONFIGS_PER_TASK`] configs, and at most
+//! answer asks for in `Retry-After` (at most [`MAX_RETRY_AFTER`]); other 4xx
+//! answers, and hosts the outbound guard refuses, are final. A task holds at
+//! most [`MAX_CONFIGS_PER_TASK`] configs, and at most
 //! [`PushSettings::max_in_flight`] POSTs are in flight at once, over all
-//! webhooks, so that many tasks' webhooks cannot take all of Baton's sockets. A stop waits, within its
-//! grace, for what is still queued ([`PushDispatcher::drain`]).
+//! webhooks, so that many tasks' webhooks cannot take all of Baton's
+//! sockets. A stop waits, within its grace, for what is still queued
+//! ([`PushDispatcher::drain`]).
 
 use crate::error::FieldViolation;
 use crate::netguard::OutboundPolicy;

@@ -1,8 +1,9 @@
 //! Push delivery to a real webhook receiver on loopback: the four
 //! push-config methods, a config given inline in SendMessage, every task
 //! update POSTed as a bare StreamResponse with the configured credentials,
-//! retries after a 500, a cap on POSTs in flight, a replaced config getting what was queued for it,
-//! and the outbound guard refusing loopback.
+//! retries after a 500 or a `Retry-After`, a cap on POSTs in flight, a
+//! replaced config getting what was queued for it, and the outbound guard
+//! refusing loopback.
 
 mod common;
 
@@ -740,11 +741,7 @@ async fn several_5xx_within_the_attempt_budget_still_deliver_in_order() {
 
 /// The id of `task_id`'s one config, once `receiver` got a first attempt.
 async fn config_after_an_attempt(baton: &TestBaton, receiver: &Receiver, task_id: &str) -> String {
-    let start = Instant::now();
-    while receiver.all().is_empty() {
-        assert!(start.elapsed() < WAIT, "no first attempt");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until("no first attempt", || !receiver.all().is_empty()).await;
     let listed = baton
         .call_at(
             "/agents/scenario/a2a",

@@ -7,10 +7,14 @@ mod common;
 #[path = "common/process.rs"]
 mod process;
 
-use common::{WAIT, message_id, read_sse, serve_on_loopback, user_message, user_message_on};
+use common::{
+    WAIT, message_id, read_sse, serve_on_loopback, user_message, user_message_on, wait_until,
+};
 use process::BatonProcess;
 use serde_json::json;
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// A process over the ledger in `data` that may reach agents and webhooks
@@ -677,11 +681,22 @@ async fn silent_at_first(
     id: &str,
     then: baton::demo::vendor::Reply,
 ) -> baton::demo::vendor::VendorAgent {
+    silent_once_among(id, &["waiting"], &Arc::default(), then).await
+}
+
+/// A vendor agent `id` declaring `skills` that never answers the first send
+/// made to any of the agents sharing `sent_once`, and answers every other
+/// with `then`.
+async fn silent_once_among(
+    id: &str,
+    skills: &[&str],
+    sent_once: &Arc<AtomicBool>,
+    then: baton::demo::vendor::Reply,
+) -> baton::demo::vendor::VendorAgent {
     use baton::demo::vendor::{Reply, VendorAgent};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let answered_once = AtomicBool::new(false);
-    VendorAgent::start(id, &["waiting"], move |_| {
-        if answered_once.swap(true, Ordering::SeqCst) {
+    let sent_once = sent_once.clone();
+    VendorAgent::start(id, skills, move |_| {
+        if sent_once.swap(true, Ordering::SeqCst) {
             then.clone()
         } else {
             Reply::Silent
@@ -689,15 +704,6 @@ async fn silent_at_first(
     })
     .await
     .unwrap()
-}
-
-/// Polls `done` until it holds; fails the test as `what` past `WAIT`.
-async fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let until = Instant::now() + WAIT;
-    while !done() {
-        assert!(Instant::now() < until, "{what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Registers `planner` and `worker` and sends the planner `text`, without
@@ -749,11 +755,7 @@ async fn a_key_claimed_by_a_send_no_agent_answered_before_a_crash_is_taken_over(
     };
     // The first send is claimed and reaches its agent, which never answers.
     let held = tokio::spawn(send(&first));
-    let started = Instant::now();
-    while vendor.sends().is_empty() {
-        assert!(started.elapsed() < WAIT, "the agent got no send");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until("the agent got no send", || !vendor.sends().is_empty()).await;
     first.kill();
     let _ = held.await;
 
@@ -935,26 +937,18 @@ async fn a_transfer_unacknowledged_at_a_crash_is_retried_after_restart() {
 #[tokio::test]
 async fn a_reroute_unacknowledged_at_a_crash_goes_on_to_the_next_alternative() {
     use baton::demo::vendor::{Reply, VendorAgent};
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
     let first_choice = VendorAgent::start("refunds-a", &["refunds"], |_| Reply::Silent)
         .await
         .unwrap();
     // Whichever alternative is rerouted to first is silent; then both answer.
-    let answered_once = Arc::new(AtomicBool::new(false));
+    let sent_once = Arc::default();
     let alternative = |id: &'static str| {
-        let answered_once = answered_once.clone();
-        VendorAgent::start(id, &["refunds"], move |_| {
-            if answered_once.swap(true, Ordering::SeqCst) {
-                Reply::artifact("refund", json!({"by": id}))
-            } else {
-                Reply::Silent
-            }
-        })
+        let refund = Reply::artifact("refund", json!({"by": id}));
+        silent_once_among(id, &["refunds"], &sent_once, refund)
     };
     let alternatives = [
-        alternative("refunds-b").await.unwrap(),
-        alternative("refunds-c").await.unwrap(),
+        alternative("refunds-b").await,
+        alternative("refunds-c").await,
     ];
     let dir = tempfile::tempdir().unwrap();
     let start = || {

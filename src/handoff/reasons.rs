@@ -38,8 +38,8 @@ pub const EVENT_LIMIT_EXCEEDED: &str = "EVENT_LIMIT_EXCEEDED";
 pub const TASK_SIZE_EXCEEDED: &str = "TASK_SIZE_EXCEEDED";
 /// Reason: the agent holding the task could not be reached (FAILED,
 /// `detail.agent`). This and the next four are not in DESIGN.md §3.4: an
-/// agent's fault ends the task, and the first three are the codes the same
-/// fault has in a JSON-RPC error's `ErrorInfo` before a task exists.
+/// agent's fault ends the task. The first three are also the `ErrorInfo`
+/// reasons of the same fault before a task exists (`GatewayError`).
 pub const UPSTREAM_UNREACHABLE: &str = "UPSTREAM_UNREACHABLE";
 /// Reason: the agent holding the task did not answer in time (FAILED).
 pub const UPSTREAM_TIMEOUT: &str = "UPSTREAM_TIMEOUT";

@@ -550,6 +550,15 @@ pub fn reason_of(message: &Value) -> &str {
         .unwrap_or("")
 }
 
+/// Polls `done` until it holds; fails the test as `what` past `WAIT`.
+pub async fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let until = std::time::Instant::now() + WAIT;
+    while !done() {
+        assert!(std::time::Instant::now() < until, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The reason code of a task's current status.
 pub fn reason(task: &Value) -> &str {
     reason_of(&task["status"]["message"])

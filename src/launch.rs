@@ -157,6 +157,13 @@ async fn run_over(
         },
         shutdown.clone(),
     );
+    let owed = push.catch_up(&ledger)?;
+    if owed > 0 {
+        tracing::info!(
+            tasks = owed,
+            "sending push notifications owed since before the last stop"
+        );
+    }
     let recovered = gateway.recover_in_flight().await?;
     if recovered > 0 {
         tracing::info!(

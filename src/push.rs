@@ -1,6 +1,8 @@
 //! Push notifications: every durable event of a task is POSTed, as one
-//! `StreamResponse`, to each webhook configured for the task, while the
-//! process runs (notifications are held in memory, not in the ledger).
+//! `StreamResponse`, to each webhook configured for the task. Notifications
+//! are queued in memory; the ledger keeps how far each config's were handled,
+//! so that a start sends each config whose task went further one
+//! notification of the task as it is ([`PushDispatcher::catch_up`]).
 //!
 //! Events enter a bounded queue per shard (a task always maps to the same
 //! shard). The shard reads each event's configs and hands one notification
@@ -19,9 +21,9 @@
 
 use crate::error::FieldViolation;
 use crate::netguard::OutboundPolicy;
-use crate::protocol::TaskPushNotificationConfig;
-use crate::store::Ledger;
+use crate::protocol::{StreamResponse, TaskPushNotificationConfig, TaskState};
 use crate::store::hub::LedgerEvent;
+use crate::store::{Ledger, LedgerError, PushMark};
 use crate::upstream::{error_chain, has_io_cause};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -241,10 +243,43 @@ impl PushDispatcher {
         }
     }
 
+    /// Queues what a restart owes webhooks: to each config whose task has
+    /// events whose notifications were never delivered or given up (queued
+    /// at a crash, dropped at a full queue, or cut off by a stop's grace),
+    /// one notification of the task as it is when its turn comes. Returns
+    /// how many tasks are owed one. A stop waits for these as for the rest.
+    pub fn catch_up(&self, ledger: &Ledger) -> Result<usize, LedgerError> {
+        let shards = self.shards.clone();
+        let owed: Vec<(usize, Queued)> = ledger
+            .push_backlog()?
+            .into_iter()
+            .map(|(task_id, config_ids)| {
+                let shard = shard_of(&task_id, shards.len());
+                let work = Owed::Snapshot {
+                    task_id,
+                    config_ids,
+                };
+                let _pending = Pending::count(&self.stats);
+                (shard, Queued { work, _pending })
+            })
+            .collect();
+        let tasks = owed.len();
+        // Waits for room rather than dropping: the backlog may be longer
+        // than a queue.
+        tokio::spawn(async move {
+            for (shard, queued) in owed {
+                if shards[shard].send(queued).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(tasks)
+    }
+
     fn enqueue(&self, event: &Arc<LedgerEvent>) {
         let shard = shard_of(&event.task_id, self.shards.len());
         let queued = Queued {
-            event: event.clone(),
+            work: Owed::Event(event.clone()),
             _pending: Pending::count(&self.stats),
         };
         if self.shards[shard].try_send(queued).is_err() {
@@ -273,10 +308,22 @@ impl Drop for Pending {
     }
 }
 
-/// An event in a shard's queue.
+/// Work in a shard's queue.
 struct Queued {
-    event: Arc<LedgerEvent>,
+    work: Owed,
     _pending: Pending,
+}
+
+/// What a shard hands out.
+enum Owed {
+    /// A durable event, to every config of its task.
+    Event(Arc<LedgerEvent>),
+    /// The task as it now is, to these configs of it: what a restart owes
+    /// them for events never handled before it ([`PushDispatcher::catch_up`]).
+    Snapshot {
+        task_id: String,
+        config_ids: Vec<String>,
+    },
 }
 
 fn shard_of(task_id: &str, shards: usize) -> usize {
@@ -343,17 +390,53 @@ impl Worker {
         let mut prune_at = PRUNE_AT_LEAST;
         while let Some(queued) = receiver.recv().await {
             // Its notifications are counted before the event stops being.
-            worker
-                .hand_out(&queued.event, &mut pipelines, &mut prune_at)
-                .await;
+            let handed = match &queued.work {
+                Owed::Event(event) => Some((event.clone(), None)),
+                Owed::Snapshot {
+                    task_id,
+                    config_ids,
+                } => worker
+                    .snapshot(task_id)
+                    .await
+                    .map(|event| (event, Some(config_ids.as_slice()))),
+            };
+            if let Some((event, only)) = handed {
+                worker
+                    .hand_out(&event, only, &mut pipelines, &mut prune_at)
+                    .await;
+            }
         }
     }
 
-    /// Hands one notification of `event` per config of its task to that
-    /// webhook's pipeline.
+    /// The task `task_id` as it now is, once durable, as an event at its
+    /// latest position.
+    async fn snapshot(&self, task_id: &str) -> Option<Arc<LedgerEvent>> {
+        let ledger = self.ledger.upgrade()?;
+        let read = match ledger.get_shared(task_id) {
+            // What was read may still be on its way to disk.
+            Ok(found) => ledger.sync_unless_failing().await.map(|()| found),
+            Err(err) => Err(err),
+        };
+        match read {
+            Ok(Some(record)) => Some(Arc::new(LedgerEvent::new(
+                task_id.to_string(),
+                record.last_seq,
+                StreamResponse::Task(record.task.clone()),
+            ))),
+            Ok(None) => None,
+            Err(err) => {
+                tracing::error!(%task_id, %err, "cannot read a task owed a push notification");
+                None
+            }
+        }
+    }
+
+    /// Hands one notification of `event` per config of its task (or only to
+    /// those of `only`) to that webhook's pipeline.
     async fn hand_out(
         self: &Arc<Self>,
         event: &Arc<LedgerEvent>,
+        only: Option<&[String]>,
         pipelines: &mut HashMap<(String, String), Pipeline>,
         prune_at: &mut usize,
     ) {
@@ -368,6 +451,13 @@ impl Worker {
             }
         };
         drop(ledger);
+        let configs: Vec<_> = match only {
+            Some(ids) => configs
+                .into_iter()
+                .filter(|config| ids.contains(&config.id))
+                .collect(),
+            None => configs,
+        };
         if configs.is_empty() {
             return;
         }
@@ -438,7 +528,9 @@ impl Worker {
                             body,
                             _pending,
                         } = notification;
-                        worker.deliver(&config, &event, body).await;
+                        if worker.deliver(&config, &event, body).await == Delivery::Handled {
+                            worker.note_handled(&config, &event);
+                        }
                     }
                     Ok(None) => return,
                     // No more is taken; what is queued still goes out, then
@@ -468,17 +560,33 @@ impl Worker {
         }
     }
 
+    /// Marks `event` handled for `config` in the ledger, so that a restart
+    /// does not owe it again (see [`Ledger::push_backlog`]).
+    fn note_handled(&self, config: &TaskPushNotificationConfig, event: &LedgerEvent) {
+        let Some(ledger) = self.ledger.upgrade() else {
+            return;
+        };
+        let handled = PushMark {
+            through: event.seq,
+            task_ended: event.event.state().is_some_and(TaskState::is_terminal),
+        };
+        if let Err(err) = ledger.note_push_handled(&config.task_id, &config.id, handled) {
+            tracing::warn!(task_id = %config.task_id, %err, "cannot mark a push notification handled");
+        }
+    }
+
+    /// Delivers one notification, retrying as the answers allow.
     async fn deliver(
         &self,
         queued: &TaskPushNotificationConfig,
         event: &LedgerEvent,
         body: bytes::Bytes,
-    ) {
+    ) -> Delivery {
         let mut backoff = self.settings.initial_backoff;
         for attempt in 1..=self.settings.max_attempts {
             let Some(config) = self.current_config(queued).await else {
                 tracing::debug!(task_id = %event.task_id, "push config deleted; notification not sent");
-                return;
+                return Delivery::ConfigDeleted;
             };
             let url = match self.webhook_url(&config) {
                 Ok(url) => url,
@@ -510,7 +618,7 @@ impl Worker {
             let retryable = match request.send().await {
                 Ok(response) if response.status().is_success() => {
                     self.stats.delivered.fetch_add(1, Ordering::Relaxed);
-                    return;
+                    return Delivery::Handled;
                 }
                 Ok(response) => {
                     let status = response.status();
@@ -537,6 +645,7 @@ impl Worker {
             backoff *= 2;
         }
         self.stats.failed.fetch_add(1, Ordering::Relaxed);
+        Delivery::Handled
     }
 
     /// Where `config` is delivered, if the outbound policy lets it be; any
@@ -549,6 +658,15 @@ impl Worker {
         self.policy.check_url(&url)?;
         Ok(url)
     }
+}
+
+/// How one notification ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Delivery {
+    /// Delivered, or given up (refused, or out of attempts).
+    Handled,
+    /// Its config was deleted first: nothing is owed to it any more.
+    ConfigDeleted,
 }
 
 /// The wait an answer's `Retry-After` asks for (delay-seconds or an HTTP

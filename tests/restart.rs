@@ -675,6 +675,86 @@ async fn one_shutdown_grace_bounds_both_the_connections_and_the_push_drain() {
     drop(held);
 }
 
+/// A webhook on loopback that answers 503 until `open` is set, then 200,
+/// and records each notification it accepts as (task id, the member of
+/// the `StreamResponse`, the state it carries).
+async fn webhook_opened_later(
+    open: Arc<AtomicBool>,
+) -> (String, Arc<std::sync::Mutex<Vec<(String, String, String)>>>) {
+    let accepted = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recorded = accepted.clone();
+    let app = axum::Router::new().fallback(move |body: axum::body::Bytes| {
+        let (open, recorded) = (open.clone(), recorded.clone());
+        async move {
+            if !open.load(Ordering::SeqCst) {
+                return axum::http::StatusCode::SERVICE_UNAVAILABLE;
+            }
+            let event: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            let (member, inner) = event
+                .as_object()
+                .and_then(|members| members.iter().next())
+                .map(|(member, inner)| (member.clone(), inner.clone()))
+                .unwrap_or_default();
+            let task_id = inner["taskId"].as_str().or(inner["id"].as_str());
+            let state = inner["status"]["state"].as_str().unwrap_or_default();
+            let noted = (
+                task_id.unwrap_or_default().to_string(),
+                member,
+                state.to_string(),
+            );
+            recorded.lock().unwrap().push(noted);
+            axum::http::StatusCode::OK
+        }
+    });
+    (format!("{}/hook", serve_on_loopback(app).await), accepted)
+}
+
+// Multi-threaded: the webhook must answer while the test waits, blocking,
+// for a process to exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_notifications_a_crash_cut_off_are_sent_after_the_restart() {
+    let open = Arc::new(AtomicBool::new(false));
+    let (url, accepted) = webhook_opened_later(open.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = loopback_process(dir.path());
+    completed_task_with_webhook(&first, &url).await;
+    let listed = first.call("ListTasks", json!({})).await;
+    let task_id = listed["tasks"][0]["id"].as_str().unwrap().to_string();
+    // Its notifications are still being retried.
+    first.kill();
+    assert!(accepted.lock().unwrap().is_empty());
+
+    open.store(true, Ordering::SeqCst);
+    let mut second = loopback_process(dir.path());
+    let completed = (
+        task_id.clone(),
+        "task".to_string(),
+        "TASK_STATE_COMPLETED".to_string(),
+    );
+    wait_until("the owed notification arrives", || {
+        accepted.lock().unwrap().contains(&completed)
+    })
+    .await;
+    // Once handled, what was owed is not sent again.
+    second.terminate();
+    assert!(second.wait_exit(WAIT).success(), "{}", second.logs());
+    let third = loopback_process(dir.path());
+    completed_task_with_webhook(&third, &url).await;
+    wait_until("the new task's notifications arrive", || {
+        accepted.lock().unwrap().len() >= 3
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let to_first: Vec<_> = accepted
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(id, ..)| *id == task_id)
+        .cloned()
+        .collect();
+    assert_eq!(to_first, [completed], "{}", third.logs());
+}
+
 /// A vendor agent named `id` that never answers its first send, and
 /// answers every later one with `then`.
 async fn silent_at_first(

@@ -13,6 +13,7 @@
 //! | `ic` | owner, 0, context id, 0, order | empty: tasks by context |
 //! | `n` | owner, 0, counter name | u64 BE count (`all`, `s{state}`) |
 //! | `p` | task id, 0, config id | `TaskPushNotificationConfig` JSON |
+//! | `pd` | task id, 0, config id | how far the config's notifications were handled (see `PushMark`) |
 //! | `k` | owner, 0, idempotency key | `IdempotencyRecord` JSON |
 //! | `a` | task id | empty: tasks an agent is working on (SUBMITTED, WORKING) |
 //! | `w` | task id | empty: tasks waiting for input (INPUT_REQUIRED, AUTH_REQUIRED) |
@@ -404,6 +405,30 @@ pub fn push_config(task_id: &str, config_id: &str) -> Vec<u8> {
     let mut key = push_prefix(task_id);
     key.extend_from_slice(config_id.as_bytes());
     key
+}
+
+/// Prefix of every push config's delivery mark.
+pub fn push_mark_all_prefix() -> Vec<u8> {
+    join(&[b"pd", b""])
+}
+
+/// `pd` key of one push config's delivery mark.
+pub fn push_mark(task_id: &str, config_id: &str) -> Vec<u8> {
+    let mut key = join(&[b"pd", task_id.as_bytes()]);
+    key.push(SEP);
+    key.extend_from_slice(config_id.as_bytes());
+    key
+}
+
+/// The task id and config id of a `p` or `pd` key under `prefix` (one of
+/// [`push_all_prefix`] and [`push_mark_all_prefix`]). Task ids hold no 0
+/// byte; a config id may, so it is all that follows the task id's.
+pub fn split_push_key<'k>(key: &'k [u8], prefix: &[u8]) -> Option<(&'k str, &'k str)> {
+    let rest = key.strip_prefix(prefix)?;
+    let at = rest.iter().position(|&b| b == SEP)?;
+    let task_id = std::str::from_utf8(&rest[..at]).ok()?;
+    let config_id = std::str::from_utf8(&rest[at + 1..]).ok()?;
+    Some((task_id, config_id))
 }
 
 /// `a` key of a task an agent is working on; `active("")` is the prefix.

@@ -1003,6 +1003,41 @@ pub fn decode_page_token(token: &str) -> Option<Vec<u8>> {
     keys::parse_order(&bytes).map(|_| bytes.clone())
 }
 
+/// How far the notifications of one push config were handled (delivered
+/// or given up): its `pd` key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PushMark {
+    /// The last event handled (or, for a new config, its task's last event
+    /// then: the config is owed none before).
+    pub through: u64,
+    /// The task had ended: nothing more is owed.
+    pub task_ended: bool,
+}
+
+impl PushMark {
+    fn encode(self) -> Vec<u8> {
+        let mut bytes = self.through.to_be_bytes().to_vec();
+        bytes.push(u8::from(self.task_ended));
+        bytes
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        let (through, ended) = bytes.split_first_chunk::<8>()?;
+        Some(Self {
+            through: u64::from_be_bytes(*through),
+            task_ended: ended.first().is_some_and(|&b| b == 1),
+        })
+    }
+
+    /// This mark moved on by `handled`, never back.
+    fn joined(self, handled: Self) -> Self {
+        Self {
+            through: self.through.max(handled.through),
+            task_ended: self.task_ended || handled.task_ended,
+        }
+    }
+}
+
 /// Raw keys and their values, in key order.
 type RawEntries = std::collections::BTreeMap<Vec<u8>, Vec<u8>>;
 
@@ -1778,23 +1813,24 @@ impl Ledger {
         config: &TaskPushNotificationConfig,
         most: usize,
     ) -> Result<Result<(), usize>, LedgerError> {
-        let key = keys::push_config(&config.task_id, &config.id);
         let value = serde_json::to_vec(config)?;
-        self.write_push_config(&config.task_id, key, Some(value), most)
+        self.write_push_config(&config.task_id, &config.id, Some(value), most)
             .await
     }
 
     /// Sets (`Some`) or removes (`None`) a push config key, keeping the count
-    /// of stored configs; a new key beside `most` of its task's is refused
-    /// with `Err(held)`. Counted and written under the write lock, so two
-    /// concurrent creates cannot both pass the cap.
+    /// of stored configs and the config's delivery mark; a new key beside
+    /// `most` of its task's is refused with `Err(held)`. Counted and written
+    /// under the write lock, so two concurrent creates cannot both pass the
+    /// cap, and an event is either before a new config's mark or after it.
     async fn write_push_config(
         &self,
         task_id: &str,
-        key: Vec<u8>,
+        config_id: &str,
         value: Option<Vec<u8>>,
         most: usize,
     ) -> Result<Result<(), usize>, LedgerError> {
+        let key = keys::push_config(task_id, config_id);
         let ticket = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
             let was_set = self.read_raw(&key)?.is_some();
@@ -1805,16 +1841,108 @@ impl Ledger {
                     return Ok(Err(held));
                 }
             }
-            let ticket = self.log_raw(&mut frames, key, value)?;
-            match (was_set, sets) {
-                (false, true) => self.push_configs_stored.fetch_add(1, Ordering::Relaxed),
-                (true, false) => self.push_configs_stored.fetch_sub(1, Ordering::Relaxed),
-                _ => 0,
+            let mut ticket = self.log_raw(&mut frames, key, value)?;
+            // A new config is owed the events after the task's latest; a
+            // replaced one keeps its mark.
+            let mark = match (was_set, sets) {
+                (false, true) => {
+                    self.push_configs_stored.fetch_add(1, Ordering::Relaxed);
+                    let task = self.get_shared(task_id)?;
+                    Some(Some(PushMark {
+                        through: task.as_ref().map_or(0, |record| record.last_seq),
+                        task_ended: task
+                            .is_some_and(|record| record.task.status.state.is_terminal()),
+                    }))
+                }
+                (true, false) => {
+                    self.push_configs_stored.fetch_sub(1, Ordering::Relaxed);
+                    Some(None)
+                }
+                _ => None,
             };
+            if let Some(mark) = mark {
+                let mark_key = keys::push_mark(task_id, config_id);
+                ticket = self.log_raw(&mut frames, mark_key, mark.map(PushMark::encode))?;
+            }
             ticket
         };
         self.wait_written(ticket).await;
         Ok(Ok(()))
+    }
+
+    /// Notes that the notification of event `seq` to a push config was
+    /// delivered or given up, and whether the task had ended with it: a
+    /// restart owes that config nothing up to there
+    /// ([`Ledger::push_backlog`]). Not waited for: a mark a crash loses
+    /// only repeats a notification. A deleted config gets no mark, and a
+    /// mark never moves back.
+    pub fn note_push_handled(
+        &self,
+        task_id: &str,
+        config_id: &str,
+        handled: PushMark,
+    ) -> Result<(), LedgerError> {
+        let mut frames = self.write_lock.lock().expect("ledger lock");
+        if self
+            .read_raw(&keys::push_config(task_id, config_id))?
+            .is_none()
+        {
+            return Ok(());
+        }
+        let key = keys::push_mark(task_id, config_id);
+        let noted = self
+            .read_raw(&key)?
+            .and_then(|bytes| PushMark::decode(&bytes));
+        let marked = noted.map_or(handled, |noted| noted.joined(handled));
+        if noted != Some(marked) {
+            self.log_raw(&mut frames, key, Some(marked.encode()))?;
+        }
+        Ok(())
+    }
+
+    /// The push configs a restart owes a notification, by task: those
+    /// whose task has events past the config's mark, unless the task's end
+    /// was handled already. A config without a mark (stored before marks
+    /// were kept) is owed nothing, and neither is one of a task never
+    /// created (its send failed before it existed).
+    pub fn push_backlog(&self) -> Result<Vec<(String, Vec<String>)>, LedgerError> {
+        let mark_prefix = keys::push_mark_all_prefix();
+        let mut marks = std::collections::HashMap::new();
+        for (key, value) in self.scan_raw(&mark_prefix)? {
+            if let (Some((task_id, config_id)), Some(mark)) = (
+                keys::split_push_key(&key, &mark_prefix),
+                PushMark::decode(&value),
+            ) {
+                marks.insert((task_id.to_string(), config_id.to_string()), mark);
+            }
+        }
+        let config_prefix = keys::push_all_prefix();
+        let mut owed: Vec<(String, Vec<String>)> = Vec::new();
+        for key in self.scan_raw(&config_prefix)?.into_keys() {
+            let Some((task_id, config_id)) = keys::split_push_key(&key, &config_prefix) else {
+                continue;
+            };
+            let Some(mark) = marks.get(&(task_id.to_string(), config_id.to_string())) else {
+                continue;
+            };
+            if mark.task_ended {
+                continue;
+            }
+            // Configs are in task order, so one read serves a task's configs.
+            if let Some((last, configs)) = owed.last_mut()
+                && last == task_id
+            {
+                configs.push(config_id.to_string());
+                continue;
+            }
+            let Some(record) = self.get_shared(task_id)? else {
+                continue;
+            };
+            if record.last_seq > mark.through {
+                owed.push((task_id.to_string(), vec![config_id.to_string()]));
+            }
+        }
+        Ok(owed)
     }
 
     /// How many push configs the ledger holds, shared: push delivery skips
@@ -1888,9 +2016,8 @@ impl Ledger {
         task_id: &str,
         config_id: &str,
     ) -> Result<(), LedgerError> {
-        let key = keys::push_config(task_id, config_id);
         // Removing is never refused.
-        self.write_push_config(task_id, key, None, usize::MAX)
+        self.write_push_config(task_id, config_id, None, usize::MAX)
             .await
             .map(drop)
     }
@@ -2586,6 +2713,101 @@ mod tests {
     /// A push config is read only once the write that made what the read
     /// sees (its create, or its delete) is durable: until then the read
     /// waits, so no reader is shown what a crash could take back.
+    /// What a restart owes push configs: a new config only its task's
+    /// events after it; a config the task's events past its mark, until
+    /// they are handled; nothing once the task's end was handled, nor to a
+    /// deleted config.
+    #[tokio::test]
+    async fn a_restart_owes_push_configs_the_events_never_handled() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = with_working_task(Ledger::open(dir.path()).unwrap(), "t1").await;
+        let config = |task_id: &str, id: &str| TaskPushNotificationConfig {
+            id: id.into(),
+            task_id: task_id.into(),
+            url: "https://hooks.example.com/baton".into(),
+            ..TaskPushNotificationConfig::default()
+        };
+        for id in ["c1", "c2"] {
+            ledger
+                .put_push_config(&config("t1", id), 10)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let owed = |ledger: &Ledger| ledger.push_backlog().unwrap();
+        let to = |task_id: &str, ids: &[&str]| {
+            (
+                task_id.to_string(),
+                ids.iter().map(|id| id.to_string()).collect::<Vec<_>>(),
+            )
+        };
+        let mark = |through, task_ended| PushMark {
+            through,
+            task_ended,
+        };
+        assert_eq!(owed(&ledger), [], "no event since the configs");
+
+        flip(&ledger, "t1", 1).await;
+        let last = ledger.get("t1").unwrap().unwrap().last_seq;
+        assert_eq!(owed(&ledger), [to("t1", &["c1", "c2"])]);
+        ledger
+            .note_push_handled("t1", "c1", mark(last, false))
+            .unwrap();
+        assert_eq!(owed(&ledger), [to("t1", &["c2"])]);
+        ledger
+            .note_push_handled("t1", "c1", mark(1, false))
+            .unwrap();
+        assert_eq!(
+            owed(&ledger),
+            [to("t1", &["c2"])],
+            "a mark never moves back"
+        );
+
+        let done = status("t1", TaskState::Completed);
+        ledger
+            .update("t1", |_| Ok::<_, LedgerError>(vec![done]))
+            .await
+            .unwrap();
+        let ended = ledger.get("t1").unwrap().unwrap().last_seq;
+        ledger
+            .note_push_handled("t1", "c2", mark(ended, true))
+            .unwrap();
+        // A config for a task its send has yet to create is owed its first event.
+        ledger
+            .put_push_config(&config("t2", "c1"), 10)
+            .await
+            .unwrap()
+            .unwrap();
+        let working = status("t2", TaskState::Working);
+        ledger.create(record("t2"), vec![working]).await.unwrap();
+        ledger.close();
+        drop(ledger);
+
+        let ledger = Ledger::open(dir.path()).unwrap();
+        assert_eq!(owed(&ledger), [to("t1", &["c1"]), to("t2", &["c1"])]);
+        ledger.delete_push_config("t1", "c1").await.unwrap();
+        assert_eq!(ledger.read_raw(&keys::push_mark("t1", "c1")).unwrap(), None);
+        ledger
+            .note_push_handled("t1", "c1", mark(ended, true))
+            .unwrap();
+        assert_eq!(
+            ledger.read_raw(&keys::push_mark("t1", "c1")).unwrap(),
+            None,
+            "deleted"
+        );
+        ledger
+            .put_push_config(&config("t1", "c3"), 10)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            owed(&ledger),
+            [to("t2", &["c1"])],
+            "a new config on an ended task"
+        );
+        ledger.close();
+    }
+
     #[tokio::test]
     async fn push_config_reads_wait_for_the_writes_they_see() {
         let dir = tempfile::tempdir().unwrap();

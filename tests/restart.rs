@@ -850,19 +850,19 @@ async fn a_key_claimed_by_a_send_no_agent_answered_before_a_crash_is_taken_over(
     vendor.stop().await;
 }
 
-/// A transfer's target still working when Baton was killed returns its
-/// result to the source after the restart, as it would have without one:
-/// the source's own task gets it and finishes the gateway task.
-#[tokio::test]
-async fn a_result_due_back_to_its_source_at_a_crash_is_returned_after_restart() {
+/// A planner that hands its task to `worker` with `returnToParent`, and
+/// answers the turn that brings the result back with `on_result`.
+async fn returning_planner(
+    on_result: impl Fn() -> baton::demo::vendor::Reply + Send + Sync + 'static,
+) -> baton::demo::vendor::VendorAgent {
     use baton::demo::vendor::{Reply, VendorAgent};
     use baton::handoff::payload::HANDOFF_RESULT_MEDIA_TYPE;
     use baton::protocol::TaskState;
-    let planner = VendorAgent::start("planner", &["plan"], |turn| {
+    VendorAgent::start("planner", &["plan"], move |turn| {
         if turn.task_id.is_none() {
             let payload = json!({
                 "handoffId": "hf_restart", "from": "planner", "to": "worker",
-                "reason": "specialization", "goal": "Do the slow part.",
+                "reason": "specialization", "goal": "Do the part.",
                 "summary": "The plan needs the worker's result.", "returnToParent": true,
             });
             return Reply::Handoff {
@@ -876,13 +876,22 @@ async fn a_result_due_back_to_its_source_at_a_crash_is_returned_after_restart() 
             .iter()
             .any(|part| part.media_type == HANDOFF_RESULT_MEDIA_TYPE);
         if returned {
-            Reply::artifact("plan", json!({"done": true}))
+            on_result()
         } else {
             Reply::Fail("no handoff result".into())
         }
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// A transfer's target still working when Baton was killed returns its
+/// result to the source after the restart, as it would have without one:
+/// the source's own task gets it and finishes the gateway task.
+#[tokio::test]
+async fn a_result_due_back_to_its_source_at_a_crash_is_returned_after_restart() {
+    use baton::demo::vendor::{Reply, VendorAgent};
+    let planner = returning_planner(|| Reply::artifact("plan", json!({"done": true}))).await;
     let worker = VendorAgent::start("worker", &["slow"], |_| {
         let result = Reply::artifact("part", json!({"value": 42}));
         Reply::Later(Duration::from_millis(1500), Box::new(result))
@@ -912,6 +921,55 @@ async fn a_result_due_back_to_its_source_at_a_crash_is_returned_after_restart() 
         2,
         "the result went back to the planner"
     );
+    assert_eq!(worker.sends().len(), 1);
+    planner.stop().await;
+    worker.stop().await;
+}
+
+/// A result returned to its source that the source had not acknowledged
+/// when Baton was killed goes back again after the restart, announced as a
+/// retry, with the same messageId, into the source's waiting task.
+#[tokio::test]
+async fn a_result_returned_unacknowledged_at_a_crash_is_returned_again_after_restart() {
+    use baton::demo::vendor::{Reply, VendorAgent};
+    let heard = AtomicBool::new(false);
+    let planner = returning_planner(move || {
+        if heard.swap(true, Ordering::SeqCst) {
+            Reply::artifact("plan", json!({"done": true}))
+        } else {
+            Reply::Silent
+        }
+    })
+    .await;
+    let worker = VendorAgent::start("worker", &["part"], |_| {
+        Reply::artifact("part", json!({"value": 42}))
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let start = || loopback_process(dir.path());
+    let mut first = start();
+    let id = planner_task(&first, &planner, &worker, "plan it").await;
+    wait_until("the result never went back", || planner.sends().len() == 2).await;
+    first.kill();
+
+    let second = start();
+    let task = ended(&second, &id).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(common::artifact_names(&task), ["part", "plan"], "{task}");
+    let sends = planner.sends();
+    assert_eq!(sends.len(), 3, "{task}");
+    let (returned, again) = (&sends[1].params["message"], &sends[2].params["message"]);
+    assert_eq!(
+        returned["messageId"], again["messageId"],
+        "the same return again"
+    );
+    assert_eq!(returned["parts"], again["parts"]);
+    assert_eq!(
+        returned["taskId"], again["taskId"],
+        "into the task it left waiting"
+    );
+    assert!(task["history"].to_string().contains("RETRY"), "{task}");
     assert_eq!(worker.sends().len(), 1);
     planner.stop().await;
     worker.stop().await;

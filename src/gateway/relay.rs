@@ -392,6 +392,10 @@ impl Driver {
                     started_at: now,
                     message_bytes: Some(bytes),
                     attempts: 1,
+                    undelivered: Some(Undelivered {
+                        message: message.clone(),
+                        skill: None,
+                    }),
                     ..HopRecord::default()
                 });
                 record.agent = source.agent.clone();
@@ -449,18 +453,20 @@ impl Driver {
 
     /// A handoff whose target had not acknowledged it when the gateway
     /// stopped: its delivery as first made (a direct handoff's message is
-    /// the task's first, a transfer's is kept on its hop), with the skill
-    /// the target was chosen by and the attempts made. After reroutes, the
-    /// agents given up on are `tried` again, and the ladder goes on past a
-    /// retry. `None` for any other task (a turn without a handoff, or one
-    /// acknowledged).
+    /// the task's first, a transfer's or a returned result's is kept on its
+    /// hop), with the skill the target was chosen by and the attempts made.
+    /// After reroutes, the agents given up on are `tried` again, and the
+    /// ladder goes on past a retry. `None` for any other task (a turn
+    /// without a handoff, or one acknowledged).
     pub(super) fn undelivered_handoff(
         &mut self,
         agent: &Arc<AgentEntry>,
         record: &TaskRecord,
     ) -> Option<(Turn, u32)> {
         let last = record.hops.last()?;
-        let unacknowledged = record.upstream.is_none()
+        // A result goes back into the task its source left interrupted;
+        // any other delivery starts a task at its agent.
+        let unacknowledged = (record.upstream.is_none() || last.kind == HopKind::Return)
             && !record.task.status.state.is_settled()
             && last.acked_at.is_none()
             && last.agent == agent.id;
@@ -490,6 +496,13 @@ impl Driver {
                 let task = Some(record.task.clone());
                 (undelivered.message, undelivered.skill, source, task)
             }
+            // Sent by the agent the hop before, whose result it carries.
+            HopKind::Return => {
+                let undelivered = origin.undelivered.clone()?;
+                let source = record.hops.get(first.checked_sub(1)?)?.agent.clone();
+                let task = Some(record.task.clone());
+                (undelivered.message, None, source, task)
+            }
             _ => return None,
         };
         let given_up = &record.hops[first..record.hops.len() - 1];
@@ -505,6 +518,7 @@ impl Driver {
             agent: agent.clone(),
             request: AgentRequest {
                 task,
+                upstream: record.upstream.clone(),
                 ..self.recovered_request(message)
             },
             handoff: true,

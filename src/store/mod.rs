@@ -407,8 +407,9 @@ pub struct HopRecord {
     /// Delivery attempts made (1 unless the ladder retried).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attempts: u32,
-    /// A transfer's delivery, kept until its agent acknowledges it: the
-    /// record holds its message nowhere else, and a restart makes it again.
+    /// A transfer's or a returned result's delivery, kept until its agent
+    /// acknowledges it: the record holds its message nowhere else, and a
+    /// restart makes it again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undelivered: Option<Undelivered>,
 }

@@ -120,7 +120,11 @@ async fn run_over(
         allow: config.allow_webhooks.clone(),
         ..policy.clone()
     };
-    let push = PushDispatcher::start(&ledger, webhook_policy, PushSettings::default());
+    let push_settings = PushSettings {
+        enabled: config.push_enabled,
+        ..PushSettings::default()
+    };
+    let push = PushDispatcher::start(&ledger, webhook_policy, push_settings);
     let shutdown = CancellationToken::new();
     let keys = KeyStore::from_config(&config).context("loading API keys")?;
     let directory = Arc::new(Directory::new(&public_url, config.push_enabled));

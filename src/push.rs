@@ -55,6 +55,10 @@ pub struct PushSettings {
     /// POSTs in flight at once, over all webhooks: each holds a connection,
     /// and a task may have many configs (a wait for a retry holds none).
     pub max_in_flight: usize,
+    /// Whether anything is sent (`--disable-push` turns it off): off, stored
+    /// configs are kept and nothing is sent or marked handled, so a start
+    /// with push on again sends what they are owed.
+    pub enabled: bool,
 }
 
 impl Default for PushSettings {
@@ -66,6 +70,7 @@ impl Default for PushSettings {
             initial_backoff: Duration::from_millis(200),
             request_timeout: Duration::from_secs(10),
             max_in_flight: 256,
+            enabled: true,
         }
     }
 }
@@ -162,6 +167,8 @@ pub struct PushDispatcher {
     policy: OutboundPolicy,
     /// Delivery counters.
     pub stats: Arc<PushStats>,
+    /// Whether anything is sent ([`PushSettings::enabled`]).
+    enabled: bool,
 }
 
 impl PushDispatcher {
@@ -188,7 +195,11 @@ impl PushDispatcher {
             shards: Arc::new(shards),
             policy,
             stats,
+            enabled: settings.enabled,
         };
+        if !settings.enabled {
+            return dispatcher;
+        }
         let hook = dispatcher.clone();
         let stored = ledger.push_config_count();
         ledger.hub().add_sink(Box::new(move |event| {
@@ -249,6 +260,9 @@ impl PushDispatcher {
     /// one notification of the task as it is when its turn comes. Returns
     /// how many tasks are owed one. A stop waits for these as for the rest.
     pub fn catch_up(&self, ledger: &Ledger) -> Result<usize, LedgerError> {
+        if !self.enabled {
+            return Ok(0);
+        }
         let shards = self.shards.clone();
         let owed: Vec<(usize, Queued)> = ledger
             .push_backlog()?

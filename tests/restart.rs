@@ -755,6 +755,54 @@ async fn push_notifications_a_crash_cut_off_are_sent_after_the_restart() {
     assert_eq!(to_first, [completed], "{}", third.logs());
 }
 
+// Multi-threaded: the webhook must answer while the test waits, blocking,
+// for a process to exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_push_disabled_nothing_is_sent_and_push_on_again_sends_what_is_owed() {
+    let (url, accepted) = webhook_opened_later(Arc::new(AtomicBool::new(true))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let stop = |mut baton: BatonProcess| {
+        baton.terminate();
+        assert!(baton.wait_exit(WAIT).success(), "{}", baton.logs());
+    };
+    let first = loopback_process(dir.path());
+    let message = user_message(&message_id("tck-input-required"), "hi");
+    let config = json!({"url": url});
+    let params =
+        json!({"message": message, "configuration": {"taskPushNotificationConfig": config}});
+    let reply = first.call("SendMessage", params).await;
+    let task_id = reply["task"]["id"].as_str().unwrap().to_string();
+    let waiting = "TASK_STATE_INPUT_REQUIRED".to_string();
+    let told = |state: &str| accepted.lock().unwrap().iter().any(|(_, _, s)| s == state);
+    wait_until("the webhook is told the task waits", || told(&waiting)).await;
+    stop(first);
+    let heard_before = accepted.lock().unwrap().len();
+
+    let second = BatonProcess::builder(dir.path())
+        .args(["--allow-upstream", "127.0.0.0/8,::1", "--disable-push"])
+        .start();
+    let resumed = answer(&second, &task_id).await;
+    assert_eq!(resumed["task"]["status"]["state"], "TASK_STATE_COMPLETED");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop(second);
+    assert_eq!(
+        accepted.lock().unwrap().len(),
+        heard_before,
+        "sent with push off"
+    );
+
+    let _third = loopback_process(dir.path());
+    let completed = (
+        task_id,
+        "task".to_string(),
+        "TASK_STATE_COMPLETED".to_string(),
+    );
+    wait_until("the owed notification arrives", || {
+        accepted.lock().unwrap().contains(&completed)
+    })
+    .await;
+}
+
 /// A vendor agent named `id` that never answers its first send, and
 /// answers every later one with `then`.
 async fn silent_at_first(

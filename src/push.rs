@@ -169,6 +169,8 @@ pub struct PushDispatcher {
     pub stats: Arc<PushStats>,
     /// Whether anything is sent ([`PushSettings::enabled`]).
     enabled: bool,
+    /// Length of each shard's queue.
+    queue_capacity: usize,
 }
 
 impl PushDispatcher {
@@ -196,6 +198,7 @@ impl PushDispatcher {
             policy,
             stats,
             enabled: settings.enabled,
+            queue_capacity: settings.queue_capacity,
         };
         if !settings.enabled {
             return dispatcher;
@@ -278,11 +281,16 @@ impl PushDispatcher {
             })
             .collect();
         let tasks = owed.len();
-        // Waits for room rather than dropping: the backlog may be longer
-        // than a queue.
+        // The backlog may be longer than a queue: it waits for room, and
+        // leaves half of each queue to live events, which a full queue drops.
+        let reserve = self.queue_capacity / 2;
         tokio::spawn(async move {
             for (shard, queued) in owed {
-                if shards[shard].send(queued).await.is_err() {
+                let queue = &shards[shard];
+                while queue.capacity() <= reserve && !queue.is_closed() {
+                    tokio::time::sleep(CATCH_UP_PAUSE).await;
+                }
+                if queue.send(queued).await.is_err() {
                     return;
                 }
             }
@@ -367,6 +375,9 @@ struct Notification {
 
 /// Notifications one webhook may have waiting; more are dropped (counted).
 const WEBHOOK_QUEUE: usize = 256;
+
+/// How long a start's catch-up waits for room in a shard's queue.
+const CATCH_UP_PAUSE: Duration = Duration::from_millis(10);
 
 /// How often a stop looks whether the queues are empty.
 const DRAIN_POLL: Duration = Duration::from_millis(10);
@@ -533,6 +544,10 @@ impl Worker {
             }
             // Dropped with this task, however it ends: the next one goes on.
             let _finish = finish;
+            // The task's events are published in order, but a snapshot a
+            // start owed ([`Owed::Snapshot`]) is read when its turn comes, and
+            // holds what was queued behind it: that is not sent again.
+            let mut sent_through = 0;
             loop {
                 match tokio::time::timeout(WEBHOOK_IDLE, receiver.recv()).await {
                     Ok(Some(notification)) => {
@@ -542,6 +557,10 @@ impl Worker {
                             body,
                             _pending,
                         } = notification;
+                        if event.seq <= sent_through {
+                            continue;
+                        }
+                        sent_through = event.seq;
                         if worker.deliver(&config, &event, body).await == Delivery::Handled {
                             worker.note_handled(&config, &event);
                         }
@@ -785,6 +804,15 @@ mod tests {
         config: &TaskPushNotificationConfig,
         state: TaskState,
     ) -> Notification {
+        notification_at(worker, config, state, 1)
+    }
+
+    fn notification_at(
+        worker: &Worker,
+        config: &TaskPushNotificationConfig,
+        state: TaskState,
+        seq: u64,
+    ) -> Notification {
         let event = StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
             task_id: config.task_id.clone(),
             context_id: "c".into(),
@@ -794,15 +822,21 @@ mod tests {
         let body = bytes::Bytes::from(serde_json::to_vec(&event).unwrap());
         Notification {
             config: config.clone(),
-            event: Arc::new(LedgerEvent::new(config.task_id.clone(), 1, event)),
+            event: Arc::new(LedgerEvent::new(config.task_id.clone(), seq, event)),
             body,
             _pending: Pending::count(&worker.stats),
         }
     }
 
-    #[tokio::test]
-    async fn a_webhook_s_next_pipeline_waits_for_the_one_that_ended_idle() {
-        let (url, seen) = slow_first_webhook().await;
+    /// A ledger (in its directory) holding one config for a webhook at
+    /// `url`, and a worker delivering to loopback.
+    async fn worker_for(
+        url: String,
+    ) -> (
+        (tempfile::TempDir, Arc<Ledger>),
+        Arc<Worker>,
+        TaskPushNotificationConfig,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Arc::new(Ledger::open(dir.path()).unwrap());
         let config = TaskPushNotificationConfig {
@@ -825,6 +859,49 @@ mod tests {
             settings,
             stats: Arc::default(),
         });
+        ((dir, ledger), worker, config)
+    }
+
+    /// Waits, a while at most, until `seen` holds `count` states.
+    async fn until_seen(seen: &Mutex<Vec<String>>, count: usize) -> Vec<String> {
+        for _ in 0..100 {
+            if seen.lock().unwrap().len() >= count {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        seen.lock().unwrap().clone()
+    }
+
+    /// A snapshot a start owed holds the events queued behind it, which
+    /// its pipeline then skips; later ones go out.
+    #[tokio::test]
+    async fn events_a_snapshot_already_holds_are_not_sent_after_it() {
+        let (url, seen) = slow_first_webhook().await;
+        let (_ledger, worker, config) = worker_for(url).await;
+        let pipeline = Worker::pipeline(&worker, None);
+        let states = [
+            (3, TaskState::InputRequired),
+            (2, TaskState::Working),
+            (3, TaskState::InputRequired),
+            (4, TaskState::Working),
+        ];
+        for (seq, state) in states {
+            let queued = notification_at(&worker, &config, state, seq);
+            pipeline.sender.try_send(queued).unwrap();
+        }
+        let seen = until_seen(&seen, 2).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            seen,
+            ["\"TASK_STATE_INPUT_REQUIRED\"", "\"TASK_STATE_WORKING\""]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_webhook_s_next_pipeline_waits_for_the_one_that_ended_idle() {
+        let (url, seen) = slow_first_webhook().await;
+        let (_ledger, worker, config) = worker_for(url).await;
         // A pipeline closes as it ends idle, still holding a notification;
         // the webhook's next one starts while that is being delivered.
         let earlier = Worker::pipeline(&worker, None);
@@ -837,13 +914,7 @@ mod tests {
         next.sender
             .try_send(notification(&worker, &config, TaskState::Completed))
             .unwrap();
-        for _ in 0..100 {
-            if seen.lock().unwrap().len() == 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let seen = seen.lock().unwrap().clone();
+        let seen = until_seen(&seen, 2).await;
         assert_eq!(seen, ["\"TASK_STATE_WORKING\"", "\"TASK_STATE_COMPLETED\""]);
         // Each is counted out once delivered.
         for _ in 0..100 {

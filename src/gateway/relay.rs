@@ -234,6 +234,7 @@ impl Driver {
                     undelivered: Some(Undelivered {
                         message: message.clone(),
                         skill: skill.clone(),
+                        upstream: None,
                     }),
                     ..HopRecord::default()
                 });
@@ -395,6 +396,7 @@ impl Driver {
                     undelivered: Some(Undelivered {
                         message: message.clone(),
                         skill: None,
+                        upstream: upstream.clone(),
                     }),
                     ..HopRecord::default()
                 });
@@ -479,7 +481,7 @@ impl Driver {
             .iter()
             .rposition(|hop| hop.kind != HopKind::Reroute)?;
         let origin = &record.hops[first];
-        let (message, skill, source, task) = match origin.kind {
+        let (message, skill, source, task, upstream) = match origin.kind {
             HopKind::Direct if first == 0 && record.transfer.is_none() => {
                 let message = record.task.history.first()?.clone();
                 let data = find_data(&message.parts, HANDOFF_MEDIA_TYPE)?;
@@ -488,20 +490,21 @@ impl Driver {
                     HandoffTarget::Skill(skill) => Some(skill),
                     HandoffTarget::Agent(_) => None,
                 };
-                (message, skill, payload.from, None)
+                (message, skill, payload.from, None, None)
             }
             HopKind::Transfer => {
                 let undelivered = origin.undelivered.clone()?;
                 let source = record.transfer.as_ref()?.agent.clone();
                 let task = Some(record.task.clone());
-                (undelivered.message, undelivered.skill, source, task)
+                (undelivered.message, undelivered.skill, source, task, None)
             }
             // Sent by the agent the hop before, whose result it carries.
             HopKind::Return => {
                 let undelivered = origin.undelivered.clone()?;
                 let source = record.hops.get(first.checked_sub(1)?)?.agent.clone();
                 let task = Some(record.task.clone());
-                (undelivered.message, None, source, task)
+                let upstream = undelivered.upstream;
+                (undelivered.message, None, source, task, upstream)
             }
             _ => return None,
         };
@@ -518,7 +521,7 @@ impl Driver {
             agent: agent.clone(),
             request: AgentRequest {
                 task,
-                upstream: record.upstream.clone(),
+                upstream,
                 ..self.recovered_request(message)
             },
             handoff: true,

@@ -272,6 +272,22 @@ impl ReplyTask {
         })
     }
 
+    /// How far the task's events go, as a push config's mark would say
+    /// it: its last event, and whether it has ended.
+    fn events_through(&self) -> Result<PushMark, LedgerError> {
+        let (through, state) = match self {
+            Self::Read(read) => (read.record.last_seq, read.record.task.status.state),
+            Self::Stored(stored) => {
+                let head = stored.head()?;
+                (head.last_seq, head.task.status.state)
+            }
+        };
+        Ok(PushMark {
+            through,
+            task_ended: state.is_terminal(),
+        })
+    }
+
     /// The log ticket that makes this read durable (see [`ReadTask::ticket`]).
     pub fn ticket(&self) -> u64 {
         match self {
@@ -298,10 +314,13 @@ pub struct StoredRecord {
 /// What a reply checks of a stored record before shaping it: its owner and
 /// its task's state.
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct StoredHead<'a> {
     #[serde(borrow)]
     owner: Cow<'a, str>,
     task: StoredTaskHead,
+    #[serde(default)]
+    last_seq: u64,
 }
 
 #[derive(Deserialize)]
@@ -423,6 +442,10 @@ pub struct Undelivered {
     /// The skill the agent was chosen by, which a reroute keeps to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skill: Option<String>,
+    /// Where at the agent a returned result goes: the task its source left
+    /// waiting, or (that task over) only the source's context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<crate::agents::UpstreamRef>,
 }
 
 /// Whether a count is zero, to leave it out of a record.
@@ -1842,26 +1865,24 @@ impl Ledger {
                     return Ok(Err(held));
                 }
             }
-            let mut ticket = self.log_raw(&mut frames, key, value)?;
-            // A new config is owed the events after the task's latest; a
-            // replaced one keeps its mark.
+            // A new config is owed the events after the task's latest (all
+            // of a task its send has yet to create); a replaced one keeps
+            // its mark; a deleted one's goes with it.
             let mark = match (was_set, sets) {
-                (false, true) => {
-                    self.push_configs_stored.fetch_add(1, Ordering::Relaxed);
-                    let task = self.get_shared(task_id)?;
-                    Some(Some(PushMark {
-                        through: task.as_ref().map_or(0, |record| record.last_seq),
-                        task_ended: task
-                            .is_some_and(|record| record.task.status.state.is_terminal()),
-                    }))
-                }
-                (true, false) => {
-                    self.push_configs_stored.fetch_sub(1, Ordering::Relaxed);
-                    Some(None)
-                }
+                (false, true) => Some(Some(self.events_through(task_id)?.unwrap_or(PushMark {
+                    through: 0,
+                    task_ended: false,
+                }))),
+                (true, false) => Some(None),
                 _ => None,
             };
+            let mut ticket = self.log_raw(&mut frames, key, value)?;
             if let Some(mark) = mark {
+                let counted = &self.push_configs_stored;
+                match mark {
+                    Some(_) => counted.fetch_add(1, Ordering::Relaxed),
+                    None => counted.fetch_sub(1, Ordering::Relaxed),
+                };
                 let mark_key = keys::push_mark(task_id, config_id);
                 ticket = self.log_raw(&mut frames, mark_key, mark.map(PushMark::encode))?;
             }
@@ -1907,6 +1928,9 @@ impl Ledger {
     /// were kept) is owed nothing, and neither is one of a task never
     /// created (its send failed before it existed).
     pub fn push_backlog(&self) -> Result<Vec<(String, Vec<String>)>, LedgerError> {
+        if self.push_configs_stored.load(Ordering::Relaxed) == 0 {
+            return Ok(Vec::new());
+        }
         let mark_prefix = keys::push_mark_all_prefix();
         let mut marks = std::collections::HashMap::new();
         for (key, value) in self.scan_raw(&mark_prefix)? {
@@ -1919,6 +1943,8 @@ impl Ledger {
         }
         let config_prefix = keys::push_all_prefix();
         let mut owed: Vec<(String, Vec<String>)> = Vec::new();
+        // Configs come in task order, so one read serves a task's configs.
+        let mut read: Option<(String, Option<PushMark>)> = None;
         for key in self.scan_raw(&config_prefix)?.into_keys() {
             let Some((task_id, config_id)) = keys::split_push_key(&key, &config_prefix) else {
                 continue;
@@ -1929,21 +1955,31 @@ impl Ledger {
             if mark.task_ended {
                 continue;
             }
-            // Configs are in task order, so one read serves a task's configs.
-            if let Some((last, configs)) = owed.last_mut()
-                && last == task_id
-            {
-                configs.push(config_id.to_string());
-                continue;
+            if read.as_ref().is_none_or(|(read_id, _)| read_id != task_id) {
+                read = Some((task_id.to_string(), self.events_through(task_id)?));
             }
-            let Some(record) = self.get_shared(task_id)? else {
+            let Some((_, Some(events))) = &read else {
                 continue;
             };
-            if record.last_seq > mark.through {
-                owed.push((task_id.to_string(), vec![config_id.to_string()]));
+            if events.through <= mark.through {
+                continue;
+            }
+            match owed.last_mut() {
+                Some((owed_id, configs)) if owed_id == task_id => {
+                    configs.push(config_id.to_string())
+                }
+                _ => owed.push((task_id.to_string(), vec![config_id.to_string()])),
             }
         }
         Ok(owed)
+    }
+
+    /// How far a task's events go (`None`: no such task), read without
+    /// decoding a stored record.
+    fn events_through(&self, task_id: &str) -> Result<Option<PushMark>, LedgerError> {
+        self.get_for_reply(task_id)?
+            .map(|task| task.events_through())
+            .transpose()
     }
 
     /// How many push configs the ledger holds, shared: push delivery skips
@@ -2752,15 +2788,15 @@ mod tests {
         let last = ledger.get("t1").unwrap().unwrap().last_seq;
         assert_eq!(owed(&ledger), [to("t1", &["c1", "c2"])]);
         ledger
-            .note_push_handled("t1", "c1", mark(last, false))
+            .note_push_handled("t1", "c2", mark(last, false))
             .unwrap();
-        assert_eq!(owed(&ledger), [to("t1", &["c2"])]);
+        assert_eq!(owed(&ledger), [to("t1", &["c1"])]);
         ledger
-            .note_push_handled("t1", "c1", mark(1, false))
+            .note_push_handled("t1", "c2", mark(1, false))
             .unwrap();
         assert_eq!(
             owed(&ledger),
-            [to("t1", &["c2"])],
+            [to("t1", &["c1"])],
             "a mark never moves back"
         );
 
@@ -2771,7 +2807,7 @@ mod tests {
             .unwrap();
         let ended = ledger.get("t1").unwrap().unwrap().last_seq;
         ledger
-            .note_push_handled("t1", "c2", mark(ended, true))
+            .note_push_handled("t1", "c1", mark(ended, true))
             .unwrap();
         // A config for a task its send has yet to create is owed its first event.
         ledger
@@ -2785,14 +2821,14 @@ mod tests {
         drop(ledger);
 
         let ledger = Ledger::open(dir.path()).unwrap();
-        assert_eq!(owed(&ledger), [to("t1", &["c1"]), to("t2", &["c1"])]);
-        ledger.delete_push_config("t1", "c1").await.unwrap();
-        assert_eq!(ledger.read_raw(&keys::push_mark("t1", "c1")).unwrap(), None);
+        assert_eq!(owed(&ledger), [to("t1", &["c2"]), to("t2", &["c1"])]);
+        ledger.delete_push_config("t1", "c2").await.unwrap();
+        assert_eq!(ledger.read_raw(&keys::push_mark("t1", "c2")).unwrap(), None);
         ledger
-            .note_push_handled("t1", "c1", mark(ended, true))
+            .note_push_handled("t1", "c2", mark(ended, true))
             .unwrap();
         assert_eq!(
-            ledger.read_raw(&keys::push_mark("t1", "c1")).unwrap(),
+            ledger.read_raw(&keys::push_mark("t1", "c2")).unwrap(),
             None,
             "deleted"
         );

@@ -1333,6 +1333,41 @@ async fn a_message_to_a_transfer_its_target_has_not_answered_is_refused() {
     gateway.stop().await;
 }
 
+/// A transfer canceled before its target acknowledged it ends the
+/// target's hop, and the delivery kept for a restart goes with it.
+#[tokio::test]
+async fn a_cancel_ends_an_unacknowledged_transfer_and_drops_its_kept_delivery() {
+    let gateway = baton().start().await;
+    let triage = handing_on("triage", &["triage"], json!({"to": "silent"})).await;
+    let silent = VendorAgent::start("silent", &["refund"], |_| Reply::Silent)
+        .await
+        .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(&gateway, "silent", &silent, json!({})).await;
+    let message = user_message(&message_id("t"), "refund please");
+    let id = start_at_triage(&gateway, message, &silent).await;
+    let kept = |id: &str| {
+        let record = gateway.ledger.get(id).unwrap().unwrap();
+        record.hops.iter().any(|hop| hop.undelivered.is_some())
+    };
+    assert!(
+        kept(&id),
+        "the transfer's delivery is kept while unacknowledged"
+    );
+
+    cancel_answers_canceled(&gateway, &id).await;
+    assert!(!kept(&id), "kept after the cancel");
+    let record = gateway.ledger.get(&id).unwrap().unwrap();
+    let last = record.hops.last().unwrap();
+    assert_eq!(
+        (last.agent.as_str(), last.state),
+        ("silent", Some(TaskState::Canceled))
+    );
+    triage.stop().await;
+    silent.stop().await;
+    gateway.stop().await;
+}
+
 #[tokio::test]
 async fn a_deadline_passed_before_the_target_answers_still_reaches_its_task() {
     let gateway = baton().start().await;

@@ -497,14 +497,16 @@ impl Gateway {
                 if state.is_terminal() {
                     return Err(not_cancelable(state));
                 }
-                Ok(Change::Made(vec![StreamResponse::StatusUpdate(
-                    TaskStatusUpdateEvent {
-                        task_id: record.task.id.clone(),
-                        context_id: record.task.context_id.clone(),
-                        status: TaskStatus::now(TaskState::Canceled, None),
-                        metadata: req.metadata.clone(),
-                    },
-                )]))
+                let events = vec![StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+                    task_id: record.task.id.clone(),
+                    context_id: record.task.context_id.clone(),
+                    status: TaskStatus::now(TaskState::Canceled, None),
+                    metadata: req.metadata.clone(),
+                })];
+                // The holder's hop ends here, and a delivery kept for a
+                // restart is not made any more.
+                driver::note_hop(record, &events, false, chrono::Utc::now());
+                Ok(Change::Made(events))
             })
             .await?;
         self.cancel_later_holder(&asked, &record);

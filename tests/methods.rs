@@ -747,12 +747,13 @@ async fn agent_past_a_limit_is_stopped(
     task
 }
 
-/// A task asking for input with the most events it may hold: no answer
-/// could resume it (the agent's first report would pass the limit), so an
-/// answer is refused as a message to an ended task is, and nothing of it is
-/// kept.
+/// A task asking for input with the most events it may hold can take no
+/// answer (its agent's first report would pass the limit): as its reply
+/// goes out, it fails with `EVENT_LIMIT_EXCEEDED`
+/// instead of waiting for its deadline, and a later answer is refused as a
+/// message to an ended task is, with nothing of it kept.
 #[tokio::test]
-async fn an_answer_to_a_task_at_its_event_limit_is_refused() {
+async fn a_task_asking_for_input_at_its_event_limit_fails_at_once() {
     let baton = baton()
         .default_agent("scenario")
         .tune(|settings| settings.max_task_events = 4)
@@ -761,21 +762,32 @@ async fn an_answer_to_a_task_at_its_event_limit_is_refused() {
     let asking = message_id("tck-input-required");
     let opened = baton.send_text(&asking, "ask", json!({})).await;
     let task_id = opened["task"]["id"].as_str().unwrap().to_string();
-    // Each answer is asked again: WORKING, then INPUT_REQUIRED.
-    let answer = user_message_on(&task_id, &asking, "first");
-    let reply = baton.call("SendMessage", json!({"message": answer})).await;
     assert_eq!(
-        reply.result()["task"]["status"]["state"],
+        opened["task"]["status"]["state"],
         "TASK_STATE_INPUT_REQUIRED"
     );
+    // Each answer is asked again: WORKING, then INPUT_REQUIRED, the fourth event.
+    let answer = user_message_on(&task_id, &asking, "first");
+    let reply = baton.call("SendMessage", json!({"message": answer})).await;
+    // The reply shows the task waiting, or already failed.
+    let state = reply.result()["task"]["status"]["state"].clone();
+    let shown = ["TASK_STATE_INPUT_REQUIRED", "TASK_STATE_FAILED"];
+    assert!(shown.contains(&state.as_str().unwrap()), "{}", reply.body);
+    let failed = || {
+        let record = baton.ledger.get(&task_id).unwrap().unwrap();
+        record.task.status.state == baton::protocol::TaskState::Failed
+    };
+    wait_until("the task at its limit never failed", failed).await;
+    let task = baton.call("GetTask", json!({"id": task_id})).await;
+    let task = &task.result();
+    let reason = &task["status"]["message"]["parts"][0]["data"];
+    assert_eq!(reason["reason"], "EVENT_LIMIT_EXCEEDED", "{task}");
+    assert_eq!(reason["detail"]["limit"], 4, "{task}");
     let before = baton.ledger.get(&task_id).unwrap().unwrap();
-    assert_eq!(before.last_seq, 4);
 
     let answer = user_message_on(&task_id, &asking, "second");
     let reply = baton.call("SendMessage", json!({"message": answer})).await;
     assert_eq!(reply.code(), Some(-32004), "{}", reply.body);
-    let message = reply.body["error"]["message"].as_str().unwrap();
-    assert!(message.contains("limit of 4 events"), "{message}");
     let after = baton.ledger.get(&task_id).unwrap().unwrap();
     assert_eq!(after, before);
     baton.stop().await;

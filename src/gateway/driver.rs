@@ -291,7 +291,7 @@ impl Driver {
                 None => break,
             }
         }
-        self.watch_interrupted_deadline();
+        self.settle_interrupted().await;
         self.release_waiting_sources().await;
         if handed_on {
             self.gateway.metrics_finished(&self.task_id);
@@ -328,7 +328,7 @@ impl Driver {
         if let Some((next, attempts)) = next {
             return self.run(next, Start::Accepted(attempts)).await;
         }
-        self.watch_interrupted_deadline();
+        self.settle_interrupted().await;
         self.release_waiting_sources().await;
         self.gateway.unregister_running(&self.task_id);
     }
@@ -1065,18 +1065,30 @@ impl Driver {
 
     /// An interrupted task still has a deadline: nobody drives it while it
     /// waits for input, so a timer fails it when the deadline passes.
-    fn watch_interrupted_deadline(&self) {
-        let Some(deadline) = self.deadline else {
+    /// Once the turns are over, a task left waiting for input is watched
+    /// until its deadline; one that holds the most events it may can take
+    /// no answer (resuming it would pass the limit), so it fails now with
+    /// `EVENT_LIMIT_EXCEEDED`, its agent told to stop, instead of waiting.
+    async fn settle_interrupted(&mut self) {
+        if self.last_state.is_some_and(|state| !state.is_interrupted()) {
+            return;
+        }
+        let Ok(Some(record)) = self.gateway.ledger.get_shared(&self.task_id) else {
             return;
         };
-        let interrupted = match self.last_state {
-            Some(state) => state.is_interrupted(),
-            None => matches!(
-                self.gateway.ledger.get(&self.task_id),
-                Ok(Some(record)) if record.task.status.state.is_interrupted()
-            ),
-        };
-        if interrupted {
+        if !record.task.status.state.is_interrupted() {
+            return;
+        }
+        let limit = self.gateway.settings.max_task_events;
+        if record.last_seq >= limit {
+            self.last_state = None;
+            tracing::warn!(task_id = %self.task_id, limit, "a task waiting for input holds the most events it may; failing it");
+            let agent = self.gateway.agent(&record.agent);
+            let reason = status_part(reasons::EVENT_LIMIT_EXCEEDED, json!({ "limit": limit }));
+            stop_task(&self.gateway, agent.as_deref(), &self.task_id, reason).await;
+            return;
+        }
+        if let Some(deadline) = self.deadline {
             self.gateway
                 .clone()
                 .expire_at_deadline(self.task_id.clone(), deadline);

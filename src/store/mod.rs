@@ -1892,9 +1892,9 @@ impl Ledger {
         Ok(Ok(()))
     }
 
-    /// Notes that the notification of event `seq` to a push config was
-    /// delivered or given up, and whether the task had ended with it: a
-    /// restart owes that config nothing up to there
+    /// Notes that a push config's notifications through event
+    /// `handled.through` were delivered or given up, and whether the task
+    /// had ended with them: a restart owes that config nothing up to there
     /// ([`Ledger::push_backlog`]). Not waited for: a mark a crash loses
     /// only repeats a notification. A deleted config gets no mark, and a
     /// mark never moves back.

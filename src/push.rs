@@ -437,12 +437,13 @@ impl Worker {
     /// latest position.
     async fn snapshot(&self, task_id: &str) -> Option<Arc<LedgerEvent>> {
         let ledger = self.ledger.upgrade()?;
-        let read = match ledger.get_shared(task_id) {
+        let read = async {
+            let found = ledger.get_shared(task_id)?;
             // What was read may still be on its way to disk.
-            Ok(found) => ledger.sync_unless_failing().await.map(|()| found),
-            Err(err) => Err(err),
+            ledger.sync_unless_failing().await?;
+            Ok::<_, LedgerError>(found)
         };
-        match read {
+        match read.await {
             Ok(Some(record)) => Some(Arc::new(LedgerEvent::new(
                 task_id.to_string(),
                 record.last_seq,
@@ -561,9 +562,8 @@ impl Worker {
                             continue;
                         }
                         sent_through = event.seq;
-                        if worker.deliver(&config, &event, body).await == Delivery::Handled {
-                            worker.note_handled(&config, &event);
-                        }
+                        worker.deliver(&config, &event, body).await;
+                        worker.note_handled(&config, &event);
                     }
                     Ok(None) => return,
                     // No more is taken; what is queued still goes out, then
@@ -594,7 +594,8 @@ impl Worker {
     }
 
     /// Marks `event` handled for `config` in the ledger, so that a restart
-    /// does not owe it again (see [`Ledger::push_backlog`]).
+    /// does not owe it again (see [`Ledger::push_backlog`]); a config
+    /// deleted meanwhile is owed nothing, and the ledger marks none.
     fn note_handled(&self, config: &TaskPushNotificationConfig, event: &LedgerEvent) {
         let Some(ledger) = self.ledger.upgrade() else {
             return;
@@ -608,18 +609,19 @@ impl Worker {
         }
     }
 
-    /// Delivers one notification, retrying as the answers allow.
+    /// Delivers one notification, retrying as the answers allow, until it
+    /// is delivered or given up, or its config is deleted.
     async fn deliver(
         &self,
         queued: &TaskPushNotificationConfig,
         event: &LedgerEvent,
         body: bytes::Bytes,
-    ) -> Delivery {
+    ) {
         let mut backoff = self.settings.initial_backoff;
         for attempt in 1..=self.settings.max_attempts {
             let Some(config) = self.current_config(queued).await else {
                 tracing::debug!(task_id = %event.task_id, "push config deleted; notification not sent");
-                return Delivery::ConfigDeleted;
+                return;
             };
             let url = match self.webhook_url(&config) {
                 Ok(url) => url,
@@ -651,7 +653,7 @@ impl Worker {
             let retryable = match request.send().await {
                 Ok(response) if response.status().is_success() => {
                     self.stats.delivered.fetch_add(1, Ordering::Relaxed);
-                    return Delivery::Handled;
+                    return;
                 }
                 Ok(response) => {
                     let status = response.status();
@@ -678,7 +680,6 @@ impl Worker {
             backoff *= 2;
         }
         self.stats.failed.fetch_add(1, Ordering::Relaxed);
-        Delivery::Handled
     }
 
     /// Where `config` is delivered, if the outbound policy lets it be; any
@@ -691,15 +692,6 @@ impl Worker {
         self.policy.check_url(&url)?;
         Ok(url)
     }
-}
-
-/// How one notification ended.
-#[derive(Debug, PartialEq, Eq)]
-enum Delivery {
-    /// Delivered, or given up (refused, or out of attempts).
-    Handled,
-    /// Its config was deleted first: nothing is owed to it any more.
-    ConfigDeleted,
 }
 
 /// The wait an answer's `Retry-After` asks for (delay-seconds or an HTTP

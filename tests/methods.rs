@@ -749,9 +749,9 @@ async fn agent_past_a_limit_is_stopped(
 
 /// A task asking for input with the most events it may hold can take no
 /// answer (its agent's first report would pass the limit): as its reply
-/// goes out, it fails with `EVENT_LIMIT_EXCEEDED`
-/// instead of waiting for its deadline, and a later answer is refused as a
-/// message to an ended task is, with nothing of it kept.
+/// goes out, it fails with `EVENT_LIMIT_EXCEEDED` instead of waiting for
+/// its deadline, and a later answer is refused as a message to an ended
+/// task is, with nothing of it kept.
 #[tokio::test]
 async fn a_task_asking_for_input_at_its_event_limit_fails_at_once() {
     let baton = baton()

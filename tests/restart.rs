@@ -834,16 +834,18 @@ async fn silent_once_among(
     .unwrap()
 }
 
-/// Registers `planner` and `worker` and sends the planner `text`, without
-/// waiting for the outcome; the gateway task's id.
+/// A process over the ledger in `data` with `planner` and `worker`
+/// registered, that has been sent `text` for the planner without waiting
+/// for the outcome; with the gateway task's id.
 async fn planner_task(
-    baton: &BatonProcess,
+    data: &std::path::Path,
     planner: &baton::demo::vendor::VendorAgent,
     worker: &baton::demo::vendor::VendorAgent,
     text: &str,
-) -> String {
-    register_vendor(baton, "planner", planner).await;
-    register_vendor(baton, "worker", worker).await;
+) -> (BatonProcess, String) {
+    let baton = loopback_process(data);
+    register_vendor(&baton, "planner", planner).await;
+    register_vendor(&baton, "worker", worker).await;
     let params = json!({
         "message": user_message(&message_id("plan"), text),
         "configuration": {"returnImmediately": true},
@@ -851,7 +853,8 @@ async fn planner_task(
     let reply = baton
         .rpc("/agents/planner/a2a", "SendMessage", params)
         .await;
-    reply["result"]["task"]["id"].as_str().unwrap().to_string()
+    let id = reply["result"]["task"]["id"].as_str().unwrap().to_string();
+    (baton, id)
 }
 
 /// A send whose agent had not answered when Baton was killed created no
@@ -947,9 +950,7 @@ async fn a_result_due_back_to_its_source_at_a_crash_is_returned_after_restart() 
     .await
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let start = || loopback_process(dir.path());
-    let mut first = start();
-    let id = planner_task(&first, &planner, &worker, "plan it").await;
+    let (mut first, id) = planner_task(dir.path(), &planner, &worker, "plan it").await;
     // Killed once the worker holds the task and Baton follows it there.
     let followed = || {
         worker
@@ -960,7 +961,7 @@ async fn a_result_due_back_to_its_source_at_a_crash_is_returned_after_restart() 
     wait_until("Baton never followed the worker's task", followed).await;
     first.kill();
 
-    let second = start();
+    let second = loopback_process(dir.path());
     let task = ended(&second, &id).await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     assert_eq!(common::artifact_names(&task), ["part", "plan"], "{task}");
@@ -995,13 +996,11 @@ async fn a_result_returned_unacknowledged_at_a_crash_is_returned_again_after_res
     .await
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let start = || loopback_process(dir.path());
-    let mut first = start();
-    let id = planner_task(&first, &planner, &worker, "plan it").await;
+    let (mut first, id) = planner_task(dir.path(), &planner, &worker, "plan it").await;
     wait_until("the result never went back", || planner.sends().len() == 2).await;
     first.kill();
 
-    let second = start();
+    let second = loopback_process(dir.path());
     let task = ended(&second, &id).await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     assert_eq!(common::artifact_names(&task), ["part", "plan"], "{task}");
@@ -1085,13 +1084,11 @@ async fn a_transfer_unacknowledged_at_a_crash_is_retried_after_restart() {
     let refund = Reply::artifact("refund", json!({"refundId": "rf_2"}));
     let worker = silent_at_first("worker", refund).await;
     let dir = tempfile::tempdir().unwrap();
-    let start = || loopback_process(dir.path());
-    let mut first = start();
-    let id = planner_task(&first, &planner, &worker, "refund order 7").await;
+    let (mut first, id) = planner_task(dir.path(), &planner, &worker, "refund order 7").await;
     wait_until("the worker got no delivery", || !worker.sends().is_empty()).await;
     first.kill();
 
-    let second = start();
+    let second = loopback_process(dir.path());
     let task = ended(&second, &id).await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     assert_eq!(common::artifact_names(&task), ["refund"], "{task}");

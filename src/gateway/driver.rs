@@ -1063,12 +1063,11 @@ impl Driver {
         }
     }
 
-    /// An interrupted task still has a deadline: nobody drives it while it
-    /// waits for input, so a timer fails it when the deadline passes.
-    /// Once the turns are over, a task left waiting for input is watched
-    /// until its deadline; one that holds the most events it may can take
-    /// no answer (resuming it would pass the limit), so it fails now with
-    /// `EVENT_LIMIT_EXCEEDED`, its agent told to stop, instead of waiting.
+    /// Once the turns are over, a task left waiting for input: nobody
+    /// drives it, so a timer fails it when its deadline passes; one that
+    /// holds the most events it may can take no answer (resuming it would
+    /// pass the limit), so it fails now with `EVENT_LIMIT_EXCEEDED`, its
+    /// agent told to stop, instead of waiting.
     async fn settle_interrupted(&mut self) {
         if self.last_state.is_some_and(|state| !state.is_interrupted()) {
             return;

@@ -920,8 +920,13 @@ mod tests {
     use crate::push::PushSettings;
 
     fn status(state: TaskState) -> StreamResponse {
+        status_of("t1", state)
+    }
+
+    /// Task `task_id` moved to `state`.
+    fn status_of(task_id: &str, state: TaskState) -> StreamResponse {
         StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
-            task_id: "t1".into(),
+            task_id: task_id.into(),
             context_id: "c1".into(),
             status: TaskStatus::now(state, None),
             ..TaskStatusUpdateEvent::default()
@@ -1005,12 +1010,10 @@ mod tests {
             agent: "echo".into(),
             ..TaskRecord::default()
         };
-        let StreamResponse::StatusUpdate(mut update) = status(state) else {
-            unreachable!("status builds a status update");
-        };
-        update.task_id = id.into();
-        let events = vec![StreamResponse::StatusUpdate(update)];
-        ledger.create(record, events).await.unwrap();
+        ledger
+            .create(record, vec![status_of(id, state)])
+            .await
+            .unwrap();
     }
 
     #[tokio::test]

@@ -492,19 +492,19 @@ impl Driver {
                 };
                 (message, skill, payload.from, None, None)
             }
-            HopKind::Transfer => {
-                let undelivered = origin.undelivered.clone()?;
-                let source = record.transfer.as_ref()?.agent.clone();
-                let task = Some(record.task.clone());
-                (undelivered.message, undelivered.skill, source, task, None)
-            }
-            // Sent by the agent the hop before, whose result it carries.
-            HopKind::Return => {
-                let undelivered = origin.undelivered.clone()?;
-                let source = record.hops.get(first.checked_sub(1)?)?.agent.clone();
-                let task = Some(record.task.clone());
-                let upstream = undelivered.upstream;
-                (undelivered.message, None, source, task, upstream)
+            kind @ (HopKind::Transfer | HopKind::Return) => {
+                let Undelivered {
+                    message,
+                    skill,
+                    upstream,
+                } = origin.undelivered.clone()?;
+                // A transfer comes from the task's source; a result from the
+                // agent the hop before, whose work it carries.
+                let source = match kind {
+                    HopKind::Transfer => record.transfer.as_ref()?.agent.clone(),
+                    _ => record.hops.get(first.checked_sub(1)?)?.agent.clone(),
+                };
+                (message, skill, source, Some(record.task.clone()), upstream)
             }
             _ => return None,
         };

@@ -1029,7 +1029,7 @@ pub fn decode_page_token(token: &str) -> Option<Vec<u8>> {
 
 /// How far the notifications of one push config were handled (delivered
 /// or given up): its `pd` key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PushMark {
     /// The last event handled (or, for a new config, its task's last event
     /// then: the config is owed none before).
@@ -1869,20 +1869,17 @@ impl Ledger {
             // of a task its send has yet to create); a replaced one keeps
             // its mark; a deleted one's goes with it.
             let mark = match (was_set, sets) {
-                (false, true) => Some(Some(self.events_through(task_id)?.unwrap_or(PushMark {
-                    through: 0,
-                    task_ended: false,
-                }))),
+                (false, true) => Some(Some(self.events_through(task_id)?.unwrap_or_default())),
                 (true, false) => Some(None),
                 _ => None,
             };
             let mut ticket = self.log_raw(&mut frames, key, value)?;
             if let Some(mark) = mark {
-                let counted = &self.push_configs_stored;
-                match mark {
-                    Some(_) => counted.fetch_add(1, Ordering::Relaxed),
-                    None => counted.fetch_sub(1, Ordering::Relaxed),
-                };
+                if mark.is_some() {
+                    self.push_configs_stored.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.push_configs_stored.fetch_sub(1, Ordering::Relaxed);
+                }
                 let mark_key = keys::push_mark(task_id, config_id);
                 ticket = self.log_raw(&mut frames, mark_key, mark.map(PushMark::encode))?;
             }
@@ -2747,9 +2744,6 @@ mod tests {
         ledger.close();
     }
 
-    /// A push config is read only once the write that made what the read
-    /// sees (its create, or its delete) is durable: until then the read
-    /// waits, so no reader is shown what a crash could take back.
     /// What a restart owes push configs: a new config only its task's
     /// events after it; a config the task's events past its mark, until
     /// they are handled; nothing once the task's end was handled, nor to a
@@ -2845,6 +2839,9 @@ mod tests {
         ledger.close();
     }
 
+    /// A push config is read only once the write that made what the read
+    /// sees (its create, or its delete) is durable: until then the read
+    /// waits, so no reader is shown what a crash could take back.
     #[tokio::test]
     async fn push_config_reads_wait_for_the_writes_they_see() {
         let dir = tempfile::tempdir().unwrap();

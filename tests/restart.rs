@@ -7,6 +7,7 @@ mod common;
 #[path = "common/process.rs"]
 mod process;
 
+use baton::protocol::TaskState;
 use common::{
     WAIT, message_id, read_sse, serve_on_loopback, user_message, user_message_on, wait_until,
 };
@@ -901,36 +902,34 @@ async fn a_key_claimed_by_a_send_no_agent_answered_before_a_crash_is_taken_over(
     vendor.stop().await;
 }
 
-/// A planner that hands its task to `worker` with `returnToParent`, and
-/// answers the turn that brings the result back with `on_result`.
+/// A planner that hands its task to `worker` with `returnToParent`, leaving
+/// its own task in `state`, and answers the turn that brings the result back
+/// with `on_result` (into that task if it waits for input, else into its
+/// context as a new one).
 async fn returning_planner(
+    state: TaskState,
     on_result: impl Fn() -> baton::demo::vendor::Reply + Send + Sync + 'static,
 ) -> baton::demo::vendor::VendorAgent {
     use baton::demo::vendor::{Reply, VendorAgent};
     use baton::handoff::payload::HANDOFF_RESULT_MEDIA_TYPE;
-    use baton::protocol::TaskState;
     VendorAgent::start("planner", &["plan"], move |turn| {
-        if turn.task_id.is_none() {
-            let payload = json!({
-                "handoffId": "hf_restart", "from": "planner", "to": "worker",
-                "reason": "specialization", "goal": "Do the part.",
-                "summary": "The plan needs the worker's result.", "returnToParent": true,
-            });
-            return Reply::Handoff {
-                payload,
-                state: TaskState::InputRequired,
-            };
-        }
         let returned = turn
             .message
             .parts
             .iter()
             .any(|part| part.media_type == HANDOFF_RESULT_MEDIA_TYPE);
         if returned {
-            on_result()
-        } else {
-            Reply::Fail("no handoff result".into())
+            return on_result();
         }
+        if turn.task_id.is_some() {
+            return Reply::Fail("no handoff result".into());
+        }
+        let payload = json!({
+            "handoffId": "hf_restart", "from": "planner", "to": "worker",
+            "reason": "specialization", "goal": "Do the part.",
+            "summary": "The plan needs the worker's result.", "returnToParent": true,
+        });
+        Reply::Handoff { payload, state }
     })
     .await
     .unwrap()
@@ -942,7 +941,8 @@ async fn returning_planner(
 #[tokio::test]
 async fn a_result_due_back_to_its_source_at_a_crash_is_returned_after_restart() {
     use baton::demo::vendor::{Reply, VendorAgent};
-    let planner = returning_planner(|| Reply::artifact("plan", json!({"done": true}))).await;
+    let done = || Reply::artifact("plan", json!({"done": true}));
+    let planner = returning_planner(TaskState::InputRequired, done).await;
     let worker = VendorAgent::start("worker", &["slow"], |_| {
         let result = Reply::artifact("part", json!({"value": 42}));
         Reply::Later(Duration::from_millis(1500), Box::new(result))
@@ -980,9 +980,40 @@ async fn a_result_due_back_to_its_source_at_a_crash_is_returned_after_restart() 
 /// retry, with the same messageId, into the source's waiting task.
 #[tokio::test]
 async fn a_result_returned_unacknowledged_at_a_crash_is_returned_again_after_restart() {
+    let [_, returned, again] = returned_across_a_crash(TaskState::InputRequired, false).await;
+    assert_eq!(
+        returned["taskId"], again["taskId"],
+        "into the task it left waiting"
+    );
+}
+
+/// The same for a source that ended its own task as it handed on: its
+/// result goes again into the source's own context (the planner mints its
+/// contexts, so that one is not the gateway's), as a new task there, not
+/// into the one it ended.
+#[tokio::test]
+async fn a_result_returned_to_its_sources_context_unacknowledged_at_a_crash_goes_again() {
+    let [asked, returned, again] = returned_across_a_crash(TaskState::Completed, true).await;
+    assert_eq!(returned["contextId"], again["contextId"]);
+    let planners_context = returned["contextId"].as_str().unwrap();
+    assert_ne!(
+        planners_context, asked["contextId"],
+        "the gateway's context"
+    );
+    for message in [returned, again] {
+        assert!(message.get("taskId").is_none(), "a new task: {message}");
+    }
+}
+
+/// Baton is killed once a result went back to a planner that left its task
+/// in `state` and does not answer the result's first delivery; after the
+/// restart the task completes with the result delivered again (the same
+/// message, announced as a retry). Returns the planner's three messages: the
+/// task's, the result's, and the result's again.
+async fn returned_across_a_crash(state: TaskState, own_contexts: bool) -> [serde_json::Value; 3] {
     use baton::demo::vendor::{Reply, VendorAgent};
     let heard = AtomicBool::new(false);
-    let planner = returning_planner(move || {
+    let planner = returning_planner(state, move || {
         if heard.swap(true, Ordering::SeqCst) {
             Reply::artifact("plan", json!({"done": true}))
         } else {
@@ -990,6 +1021,9 @@ async fn a_result_returned_unacknowledged_at_a_crash_is_returned_again_after_res
         }
     })
     .await;
+    if own_contexts {
+        planner.mint_own_contexts();
+    }
     let worker = VendorAgent::start("worker", &["part"], |_| {
         Reply::artifact("part", json!({"value": 42}))
     })
@@ -1004,22 +1038,24 @@ async fn a_result_returned_unacknowledged_at_a_crash_is_returned_again_after_res
     let task = ended(&second, &id).await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     assert_eq!(common::artifact_names(&task), ["part", "plan"], "{task}");
-    let sends = planner.sends();
-    assert_eq!(sends.len(), 3, "{task}");
-    let (returned, again) = (&sends[1].params["message"], &sends[2].params["message"]);
+    assert!(task["history"].to_string().contains("RETRY"), "{task}");
+    let messages: Vec<_> = planner
+        .sends()
+        .into_iter()
+        .map(|send| send.params["message"].clone())
+        .collect();
+    let Ok([asked, returned, again]) = <[_; 3]>::try_from(messages) else {
+        panic!("three messages to the planner: {task}");
+    };
     assert_eq!(
         returned["messageId"], again["messageId"],
         "the same return again"
     );
     assert_eq!(returned["parts"], again["parts"]);
-    assert_eq!(
-        returned["taskId"], again["taskId"],
-        "into the task it left waiting"
-    );
-    assert!(task["history"].to_string().contains("RETRY"), "{task}");
     assert_eq!(worker.sends().len(), 1);
     planner.stop().await;
     worker.stop().await;
+    [asked, returned, again]
 }
 
 /// A handoff its target had not acknowledged when Baton was killed goes on
@@ -1067,7 +1103,6 @@ async fn a_handoff_unacknowledged_at_a_crash_is_retried_after_restart() {
 #[tokio::test]
 async fn a_transfer_unacknowledged_at_a_crash_is_retried_after_restart() {
     use baton::demo::vendor::{Reply, VendorAgent};
-    use baton::protocol::TaskState;
     let planner = VendorAgent::start("planner", &["plan"], |_| {
         let payload = json!({
             "handoffId": "hf_transfer_restart", "from": "planner", "to": "worker",

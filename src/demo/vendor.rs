@@ -22,6 +22,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -143,6 +144,8 @@ struct Inner {
     tasks: Mutex<HashMap<String, Task>>,
     received: Mutex<Vec<Received>>,
     cancels: Mutex<Vec<(String, DateTime<Utc>)>>,
+    /// New tasks get a context id of the agent's own ([`VendorAgent::mint_own_contexts`]).
+    own_contexts: AtomicBool,
     shutdown: CancellationToken,
 }
 
@@ -176,6 +179,7 @@ impl VendorAgent {
             tasks: Mutex::default(),
             received: Mutex::default(),
             cancels: Mutex::default(),
+            own_contexts: AtomicBool::new(false),
             shutdown: CancellationToken::new(),
         });
         let app = Router::new()
@@ -222,6 +226,13 @@ impl VendorAgent {
     /// Every CancelTask received so far: the task id and the arrival time.
     pub fn cancels(&self) -> Vec<(String, DateTime<Utc>)> {
         lock(&self.inner.cancels).clone()
+    }
+
+    /// From now on a new task gets a context id of the agent's own, whatever
+    /// context the caller named: accepting a client's `contextId` is a MAY
+    /// (spec §3.4), so the agent's contexts may not be the gateway's.
+    pub fn mint_own_contexts(&self) {
+        self.inner.own_contexts.store(true, Ordering::Relaxed);
     }
 
     /// A copy of one of the agent's tasks.
@@ -372,11 +383,12 @@ async fn send_message(inner: &Arc<Inner>, params: &Value) -> Result<Value, RpcEr
 
     // A continuation resumes one of this agent's tasks; anything else is new.
     let (turn, mut task) = if message.task_id.is_empty() {
-        let context_id = if message.context_id.is_empty() {
-            uuid::Uuid::new_v4().to_string()
-        } else {
-            message.context_id.clone()
-        };
+        let context_id =
+            if message.context_id.is_empty() || inner.own_contexts.load(Ordering::Relaxed) {
+                uuid::Uuid::new_v4().to_string()
+            } else {
+                message.context_id.clone()
+            };
         let task = Task {
             id: uuid::Uuid::new_v4().to_string(),
             context_id,

@@ -1415,6 +1415,40 @@ async fn a_return_leg_past_its_ack_timeout_leaves_the_source_task_alone() {
     gateway.stop().await;
 }
 
+/// A source that finished its own task as it handed off gets the result as
+/// a new task in its own context, which need not be the gateway's: this
+/// triage names its contexts itself.
+#[tokio::test]
+async fn a_result_returns_to_a_finished_sources_own_context() {
+    let gateway = baton().start().await;
+    let triage = VendorAgent::start("triage", &["triage"], |turn| {
+        if data_of(&turn.message.parts, HANDOFF_RESULT_MEDIA_TYPE).is_some() {
+            return Reply::artifact("summary", json!({"closed": true}));
+        }
+        triage_hands_off_for_result(json!({"to": "billing"}), TaskState::Completed)
+    })
+    .await
+    .unwrap();
+    triage.mint_own_contexts();
+    let billing = register_with_billing(&gateway, &triage).await;
+    let task = send_to_triage(&gateway, "ctx", "refund please").await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let sends = triage.sends();
+    assert_eq!(sends.len(), 2, "{task}");
+    let returned = &sends[1].params["message"];
+    assert!(returned.get("taskId").is_none(), "a new task: {returned}");
+    let context = returned["contextId"].as_str().unwrap_or_default();
+    assert!(!context.is_empty(), "{returned}");
+    assert_ne!(
+        context, task["contextId"],
+        "the gateway's context, not triage's"
+    );
+    assert_ne!(context, sends[0].params["message"]["contextId"]);
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 #[tokio::test]
 async fn a_return_leg_to_a_finished_source_cancels_the_tasks_it_abandoned() {
     let gateway = baton().tune(quick_ladder).start().await;

@@ -9,7 +9,8 @@
 //! per config to that webhook's own pipeline, which delivers in order: a
 //! webhook sees its task's events in order, and one that hangs delays only
 //! its own. A full queue drops the notification and counts it rather than
-//! slowing the ledger. Failed deliveries (connection errors, 5xx, 408, 429)
+//! slowing the ledger; the webhook's next notification then carries the
+//! task as it is, which makes up for what was dropped. Failed deliveries (connection errors, 5xx, 408, 429)
 //! are retried with exponential backoff and jitter, or after the wait the
 //! answer asks for in `Retry-After` (at most [`MAX_RETRY_AFTER`]); other 4xx
 //! answers, and hosts the outbound guard refuses, are final. A task holds at
@@ -25,9 +26,9 @@ use crate::protocol::{StreamResponse, TaskPushNotificationConfig, TaskState};
 use crate::store::hub::LedgerEvent;
 use crate::store::{Ledger, LedgerError, PushMark};
 use crate::upstream::{error_chain, has_io_cause};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::oneshot::{self, error::TryRecvError};
 use tokio::sync::{Semaphore, mpsc};
@@ -171,6 +172,8 @@ pub struct PushDispatcher {
     enabled: bool,
     /// Length of each shard's queue.
     queue_capacity: usize,
+    /// Tasks whose events a full shard queue dropped.
+    gaps: Arc<Gaps>,
 }
 
 impl PushDispatcher {
@@ -179,6 +182,7 @@ impl PushDispatcher {
         let client = policy.client(settings.request_timeout);
         let stats = Arc::new(PushStats::default());
         let in_flight = Arc::new(Semaphore::new(settings.max_in_flight.max(1)));
+        let gaps = Arc::new(Gaps::default());
         let mut shards = Vec::with_capacity(settings.workers);
         for _ in 0..settings.workers.max(1) {
             let (sender, receiver) = mpsc::channel(settings.queue_capacity);
@@ -190,6 +194,7 @@ impl PushDispatcher {
                 settings: settings.clone(),
                 stats: stats.clone(),
                 in_flight: in_flight.clone(),
+                gaps: gaps.clone(),
             };
             tokio::spawn(worker.run(receiver));
         }
@@ -199,6 +204,7 @@ impl PushDispatcher {
             stats,
             enabled: settings.enabled,
             queue_capacity: settings.queue_capacity,
+            gaps,
         };
         if !settings.enabled {
             return dispatcher;
@@ -266,35 +272,40 @@ impl PushDispatcher {
         if !self.enabled {
             return Ok(0);
         }
-        let shards = self.shards.clone();
-        let owed: Vec<(usize, Queued)> = ledger
-            .push_backlog()?
-            .into_iter()
-            .map(|(task_id, config_ids)| {
-                let shard = shard_of(&task_id, shards.len());
-                let work = Owed::Snapshot {
-                    task_id,
-                    config_ids,
-                };
-                let _pending = Pending::count(&self.stats);
-                (shard, Queued { work, _pending })
-            })
-            .collect();
-        let tasks = owed.len();
+        let mut owed: Vec<Vec<Queued>> = self.shards.iter().map(|_| Vec::new()).collect();
+        let mut tasks = 0;
+        for (task_id, config_ids) in ledger.push_backlog()? {
+            let shard = shard_of(&task_id, self.shards.len());
+            let work = Owed::Latest {
+                task_id,
+                config_ids,
+            };
+            owed[shard].push(Queued {
+                work,
+                _pending: Pending::count(&self.stats),
+            });
+            tasks += 1;
+        }
         // The backlog may be longer than a queue: it waits for room, and
         // leaves half of each queue to live events, which a full queue drops.
+        // Each shard is fed on its own, so that a busy one holds up no other.
         let reserve = self.queue_capacity / 2;
-        tokio::spawn(async move {
-            for (shard, queued) in owed {
-                let queue = &shards[shard];
-                while queue.capacity() <= reserve && !queue.is_closed() {
-                    tokio::time::sleep(CATCH_UP_PAUSE).await;
-                }
-                if queue.send(queued).await.is_err() {
-                    return;
-                }
+        for (queue, owed) in self.shards.iter().zip(owed) {
+            if owed.is_empty() {
+                continue;
             }
-        });
+            let queue = queue.clone();
+            tokio::spawn(async move {
+                for queued in owed {
+                    while queue.capacity() <= reserve && !queue.is_closed() {
+                        tokio::time::sleep(CATCH_UP_PAUSE).await;
+                    }
+                    if queue.send(queued).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
         Ok(tasks)
     }
 
@@ -306,8 +317,45 @@ impl PushDispatcher {
         };
         if self.shards[shard].try_send(queued).is_err() {
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            self.gaps.note(&event.task_id);
             tracing::warn!(task_id = %event.task_id, seq = event.seq, "push queue full; notification dropped");
         }
+    }
+}
+
+/// Tasks whose events a full shard queue dropped: the shard sends their
+/// next event's webhooks the task as it then is instead, which holds what
+/// was dropped. A task with no later event is made up for at the next start
+/// (its configs' marks stay behind the dropped event).
+#[derive(Default)]
+struct Gaps {
+    /// Whether `tasks` may hold any: most events need no lock.
+    any: AtomicBool,
+    tasks: Mutex<HashSet<String>>,
+}
+
+/// The most tasks [`Gaps`] holds; past it, the next start makes up for
+/// the rest.
+const MAX_GAPS: usize = 10_000;
+
+impl Gaps {
+    fn note(&self, task_id: &str) {
+        let mut tasks = self.tasks.lock().expect("push gaps lock");
+        if tasks.len() < MAX_GAPS {
+            tasks.insert(task_id.to_string());
+            self.any.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether `task_id` had an event dropped since this was last asked.
+    fn take(&self, task_id: &str) -> bool {
+        if !self.any.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut tasks = self.tasks.lock().expect("push gaps lock");
+        let taken = tasks.remove(task_id);
+        self.any.store(!tasks.is_empty(), Ordering::Release);
+        taken
     }
 }
 
@@ -340,9 +388,9 @@ struct Queued {
 enum Owed {
     /// A durable event, to every config of its task.
     Event(Arc<LedgerEvent>),
-    /// The task as it now is, to these configs of it: what a restart owes
-    /// them for events never handled before it ([`PushDispatcher::catch_up`]).
-    Snapshot {
+    /// The task as it is, to these configs of it: what a restart owes them
+    /// for events never handled before it ([`PushDispatcher::catch_up`]).
+    Latest {
         task_id: String,
         config_ids: Vec<String>,
     },
@@ -363,14 +411,29 @@ struct Worker {
     stats: Arc<PushStats>,
     /// Permits for POSTs in flight, shared by every shard.
     in_flight: Arc<Semaphore>,
+    /// Tasks whose events a full shard queue dropped.
+    gaps: Arc<Gaps>,
 }
 
 /// One notification for one webhook.
 struct Notification {
     config: TaskPushNotificationConfig,
-    event: Arc<LedgerEvent>,
-    body: bytes::Bytes,
+    told: Told,
     _pending: Pending,
+}
+
+/// What a notification tells its webhook.
+#[derive(Clone)]
+enum Told {
+    /// A durable event, encoded once for all its task's webhooks.
+    Event {
+        event: Arc<LedgerEvent>,
+        body: bytes::Bytes,
+    },
+    /// The task as it is when the notification's turn comes (`{"task": …}`):
+    /// what a webhook is owed for events it missed, never handled before a
+    /// restart or dropped at a full queue.
+    Latest,
 }
 
 /// Notifications one webhook may have waiting; more are dropped (counted).
@@ -387,6 +450,9 @@ struct Pipeline {
     sender: mpsc::Sender<Notification>,
     /// Ends once the pipeline has delivered (or given up) all it took.
     finished: oneshot::Receiver<()>,
+    /// A notification for it was dropped at its full queue: the next one
+    /// it takes is the task as it then is.
+    owes_latest: bool,
 }
 
 impl Pipeline {
@@ -415,27 +481,40 @@ impl Worker {
         let mut prune_at = PRUNE_AT_LEAST;
         while let Some(queued) = receiver.recv().await {
             // Its notifications are counted before the event stops being.
-            let handed = match &queued.work {
-                Owed::Event(event) => Some((event.clone(), None)),
-                Owed::Snapshot {
+            let (task_id, told, only) = match &queued.work {
+                // After a dropped event its webhooks are told the task as
+                // it is, which holds what they missed.
+                Owed::Event(event) if worker.gaps.take(&event.task_id) => {
+                    (event.task_id.as_str(), Told::Latest, None)
+                }
+                Owed::Event(event) => {
+                    let body = match serde_json::to_vec(&event.event) {
+                        Ok(body) => bytes::Bytes::from(body),
+                        Err(err) => {
+                            tracing::error!(%err, "cannot encode push notification");
+                            continue;
+                        }
+                    };
+                    let told = Told::Event {
+                        event: event.clone(),
+                        body,
+                    };
+                    (event.task_id.as_str(), told, None)
+                }
+                Owed::Latest {
                     task_id,
                     config_ids,
-                } => worker
-                    .snapshot(task_id)
-                    .await
-                    .map(|event| (event, Some(config_ids.as_slice()))),
+                } => (task_id.as_str(), Told::Latest, Some(config_ids.as_slice())),
             };
-            if let Some((event, only)) = handed {
-                worker
-                    .hand_out(&event, only, &mut pipelines, &mut prune_at)
-                    .await;
-            }
+            worker
+                .hand_out(task_id, &told, only, &mut pipelines, &mut prune_at)
+                .await;
         }
     }
 
     /// The task `task_id` as it now is, once durable, as an event at its
-    /// latest position.
-    async fn snapshot(&self, task_id: &str) -> Option<Arc<LedgerEvent>> {
+    /// latest position, with its encoding.
+    async fn latest(&self, task_id: &str) -> Option<(Arc<LedgerEvent>, bytes::Bytes)> {
         let ledger = self.ledger.upgrade()?;
         let read = async {
             let found = ledger.get_shared(task_id)?;
@@ -443,25 +522,32 @@ impl Worker {
             ledger.sync_unless_failing().await?;
             Ok::<_, LedgerError>(found)
         };
-        match read.await {
-            Ok(Some(record)) => Some(Arc::new(LedgerEvent::new(
-                task_id.to_string(),
-                record.last_seq,
-                StreamResponse::Task(record.task.clone()),
-            ))),
-            Ok(None) => None,
+        let record = match read.await {
+            Ok(Some(record)) => record,
+            Ok(None) => return None,
             Err(err) => {
                 tracing::error!(%task_id, %err, "cannot read a task owed a push notification");
-                None
+                return None;
             }
-        }
+        };
+        let event = StreamResponse::Task(record.task.clone());
+        let body = match serde_json::to_vec(&event) {
+            Ok(body) => bytes::Bytes::from(body),
+            Err(err) => {
+                tracing::error!(%err, "cannot encode push notification");
+                return None;
+            }
+        };
+        let event = LedgerEvent::new(task_id.to_string(), record.last_seq, event);
+        Some((Arc::new(event), body))
     }
 
-    /// Hands one notification of `event` per config of its task (or only to
-    /// those of `only`) to that webhook's pipeline.
+    /// Hands one notification `told` per config of task `task_id` (or only
+    /// to those of `only`) to that webhook's pipeline.
     async fn hand_out(
         self: &Arc<Self>,
-        event: &Arc<LedgerEvent>,
+        task_id: &str,
+        told: &Told,
         only: Option<&[String]>,
         pipelines: &mut HashMap<(String, String), Pipeline>,
         prune_at: &mut usize,
@@ -469,49 +555,39 @@ impl Worker {
         let Some(ledger) = self.ledger.upgrade() else {
             return;
         };
-        let configs = match ledger.push_configs(&event.task_id).await {
+        let configs = match ledger.push_configs(task_id).await {
             Ok(configs) => configs,
             Err(err) => {
-                tracing::error!(task_id = %event.task_id, %err, "cannot read push configs");
+                tracing::error!(%task_id, %err, "cannot read push configs");
                 return;
             }
         };
         drop(ledger);
-        let configs: Vec<_> = match only {
-            Some(ids) => configs
-                .into_iter()
-                .filter(|config| ids.contains(&config.id))
-                .collect(),
-            None => configs,
-        };
-        if configs.is_empty() {
-            return;
-        }
-        let body = match serde_json::to_vec(&event.event) {
-            Ok(body) => bytes::Bytes::from(body),
-            Err(err) => {
-                tracing::error!(%err, "cannot encode push notification");
-                return;
-            }
-        };
+        let configs = configs
+            .into_iter()
+            .filter(|config| only.is_none_or(|ids| ids.contains(&config.id)));
         if pipelines.len() >= *prune_at {
-            // One still delivering is kept: its successor waits for it.
-            pipelines.retain(|_, pipeline| !pipeline.is_over());
+            // One still delivering is kept: its successor waits for it; so
+            // is one that owes its webhook the task.
+            pipelines.retain(|_, pipeline| pipeline.owes_latest || !pipeline.is_over());
             *prune_at = (pipelines.len() * 2).max(PRUNE_AT_LEAST);
         }
         for config in configs {
             let key = (config.task_id.clone(), config.id.clone());
-            let notification = Notification {
-                config,
-                event: event.clone(),
-                body: body.clone(),
-                _pending: Pending::count(&self.stats),
-            };
             let pipeline = pipelines
                 .entry(key)
                 .or_insert_with(|| Worker::pipeline(self, None));
+            let notification = Notification {
+                config,
+                told: if pipeline.owes_latest {
+                    Told::Latest
+                } else {
+                    told.clone()
+                },
+                _pending: Pending::count(&self.stats),
+            };
             let refused = match pipeline.sender.try_send(notification) {
-                Ok(()) => None,
+                Ok(()) => false,
                 // Ended idle since: a new one takes it, after the old one
                 // delivered what it still held, so that the webhook sees
                 // the task's events in order.
@@ -519,13 +595,14 @@ impl Worker {
                     let (_, earlier) = oneshot::channel();
                     let earlier = std::mem::replace(&mut pipeline.finished, earlier);
                     *pipeline = Worker::pipeline(self, Some(earlier));
-                    pipeline.sender.try_send(notification).err()
+                    pipeline.sender.try_send(notification).is_err()
                 }
-                Err(full) => Some(full),
+                Err(mpsc::error::TrySendError::Full(_)) => true,
             };
-            if refused.is_some() {
+            pipeline.owes_latest = refused;
+            if refused {
                 self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(task_id = %event.task_id, seq = event.seq, "webhook queue full; notification dropped");
+                tracing::warn!(%task_id, "webhook queue full; notification dropped");
             }
         }
     }
@@ -545,34 +622,52 @@ impl Worker {
             }
             // Dropped with this task, however it ends: the next one goes on.
             let _finish = finish;
-            // The task's events are published in order, but a snapshot a
-            // start owed ([`Owed::Snapshot`]) is read when its turn comes, and
-            // holds what was queued behind it: that is not sent again.
+            // The task's events come in order, but the task as it is
+            // ([`Told::Latest`]) is read when its turn comes and holds the
+            // events queued behind it: those are not sent after it.
             let mut sent_through = 0;
+            // Where the latest such read stood: one no further on shows
+            // nothing new. (One no further than the events sent is still
+            // sent: it is owed for events this webhook missed.)
+            let mut latest_through = None;
             loop {
-                match tokio::time::timeout(WEBHOOK_IDLE, receiver.recv()).await {
-                    Ok(Some(notification)) => {
-                        let Notification {
-                            config,
-                            event,
-                            body,
-                            _pending,
-                        } = notification;
-                        if event.seq <= sent_through {
-                            continue;
-                        }
-                        sent_through = event.seq;
-                        worker.deliver(&config, &event, body).await;
-                        worker.note_handled(&config, &event);
-                    }
+                let notification = match tokio::time::timeout(WEBHOOK_IDLE, receiver.recv()).await {
+                    Ok(Some(notification)) => notification,
                     Ok(None) => return,
                     // No more is taken; what is queued still goes out, then
                     // `recv` ends the loop.
-                    Err(_idle) => receiver.close(),
+                    Err(_idle) => {
+                        receiver.close();
+                        continue;
+                    }
+                };
+                let Notification {
+                    config,
+                    told,
+                    _pending,
+                } = notification;
+                let (event, body) = match told {
+                    Told::Event { event, .. } if event.seq <= sent_through => continue,
+                    Told::Event { event, body } => (event, body),
+                    Told::Latest => match worker.latest(&config.task_id).await {
+                        Some((event, _)) if latest_through >= Some(event.seq) => continue,
+                        Some(latest) => latest,
+                        None => continue,
+                    },
+                };
+                if matches!(event.event, StreamResponse::Task(_)) {
+                    latest_through = Some(event.seq);
                 }
+                sent_through = sent_through.max(event.seq);
+                worker.deliver(&config, &event, body).await;
+                worker.note_handled(&config, &event);
             }
         });
-        Pipeline { sender, finished }
+        Pipeline {
+            sender,
+            finished,
+            owes_latest: false,
+        }
     }
 
     /// The config a notification queued for `queued` goes out with: its
@@ -730,8 +825,8 @@ fn jittered(backoff: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{StreamResponse, TaskState, TaskStatus, TaskStatusUpdateEvent};
-    use std::sync::Mutex;
+    use crate::protocol::{Task, TaskStatus, TaskStatusUpdateEvent};
+    use crate::store::TaskRecord;
 
     #[test]
     fn retry_after_reads_seconds_and_dates_within_its_cap() {
@@ -765,8 +860,9 @@ mod tests {
         assert!(waits.iter().any(|w| *w != first), "the waits vary");
     }
 
-    /// A webhook on loopback that records the states it is sent, in order;
-    /// it holds its first answer back a while.
+    /// A webhook on loopback that records the states it is sent, in order
+    /// (`task STATE` for the task as it is); it holds its first answer back
+    /// a while.
     async fn slow_first_webhook() -> (String, Arc<Mutex<Vec<String>>>) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let recorded = seen.clone();
@@ -780,7 +876,10 @@ mod tests {
                         tokio::time::sleep(Duration::from_millis(300)).await;
                     }
                     let event: serde_json::Value = serde_json::from_str(&body).unwrap();
-                    let state = event["statusUpdate"]["status"]["state"].to_string();
+                    let state = match event.get("task") {
+                        Some(task) => format!("task {}", task["status"]["state"]),
+                        None => event["statusUpdate"]["status"]["state"].to_string(),
+                    };
                     recorded.lock().unwrap().push(state);
                 }
             }),
@@ -814,8 +913,10 @@ mod tests {
         let body = bytes::Bytes::from(serde_json::to_vec(&event).unwrap());
         Notification {
             config: config.clone(),
-            event: Arc::new(LedgerEvent::new(config.task_id.clone(), seq, event)),
-            body,
+            told: Told::Event {
+                event: Arc::new(LedgerEvent::new(config.task_id.clone(), seq, event)),
+                body,
+            },
             _pending: Pending::count(&worker.stats),
         }
     }
@@ -850,6 +951,7 @@ mod tests {
             policy,
             settings,
             stats: Arc::default(),
+            gaps: Arc::default(),
         });
         ((dir, ledger), worker, config)
     }
@@ -865,28 +967,165 @@ mod tests {
         seen.lock().unwrap().clone()
     }
 
-    /// A snapshot a start owed holds the events queued behind it, which
-    /// its pipeline then skips; later ones go out.
+    /// Stores task `t` of `config`'s, gone through `states`; returns its
+    /// latest seq.
+    async fn task_in(ledger: &Ledger, states: &[TaskState]) -> u64 {
+        let record = TaskRecord {
+            task: Task {
+                id: "t".into(),
+                context_id: "c".into(),
+                ..Task::default()
+            },
+            ..TaskRecord::default()
+        };
+        let statuses = states.iter().map(|state| {
+            StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+                task_id: "t".into(),
+                context_id: "c".into(),
+                status: TaskStatus::now(*state, None),
+                metadata: None,
+            })
+        });
+        let created = ledger.create(record, statuses.collect()).await.unwrap();
+        assert_eq!(created.last_seq, states.len() as u64);
+        created.last_seq
+    }
+
+    fn latest_for(worker: &Worker, config: &TaskPushNotificationConfig) -> Notification {
+        Notification {
+            config: config.clone(),
+            told: Told::Latest,
+            _pending: Pending::count(&worker.stats),
+        }
+    }
+
+    /// Waits until `seen` holds `count` states, then a little more, so that
+    /// one too many would show.
+    async fn settled(seen: &Mutex<Vec<String>>, count: usize) -> Vec<String> {
+        until_seen(seen, count).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen.lock().unwrap().clone()
+    }
+
+    /// The task as it is, read when its turn comes, holds the events queued
+    /// behind it, which its pipeline then skips; later ones go out.
     #[tokio::test]
-    async fn events_a_snapshot_already_holds_are_not_sent_after_it() {
+    async fn events_the_task_as_read_already_holds_are_not_sent_after_it() {
         let (url, seen) = slow_first_webhook().await;
-        let (_ledger, worker, config) = worker_for(url).await;
+        let ((_dir, ledger), worker, config) = worker_for(url).await;
+        let latest = task_in(&ledger, &[TaskState::InputRequired]).await;
         let pipeline = Worker::pipeline(&worker, None);
-        let states = [
-            (3, TaskState::InputRequired),
-            (2, TaskState::Working),
-            (3, TaskState::InputRequired),
-            (4, TaskState::Working),
-        ];
-        for (seq, state) in states {
+        pipeline
+            .sender
+            .try_send(latest_for(&worker, &config))
+            .unwrap();
+        for (seq, state) in [
+            (latest, TaskState::InputRequired),
+            (latest + 1, TaskState::Working),
+        ] {
             let queued = notification_at(&worker, &config, state, seq);
             pipeline.sender.try_send(queued).unwrap();
         }
-        let seen = until_seen(&seen, 2).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(
-            seen,
-            ["\"TASK_STATE_INPUT_REQUIRED\"", "\"TASK_STATE_WORKING\""]
+            settled(&seen, 2).await,
+            [
+                "task \"TASK_STATE_INPUT_REQUIRED\"",
+                "\"TASK_STATE_WORKING\""
+            ]
+        );
+    }
+
+    /// The task as it is goes out even after an event as late as it (a live
+    /// event may overtake what a start owed): it is owed for events the
+    /// webhook missed, which that event does not hold. A second read that
+    /// shows nothing new is not sent.
+    #[tokio::test]
+    async fn the_task_as_it_is_goes_out_after_an_event_as_late() {
+        let (url, seen) = slow_first_webhook().await;
+        let ((_dir, ledger), worker, config) = worker_for(url).await;
+        let latest = task_in(&ledger, &[TaskState::Completed]).await;
+        let pipeline = Worker::pipeline(&worker, None);
+        let event = notification_at(&worker, &config, TaskState::Completed, latest);
+        pipeline.sender.try_send(event).unwrap();
+        for _ in 0..2 {
+            let owed = latest_for(&worker, &config);
+            pipeline.sender.try_send(owed).unwrap();
+        }
+        assert_eq!(
+            settled(&seen, 2).await,
+            ["\"TASK_STATE_COMPLETED\"", "task \"TASK_STATE_COMPLETED\""]
+        );
+    }
+
+    /// A notification a webhook's full queue refused makes its next one the
+    /// task as it then is.
+    #[tokio::test]
+    async fn a_notification_dropped_at_a_full_webhook_queue_is_made_up_by_the_next() {
+        let ((_dir, _ledger), worker, config) = worker_for("http://127.0.0.1:9/".into()).await;
+        let (sender, mut receiver) = mpsc::channel(1);
+        let (_finish, finished) = oneshot::channel();
+        let queue = Pipeline {
+            sender,
+            finished,
+            owes_latest: false,
+        };
+        let key = (config.task_id.clone(), config.id.clone());
+        let mut pipelines = HashMap::from([(key.clone(), queue)]);
+        let mut prune_at = PRUNE_AT_LEAST;
+        let event = |seq| notification_at(&worker, &config, TaskState::Working, seq).told;
+        for seq in 1..=3 {
+            worker
+                .hand_out("t", &event(seq), None, &mut pipelines, &mut prune_at)
+                .await;
+        }
+        assert_eq!(worker.stats.dropped.load(Ordering::Relaxed), 2);
+        assert!(pipelines[&key].owes_latest);
+        let first = receiver.recv().await.unwrap();
+        assert!(matches!(first.told, Told::Event { event, .. } if event.seq == 1));
+        worker
+            .hand_out("t", &event(4), None, &mut pipelines, &mut prune_at)
+            .await;
+        assert!(matches!(receiver.recv().await.unwrap().told, Told::Latest));
+        assert!(!pipelines[&key].owes_latest);
+        worker
+            .hand_out("t", &event(5), None, &mut pipelines, &mut prune_at)
+            .await;
+        let next = receiver.recv().await.unwrap();
+        assert!(matches!(next.told, Told::Event { event, .. } if event.seq == 5));
+    }
+
+    /// An event a full shard queue dropped is made up by the next of the
+    /// task's events the shard takes: its webhooks are told the task as it
+    /// then is, which holds the dropped one.
+    #[tokio::test]
+    async fn an_event_dropped_at_a_full_shard_queue_is_made_up_by_the_next() {
+        let (url, seen) = slow_first_webhook().await;
+        let ((_dir, ledger), worker, config) = worker_for(url).await;
+        let states = [
+            TaskState::Working,
+            TaskState::InputRequired,
+            TaskState::Completed,
+        ];
+        task_in(&ledger, &states).await;
+        let settings = PushSettings {
+            queue_capacity: 1,
+            workers: 1,
+            ..PushSettings::default()
+        };
+        let dispatcher = PushDispatcher::start(&ledger, worker.policy.clone(), settings);
+        let event = |seq, state| match notification_at(&worker, &config, state, seq).told {
+            Told::Event { event, .. } => event,
+            Told::Latest => unreachable!(),
+        };
+        dispatcher.enqueue(&event(1, states[0]));
+        until_seen(&seen, 1).await;
+        // The shard's worker does not run meanwhile: its queue holds one.
+        dispatcher.enqueue(&event(2, states[1]));
+        dispatcher.enqueue(&event(3, states[2]));
+        assert_eq!(dispatcher.stats.dropped.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            settled(&seen, 2).await,
+            ["\"TASK_STATE_WORKING\"", "task \"TASK_STATE_COMPLETED\""]
         );
     }
 

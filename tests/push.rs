@@ -354,7 +354,8 @@ async fn concurrent_creates_pass_the_ten_config_cap_no_more_than_ten_times() {
     // A send continuing the task may not add an eleventh inline; the
     // message is not taken.
     let message = user_message_on(&task_id, &message_id("tck-complete-task"), "here you go");
-    let configuration = json!({"taskPushNotificationConfig": {"url": receiver.url("/hook")}});
+    let configuration =
+        json!({"taskPushNotificationConfig": {"url": receiver.url("/hook/eleventh")}});
     let reply = baton
         .call_at(
             "/agents/scenario/a2a",
@@ -373,6 +374,50 @@ async fn concurrent_creates_pass_the_ten_config_cap_no_more_than_ten_times() {
         task.result()["status"]["state"],
         "TASK_STATE_INPUT_REQUIRED"
     );
+}
+
+/// A client may attach its one push config to every message it sends:
+/// a continuation carrying the config its task holds (but for the id)
+/// adds no second copy, so the webhook is told each event once.
+#[tokio::test]
+async fn a_continuation_carrying_its_tasks_config_again_adds_no_copy_of_it() {
+    let receiver = Receiver::start().await;
+    let baton = baton().start().await;
+    let configuration = json!({"taskPushNotificationConfig": {
+        "url": receiver.url("/hook/same"), "token": "t",
+        "authentication": {"scheme": "Bearer", "credentials": "s"},
+    }});
+    let send = |message: Value| {
+        let params = json!({"message": message, "configuration": configuration.clone()});
+        baton.call_at("/agents/scenario/a2a", "SendMessage", params)
+    };
+    let asked = send(user_message(&message_id("tck-input-required"), "ask me")).await;
+    let task_id = asked.result()["task"]["id"].as_str().unwrap().to_string();
+    let answer = user_message_on(&task_id, &message_id("tck-complete-task"), "here you go");
+    let done = send(answer).await;
+    assert_eq!(
+        done.result()["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED",
+        "{}",
+        done.body
+    );
+    let listed = baton
+        .call(
+            "ListTaskPushNotificationConfigs",
+            json!({"taskId": task_id}),
+        )
+        .await;
+    assert_eq!(listed.result()["configs"].as_array().unwrap().len(), 1);
+    receiver.wait_terminal("/hook/same").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let states: Vec<_> = receiver
+        .accepted("/hook/same")
+        .iter()
+        .filter_map(|d| event_state(&d.body).map(str::to_string))
+        .collect();
+    let completed = states.iter().filter(|s| *s == "TASK_STATE_COMPLETED");
+    assert_eq!(completed.count(), 1, "{states:?}");
+    baton.stop().await;
 }
 
 #[tokio::test]

@@ -771,6 +771,26 @@ impl Gateway {
             })
     }
 
+    /// The id of the config its task already holds that is `config` but for
+    /// its id (which `config` lacks). A client may attach one config to
+    /// every message it sends (the Go SDK's client does): a continuation's
+    /// config then adds no second copy of the webhook, which would be sent
+    /// every event twice and, by the eleventh message, refused.
+    pub(crate) async fn held_push_config(
+        &self,
+        config: &TaskPushNotificationConfig,
+    ) -> Result<Option<String>, GatewayError> {
+        let held = self.ledger.push_configs(&config.task_id).await?;
+        let same = |held: &TaskPushNotificationConfig| {
+            *held
+                == TaskPushNotificationConfig {
+                    id: held.id.clone(),
+                    ..config.clone()
+                }
+        };
+        Ok(held.into_iter().find(same).map(|held| held.id))
+    }
+
     /// Checks a reference to one push config: push on, both ids given, and
     /// the task the caller's.
     fn check_push_ref(

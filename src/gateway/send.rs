@@ -721,13 +721,25 @@ impl Gateway {
         if let Some(mut push) = config.task_push_notification_config.clone() {
             push.task_id = task_id.clone();
             push.tenant.clear();
-            if push.id.is_empty() {
-                push.id = uuid::Uuid::new_v4().to_string();
-            }
-            let field = "configuration.taskPushNotificationConfig";
-            if let Err(err) = self.store_push_config(&push, field).await {
-                self.release_claim(ctx).await;
-                return Err(err);
+            let held = match &continued {
+                Some(_) if push.id.is_empty() => match self.held_push_config(&push).await {
+                    Ok(held) => held,
+                    Err(err) => {
+                        self.release_claim(ctx).await;
+                        return Err(err);
+                    }
+                },
+                _ => None,
+            };
+            if held.is_none() {
+                if push.id.is_empty() {
+                    push.id = uuid::Uuid::new_v4().to_string();
+                }
+                let field = "configuration.taskPushNotificationConfig";
+                if let Err(err) = self.store_push_config(&push, field).await {
+                    self.release_claim(ctx).await;
+                    return Err(err);
+                }
             }
             if continued.is_none() {
                 new_task_push = Some(push);

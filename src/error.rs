@@ -72,7 +72,7 @@ pub enum GatewayError {
     TaskNotCancelable {
         /// The task.
         task_id: String,
-        /// Its (terminal) state.
+        /// Its state: terminal, or one its agent refused to cancel in.
         state: String,
     },
     /// -32003.

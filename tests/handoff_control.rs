@@ -544,6 +544,12 @@ async fn only_an_agents_not_cancelable_answer_keeps_a_task_from_canceling() {
             );
         } else {
             assert_eq!(cancel.body["error"]["code"], code, "{}", cancel.body);
+            // The caller's error names the caller's task, not the agent's.
+            let info = &cancel.body["error"]["data"][0];
+            assert_eq!(info["reason"], "TASK_NOT_CANCELABLE", "{}", cancel.body);
+            assert_eq!(info["domain"], "a2a-protocol.org");
+            assert_eq!(info["metadata"]["taskId"], task_id.as_str());
+            assert_eq!(info["metadata"]["state"], "TASK_STATE_WORKING");
             let task = gateway.call("GetTask", json!({"id": task_id})).await;
             assert_eq!(task.result()["status"]["state"], "TASK_STATE_WORKING");
         }

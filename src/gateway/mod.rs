@@ -465,7 +465,10 @@ impl Gateway {
                             continue;
                         }
                         if now.same_holder(&asked) {
-                            return Err(refused.into());
+                            // The caller's own error, about its task: not the
+                            // agent's, which names the agent's task.
+                            tracing::info!(task_id = %req.id, %refused, "the agent refused to cancel");
+                            return Err(not_cancelable(now.task.status.state));
                         }
                     }
                     holders_left -= 1;

@@ -648,6 +648,7 @@ impl Worker {
                 } = notification;
                 let (event, body) = match told {
                     Told::Event { event, .. } if event.seq <= sent_through => continue,
+                    Told::Event { event, .. } if worker.handled(&config, &event) => continue,
                     Told::Event { event, body } => (event, body),
                     Told::Latest => match worker.latest(&config.task_id).await {
                         Some((event, _)) if latest_through >= Some(event.seq) => continue,
@@ -684,6 +685,22 @@ impl Worker {
             Err(err) => {
                 tracing::warn!(task_id = %queued.task_id, %err, "cannot read a push config before delivery");
                 Some(queued.clone())
+            }
+        }
+    }
+
+    /// Whether `config`'s mark already stands at `event`: so it does for a
+    /// config made after the event was queued, deleted and made again under
+    /// its id included, which is owed only what comes after it.
+    fn handled(&self, config: &TaskPushNotificationConfig, event: &LedgerEvent) -> bool {
+        let Some(ledger) = self.ledger.upgrade() else {
+            return false;
+        };
+        match ledger.push_handled_through(&config.task_id, &config.id) {
+            Ok(through) => through >= Some(event.seq),
+            Err(err) => {
+                tracing::warn!(task_id = %config.task_id, %err, "cannot read how far a push config was handled");
+                false
             }
         }
     }
@@ -890,14 +907,6 @@ mod tests {
         (url, seen)
     }
 
-    fn notification(
-        worker: &Worker,
-        config: &TaskPushNotificationConfig,
-        state: TaskState,
-    ) -> Notification {
-        notification_at(worker, config, state, 1)
-    }
-
     fn notification_at(
         worker: &Worker,
         config: &TaskPushNotificationConfig,
@@ -1057,6 +1066,28 @@ mod tests {
         );
     }
 
+    /// Events queued before a config was made are not sent to it, also when
+    /// it takes the id of one deleted meanwhile.
+    #[tokio::test]
+    async fn a_config_made_again_under_its_id_gets_only_later_events() {
+        let (url, seen) = slow_first_webhook().await;
+        let ((_dir, ledger), worker, config) = worker_for(url).await;
+        let pipeline = Worker::pipeline(&worker, None);
+        let latest = task_in(&ledger, &[TaskState::Working, TaskState::InputRequired]).await;
+        ledger.delete_push_config("t", &config.id).await.unwrap();
+        ledger.put_push_config(&config, 10).await.unwrap().unwrap();
+        let states = [
+            (latest - 1, TaskState::Working),
+            (latest, TaskState::InputRequired),
+            (latest + 1, TaskState::Completed),
+        ];
+        for (seq, state) in states {
+            let queued = notification_at(&worker, &config, state, seq);
+            pipeline.sender.try_send(queued).unwrap();
+        }
+        assert_eq!(settled(&seen, 1).await, ["\"TASK_STATE_COMPLETED\""]);
+    }
+
     /// A notification a webhook's full queue refused makes its next one the
     /// task as it then is.
     #[tokio::test]
@@ -1138,12 +1169,12 @@ mod tests {
         let earlier = Worker::pipeline(&worker, None);
         earlier
             .sender
-            .try_send(notification(&worker, &config, TaskState::Working))
+            .try_send(notification_at(&worker, &config, TaskState::Working, 1))
             .unwrap();
         drop(earlier.sender);
         let next = Worker::pipeline(&worker, Some(earlier.finished));
         next.sender
-            .try_send(notification(&worker, &config, TaskState::Completed))
+            .try_send(notification_at(&worker, &config, TaskState::Completed, 2))
             .unwrap();
         let seen = until_seen(&seen, 2).await;
         assert_eq!(seen, ["\"TASK_STATE_WORKING\"", "\"TASK_STATE_COMPLETED\""]);

@@ -1919,6 +1919,20 @@ impl Ledger {
         Ok(())
     }
 
+    /// How far the notifications of push config `config_id` of `task_id`
+    /// were handled (see [`Ledger::note_push_handled`]); `None` for a config
+    /// without a mark.
+    pub fn push_handled_through(
+        &self,
+        task_id: &str,
+        config_id: &str,
+    ) -> Result<Option<u64>, LedgerError> {
+        let mark = self.read_raw(&keys::push_mark(task_id, config_id))?;
+        Ok(mark
+            .and_then(|bytes| PushMark::decode(&bytes))
+            .map(|mark| mark.through))
+    }
+
     /// The push configs a restart owes a notification, by task: those
     /// whose task has events past the config's mark, unless the task's end
     /// was handled already. A config without a mark (stored before marks

@@ -1521,6 +1521,60 @@ mod tests {
         ledger.close();
     }
 
+    /// A change the ledger refuses on what it read, such as a cancel
+    /// meeting a completion, answers once that state is durable (the
+    /// refusal quotes it), and while the log cannot append, with its failure.
+    #[tokio::test]
+    async fn an_update_refused_on_state_not_yet_durable_answers_once_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, _gateway) = open_gateway(dir.path());
+        alices_working_task(&ledger).await;
+        let refuse_ended = |record: &mut TaskRecord| {
+            let state = record.task.status.state;
+            if state.is_terminal() {
+                return Err(GatewayError::UnsupportedOperation(format!("{state:?}")));
+            }
+            Ok(Vec::new())
+        };
+
+        let (hold, writer) = completed_behind_held_log(&ledger).await;
+        let refused = ledger.update("t1", refuse_ended);
+        tokio::pin!(refused);
+        assert!(still_waiting(&mut refused).await, "answered before durable");
+        drop(hold);
+        let refusal = refused.await.unwrap_err();
+        assert!(matches!(refusal, GatewayError::UnsupportedOperation(_)));
+        writer.await.unwrap().unwrap();
+
+        alices_task_named(&ledger, "t2", TaskState::Working).await;
+        let fault = ledger.fail_log(std::io::ErrorKind::StorageFull);
+        let writer = tokio::spawn({
+            let ledger = ledger.clone();
+            async move {
+                let complete = |record: &mut TaskRecord| {
+                    Ok::<_, LedgerError>(vec![status_of(&record.task.id, TaskState::Completed)])
+                };
+                ledger.update("t2", complete).await
+            }
+        });
+        until_noted(|| {
+            ledger
+                .get("t2")
+                .unwrap()
+                .unwrap()
+                .task
+                .status
+                .state
+                .is_terminal()
+        })
+        .await;
+        let answer = ledger.update("t2", refuse_ended);
+        ledger_unavailable(answer, Duration::from_secs(2)).await;
+        drop(fault);
+        writer.await.unwrap().unwrap();
+        ledger.close();
+    }
+
     /// Refusals that quote a terminal state (CancelTask's -32002, a
     /// message's -32004) come only once that state is durable.
     #[tokio::test]

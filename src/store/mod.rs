@@ -1513,22 +1513,25 @@ impl Ledger {
         C: Into<Change>,
         E: From<LedgerError>,
     {
-        let (record, ticket) = {
+        let written = {
             let mut frames = self.write_lock.lock().expect("ledger lock");
             let read = self
                 .get_shared(task_id)?
                 .ok_or_else(|| LedgerError::NotFound(task_id.to_string()))?;
+            // A refusal quotes what was read, which may be a pending write.
+            let refused = |err: E| Err((err, self.flusher.latest_ticket()));
             let mut record = TaskRecord::clone(&read);
-            match change(&mut record)?.into() {
+            match change(&mut record).map(Into::into) {
+                Err(err) => refused(err),
                 // The record as read, not the closure's copy; it may be a
                 // pending write, so that is waited for too.
-                Change::Unchanged => (read, self.flusher.latest_ticket()),
-                Change::Made(events) => {
+                Ok(Change::Unchanged) => Ok((read, self.flusher.latest_ticket())),
+                Ok(Change::Made(events)) => 'made: {
                     let published = Self::append_events(&mut record, events)?;
                     // A write of no event leaves the count as it was.
                     if !published.is_empty() && record.last_seq > limits.max_events {
                         let (events, limit) = (record.last_seq, limits.max_events);
-                        return Err(LedgerError::TooManyEvents { events, limit }.into());
+                        break 'made refused(LedgerError::TooManyEvents { events, limit }.into());
                     }
                     record.version += 1;
                     let (from, to) = (read.task.status.state, record.task.status.state);
@@ -1536,7 +1539,7 @@ impl Ledger {
                     let bytes = encoded.json.get().len();
                     if bytes > limits.max_bytes {
                         let limit = limits.max_bytes;
-                        return Err(LedgerError::RecordTooLarge { bytes, limit }.into());
+                        break 'made refused(LedgerError::RecordTooLarge { bytes, limit }.into());
                     }
                     let logged = self.log_task(&mut frames, encoded)?;
                     // Told once logged, before the flusher can make the write
@@ -1548,12 +1551,22 @@ impl Ledger {
                         let since = read.task.status.timestamp.unwrap_or(read.created_at);
                         observe(from, to, (Utc::now() - since).to_std().unwrap_or_default());
                     }
-                    logged
+                    Ok(logged)
                 }
             }
         };
-        self.wait_written(ticket).await;
-        Ok(record)
+        match written {
+            Ok((record, ticket)) => {
+                self.wait_written(ticket).await;
+                Ok(record)
+            }
+            // Once what it quotes is durable; while the log cannot append,
+            // its failure is the answer.
+            Err((refusal, ticket)) => {
+                self.until_durable(ticket).await?;
+                Err(refusal)
+            }
+        }
     }
 
     /// Waits until the log write with `ticket` is durable: a reply shaped

@@ -21,6 +21,13 @@ pub enum TransitionError {
     /// An event for a different task.
     #[error("event for task {0} applied to another task")]
     WrongTask(String),
+    /// An answer to a question another answer took first: the agent works
+    /// on that one, and a second would start another turn on one task.
+    #[error(
+        "the task took another answer to its question meanwhile and is {0:?}; \
+         send more once it asks again"
+    )]
+    AnsweredMeanwhile(TaskState),
 }
 
 /// Checks one state change.

@@ -15,6 +15,7 @@ use crate::error::GatewayError;
 use crate::handoff::control::Control;
 use crate::handoff::payload::{HANDOFF_MEDIA_TYPE, find_data};
 use crate::handoff::reasons::{self, status_part};
+use crate::lifecycle::TransitionError;
 use crate::protocol::*;
 use crate::registry::AgentEntry;
 use crate::store::{
@@ -212,7 +213,10 @@ impl Driver {
             }
             Start::Continued(record) => {
                 if !self.resume(&first.request.message, &record).await {
+                    // The task waits as it did: at its limit it fails now,
+                    // else its deadline is watched again.
                     self.gateway.unregister_running(&self.task_id);
+                    self.settle_interrupted().await;
                     return;
                 }
             }
@@ -398,6 +402,7 @@ impl Driver {
     async fn resume(&mut self, message: &Message, record: &TaskRecord) -> bool {
         let (task_id, context_id) = (self.task_id.clone(), self.context_id.clone());
         let limits = self.gateway.settings.task_limits();
+        let answers = record.task.status.state.is_interrupted();
         let appended = self
             .gateway
             .ledger
@@ -407,6 +412,12 @@ impl Driver {
                 if current.last_seq >= limits.max_events {
                     let (events, limit) = (current.last_seq, limits.max_events);
                     return Err(LedgerError::TooManyEvents { events, limit });
+                }
+                // Another answer to the same question came first: this one
+                // would start a second turn of the agent on one task.
+                let now = current.task.status.state;
+                if answers && !now.is_interrupted() {
+                    return Err(TransitionError::AnsweredMeanwhile(now).into());
                 }
                 current.task.history.push(message.clone());
                 if current.task.status.state == TaskState::Working {
@@ -1095,9 +1106,13 @@ impl Driver {
     }
 }
 
+/// How often a deadline that passed while a driver was on its task looks
+/// whether the driver is done.
+const RUNNING_RECHECK: Duration = Duration::from_millis(50);
+
 impl Gateway {
     /// Fails `task_id` with `DEADLINE_EXCEEDED` at `deadline` if it is then
-    /// still waiting for input and no agent is working on it.
+    /// still waiting for input, once no driver is on it.
     pub(super) fn expire_at_deadline(self: Arc<Self>, task_id: String, deadline: DateTime<Utc>) {
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
@@ -1105,10 +1120,19 @@ impl Gateway {
                 _ = until(Some(deadline)) => {}
                 _ = shutdown.cancelled() => return,
             }
+            // A driver still on the task (the one that armed this timer,
+            // letting go, or a turn on an answer) is waited for: the task
+            // may be left waiting again, past its deadline.
+            while self.is_running(&task_id) {
+                tokio::select! {
+                    () = tokio::time::sleep(RUNNING_RECHECK) => {}
+                    _ = shutdown.cancelled() => return,
+                }
+            }
             let Ok(Some(record)) = self.ledger.get(&task_id) else {
                 return;
             };
-            if !record.task.status.state.is_interrupted() || self.is_running(&task_id) {
+            if !record.task.status.state.is_interrupted() {
                 return;
             }
             // An agent deregistered since is sent no CancelTask; the task

@@ -1521,6 +1521,59 @@ mod tests {
         ledger.close();
     }
 
+    /// Two answers to one question at once: the first resumes the task, the
+    /// second is refused (-32004) rather than starting a second turn.
+    #[tokio::test]
+    async fn of_two_answers_to_one_question_only_the_first_is_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        alices_task(&ledger, TaskState::InputRequired).await;
+        let ctx = alice(None);
+        let answer = |message_id: &str| {
+            let mut message = hi(message_id);
+            message.task_id = "t1".into();
+            SendMessageRequest {
+                message: Some(message),
+                ..SendMessageRequest::default()
+            }
+        };
+        // Both read the task as asking before either driver runs.
+        let (first, second) = tokio::join!(
+            gateway.send_message(&ctx, answer("a-1")),
+            gateway.send_message(&ctx, answer("a-2")),
+        );
+        assert!(first.is_ok(), "{:?}", first.err());
+        let refused = second.expect_err("the second answer refused");
+        assert!(
+            matches!(&refused, GatewayError::UnsupportedOperation(why) if why.contains("another answer")),
+            "{refused:?}"
+        );
+        let task = ledger.get("t1").unwrap().unwrap().task;
+        let ids: Vec<_> = task.history.iter().map(|m| m.message_id.as_str()).collect();
+        assert!(ids.contains(&"a-1") && !ids.contains(&"a-2"), "{ids:?}");
+        ledger.close();
+    }
+
+    /// A deadline that passes while a driver is on the task (its last turn
+    /// letting go, or a refused answer's) fails the task once the driver is
+    /// gone, if the task still waits for input.
+    #[tokio::test]
+    async fn a_deadline_passed_while_a_driver_is_on_a_waiting_task_fails_it_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        alices_task(&ledger, TaskState::InputRequired).await;
+        let state = || ledger.get("t1").unwrap().unwrap().task.status.state;
+        gateway.enter_running("t1");
+        gateway
+            .clone()
+            .expire_at_deadline("t1".into(), chrono::Utc::now());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(state(), TaskState::InputRequired, "failed under a driver");
+        gateway.unregister_running("t1");
+        until_noted(|| state() == TaskState::Failed).await;
+        ledger.close();
+    }
+
     /// A change the ledger refuses on what it read, such as a cancel
     /// meeting a completion, answers once that state is durable (the
     /// refusal quotes it), and while the log cannot append, with its failure.

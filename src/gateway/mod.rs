@@ -1410,10 +1410,18 @@ mod tests {
     async fn a_claim_fingerprinted_by_an_older_build_still_answers_its_repeat() {
         let dir = tempfile::tempdir().unwrap();
         let (ledger, gateway) = open_gateway(dir.path());
-        alices_task(&ledger, TaskState::Completed).await;
         let mut message = hi("m-again");
         message.task_id = "t1".into();
         message.context_id = "c1".into();
+        // The first send's message is in the task it continued.
+        alices_task(&ledger, TaskState::Completed).await;
+        ledger
+            .update("t1", |record: &mut TaskRecord| {
+                record.task.history.push(message.clone());
+                Ok::<_, LedgerError>(Vec::new())
+            })
+            .await
+            .unwrap();
         let older = store::IdempotencyRecord {
             fingerprint: send::fingerprint("echo", &message),
             task_id: "t1".into(),
@@ -1436,6 +1444,140 @@ mod tests {
             panic!("a task, not a message");
         };
         assert_eq!(serde_json::to_value(&task).unwrap()["id"], "t1");
+        ledger.close();
+    }
+
+    /// alice's keyed answer `message_id` to task `t1`, and the claim its
+    /// first send would have stored, by the ledger opening `claimed_by`.
+    fn keyed_answer(
+        message_id: &str,
+        claimed_by: u64,
+    ) -> (SendMessageRequest, store::IdempotencyRecord) {
+        let mut message = hi(message_id);
+        message.task_id = "t1".into();
+        let claim = store::IdempotencyRecord {
+            fingerprint: send::fingerprint("echo", &message),
+            task_id: "t1".into(),
+            message: None,
+            claimed_by,
+        };
+        let request = SendMessageRequest {
+            message: Some(message),
+            ..SendMessageRequest::default()
+        };
+        (request, claim)
+    }
+
+    /// A keyed answer whose first send a crash stopped before the task took
+    /// it is taken up by its repeat after the restart, not answered with
+    /// the task still waiting, the answer lost.
+    #[tokio::test]
+    async fn a_keyed_answer_a_crash_kept_from_its_task_runs_on_its_repeat() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        alices_task(&ledger, TaskState::InputRequired).await;
+        let (repeat, claim) = keyed_answer("a-1", 0);
+        let claimed = ledger.claim_idempotency("alice", "k-answer", &claim).await;
+        assert!(claimed.unwrap().is_none());
+
+        let ctx = alice(Some("k-answer"));
+        gateway.send_message(&ctx, repeat).await.unwrap();
+        let task = ledger.get("t1").unwrap().unwrap().task;
+        let ids: Vec<_> = task.history.iter().map(|m| m.message_id.as_str()).collect();
+        assert!(ids.contains(&"a-1"), "the answer reached the task: {ids:?}");
+        ledger.close();
+    }
+
+    /// A repeat of a keyed answer still on its way into the task waits for
+    /// it, rather than answering with the task as it was before.
+    #[tokio::test]
+    async fn a_repeated_keyed_answer_waits_until_its_task_took_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        alices_task(&ledger, TaskState::InputRequired).await;
+        let (mut repeat, claim) = keyed_answer("a-1", ledger.instance());
+        let answer = repeat.message.clone().unwrap();
+        // No agent drives the task here: the replay is not to wait for its end.
+        repeat.configuration = Some(SendMessageConfiguration {
+            return_immediately: true,
+            ..SendMessageConfiguration::default()
+        });
+        let claimed = ledger.claim_idempotency("alice", "k-answer", &claim).await;
+        assert!(claimed.unwrap().is_none());
+
+        let ctx = alice(Some("k-answer"));
+        let replay = gateway.send_message(&ctx, repeat);
+        tokio::pin!(replay);
+        assert!(
+            still_waiting(&mut replay).await,
+            "answered before the task took it"
+        );
+        // The first send's answer reaches the task.
+        ledger
+            .update("t1", |record: &mut TaskRecord| {
+                record.task.history.push(answer);
+                Ok::<_, LedgerError>(vec![status_of("t1", TaskState::Working)])
+            })
+            .await
+            .unwrap();
+        let SendReply::Task(task) = replay.await.unwrap() else {
+            panic!("a task, not a message");
+        };
+        let task = serde_json::to_value(&task).unwrap();
+        assert!(task["history"].to_string().contains("a-1"), "{task}");
+        ledger.close();
+    }
+
+    /// A repeat waiting on a claim that is let go and claimed again by a
+    /// send of another message is not answered with that send's task: it
+    /// is refused as a key used for another message.
+    #[tokio::test]
+    async fn a_repeat_is_not_answered_by_another_messages_later_claim() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        let claim_of = |message: &Message, task_id: &str| store::IdempotencyRecord {
+            fingerprint: send::fingerprint("echo", message),
+            task_id: task_id.into(),
+            message: None,
+            claimed_by: ledger.instance(),
+        };
+        let (first, other) = (hi("m-first"), hi("m-other"));
+        let first_claim = claim_of(&first, "t-never");
+        assert!(
+            ledger
+                .claim_idempotency("alice", "k", &first_claim)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let ctx = alice(Some("k"));
+        let request = SendMessageRequest {
+            message: Some(first),
+            ..SendMessageRequest::default()
+        };
+        let repeat = gateway.send_message(&ctx, request);
+        tokio::pin!(repeat);
+        assert!(still_waiting(&mut repeat).await);
+
+        // The first send lets go; a send of another message takes the key.
+        ledger
+            .release_idempotency_if("alice", "k", &first_claim)
+            .await
+            .unwrap();
+        let other_claim = claim_of(&other, "t1");
+        assert!(
+            ledger
+                .claim_idempotency("alice", "k", &other_claim)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        alices_task(&ledger, TaskState::Completed).await;
+        let refused = repeat.await.expect_err("not the other message's task");
+        assert!(
+            matches!(refused, GatewayError::InvalidParams { .. }),
+            "{refused:?}"
+        );
         ledger.close();
     }
 

@@ -439,6 +439,7 @@ impl Gateway {
         claim: &IdempotencyRecord,
         earlier: IdempotencyRecord,
         resolved_fingerprint: impl FnOnce() -> String,
+        answer: Option<&str>,
     ) -> Result<Option<Begun<W>>, GatewayError> {
         // Builds before this one took the fingerprint of the agent the send
         // was resolved to; a claim they stored still matches by that.
@@ -449,7 +450,7 @@ impl Gateway {
                 format!("idempotency key {key:?} was already used with a different message"),
             ));
         }
-        let earlier = self.await_idempotent_result(ctx, earlier).await?;
+        let earlier = self.await_idempotent_result(ctx, earlier, answer).await?;
         Ok(earlier.map(Begun::Replay))
     }
 
@@ -607,6 +608,9 @@ impl Gateway {
         };
         // Older builds' claims are matched by the agent the send resolved to.
         let resolved_fingerprint = || fingerprint(&agent_id, &message);
+        // A continuation's claim is filled once its message is in the task.
+        let answer_id = message.message_id.clone();
+        let answer = continued.is_some().then_some(answer_id.as_str());
 
         // A repeated idempotent send answers like the first, whatever the task
         // has become since; so this comes before the state checks.
@@ -622,7 +626,7 @@ impl Gateway {
         if let Some(key) = &ctx.idempotency_key
             && let Some(earlier) = self.ledger.claim_idempotency_peek(&ctx.principal, key)?
             && let Some(replayed) = self
-                .replay(ctx, key, &claim, earlier, resolved_fingerprint)
+                .replay(ctx, key, &claim, earlier, resolved_fingerprint, answer)
                 .await?
         {
             return Ok(replayed);
@@ -698,7 +702,7 @@ impl Gateway {
                 .await?
             {
                 if let Some(replayed) = self
-                    .replay(ctx, key, &claim, earlier, resolved_fingerprint)
+                    .replay(ctx, key, &claim, earlier, resolved_fingerprint, answer)
                     .await?
                 {
                     return Ok(replayed);
@@ -1071,33 +1075,44 @@ impl Gateway {
     }
 
     /// A repeated send may arrive while the first is still deciding between
-    /// a task and a message; wait briefly for the outcome. `None` if the
-    /// first failed before any task existed and let go of the key.
+    /// a task and a message, or still on its way into the task it continues
+    /// (`answer` is then its message's id); waits briefly for the outcome.
+    /// `None`, and this send claims the key in turn, if the first let go of
+    /// it (or another claim took it since), or left it unfilled at a restart.
     async fn await_idempotent_result(
         &self,
         ctx: &CallContext,
         mut earlier: IdempotencyRecord,
+        answer: Option<&str>,
     ) -> Result<Option<IdempotencyRecord>, GatewayError> {
-        // Claimed before a restart by a send whose agent never answered: no
-        // one will fill the claim, so it is let go and this send runs.
-        if earlier.message.is_none()
-            && earlier.claimed_by != self.ledger.instance()
+        // Claimed before a restart by a send whose agent never answered (or,
+        // continuing a task, that the task never took): no one will fill the
+        // claim, so it is let go and this send runs.
+        if earlier.claimed_by != self.ledger.instance()
             && let Some(key) = &ctx.idempotency_key
-            && self.ledger.get_shared(&earlier.task_id)?.is_none()
+            && !self.claim_filled(&earlier, answer)?
         {
-            tracing::info!(task_id = %earlier.task_id, "an idempotency key claimed before a restart, by a send that created no task, is taken over");
+            tracing::info!(task_id = %earlier.task_id, "an idempotency key claimed before a restart, by a send that did not get its message into a task, is taken over");
             self.ledger
                 .release_idempotency_if(&ctx.principal, key, &earlier)
                 .await?;
             return Ok(None);
         }
         for _ in 0..250 {
-            if earlier.message.is_some() || self.owned_task(ctx, &earlier.task_id).is_ok() {
+            if self.claim_filled(&earlier, answer)? {
                 return Ok(Some(earlier));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
             if let Some(key) = &ctx.idempotency_key {
                 match self.ledger.claim_idempotency_peek(&ctx.principal, key)? {
+                    // Released and claimed again, maybe for another message:
+                    // this send goes back to claiming, which compares them.
+                    Some(latest)
+                        if latest.task_id != earlier.task_id
+                            || latest.fingerprint != earlier.fingerprint =>
+                    {
+                        return Ok(None);
+                    }
                     Some(latest) => earlier = latest,
                     None => return Ok(None),
                 }
@@ -1106,6 +1121,24 @@ impl Gateway {
         Err(GatewayError::Internal(
             "the first send with this idempotency key has not finished".into(),
         ))
+    }
+
+    /// Whether the send that claimed `earlier` did its part: answered with a
+    /// message, or made its task, or (continuing a task with message
+    /// `answer`) put that message in the task.
+    fn claim_filled(
+        &self,
+        earlier: &IdempotencyRecord,
+        answer: Option<&str>,
+    ) -> Result<bool, GatewayError> {
+        if earlier.message.is_some() {
+            return Ok(true);
+        }
+        let Some(record) = self.ledger.get_shared(&earlier.task_id)? else {
+            return Ok(false);
+        };
+        let history = &record.task.history;
+        Ok(answer.is_none_or(|id| history.iter().any(|message| message.message_id == id)))
     }
 }
 

@@ -88,13 +88,22 @@ fn without_credentials(text: &str) -> Option<String> {
         regex::Regex::new(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s]*@").expect("a valid pattern")
     });
     match url::Url::parse(text) {
-        Ok(url) if !url.username().is_empty() || url.password().is_some() => {
+        Ok(url) if has_credentials(&url) => {
             let read: String = text
                 .trim()
                 .chars()
                 .filter(|c| !matches!(c, '\t' | '\r' | '\n'))
                 .collect();
-            Some(URL_USERINFO.replace(&read, "$1").into_owned())
+            let cleaned = URL_USERINFO.replace(&read, "$1");
+            // A spelling the pattern does not take (`http:user:pw@host`, a
+            // leading control character) is shown as the parser reads it.
+            let taken = matches!(cleaned, std::borrow::Cow::Owned(_))
+                && url::Url::parse(&cleaned).is_ok_and(|url| !has_credentials(&url));
+            if taken {
+                Some(cleaned.into_owned())
+            } else {
+                Some(crate::netguard::without_credentials(&url).to_string())
+            }
         }
         Ok(_) => None,
         Err(_) => match TEXT_USERINFO.replace_all(text, "$1") {
@@ -102,6 +111,10 @@ fn without_credentials(text: &str) -> Option<String> {
             std::borrow::Cow::Borrowed(_) => None,
         },
     }
+}
+
+fn has_credentials(url: &url::Url) -> bool {
+    !url.username().is_empty() || url.password().is_some()
 }
 
 /// Serves one registry request for `principal`.
@@ -191,6 +204,23 @@ mod tests {
             (
                 "Docs at https://docs.example.com or mail help@example.com",
                 "Docs at https://docs.example.com or mail help@example.com",
+            ),
+            // Spellings the parser takes for credentials, shown as it reads them.
+            (
+                "http:svc:S3cret@agent.example/a2a",
+                "http://agent.example/a2a",
+            ),
+            (
+                "http:/svc:S3cret@agent.example/a2a",
+                "http://agent.example/a2a",
+            ),
+            (
+                "http:\\\\svc:S3cret@agent.example/a2a",
+                "http://agent.example/a2a",
+            ),
+            (
+                "\u{1}http://svc:S3cret@agent.example/a2a",
+                "http://agent.example/a2a",
             ),
         ];
         for (text, expected) in cases {

@@ -79,6 +79,11 @@ impl CardFetcher {
         }
     }
 
+    /// The most bytes a card may have: fetched, or given inline.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
     /// The card URL for what a caller gave: a URL with a path is used as it
     /// is; a bare origin gets the well-known path.
     pub fn card_location(given: &str) -> Result<reqwest::Url, FetchError> {

@@ -386,7 +386,19 @@ impl Registry {
         params: &RegisterParams,
     ) -> Result<(AgentCard, Option<String>), GatewayError> {
         let (json, card_url) = match (&params.card, &params.card_url) {
-            (Some(card), None) => (card.clone(), None),
+            (Some(card), None) => {
+                // Held as large as a fetched one may be: a card is kept and
+                // copied into the gateway's card, listings and searches.
+                let bytes = serde_json::to_vec(card).map_or(0, |encoded| encoded.len());
+                let limit = self.fetcher.max_bytes();
+                if bytes > limit {
+                    return Err(GatewayError::invalid_field(
+                        "card",
+                        format!("is {bytes} bytes as JSON, more than the {limit} a card may be"),
+                    ));
+                }
+                (card.clone(), None)
+            }
             (None, Some(url)) => {
                 let fetched = self.fetcher.fetch(url).await.map_err(|err| {
                     let description = match &err {
@@ -928,6 +940,25 @@ mod tests {
             card: Some(card),
             ..RegisterParams::default()
         }
+    }
+
+    /// An inline card is held to the size a fetched one may have.
+    #[tokio::test]
+    async fn an_inline_card_larger_than_a_fetched_one_may_be_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, registry) = registry_in(dir.path());
+        let mut params = billing_params();
+        let card = params.card.as_mut().unwrap();
+        card["description"] = "x".repeat(1 << 20).into();
+        let refused = registry.register("acme", params).await.unwrap_err();
+        let says = refused.to_rpc_error().to_string();
+        assert!(
+            says.contains("more than the 1048576 a card may be"),
+            "{says}"
+        );
+        assert!(registry.directory().get("billing").is_none());
+        registry.register("acme", billing_params()).await.unwrap();
+        ledger.close();
     }
 
     /// An agent is routed to, and its card served, only once its

@@ -168,6 +168,9 @@ pub(super) struct Driver {
     /// What the delivery took up since its first abandoned attempt, for
     /// that attempt's sweeper; `None` until an attempt is abandoned.
     pub adoptions: Option<watch::Sender<Adoptions>>,
+    /// The push config the send stored for the task it is to create: taken
+    /// back if the task is never made.
+    pub new_task_push: Option<String>,
 }
 
 /// The agents' tasks a delivery took up, as its abandoned attempts' sweepers
@@ -961,11 +964,27 @@ impl Driver {
     }
 
     /// Answers the caller with an error when nothing was created; the
-    /// idempotency key is released so a retry reaches the agent again.
+    /// idempotency key is released so a retry reaches the agent again, and
+    /// a push config stored for the task that never came is taken back.
     pub(super) async fn refuse(&mut self, error: GatewayError) {
         let Some(tx) = self.first_tx.take() else {
             return;
         };
+        self.release_key().await;
+        if let Some(config_id) = self.new_task_push.take().filter(|_| !self.created)
+            && let Err(err) = self
+                .gateway
+                .ledger
+                .delete_push_config(&self.task_id, &config_id)
+                .await
+        {
+            tracing::error!(%err, "could not delete the push config of a send that failed");
+        }
+        let _ = tx.send(First::Error(error));
+    }
+
+    /// Releases the caller's idempotency key, if it gave one.
+    async fn release_key(&self) {
         if let Some(key) = &self.idempotency_key
             && let Err(err) = self
                 .gateway
@@ -975,7 +994,6 @@ impl Driver {
         {
             tracing::error!(%err, "could not release an idempotency key");
         }
-        let _ = tx.send(First::Error(error));
     }
 
     /// Creates the task on its agent's first report. A report past the
@@ -1040,7 +1058,10 @@ impl Driver {
                 .complete_idempotency(&self.owner, key, &record)
                 .await
             {
-                tracing::error!(%err, "could not record idempotent reply");
+                // Left claimed, with neither task nor message, the key would
+                // hold every repeat until a restart: a repeat runs instead.
+                tracing::error!(%err, "could not record idempotent reply; the key is released");
+                self.release_key().await;
             }
         }
     }

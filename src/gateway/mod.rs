@@ -1357,6 +1357,59 @@ mod tests {
         assert_eq!(stored_configs.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 
+    /// An agent that cannot be reached: every send fails before a task exists.
+    struct DownAgent(AgentCard);
+
+    #[async_trait::async_trait]
+    impl crate::agents::Agent for DownAgent {
+        fn card(&self) -> &AgentCard {
+            &self.0
+        }
+
+        async fn execute(
+            &self,
+            _request: crate::agents::AgentRequest,
+            _events: crate::agents::AgentEvents,
+        ) -> Result<(), crate::agents::AgentError> {
+            Err(crate::agents::AgentError::Unreachable("down".into()))
+        }
+    }
+
+    /// A send whose agent fails before any task exists takes back the push
+    /// config it stored for that task, as it does its idempotency key.
+    #[tokio::test]
+    async fn a_send_whose_agent_fails_before_a_task_takes_back_its_push_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        let card = gateway.agent("echo").unwrap().agent.card().clone();
+        let policy = crate::registry::directory::AgentPolicy::default();
+        let down = Arc::new(DownAgent(card));
+        gateway
+            .directory()
+            .upsert("down", "alice", down, policy, chrono::Utc::now());
+        let ctx = CallContext {
+            agent_id: "down".into(),
+            ..alice(Some("k-down"))
+        };
+        let send: SendMessageRequest = serde_json::from_value(serde_json::json!({
+            "message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hi"}]},
+            "configuration": {
+                "taskPushNotificationConfig": {"url": "https://hooks.example.com/baton"},
+            },
+        }))
+        .unwrap();
+        let stored_configs = ledger.push_config_count();
+        for _ in 0..2 {
+            let err = gateway.send_message(&ctx, send.clone()).await.unwrap_err();
+            assert!(
+                matches!(err, GatewayError::UpstreamUnreachable { .. }),
+                "{err:?}"
+            );
+            assert_eq!(stored_configs.load(std::sync::atomic::Ordering::Relaxed), 0);
+        }
+        ledger.close();
+    }
+
     /// A user's handoff to whichever agent has skill `echo`.
     fn to_skill_echo(message_id: &str) -> Message {
         let mut part = Part::data(serde_json::json!({

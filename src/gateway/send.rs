@@ -821,9 +821,13 @@ impl Gateway {
                 if let Some((reason, detail)) = refusal {
                     let delivered = merged.delivered_to(&agent_id);
                     delivered.write_into(&mut message.metadata);
-                    return self
+                    let rejected = self
                         .reject(ctx, &agent_id, message, &delivered, reason, detail)
                         .await;
+                    if rejected.is_err() {
+                        self.abandon_start(ctx, new_task_push.as_ref()).await;
+                    }
+                    return rejected;
                 }
                 merged.delivered_to(&agent_id)
             }
@@ -873,6 +877,7 @@ impl Gateway {
             tried: Vec::new(),
             last_state: None,
             adoptions: None,
+            new_task_push: new_task_push.as_ref().map(|push| push.id.clone()),
         };
         let start = match continued {
             Some(record) => Start::Continued(record),
@@ -1044,6 +1049,7 @@ impl Gateway {
                 tried: Vec::new(),
                 last_state: None,
                 adoptions: None,
+                new_task_push: None,
             };
             tokio::spawn(driver.recover(agent, record));
             recovered += 1;

@@ -608,9 +608,6 @@ impl Gateway {
         };
         // Older builds' claims are matched by the agent the send resolved to.
         let resolved_fingerprint = || fingerprint(&agent_id, &message);
-        // A continuation's claim is filled once its message is in the task.
-        let answer_id = message.message_id.clone();
-        let answer = continued.is_some().then_some(answer_id.as_str());
 
         // A repeated idempotent send answers like the first, whatever the task
         // has become since; so this comes before the state checks.
@@ -623,6 +620,8 @@ impl Gateway {
             message: None,
             claimed_by: self.ledger.instance(),
         };
+        // A continuation's claim is filled once its message is in the task.
+        let answer = continued.is_some().then_some(message.message_id.as_str());
         if let Some(key) = &ctx.idempotency_key
             && let Some(earlier) = self.ledger.claim_idempotency_peek(&ctx.principal, key)?
             && let Some(replayed) = self
@@ -694,6 +693,7 @@ impl Gateway {
         }
 
         if let Some(key) = &ctx.idempotency_key {
+            let answer = continued.is_some().then_some(message.message_id.as_str());
             // Another send with this key may have claimed it since the peek
             // above; if it lets go of it, this one claims it in turn.
             while let Some(earlier) = self

@@ -9,7 +9,15 @@ use crate::store::hub::LedgerEvent;
 use futures::stream::{BoxStream, StreamExt};
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::broadcast;
+
+/// First wait before a failed replay is tried again; it doubles, up to
+/// [`MAX_REPLAY_RETRY`].
+const REPLAY_RETRY: Duration = Duration::from_millis(100);
+
+/// Longest wait between a stream's replay attempts.
+const MAX_REPLAY_RETRY: Duration = Duration::from_secs(2);
 
 /// A task's events for one subscriber.
 pub struct TaskEventStream {
@@ -73,23 +81,38 @@ impl TaskEventStream {
             .is_some_and(|s| s.is_terminal() || (self.end_on_interrupt && s.is_interrupted()))
     }
 
-    /// Fills the queue from the ledger's log after `last_seq`.
-    fn replay(&mut self) {
-        match self
-            .gateway
-            .ledger
-            .events_after(&self.task_id, self.last_seq)
-        {
-            Ok(events) => {
-                for event in events {
-                    self.last_seq = event.seq;
-                    self.queue.push_back(Arc::new(event));
+    /// Fills the queue from the ledger's log after `last_seq`, once durable.
+    /// A ledger that cannot say (its log or sled failing) is asked again,
+    /// backing off, rather than the stream ending as if the task had: a
+    /// client reading to the end would take that for the whole stream.
+    async fn replay(&mut self) {
+        let mut backoff = REPLAY_RETRY;
+        loop {
+            let replayed = self
+                .gateway
+                .ledger
+                .durable_events_after(&self.task_id, self.last_seq)
+                .await;
+            match replayed {
+                Ok(events) => {
+                    for event in events {
+                        self.last_seq = event.seq;
+                        self.queue.push_back(Arc::new(event));
+                    }
+                    return;
+                }
+                Err(err) => {
+                    tracing::warn!(task_id = %self.task_id, %err, ?backoff, "stream replay failed; trying again");
                 }
             }
-            Err(err) => {
-                tracing::error!(task_id = %self.task_id, %err, "stream replay failed");
-                self.done = true;
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                _ = self.gateway.shutdown.cancelled() => {
+                    self.done = true;
+                    return;
+                }
             }
+            backoff = (backoff * 2).min(MAX_REPLAY_RETRY);
         }
     }
 
@@ -112,10 +135,10 @@ impl TaskEventStream {
                         self.last_seq = event.seq;
                         self.queue.push_back(event);
                     }
-                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => self.replay(),
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => self.replay().await,
                     Err(broadcast::error::RecvError::Closed) => {
                         self.watcher = self.gateway.ledger.hub().watch(&self.task_id);
-                        self.replay();
+                        self.replay().await;
                     }
                 },
                 _ = self.gateway.shutdown.cancelled() => return None,

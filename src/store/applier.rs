@@ -882,7 +882,7 @@ impl Applier {
         // from the JSON the writer encoded. A terminal task's events are
         // not kept: nobody can subscribe to it any more, and a stream that
         // fell behind gets its final snapshot instead (see
-        // `Ledger::events_after`).
+        // `Ledger::durable_events_after`).
         if !record.task.status.state.is_terminal() {
             let applied_seq = before.as_ref().map_or(0, |b| b.last_seq);
             let fresh: Vec<&LedgerEvent> = pending

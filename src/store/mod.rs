@@ -1712,9 +1712,27 @@ impl Ledger {
             .collect()
     }
 
-    /// The events of a task after `seq`, in order; for a task that ended,
-    /// its final snapshot in place of the events after its last logged one.
-    pub fn events_after(&self, task_id: &str, seq: u64) -> Result<Vec<LedgerEvent>, LedgerError> {
+    /// The events of a task after `seq`, in order, once durable; for a task
+    /// that ended, its final snapshot in place of the events after its last
+    /// logged one.
+    pub async fn durable_events_after(
+        &self,
+        task_id: &str,
+        seq: u64,
+    ) -> Result<Vec<LedgerEvent>, LedgerError> {
+        let (events, ticket) = self.events_after(task_id, seq)?;
+        self.until_durable(ticket).await?;
+        Ok(events)
+    }
+
+    /// [`Ledger::durable_events_after`] as read, and the log ticket to wait
+    /// for before they are shown: the logged events are in sled, so durable,
+    /// but a final snapshot may be a write still on its way to disk.
+    fn events_after(
+        &self,
+        task_id: &str,
+        seq: u64,
+    ) -> Result<(Vec<LedgerEvent>, u64), LedgerError> {
         let _applied = self.applier.applied()?;
         let prefix = keys::events_prefix(task_id);
         let wanted = keys::event(task_id, seq + 1);
@@ -1748,10 +1766,13 @@ impl Ledger {
         // The last events of a task that ended are not logged: its final
         // snapshot stands for them (the spec lets a stream end with one).
         let logged = events.last().map_or(seq, |e| e.seq);
+        let mut ticket = 0;
         if let Some(record) = self.get_shared(task_id)?
             && record.last_seq > logged
             && record.task.status.state.is_terminal()
         {
+            // Every write so far, the one read among them.
+            ticket = self.flusher.latest_ticket();
             let snapshot = StreamResponse::Task(record.task.view(None, true));
             events.push(LedgerEvent::new(
                 task_id.to_string(),
@@ -1759,7 +1780,7 @@ impl Ledger {
                 snapshot,
             ));
         }
-        Ok(events)
+        Ok((events, ticket))
     }
 
     /// One page of an owner's tasks, newest status first.
@@ -3264,15 +3285,15 @@ mod tests {
 
         let seqs = |events: Vec<LedgerEvent>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
         assert_eq!(
-            seqs(ledger.events_after("t1", 0).unwrap()),
+            seqs(ledger.events_after("t1", 0).unwrap().0),
             (1..=7).collect::<Vec<_>>()
         );
         assert_eq!(
-            seqs(ledger.events_after("t1", 2).unwrap()),
+            seqs(ledger.events_after("t1", 2).unwrap().0),
             vec![3, 4, 5, 6, 7]
         );
-        assert_eq!(seqs(ledger.events_after("t1", 5).unwrap()), vec![6, 7]);
-        assert!(ledger.events_after("t1", 7).unwrap().is_empty());
+        assert_eq!(seqs(ledger.events_after("t1", 5).unwrap().0), vec![6, 7]);
+        assert!(ledger.events_after("t1", 7).unwrap().0.is_empty());
         let record = ledger.get("t1").unwrap().unwrap();
         assert_eq!((record.version, record.last_seq), (7, 7));
         assert_eq!(record.task.status.state, TaskState::InputRequired);
@@ -3290,7 +3311,7 @@ mod tests {
             .await
             .unwrap();
 
-        let events = ledger.events_after("t1", 0).unwrap();
+        let events = ledger.events_after("t1", 0).unwrap().0;
         let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
         assert_eq!(
             seqs,
@@ -3301,8 +3322,8 @@ mod tests {
             StreamResponse::Task(task) => assert_eq!(task.status.state, TaskState::Completed),
             other => panic!("expected the final snapshot, got {other:?}"),
         }
-        assert_eq!(ledger.events_after("t1", 1).unwrap().len(), 1);
-        assert!(ledger.events_after("t1", 3).unwrap().is_empty());
+        assert_eq!(ledger.events_after("t1", 1).unwrap().0.len(), 1);
+        assert!(ledger.events_after("t1", 3).unwrap().0.is_empty());
     }
 
     #[tokio::test]
@@ -3648,7 +3669,7 @@ mod tests {
         let record = reopened.get("t1").unwrap().unwrap();
         assert_eq!(record.version, 3);
         assert_eq!(reopened.read_raw(&key).unwrap(), Some(b"{}".to_vec()));
-        assert_eq!(reopened.events_after("t1", 0).unwrap().len(), 3);
+        assert_eq!(reopened.events_after("t1", 0).unwrap().0.len(), 3);
     }
 
     #[tokio::test]

@@ -885,6 +885,20 @@ async fn no_acknowledgement_is_retried_then_rerouted_by_skill() {
     gateway.stop().await;
 }
 
+/// The ladder never reroutes to the handoff's sender, as the first choice
+/// by skill never picks it: that would hand the work back where it came from.
+#[tokio::test]
+async fn a_reroute_never_hands_the_work_back_to_its_sender() {
+    let (gateway, silent, billing) = silent_and_billing(json!({})).await;
+    let payload = handoff_payload("billing", json!({"toSkill": "refund"}), json!({}));
+    let task = send(&gateway, "/agents/silent/a2a", handoff_message(payload)).await;
+    assert_retried_then_unavailable(&gateway, &task).await;
+    assert_eq!(sends_to(&billing), 0, "nothing went back to the sender");
+    silent.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 /// The ladder reroutes only to an agent that the first choice's policy
 /// checks would have let the work reach: here one that does not allow the
 /// sender, so the ladder ends instead.
@@ -1541,6 +1555,30 @@ async fn a_deadline_also_ends_a_task_waiting_for_input() {
     assert_eq!(reason(&task), "DEADLINE_EXCEEDED", "{task}");
     assert_eq!(asker.cancels().len(), 1);
     asker.stop().await;
+    gateway.stop().await;
+}
+
+/// An agent's own hop limit binds the work it takes up by a transfer, as
+/// it does work sent to it first: past it the next transfer is refused.
+#[tokio::test]
+async fn an_agents_own_hop_limit_binds_a_transfer_to_it() {
+    let gateway = baton().start().await;
+    let triage = handing_on("triage", &["triage"], json!({"to": "b"})).await;
+    let b = handing_on("b", &["b"], json!({"to": "c"})).await;
+    let c = handing_on("c", &["c"], json!({"to": "d"})).await;
+    let d = VendorAgent::start("d", &["d"], |_| refund()).await.unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(&gateway, "b", &b, json!({"maxHops": 3})).await;
+    register(&gateway, "c", &c, json!({})).await;
+    register(&gateway, "d", &d, json!({})).await;
+    let task = send_to_triage(&gateway, "hops", "hand it on").await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
+    assert_eq!(reason(&task), "HOP_LIMIT_EXCEEDED", "{task}");
+    assert_eq!(d.sends().len(), 0, "d is past b's limit");
+    assert_eq!(c.sends().len(), 1, "c is within it");
+    for agent in [triage, b, c, d] {
+        agent.stop().await;
+    }
     gateway.stop().await;
 }
 

@@ -128,6 +128,16 @@ pub(super) fn policy_refusal(
     None
 }
 
+/// `max_hops` lowered to `agent`'s own hop limit, which binds the work from
+/// the hop it takes up on, as it does when the agent is a send's first
+/// choice (0 is no limit yet).
+fn own_max_hops(max_hops: u32, agent: &AgentEntry) -> u32 {
+    match agent.policy.max_hops {
+        Some(own) if max_hops == 0 || own < max_hops => own,
+        _ => max_hops,
+    }
+}
+
 /// A deadline shortened by an agent's own task timeout.
 pub(super) fn agent_deadline(
     deadline: Option<chrono::DateTime<Utc>>,
@@ -194,6 +204,7 @@ impl Driver {
         let mut delivered = control.delivered_to(&target.id);
         delivered.handoff_id = Some(payload.handoff_id.clone());
         delivered.deadline = agent_deadline(delivered.deadline, &target);
+        delivered.max_hops = own_max_hops(delivered.max_hops, &target);
         self.deadline = delivered.deadline;
 
         let parts = transfer_parts(&offer.data, &payload, &record.task.history);
@@ -570,7 +581,15 @@ impl Driver {
                 .take(control.chain.len().saturating_sub(1))
                 .cloned()
                 .collect();
-            let excluded: Vec<String> = self.tried.iter().chain(&held).cloned().collect();
+            // Nor the sender, as at the first choice: that would hand the
+            // work back to where it came from.
+            let excluded: Vec<String> = self
+                .tried
+                .iter()
+                .chain(&held)
+                .chain(turn.source.as_ref())
+                .cloned()
+                .collect();
             // An alternative is held to the policy the first choice met:
             // the control as it was before the failed delivery.
             let mut before = control.clone();
@@ -608,6 +627,9 @@ impl Driver {
                     *last = alternative.id.clone();
                 }
                 rerouted.deadline = agent_deadline(rerouted.deadline, &alternative);
+                // The alternative's own hop limit binds from here on, as it
+                // would had it been the first choice.
+                rerouted.max_hops = own_max_hops(rerouted.max_hops, &alternative);
                 self.deadline = rerouted.deadline;
                 self.announce(reasons::REROUTED, detail, Some((&alternative, &rerouted)))
                     .await?;

@@ -781,8 +781,17 @@ impl Driver {
 const RELEASED_TASK_END_WAIT: Duration = Duration::from_secs(2);
 
 /// The output schema an agency registered for the skill a target was
-/// chosen by (`skillOutputSchemas`).
+/// chosen by (`skillOutputSchemas`): that skill as the target's card
+/// declares it, however the handoff spelled it (any case, or
+/// `{agentId}/{skillId}`), so that no spelling that chose the agent skips
+/// its schema.
 pub(super) fn skill_output_schema(target: &AgentEntry, skill: Option<&str>) -> Option<Value> {
     let schemas = target.policy.skill_output_schemas.as_ref()?;
-    schemas.get(skill?).cloned()
+    let asked = skill?;
+    let view = agent_view(target);
+    let declared = crate::handoff::routing::declared_skill(&view, asked).map(|s| s.id.as_str());
+    declared
+        .and_then(|id| schemas.get(id))
+        .or_else(|| schemas.get(asked))
+        .cloned()
 }

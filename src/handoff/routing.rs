@@ -390,7 +390,9 @@ fn declares(agent: &AgentView<'_>, skill: &str, tag: Option<&str>) -> bool {
     })
 }
 
-fn declared_skill<'c>(agent: &AgentView<'c>, skill: &str) -> Option<&'c AgentSkill> {
+/// The skill of `agent`'s card that `skill` names (plain, in any case, or
+/// `{agentId}/{skillId}`).
+pub(crate) fn declared_skill<'c>(agent: &AgentView<'c>, skill: &str) -> Option<&'c AgentSkill> {
     let local = match skill.split_once('/') {
         Some((id, local)) if id == agent.id => Some(local),
         _ => None,

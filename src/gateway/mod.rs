@@ -1769,6 +1769,49 @@ mod tests {
         ledger.close();
     }
 
+    /// A stream that fell behind while sled failed cannot be replayed then;
+    /// it goes on once sled is back, rather than ending as if the task had.
+    #[tokio::test]
+    async fn a_stream_goes_on_past_a_replay_the_ledger_could_not_serve() {
+        use futures::StreamExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        alices_working_task(&ledger).await;
+        let request = SubscribeToTaskRequest {
+            id: "t1".into(),
+            ..SubscribeToTaskRequest::default()
+        };
+        let stream = gateway.subscribe(&alice(None), request).await.unwrap();
+        let mut stream = stream.into_stream();
+        let snapshot = stream.next().await.unwrap();
+
+        let fault = ledger.fail_sled(std::io::ErrorKind::Other);
+        // More updates than the stream's channel holds: it falls behind.
+        for _ in 0..200 {
+            let again = |record: &mut TaskRecord| {
+                Ok::<_, LedgerError>(vec![status_of(&record.task.id, TaskState::Working)])
+            };
+            ledger.update("t1", again).await.unwrap();
+        }
+        ledger.until_sled_fails().await;
+        let recovering = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            drop(fault);
+        });
+        let last = snapshot.seq + 200;
+        let mut seen = snapshot.seq;
+        let caught_up = tokio::time::timeout(Duration::from_secs(10), async {
+            while seen < last {
+                let event = stream.next().await.expect("the stream went on");
+                assert_eq!(event.seq, seen + 1, "in order, none lost");
+                seen = event.seq;
+            }
+        });
+        caught_up.await.expect("caught up once sled was back");
+        recovering.await.unwrap();
+        ledger.close();
+    }
+
     /// A change the ledger refuses on what it read, such as a cancel
     /// meeting a completion, answers once that state is durable (the
     /// refusal quotes it), and while the log cannot append, with its failure.

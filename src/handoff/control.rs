@@ -341,12 +341,23 @@ impl Control {
             .chain(incoming.hops)
             .max()
             .unwrap_or(0);
+        // The lineage's chain is the ledger's record of who held the work:
+        // a caller's chain counts only as an extension of it, so that none
+        // can drop an agent from it (and slip a cycle past the check).
+        let anchor = lineage.map_or(&[][..], |l| l.chain.as_slice());
         let chain = sources
             .iter()
-            .map(|c| c.chain.clone())
-            .chain(incoming.chain.clone())
-            .max_by_key(Vec::len)
-            .unwrap_or_default();
+            .map(|c| &c.chain)
+            .chain(incoming.chain.as_ref())
+            .filter(|chain| chain.starts_with(anchor))
+            .fold(anchor, |longest, chain| {
+                if chain.len() > longest.len() {
+                    chain
+                } else {
+                    longest
+                }
+            })
+            .to_vec();
         let max_hops = sources
             .iter()
             .map(|c| c.max_hops)
@@ -527,6 +538,32 @@ mod tests {
             (delivered.hops, delivered.chain.clone()),
             (1, vec!["triage".to_string()])
         );
+    }
+
+    /// A parent task's stored chain is kept: a caller's chain that does not
+    /// extend it (a header naming another agent, say) counts for nothing.
+    #[test]
+    fn the_lineages_chain_is_only_ever_extended() {
+        let lineage = Control {
+            chain: vec!["a".into()],
+            ..Control::default()
+        };
+        let forged = Incoming {
+            chain: Some(vec!["z".into()]),
+            ..Incoming::default()
+        };
+        let merged = Control::merge(&forged, Some(&lineage), Limits::default(), at(0));
+        assert_eq!(merged.chain, ["a"]);
+        let extended = Incoming {
+            metadata: Some(Control {
+                chain: vec!["a".into(), "b".into()],
+                ..Control::default()
+            }),
+            chain: Some(vec!["z".into(), "y".into(), "x".into()]),
+            ..Incoming::default()
+        };
+        let merged = Control::merge(&extended, Some(&lineage), Limits::default(), at(0));
+        assert_eq!(merged.chain, ["a", "b"]);
     }
 
     #[test]

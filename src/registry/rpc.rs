@@ -49,8 +49,9 @@ pub fn shown<T: Serialize>(value: T) -> Result<serde_json::Value, GatewayError> 
 /// Removes the `user:password@` of every URL in `value`'s strings: a card
 /// URL or an agent interface may carry credentials, which Baton sends to
 /// the agent (as Basic auth) but shows no caller, its owner included. A
-/// health error quoting such a URL is cleaned the same way. A `cardUrl`
-/// also loses its query and fragment, where a signed URL keeps its secret.
+/// health error quoting such a URL is cleaned the same way. A `cardUrl` and
+/// every `url` field (an interface's, a provider's) also lose their query
+/// and fragment, where a signed URL or a function key keeps its secret.
 pub fn hide_credentials(value: &mut serde_json::Value) {
     match value {
         serde_json::Value::String(text) => {
@@ -60,10 +61,14 @@ pub fn hide_credentials(value: &mut serde_json::Value) {
         }
         serde_json::Value::Array(items) => items.iter_mut().for_each(hide_credentials),
         serde_json::Value::Object(object) => {
-            if let Some(serde_json::Value::String(card_url)) = object.get_mut("cardUrl")
-                && let Some(end) = card_url.find(['?', '#'])
-            {
-                card_url.truncate(end);
+            // A query may hold a key (a signed URL's signature, a function
+            // key): a card's and an interface's URLs lose theirs.
+            for field in ["cardUrl", "url"] {
+                if let Some(serde_json::Value::String(url)) = object.get_mut(field)
+                    && let Some(end) = url.find(['?', '#'])
+                {
+                    url.truncate(end);
+                }
             }
             object.values_mut().for_each(hide_credentials);
         }
@@ -224,9 +229,9 @@ mod tests {
             ),
         ];
         for (text, expected) in cases {
-            let mut value = serde_json::json!({"url": text, "urls": [text]});
+            let mut value = serde_json::json!({"lastError": text, "urls": [text]});
             hide_credentials(&mut value);
-            assert_eq!(value["url"], expected, "{text}");
+            assert_eq!(value["lastError"], expected, "{text}");
             assert_eq!(value["urls"][0], expected, "{text}");
             // What is shown is what the URL parser takes for the agent.
             if let Ok(parsed) = url::Url::parse(text) {
@@ -236,5 +241,21 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn card_and_interface_urls_lose_their_query_and_fragment() {
+        let mut record = serde_json::json!({
+            "cardUrl": "https://agent.example/card.json?sig=S3cret#x",
+            "card": {"supportedInterfaces": [
+                {"url": "https://fn.example/api/a2a?code=K3y", "protocolBinding": "JSONRPC"},
+            ]},
+            "note": "https://docs.example/?q=kept",
+        });
+        hide_credentials(&mut record);
+        assert_eq!(record["cardUrl"], "https://agent.example/card.json");
+        let interface = &record["card"]["supportedInterfaces"][0];
+        assert_eq!(interface["url"], "https://fn.example/api/a2a");
+        assert_eq!(record["note"], "https://docs.example/?q=kept");
     }
 }

@@ -292,7 +292,8 @@ impl UpstreamClient {
 }
 
 /// Names a call in error messages (`SendMessage to http://…`); written
-/// only when an error needs it.
+/// only when an error needs it. Callers see these messages, so the URL is
+/// shown without its query and fragment, where a key may be.
 #[derive(Clone, Copy)]
 struct CallLabel<'a> {
     method: &'a str,
@@ -301,7 +302,8 @@ struct CallLabel<'a> {
 
 impl Display for CallLabel<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} to {}", self.method, self.url)
+        let shown = crate::netguard::shown_url(self.url);
+        write!(f, "{} to {shown}", self.method)
     }
 }
 
@@ -650,6 +652,19 @@ mod tests {
     fn the_static_version_header_name_is_the_version_header() {
         assert!(VERSION_HEADER.eq_ignore_ascii_case(VERSION_HEADER_NAME.as_str()));
         assert_eq!(VERSION_HEADER_NAME, VERSION_HEADER);
+    }
+
+    #[test]
+    fn a_call_is_named_in_errors_without_the_urls_query() {
+        let url = reqwest::Url::parse("https://fn.example/api/a2a?code=K3y#f").unwrap();
+        let label = CallLabel {
+            method: "SendMessage",
+            url: &url,
+        };
+        assert_eq!(
+            label.to_string(),
+            "SendMessage to https://fn.example/api/a2a"
+        );
     }
 
     #[test]

@@ -396,6 +396,18 @@ enum Owed {
     },
 }
 
+/// A notification's body: `event` as JSON, encoded once for all the
+/// webhooks it goes to.
+fn encoded(event: &StreamResponse) -> Option<bytes::Bytes> {
+    match serde_json::to_vec(event) {
+        Ok(body) => Some(bytes::Bytes::from(body)),
+        Err(err) => {
+            tracing::error!(%err, "cannot encode push notification");
+            None
+        }
+    }
+}
+
 fn shard_of(task_id: &str, shards: usize) -> usize {
     let hash = task_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
@@ -488,12 +500,8 @@ impl Worker {
                     (event.task_id.as_str(), Told::Latest, None)
                 }
                 Owed::Event(event) => {
-                    let body = match serde_json::to_vec(&event.event) {
-                        Ok(body) => bytes::Bytes::from(body),
-                        Err(err) => {
-                            tracing::error!(%err, "cannot encode push notification");
-                            continue;
-                        }
+                    let Some(body) = encoded(&event.event) else {
+                        continue;
                     };
                     let told = Told::Event {
                         event: event.clone(),
@@ -531,13 +539,7 @@ impl Worker {
             }
         };
         let event = StreamResponse::Task(record.task.clone());
-        let body = match serde_json::to_vec(&event) {
-            Ok(body) => bytes::Bytes::from(body),
-            Err(err) => {
-                tracing::error!(%err, "cannot encode push notification");
-                return None;
-            }
-        };
+        let body = encoded(&event)?;
         let event = LedgerEvent::new(task_id.to_string(), record.last_seq, event);
         Some((Arc::new(event), body))
     }
@@ -652,13 +654,13 @@ impl Worker {
                     Told::Event { event, body } => (event, body),
                     Told::Latest => match worker.latest(&config.task_id).await {
                         Some((event, _)) if latest_through >= Some(event.seq) => continue,
-                        Some(latest) => latest,
+                        Some((event, body)) => {
+                            latest_through = Some(event.seq);
+                            (event, body)
+                        }
                         None => continue,
                     },
                 };
-                if matches!(event.event, StreamResponse::Task(_)) {
-                    latest_through = Some(event.seq);
-                }
                 sent_through = sent_through.max(event.seq);
                 worker.deliver(&config, &event, body).await;
                 worker.note_handled(&config, &event);
@@ -696,8 +698,8 @@ impl Worker {
         let Some(ledger) = self.ledger.upgrade() else {
             return false;
         };
-        match ledger.push_handled_through(&config.task_id, &config.id) {
-            Ok(through) => through >= Some(event.seq),
+        match ledger.push_mark(&config.task_id, &config.id) {
+            Ok(mark) => mark.is_some_and(|mark| mark.through >= event.seq),
             Err(err) => {
                 tracing::warn!(task_id = %config.task_id, %err, "cannot read how far a push config was handled");
                 false
@@ -907,24 +909,33 @@ mod tests {
         (url, seen)
     }
 
-    fn notification_at(
-        worker: &Worker,
+    /// Event `seq` of `config`'s task: its status moved to `state`.
+    fn event_at(
         config: &TaskPushNotificationConfig,
         state: TaskState,
         seq: u64,
-    ) -> Notification {
+    ) -> Arc<LedgerEvent> {
         let event = StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
             task_id: config.task_id.clone(),
             context_id: "c".into(),
             status: TaskStatus::now(state, None),
             metadata: None,
         });
-        let body = bytes::Bytes::from(serde_json::to_vec(&event).unwrap());
+        Arc::new(LedgerEvent::new(config.task_id.clone(), seq, event))
+    }
+
+    fn notification_at(
+        worker: &Worker,
+        config: &TaskPushNotificationConfig,
+        state: TaskState,
+        seq: u64,
+    ) -> Notification {
+        let event = event_at(config, state, seq);
         Notification {
             config: config.clone(),
             told: Told::Event {
-                event: Arc::new(LedgerEvent::new(config.task_id.clone(), seq, event)),
-                body,
+                body: encoded(&event.event).unwrap(),
+                event,
             },
             _pending: Pending::count(&worker.stats),
         }
@@ -1144,15 +1155,11 @@ mod tests {
             ..PushSettings::default()
         };
         let dispatcher = PushDispatcher::start(&ledger, worker.policy.clone(), settings);
-        let event = |seq, state| match notification_at(&worker, &config, state, seq).told {
-            Told::Event { event, .. } => event,
-            Told::Latest => unreachable!(),
-        };
-        dispatcher.enqueue(&event(1, states[0]));
+        dispatcher.enqueue(&event_at(&config, states[0], 1));
         until_seen(&seen, 1).await;
         // The shard's worker does not run meanwhile: its queue holds one.
-        dispatcher.enqueue(&event(2, states[1]));
-        dispatcher.enqueue(&event(3, states[2]));
+        dispatcher.enqueue(&event_at(&config, states[1], 2));
+        dispatcher.enqueue(&event_at(&config, states[2], 3));
         assert_eq!(dispatcher.stats.dropped.load(Ordering::Relaxed), 1);
         assert_eq!(
             settled(&seen, 2).await,

@@ -260,6 +260,18 @@ async fn working_gated_task(baton: &TestBaton, extra: Value) -> (String, String)
     )
 }
 
+/// The push configs task `task_id` holds, as listed.
+async fn configs_of(baton: &TestBaton, task_id: &str) -> Vec<Value> {
+    let listed = baton
+        .call(
+            "ListTaskPushNotificationConfigs",
+            json!({"taskId": task_id}),
+        )
+        .await;
+    let configs = listed.result()["configs"].as_array();
+    configs.expect("configs").clone()
+}
+
 /// A scenario task left INPUT_REQUIRED; returns its id.
 async fn input_required_task(baton: &TestBaton) -> String {
     let reply = baton
@@ -343,13 +355,7 @@ async fn concurrent_creates_pass_the_ten_config_cap_no_more_than_ten_times() {
     for refused in replies.iter().filter(|r| r.body.get("result").is_none()) {
         assert_eq!(refused.code(), Some(-32602), "{}", refused.body);
     }
-    let listed = baton
-        .call(
-            "ListTaskPushNotificationConfigs",
-            json!({"taskId": task_id}),
-        )
-        .await;
-    assert_eq!(listed.result()["configs"].as_array().unwrap().len(), 10);
+    assert_eq!(configs_of(&baton, &task_id).await.len(), 10);
 
     // A send continuing the task may not add an eleventh inline; the
     // message is not taken.
@@ -401,13 +407,7 @@ async fn a_continuation_carrying_its_tasks_config_again_adds_no_copy_of_it() {
         "{}",
         done.body
     );
-    let listed = baton
-        .call(
-            "ListTaskPushNotificationConfigs",
-            json!({"taskId": task_id}),
-        )
-        .await;
-    assert_eq!(listed.result()["configs"].as_array().unwrap().len(), 1);
+    assert_eq!(configs_of(&baton, &task_id).await.len(), 1);
     receiver.wait_terminal("/hook/same").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let states: Vec<_> = receiver

@@ -971,29 +971,18 @@ impl Driver {
             return;
         };
         self.release_key().await;
-        if let Some(config_id) = self.new_task_push.take().filter(|_| !self.created)
-            && let Err(err) = self
-                .gateway
-                .ledger
-                .delete_push_config(&self.task_id, &config_id)
-                .await
-        {
-            tracing::error!(%err, "could not delete the push config of a send that failed");
+        if let Some(config_id) = self.new_task_push.take().filter(|_| !self.created) {
+            self.gateway
+                .take_back_push_config(&self.task_id, &config_id)
+                .await;
         }
         let _ = tx.send(First::Error(error));
     }
 
     /// Releases the caller's idempotency key, if it gave one.
     async fn release_key(&self) {
-        if let Some(key) = &self.idempotency_key
-            && let Err(err) = self
-                .gateway
-                .ledger
-                .release_idempotency(&self.owner, key)
-                .await
-        {
-            tracing::error!(%err, "could not release an idempotency key");
-        }
+        let key = self.idempotency_key.as_deref();
+        self.gateway.release_key(&self.owner, key).await;
     }
 
     /// Creates the task on its agent's first report. A report past the

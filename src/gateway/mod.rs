@@ -774,24 +774,20 @@ impl Gateway {
             })
     }
 
-    /// The id of the config its task already holds that is `config` but for
-    /// its id (which `config` lacks). A client may attach one config to
-    /// every message it sends (the Go SDK's client does): a continuation's
-    /// config then adds no second copy of the webhook, which would be sent
-    /// every event twice and, by the eleventh message, refused.
-    pub(crate) async fn held_push_config(
+    /// Whether `config`'s task holds a config that is `config` but for its
+    /// id (which `config` lacks).
+    pub(crate) async fn holds_push_config(
         &self,
         config: &TaskPushNotificationConfig,
-    ) -> Result<Option<String>, GatewayError> {
+    ) -> Result<bool, GatewayError> {
         let held = self.ledger.push_configs(&config.task_id).await?;
-        let same = |held: &TaskPushNotificationConfig| {
+        Ok(held.iter().any(|held| {
             *held
                 == TaskPushNotificationConfig {
                     id: held.id.clone(),
                     ..config.clone()
                 }
-        };
-        Ok(held.into_iter().find(same).map(|held| held.id))
+        }))
     }
 
     /// Checks a reference to one push config: push on, both ids given, and
@@ -1506,19 +1502,30 @@ mod tests {
         message_id: &str,
         claimed_by: u64,
     ) -> (SendMessageRequest, store::IdempotencyRecord) {
-        let mut message = hi(message_id);
-        message.task_id = "t1".into();
+        let request = answer_to_t1(message_id);
         let claim = store::IdempotencyRecord {
-            fingerprint: send::fingerprint("echo", &message),
+            fingerprint: send::fingerprint("echo", request.message.as_ref().unwrap()),
             task_id: "t1".into(),
             message: None,
             claimed_by,
         };
-        let request = SendMessageRequest {
+        (request, claim)
+    }
+
+    /// alice's answer `message_id` to her task `t1`.
+    fn answer_to_t1(message_id: &str) -> SendMessageRequest {
+        let mut message = hi(message_id);
+        message.task_id = "t1".into();
+        SendMessageRequest {
             message: Some(message),
             ..SendMessageRequest::default()
-        };
-        (request, claim)
+        }
+    }
+
+    /// The messageIds in task `t1`'s history, in order.
+    fn history_of_t1(ledger: &Ledger) -> Vec<String> {
+        let task = ledger.get("t1").unwrap().unwrap().task;
+        task.history.into_iter().map(|m| m.message_id).collect()
     }
 
     /// A keyed answer whose first send a crash stopped before the task took
@@ -1535,9 +1542,11 @@ mod tests {
 
         let ctx = alice(Some("k-answer"));
         gateway.send_message(&ctx, repeat).await.unwrap();
-        let task = ledger.get("t1").unwrap().unwrap().task;
-        let ids: Vec<_> = task.history.iter().map(|m| m.message_id.as_str()).collect();
-        assert!(ids.contains(&"a-1"), "the answer reached the task: {ids:?}");
+        let ids = history_of_t1(&ledger);
+        assert!(
+            ids.contains(&"a-1".into()),
+            "the answer reached the task: {ids:?}"
+        );
         ledger.close();
     }
 
@@ -1724,18 +1733,10 @@ mod tests {
         let (ledger, gateway) = open_gateway(dir.path());
         alices_task(&ledger, TaskState::InputRequired).await;
         let ctx = alice(None);
-        let answer = |message_id: &str| {
-            let mut message = hi(message_id);
-            message.task_id = "t1".into();
-            SendMessageRequest {
-                message: Some(message),
-                ..SendMessageRequest::default()
-            }
-        };
         // Both read the task as asking before either driver runs.
         let (first, second) = tokio::join!(
-            gateway.send_message(&ctx, answer("a-1")),
-            gateway.send_message(&ctx, answer("a-2")),
+            gateway.send_message(&ctx, answer_to_t1("a-1")),
+            gateway.send_message(&ctx, answer_to_t1("a-2")),
         );
         assert!(first.is_ok(), "{:?}", first.err());
         let refused = second.expect_err("the second answer refused");
@@ -1743,9 +1744,11 @@ mod tests {
             matches!(&refused, GatewayError::UnsupportedOperation(why) if why.contains("another answer")),
             "{refused:?}"
         );
-        let task = ledger.get("t1").unwrap().unwrap().task;
-        let ids: Vec<_> = task.history.iter().map(|m| m.message_id.as_str()).collect();
-        assert!(ids.contains(&"a-1") && !ids.contains(&"a-2"), "{ids:?}");
+        let ids = history_of_t1(&ledger);
+        assert!(
+            ids.contains(&"a-1".into()) && !ids.contains(&"a-2".into()),
+            "{ids:?}"
+        );
         ledger.close();
     }
 

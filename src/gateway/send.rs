@@ -693,7 +693,6 @@ impl Gateway {
         }
 
         if let Some(key) = &ctx.idempotency_key {
-            let answer = continued.is_some().then_some(message.message_id.as_str());
             // Another send with this key may have claimed it since the peek
             // above; if it lets go of it, this one claims it in turn.
             while let Some(earlier) = self
@@ -725,25 +724,12 @@ impl Gateway {
         if let Some(mut push) = config.task_push_notification_config.clone() {
             push.task_id = task_id.clone();
             push.tenant.clear();
-            let held = match &continued {
-                Some(_) if push.id.is_empty() => match self.held_push_config(&push).await {
-                    Ok(held) => held,
-                    Err(err) => {
-                        self.release_claim(ctx).await;
-                        return Err(err);
-                    }
-                },
-                _ => None,
-            };
-            if held.is_none() {
-                if push.id.is_empty() {
-                    push.id = uuid::Uuid::new_v4().to_string();
-                }
-                let field = "configuration.taskPushNotificationConfig";
-                if let Err(err) = self.store_push_config(&push, field).await {
-                    self.release_claim(ctx).await;
-                    return Err(err);
-                }
+            if let Err(err) = self
+                .store_sent_push_config(&mut push, continued.is_some())
+                .await
+            {
+                self.release_claim(ctx).await;
+                return Err(err);
             }
             if continued.is_none() {
                 new_task_push = Some(push);
@@ -917,33 +903,64 @@ impl Gateway {
         }))
     }
 
+    /// Stores the push config a send gives for its task, under a fresh id
+    /// when it names none; unless, continuing the task, it is one the task
+    /// holds already but for the id. A client may attach one config to
+    /// every message it sends (the Go SDK's client does): a copy would have
+    /// the webhook sent every event twice and, by the eleventh message, be
+    /// refused.
+    async fn store_sent_push_config(
+        &self,
+        push: &mut TaskPushNotificationConfig,
+        continuing: bool,
+    ) -> Result<(), GatewayError> {
+        if push.id.is_empty() {
+            if continuing && self.holds_push_config(push).await? {
+                return Ok(());
+            }
+            push.id = uuid::Uuid::new_v4().to_string();
+        }
+        self.store_push_config(push, "configuration.taskPushNotificationConfig")
+            .await
+    }
+
     /// Takes back what a send stored before it failed without making its
     /// task: the caller's idempotency key, and the push config it gave for
-    /// the new task (left, it would wait for a task that never comes, and
-    /// keep push delivery looking up every event).
+    /// the new task.
     async fn abandon_start(
         &self,
         ctx: &CallContext,
         new_task_push: Option<&TaskPushNotificationConfig>,
     ) {
         self.release_claim(ctx).await;
-        if let Some(push) = new_task_push
-            && let Err(err) = self
-                .ledger
-                .delete_push_config(&push.task_id, &push.id)
-                .await
-        {
-            tracing::error!(%err, "could not delete the push config of a send that failed");
+        if let Some(push) = new_task_push {
+            self.take_back_push_config(&push.task_id, &push.id).await;
         }
     }
 
     /// Frees the caller's idempotency key after a send failed before any
     /// task existed, so a retry reaches the agent again.
     async fn release_claim(&self, ctx: &CallContext) {
-        if let Some(key) = &ctx.idempotency_key
-            && let Err(err) = self.ledger.release_idempotency(&ctx.principal, key).await
+        self.release_key(&ctx.principal, ctx.idempotency_key.as_deref())
+            .await;
+    }
+
+    /// Frees `owner`'s idempotency key `key`, if given: no task or message
+    /// will fill its claim.
+    pub(super) async fn release_key(&self, owner: &str, key: Option<&str>) {
+        if let Some(key) = key
+            && let Err(err) = self.ledger.release_idempotency(owner, key).await
         {
             tracing::error!(%err, "could not release an idempotency key");
+        }
+    }
+
+    /// Deletes the push config a send stored for a task it never made:
+    /// left, it would wait for a task that never comes, and keep push
+    /// delivery looking up every event.
+    pub(super) async fn take_back_push_config(&self, task_id: &str, config_id: &str) {
+        if let Err(err) = self.ledger.delete_push_config(task_id, config_id).await {
+            tracing::error!(%err, "could not delete the push config of a send that failed");
         }
     }
 

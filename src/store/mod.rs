@@ -1942,12 +1942,10 @@ impl Ledger {
         {
             return Ok(());
         }
-        let key = keys::push_mark(task_id, config_id);
-        let noted = self
-            .read_raw(&key)?
-            .and_then(|bytes| PushMark::decode(&bytes));
+        let noted = self.push_mark(task_id, config_id)?;
         let marked = noted.map_or(handled, |noted| noted.joined(handled));
         if noted != Some(marked) {
+            let key = keys::push_mark(task_id, config_id);
             self.log_raw(&mut frames, key, Some(marked.encode()))?;
         }
         Ok(())
@@ -1956,15 +1954,13 @@ impl Ledger {
     /// How far the notifications of push config `config_id` of `task_id`
     /// were handled (see [`Ledger::note_push_handled`]); `None` for a config
     /// without a mark.
-    pub fn push_handled_through(
+    pub fn push_mark(
         &self,
         task_id: &str,
         config_id: &str,
-    ) -> Result<Option<u64>, LedgerError> {
+    ) -> Result<Option<PushMark>, LedgerError> {
         let mark = self.read_raw(&keys::push_mark(task_id, config_id))?;
-        Ok(mark
-            .and_then(|bytes| PushMark::decode(&bytes))
-            .map(|mark| mark.through))
+        Ok(mark.and_then(|bytes| PushMark::decode(&bytes)))
     }
 
     /// The push configs a restart owes a notification, by task: those

@@ -253,6 +253,86 @@ async fn a_stream_that_falls_behind_replays_the_gap_from_the_ledger_in_order() {
     baton.stop().await;
 }
 
+/// A stream further behind than the events its channel kept can prompt
+/// replays of (a page of 256 events each) replays page after page with no
+/// live event, to the task's end.
+#[tokio::test]
+async fn a_stream_far_behind_replays_every_page_to_the_end() {
+    use baton::gateway::TaskEventStream;
+    use baton::protocol::{StreamResponse, Task, TaskState, TaskStatus, TaskStatusUpdateEvent};
+    use baton::store::{LedgerError, TaskRecord};
+    use futures::StreamExt as _;
+
+    let baton = baton().start().await;
+    let task_id = "far-behind";
+    let status = |state| {
+        StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+            task_id: task_id.into(),
+            context_id: "far-behind-context".into(),
+            status: TaskStatus::now(state, None),
+            ..TaskStatusUpdateEvent::default()
+        })
+    };
+    let task = Task {
+        id: task_id.into(),
+        context_id: "far-behind-context".into(),
+        status: TaskStatus::now(TaskState::Working, None),
+        ..Task::default()
+    };
+    let record = TaskRecord {
+        task: task.clone(),
+        owner: "anonymous".into(),
+        agent: "echo".into(),
+        ..TaskRecord::default()
+    };
+    let record = baton
+        .ledger
+        .create(record, vec![StreamResponse::Task(task)])
+        .await
+        .unwrap();
+    let watcher = baton.ledger.hub().watch_outcome(task_id);
+    let mut stream = TaskEventStream::from_snapshot(baton.gateway.clone(), &record, watcher, false)
+        .into_stream();
+    // Its lag and the 32 events its channel keeps prompt 33 replays, a page
+    // each: well past that many pages.
+    let updates = 36 * 256;
+    for i in 0..updates {
+        let state = [TaskState::InputRequired, TaskState::Working][i % 2];
+        let event = status(state);
+        baton
+            .ledger
+            .update(task_id, |_| Ok::<_, LedgerError>(vec![event]))
+            .await
+            .unwrap();
+    }
+    let completed = status(TaskState::Completed);
+    baton
+        .ledger
+        .update(task_id, |_| Ok::<_, LedgerError>(vec![completed]))
+        .await
+        .unwrap();
+
+    let mut seqs = Vec::new();
+    let mut last = None;
+    loop {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
+            .await
+            .expect("the stream goes on without a live event");
+        let Some(event) = next else { break };
+        seqs.push(event.seq);
+        last = Some(event);
+    }
+    // The snapshot, then every event in order up to the final snapshot,
+    // which stands for the last events when the task ended before they
+    // were applied.
+    let (end, logged) = seqs.split_last().unwrap();
+    let contiguous: Vec<u64> = (record.last_seq..record.last_seq + logged.len() as u64).collect();
+    assert_eq!(logged, contiguous);
+    assert_eq!(*end, record.last_seq + updates as u64 + 1);
+    assert_eq!(last.unwrap().event.state(), Some(TaskState::Completed));
+    baton.stop().await;
+}
+
 #[tokio::test]
 async fn three_subscribers_see_identical_ordered_events() {
     let gated = GatedAgent::new();

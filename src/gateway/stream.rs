@@ -28,6 +28,9 @@ pub struct TaskEventStream {
     /// clone and encode each event once, not 1 000 times.
     queue: VecDeque<Arc<LedgerEvent>>,
     last_seq: u64,
+    /// A replay stopped at a page's end: the next follows once the queue
+    /// is sent, whether or not a new event comes.
+    replay_unfinished: bool,
     /// SendStreamingMessage ends at an interrupted state too; SubscribeToTask
     /// only at a terminal one.
     end_on_interrupt: bool,
@@ -53,6 +56,7 @@ impl TaskEventStream {
                 StreamResponse::Task(record.task.view(None, true)),
             ))]),
             last_seq: record.last_seq,
+            replay_unfinished: false,
             end_on_interrupt,
             done,
         }
@@ -70,6 +74,7 @@ impl TaskEventStream {
             watcher,
             queue: VecDeque::new(),
             last_seq: 0,
+            replay_unfinished: false,
             end_on_interrupt: true,
             done: false,
         }
@@ -81,7 +86,8 @@ impl TaskEventStream {
             .is_some_and(|s| s.is_terminal() || (self.end_on_interrupt && s.is_interrupted()))
     }
 
-    /// Fills the queue from the ledger's log after `last_seq`, once durable.
+    /// Fills the queue from the ledger's log after `last_seq`, once durable,
+    /// a page at a time.
     /// A ledger that cannot say (its log or sled failing) is asked again,
     /// backing off, rather than the stream ending as if the task had: a
     /// client reading to the end would take that for the whole stream.
@@ -94,11 +100,12 @@ impl TaskEventStream {
                 .durable_events_after(&self.task_id, self.last_seq)
                 .await;
             match replayed {
-                Ok(events) => {
-                    for event in events {
+                Ok(page) => {
+                    for event in page.events {
                         self.last_seq = event.seq;
                         self.queue.push_back(Arc::new(event));
                     }
+                    self.replay_unfinished = page.more;
                     return;
                 }
                 Err(err) => {
@@ -127,6 +134,10 @@ impl TaskEventStream {
             }
             if self.done {
                 return None;
+            }
+            if self.replay_unfinished {
+                self.replay().await;
+                continue;
             }
             tokio::select! {
                 received = self.watcher.recv() => match received {

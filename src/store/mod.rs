@@ -106,6 +106,11 @@ pub struct TaskRecord {
     /// The JSON Schema the result must satisfy (a handoff's `returnSchema`).
     #[serde(default)]
     pub return_schema: Option<serde_json::Value>,
+    /// Whether `return_schema` is the output schema the holder declared for
+    /// the skill it was chosen by (the payload named none): a reroute then
+    /// takes the alternative's.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub return_schema_by_skill: bool,
     /// Every agent that has held this task, in order: the task's own part of
     /// the handoff graph, for `baton trace` and the metrics.
     #[serde(default)]
@@ -191,6 +196,8 @@ struct RecordJson<'a, T> {
     transfer: Option<&'a TransferSource>,
     #[serde(skip_serializing_if = "Option::is_none")]
     return_schema_from: Option<usize>,
+    #[serde(skip_serializing_if = "is_zero")]
+    return_schema_by_skill: bool,
     #[serde(skip_serializing_if = "<[SchemaBinding]>::is_empty")]
     handed_on_schemas: &'a [SchemaBinding],
 }
@@ -211,6 +218,7 @@ impl<'a, T> RecordJson<'a, T> {
             hops,
             transfer,
             return_schema_from,
+            return_schema_by_skill,
             handed_on_schemas,
         } = record;
         Self {
@@ -226,6 +234,7 @@ impl<'a, T> RecordJson<'a, T> {
             hops,
             transfer: transfer.as_ref(),
             return_schema_from: *return_schema_from,
+            return_schema_by_skill: *return_schema_by_skill,
             handed_on_schemas,
         }
     }
@@ -632,6 +641,21 @@ pub struct ListPage {
     pub next_page_token: String,
     /// How many tasks match in all.
     pub total_size: usize,
+}
+
+/// Events a replay returns at most.
+const REPLAY_PAGE_EVENTS: usize = 256;
+
+/// Stored bytes of events after which a replay returns what it has.
+const REPLAY_PAGE_BYTES: usize = 1024 * 1024;
+
+/// A page of a task's events, read back for a stream that fell behind.
+#[derive(Debug, Default)]
+pub struct ReplayPage {
+    /// The events, in order.
+    pub events: Vec<LedgerEvent>,
+    /// Whether more events follow: the page filled before the log's end.
+    pub more: bool,
 }
 
 /// How a ListTasks query is served: the narrowest index ranges, and what
@@ -1712,27 +1736,23 @@ impl Ledger {
             .collect()
     }
 
-    /// The events of a task after `seq`, in order, once durable; for a task
-    /// that ended, its final snapshot in place of the events after its last
-    /// logged one.
+    /// The events of a task after `seq`, in order, once durable: a page of
+    /// them at a time (see [`ReplayPage`]); for a task that ended, its final
+    /// snapshot in place of the events after its last logged one.
     pub async fn durable_events_after(
         &self,
         task_id: &str,
         seq: u64,
-    ) -> Result<Vec<LedgerEvent>, LedgerError> {
-        let (events, ticket) = self.events_after(task_id, seq)?;
+    ) -> Result<ReplayPage, LedgerError> {
+        let (page, ticket) = self.events_after(task_id, seq)?;
         self.until_durable(ticket).await?;
-        Ok(events)
+        Ok(page)
     }
 
     /// [`Ledger::durable_events_after`] as read, and the log ticket to wait
     /// for before they are shown: the logged events are in sled, so durable,
     /// but a final snapshot may be a write still on its way to disk.
-    fn events_after(
-        &self,
-        task_id: &str,
-        seq: u64,
-    ) -> Result<(Vec<LedgerEvent>, u64), LedgerError> {
+    fn events_after(&self, task_id: &str, seq: u64) -> Result<(ReplayPage, u64), LedgerError> {
         let _applied = self.applier.applied()?;
         let prefix = keys::events_prefix(task_id);
         let wanted = keys::event(task_id, seq + 1);
@@ -1742,8 +1762,10 @@ impl Ledger {
             Some(entry) => entry?.0.to_vec(),
             None => prefix.clone(),
         };
-        let mut events = Vec::new();
-        for entry in self.tree.range(start..) {
+        // A page at most: a lagging stream holds that, not the task's whole log.
+        let mut page = ReplayPage::default();
+        let mut bytes = 0;
+        'chunks: for entry in self.tree.range(start..) {
             let (key, value) = entry?;
             if !key.starts_with(&prefix) {
                 break;
@@ -1756,16 +1778,28 @@ impl Ledger {
             } else {
                 vec![decode_stored(&value)?]
             };
+            // Each event counted at its chunk's mean size.
+            let event_bytes = value.len() / chunk.len().max(1);
             for (offset, event) in chunk.into_iter().enumerate() {
                 let event_seq = first + offset as u64;
-                if event_seq > seq {
-                    events.push(LedgerEvent::new(task_id.to_string(), event_seq, event));
+                if event_seq <= seq {
+                    continue;
                 }
+                if page.events.len() >= REPLAY_PAGE_EVENTS || bytes >= REPLAY_PAGE_BYTES {
+                    page.more = true;
+                    break 'chunks;
+                }
+                bytes += event_bytes;
+                page.events
+                    .push(LedgerEvent::new(task_id.to_string(), event_seq, event));
             }
+        }
+        if page.more {
+            return Ok((page, 0));
         }
         // The last events of a task that ended are not logged: its final
         // snapshot stands for them (the spec lets a stream end with one).
-        let logged = events.last().map_or(seq, |e| e.seq);
+        let logged = page.events.last().map_or(seq, |e| e.seq);
         let mut ticket = 0;
         if let Some(record) = self.get_shared(task_id)?
             && record.last_seq > logged
@@ -1774,13 +1808,13 @@ impl Ledger {
             // Every write so far, the one read among them.
             ticket = self.flusher.latest_ticket();
             let snapshot = StreamResponse::Task(record.task.view(None, true));
-            events.push(LedgerEvent::new(
+            page.events.push(LedgerEvent::new(
                 task_id.to_string(),
                 record.last_seq,
                 snapshot,
             ));
         }
-        Ok((events, ticket))
+        Ok((page, ticket))
     }
 
     /// One page of an owner's tasks, newest status first.
@@ -2415,6 +2449,7 @@ mod tests {
                 released: false,
             }),
             return_schema_from: Some(3),
+            return_schema_by_skill: true,
             handed_on_schemas: vec![SchemaBinding {
                 schema: serde_json::json!({"type": "number"}),
                 from: 4,
@@ -3281,18 +3316,65 @@ mod tests {
 
         let seqs = |events: Vec<LedgerEvent>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
         assert_eq!(
-            seqs(ledger.events_after("t1", 0).unwrap().0),
+            seqs(ledger.events_after("t1", 0).unwrap().0.events),
             (1..=7).collect::<Vec<_>>()
         );
         assert_eq!(
-            seqs(ledger.events_after("t1", 2).unwrap().0),
+            seqs(ledger.events_after("t1", 2).unwrap().0.events),
             vec![3, 4, 5, 6, 7]
         );
-        assert_eq!(seqs(ledger.events_after("t1", 5).unwrap().0), vec![6, 7]);
-        assert!(ledger.events_after("t1", 7).unwrap().0.is_empty());
+        assert_eq!(
+            seqs(ledger.events_after("t1", 5).unwrap().0.events),
+            vec![6, 7]
+        );
+        assert!(ledger.events_after("t1", 7).unwrap().0.events.is_empty());
         let record = ledger.get("t1").unwrap().unwrap();
         assert_eq!((record.version, record.last_seq), (7, 7));
         assert_eq!(record.task.status.state, TaskState::InputRequired);
+    }
+
+    #[tokio::test]
+    async fn a_replay_reads_a_page_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = with_working_task(paused(dir.path()), "t1").await;
+        // Chunks of 100 events each: pages end within them.
+        for _ in 0..5 {
+            flip(&ledger, "t1", 100).await;
+            ledger.applier.apply_pending().unwrap();
+        }
+        let seqs = |page: &ReplayPage| page.events.iter().map(|e| e.seq).collect::<Vec<_>>();
+        let page = ledger.events_after("t1", 0).unwrap().0;
+        assert!(page.more);
+        assert_eq!(seqs(&page), (1..=256).collect::<Vec<_>>());
+        let page = ledger.events_after("t1", 256).unwrap().0;
+        assert!(!page.more);
+        assert_eq!(seqs(&page), (257..=501).collect::<Vec<_>>());
+
+        // Large events: the page stops once a mebibyte is read.
+        let big = "x".repeat(200 * 1024);
+        for i in 0..10 {
+            let event = StreamResponse::ArtifactUpdate(crate::protocol::TaskArtifactUpdateEvent {
+                task_id: "t1".into(),
+                artifact: crate::protocol::Artifact {
+                    artifact_id: format!("a{i}"),
+                    parts: vec![crate::protocol::Part::text(big.clone())],
+                    ..Default::default()
+                },
+                ..Default::default()
+            });
+            ledger
+                .update("t1", |_| Ok::<_, LedgerError>(vec![event]))
+                .await
+                .unwrap();
+            ledger.applier.apply_pending().unwrap();
+        }
+        let page = ledger.events_after("t1", 501).unwrap().0;
+        assert!(page.more);
+        assert_eq!(
+            seqs(&page),
+            (502..=507).collect::<Vec<_>>(),
+            "until past 1 MiB"
+        );
     }
 
     #[tokio::test]
@@ -3307,7 +3389,7 @@ mod tests {
             .await
             .unwrap();
 
-        let events = ledger.events_after("t1", 0).unwrap().0;
+        let events = ledger.events_after("t1", 0).unwrap().0.events;
         let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
         assert_eq!(
             seqs,
@@ -3318,8 +3400,8 @@ mod tests {
             StreamResponse::Task(task) => assert_eq!(task.status.state, TaskState::Completed),
             other => panic!("expected the final snapshot, got {other:?}"),
         }
-        assert_eq!(ledger.events_after("t1", 1).unwrap().0.len(), 1);
-        assert!(ledger.events_after("t1", 3).unwrap().0.is_empty());
+        assert_eq!(ledger.events_after("t1", 1).unwrap().0.events.len(), 1);
+        assert!(ledger.events_after("t1", 3).unwrap().0.events.is_empty());
     }
 
     #[tokio::test]
@@ -3665,7 +3747,7 @@ mod tests {
         let record = reopened.get("t1").unwrap().unwrap();
         assert_eq!(record.version, 3);
         assert_eq!(reopened.read_raw(&key).unwrap(), Some(b"{}".to_vec()));
-        assert_eq!(reopened.events_after("t1", 0).unwrap().0.len(), 3);
+        assert_eq!(reopened.events_after("t1", 0).unwrap().0.events.len(), 3);
     }
 
     #[tokio::test]

@@ -898,6 +898,36 @@ async fn a_reroute_never_hands_the_work_back_to_its_sender() {
     gateway.stop().await;
 }
 
+/// A result typed by the skill that chose its agent is typed, after a
+/// reroute, by the output schema the alternative declared for that skill.
+#[tokio::test]
+async fn a_reroute_types_the_result_by_the_alternatives_skill_schema() {
+    let gateway = baton().tune(quick_ladder).start().await;
+    let (silent, billing) = refund_agents().await;
+    let credit_note = json!({"type": "object", "required": ["creditNoteId"]});
+    let declared = |schema: Value| json!({"skillOutputSchemas": {"refund": schema}});
+    register(&gateway, "silent", &silent, declared(credit_note)).await;
+    register(&gateway, "billing", &billing, declared(refund_schema())).await;
+
+    let task = refund_by_skill(&gateway, "/agents/silent/a2a").await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let full = get_task(&gateway, task["id"].as_str().unwrap()).await;
+    assert_eq!(reasons_in_history(&full), ["RETRY", "REROUTED"], "{full}");
+
+    // A schema the payload names binds whichever agent takes the work.
+    let payload = handoff_payload(
+        "triage",
+        json!({"toSkill": "refund", "returnSchema": {"type": "object", "required": ["creditNoteId"]}}),
+        json!({}),
+    );
+    let task = send(&gateway, "/agents/silent/a2a", handoff_message(payload)).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{task}");
+    assert_eq!(reason(&task), "OUTPUT_SCHEMA_INVALID", "{task}");
+    silent.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 /// The ladder reroutes only to an agent that the first choice's policy
 /// checks would have let the work reach: here one that does not allow the
 /// sender, so the ladder ends instead.

@@ -213,11 +213,9 @@ impl Driver {
         message.context_id = self.context_id.clone();
         delivered.write_into(&mut message.metadata);
         let bytes = message_bytes(&message);
-        let return_schema = payload
-            .return_schema
-            .clone()
-            .map(Value::Object)
-            .or_else(|| skill_output_schema(&target, skill.as_deref()));
+        let named = payload.return_schema.clone().map(Value::Object);
+        let return_schema_by_skill = named.is_none() && skill.is_some();
+        let return_schema = named.or_else(|| skill_output_schema(&target, skill.as_deref()));
         tracing::info!(task_id = %self.task_id, from = %source_id, to = %target.id, handoff_id = %payload.handoff_id, bytes, "transfer");
 
         let now = Utc::now();
@@ -281,6 +279,7 @@ impl Driver {
                 record.transfer = Some(transfer.after(earlier, record.return_schema.take()));
                 record.agent = target.id.clone();
                 record.return_schema = return_schema;
+                record.return_schema_by_skill = return_schema_by_skill;
                 record.return_schema_from = Some(record.task.artifacts.len());
                 record.handed_on_schemas = handed_on;
                 delivered.write_into(&mut record.task.metadata);
@@ -420,6 +419,9 @@ impl Driver {
                     .as_ref()
                     .and_then(TransferSource::after_return);
                 record.return_schema = source.source_schema.clone();
+                // The source was not chosen by a skill for this work: a
+                // reroute of the return keeps its schema.
+                record.return_schema_by_skill = false;
                 record.return_schema_from = Some(source.source_schema_from);
                 record.handed_on_schemas = source.source_handed_on.clone();
                 delivered.write_into(&mut record.task.metadata);
@@ -631,8 +633,8 @@ impl Driver {
                 // would had it been the first choice.
                 rerouted.max_hops = own_max_hops(rerouted.max_hops, &alternative);
                 self.deadline = rerouted.deadline;
-                self.announce(reasons::REROUTED, detail, Some((&alternative, &rerouted)))
-                    .await?;
+                let moved = Some((&alternative, &rerouted, skill.as_str()));
+                self.announce(reasons::REROUTED, detail, moved).await?;
                 self.gateway
                     .metrics
                     .ladder_step(&agent_id, reasons::REROUTED);
@@ -682,13 +684,14 @@ impl Driver {
     }
 
     /// Announces a ladder step as a status update in the task's current
-    /// state; with `moved`, the task moves to that agent and control.
+    /// state; with `moved`, the task moves to that agent and control, chosen
+    /// by that skill.
     /// `None` when the task ended meanwhile.
     async fn announce(
         &self,
         reason: &str,
         detail: Value,
-        moved: Option<(&Arc<AgentEntry>, &Control)>,
+        moved: Option<(&Arc<AgentEntry>, &Control, &str)>,
     ) -> Option<()> {
         let now = Utc::now();
         let (task_id, context_id) = (self.task_id.clone(), self.context_id.clone());
@@ -703,7 +706,7 @@ impl Driver {
                 message.task_id = task_id.clone();
                 message.context_id = context_id.clone();
                 match moved {
-                    Some((agent, control)) => {
+                    Some((agent, control, skill)) => {
                         if let Some(hop) = record.hops.last_mut() {
                             hop.ended_at = Some(now);
                             hop.reason = Some(reason.to_string());
@@ -719,6 +722,11 @@ impl Driver {
                         });
                         record.agent = agent.id.clone();
                         record.upstream = None;
+                        // A result typed by the failed agent's skill is
+                        // typed by the alternative's for the same skill.
+                        if record.return_schema_by_skill {
+                            record.return_schema = skill_output_schema(agent, Some(skill));
+                        }
                         control.write_into(&mut record.task.metadata);
                     }
                     None => {

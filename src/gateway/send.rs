@@ -975,12 +975,13 @@ impl Gateway {
     ) -> Result<(), GatewayError> {
         let message = &request.message;
         let control = Control::read_from(message.metadata.as_ref());
-        let return_schema = handoff
+        let named = handoff
             .payload
             .as_ref()
             .and_then(|p| p.return_schema.clone())
-            .map(serde_json::Value::Object)
-            .or_else(|| skill_output_schema(agent, handoff.skill.as_deref()));
+            .map(serde_json::Value::Object);
+        let return_schema_by_skill = named.is_none() && handoff.skill.is_some();
+        let return_schema = named.or_else(|| skill_output_schema(agent, handoff.skill.as_deref()));
         let record = TaskRecord {
             task: Task {
                 id: request.task_id.clone(),
@@ -993,6 +994,7 @@ impl Gateway {
                 &ctx.principal,
                 control.as_ref().and_then(|c| c.parent_task_id.as_deref()),
             ),
+            return_schema_by_skill,
             return_schema,
             created_at: chrono::Utc::now(),
             hops: vec![HopRecord {

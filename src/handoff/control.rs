@@ -291,9 +291,25 @@ impl Incoming {
 pub fn trace_id_of(traceparent: &str) -> Option<String> {
     let mut parts = traceparent.split('-');
     let (_version, trace, span) = (parts.next()?, parts.next()?, parts.next()?);
-    let valid = |s: &str, len| s.len() == len && s.chars().all(|c| c.is_ascii_hexdigit());
-    (valid(trace, 32) && valid(span, 16) && trace.chars().any(|c| c != '0'))
-        .then(|| trace.to_ascii_lowercase())
+    (is_hex(span, 16) && span.chars().any(|c| c != '0'))
+        .then(|| valid_trace_id(trace))
+        .flatten()
+}
+
+/// `id` as a W3C trace id (32 hex digits, not all zeros), lowercased; `None`
+/// if it cannot be one. A trace id from metadata is the caller's word, and
+/// goes into every later hop's `traceparent` header.
+pub fn valid_trace_id(id: &str) -> Option<String> {
+    is_trace_id(id).then(|| id.to_ascii_lowercase())
+}
+
+/// Whether `id` is a W3C trace id, in either case.
+fn is_trace_id(id: &str) -> bool {
+    is_hex(id, 32) && id.chars().any(|c| c != '0')
+}
+
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.chars().all(|c| c.is_ascii_hexdigit())
 }
 
 /// A fresh W3C trace id.
@@ -328,12 +344,7 @@ impl Control {
             .traceparent
             .as_deref()
             .and_then(trace_id_of)
-            .or_else(|| {
-                sources
-                    .iter()
-                    .map(|c| c.trace_id.clone())
-                    .find(|t| t.len() == 32)
-            })
+            .or_else(|| sources.iter().find_map(|c| valid_trace_id(&c.trace_id)))
             .unwrap_or_else(new_trace_id);
         let hops = sources
             .iter()
@@ -450,8 +461,18 @@ impl Control {
 
     /// The headers that carry this control to an agent.
     pub fn headers(&self) -> Vec<(HeaderName, String)> {
+        // A control merged here holds a valid id; one read from a message
+        // as it came may not, and must not make an invalid header.
+        let minted;
+        let lowercase = !self.trace_id.bytes().any(|b| b.is_ascii_uppercase());
+        let trace_id = if is_trace_id(&self.trace_id) && lowercase {
+            &self.trace_id
+        } else {
+            minted = new_trace_id();
+            &minted
+        };
         let mut headers = vec![
-            (TRACEPARENT_HEADER, next_traceparent(&self.trace_id)),
+            (TRACEPARENT_HEADER, next_traceparent(trace_id)),
             (HOPS_HEADER, self.hops.to_string()),
             (CHAIN_HEADER, self.chain.join(",")),
         ];
@@ -627,6 +648,47 @@ mod tests {
             None
         );
         assert_eq!(trace_id_of("garbage"), None);
+        assert_eq!(
+            trace_id_of("00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01"),
+            None,
+            "an all-zero parent id is invalid too"
+        );
+    }
+
+    #[test]
+    fn a_trace_id_from_metadata_is_taken_only_when_valid() {
+        let with_trace_id = |trace_id: &str| Incoming {
+            metadata: Some(Control {
+                trace_id: trace_id.into(),
+                ..Control::default()
+            }),
+            ..Incoming::default()
+        };
+        let merged = |trace_id: &str| {
+            Control::merge(&with_trace_id(trace_id), None, Limits::default(), at(0))
+        };
+        assert_eq!(
+            merged("0AF7651916CD43DD8448EB211C80319C").trace_id,
+            "0af7651916cd43dd8448eb211c80319c"
+        );
+        for invalid in [
+            "G".repeat(32),
+            format!("{}\n", "a".repeat(31)),
+            "0".repeat(32),
+            "abc".into(),
+        ] {
+            let control = merged(&invalid);
+            assert_ne!(control.trace_id, invalid);
+            assert!(valid_trace_id(&control.trace_id).is_some(), "{invalid:?}");
+        }
+        // A control read from a message as it came makes a valid header.
+        let read = Control {
+            trace_id: format!("{}\n", "a".repeat(31)),
+            ..Control::default()
+        };
+        let (_, traceparent) = &read.headers()[0];
+        assert!(trace_id_of(traceparent).is_some(), "{traceparent:?}");
+        assert!(is_header_value(traceparent));
     }
 
     #[test]

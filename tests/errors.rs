@@ -749,23 +749,27 @@ async fn agent_ending_without_a_reply_is_32006() {
     baton.stop().await;
 }
 
-/// (With keys: without, Baton offers no extended card at all.)
+/// An agent whose card declares an extended card Baton does not hold is
+/// published without one, so asking for it is unsupported, not a promise
+/// broken (-32007). (With keys: without, Baton offers no extended card.)
 #[tokio::test]
-async fn unconfigured_extended_card_is_32007() {
+async fn an_extended_card_baton_does_not_hold_is_not_offered() {
     let baton = baton()
         .agent("ext", PlainAgent(card_with_unconfigured_extended_card()))
         .api_keys("acme=KEY1")
         .start()
         .await;
+    let card = baton.published_card("ext").await;
+    assert_eq!(
+        card["capabilities"].get("extendedAgentCard"),
+        None,
+        "{card}"
+    );
     let mut headers = STANDARD_HEADERS.to_vec();
     headers.push(("authorization", "Bearer KEY1"));
     let body = rpc(json!(1), "GetExtendedAgentCard", json!({}));
     let wire = post(&baton, "/agents/ext/a2a", body, &headers).await;
-    must(check_a2a(
-        &wire,
-        -32007,
-        "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
-    ));
+    must(check_a2a(&wire, -32004, "UNSUPPORTED_OPERATION"));
     baton.stop().await;
 }
 

@@ -141,10 +141,12 @@ impl Directory {
         self.current().gateway_card.clone()
     }
 
-    /// `card` as it is published for agent `id` now.
-    pub fn publish(&self, id: &str, card: &AgentCard) -> AgentCard {
+    /// `card` as it is published for agent `id` now; `has_extended` says
+    /// whether Baton holds the agent's extended card.
+    pub fn publish(&self, id: &str, card: &AgentCard, has_extended: bool) -> AgentCard {
         let secured = self.secured.load(Ordering::Relaxed);
-        publish::publish_agent_card(card, id, &self.public_url, self.push_enabled, secured)
+        let push = self.push_enabled;
+        publish::publish_agent_card(card, id, &self.public_url, push, secured, has_extended)
     }
 
     /// Adds or replaces an agent; `modified` is its card's Last-Modified.
@@ -177,9 +179,10 @@ impl Directory {
         modified: DateTime<Utc>,
         healthy: bool,
     ) -> AgentEntry {
-        let publish = |card: &AgentCard| self.publish(id, card);
-        let card = publish(agent.card());
-        let extended = agent.extended_card().map(|extended| publish(&extended));
+        let extended = agent
+            .extended_card()
+            .map(|extended| self.publish(id, &extended, true));
+        let card = self.publish(id, agent.card(), extended.is_some());
         AgentEntry {
             id: id.to_string(),
             owner: owner.to_string(),

@@ -104,26 +104,34 @@ fn jsonrpc_interface(url: String) -> AgentInterface {
 /// handoff extension is declared, and streaming and push are what Baton
 /// itself provides (it streams and notifies from its ledger). The agency's
 /// signatures are dropped, as they sign the card Baton has just changed.
-/// With API keys, Baton's key is the one scheme, for the card and for each
-/// skill. Without, no extended card is offered: the spec has it served to
-/// authenticated callers only (§13.3), and Baton then authenticates no one.
-/// Everything else is the agency's card.
+/// Callers authenticate to Baton, which sends the agent none of their
+/// credentials: with API keys, Baton's key is the one scheme; without, the
+/// card declares none (a client following the agency's would hand Baton the
+/// agency's secrets, in a query string even). An extended card is offered
+/// only with keys (the spec serves it to authenticated callers, §13.3) and
+/// when Baton holds one (`has_extended`). Everything else is the agency's
+/// card.
 pub fn publish_agent_card(
     card: &AgentCard,
     agent_id: &str,
     public_url: &str,
     push_enabled: bool,
     secured: bool,
+    has_extended: bool,
 ) -> AgentCard {
     let mut card = card.clone();
     card.signatures.clear();
     if secured {
         declare_api_key(&mut card);
-        // They name the agency's schemes, which the card no longer declares.
-        for skill in &mut card.skills {
-            skill.security_requirements.clear();
-        }
     } else {
+        card.security_schemes.clear();
+        card.security_requirements.clear();
+    }
+    // They name the agency's schemes, which the card no longer declares.
+    for skill in &mut card.skills {
+        skill.security_requirements.clear();
+    }
+    if !(secured && has_extended) {
         card.capabilities.extended_agent_card = None;
     }
     card.supported_interfaces = vec![jsonrpc_interface(format!(
@@ -153,12 +161,21 @@ pub fn gateway_card(
     let skills = agents
         .iter()
         .flat_map(|(id, card)| {
-            card.skills.iter().map(move |skill| AgentSkill {
-                id: format!("{id}/{}", skill.id),
-                // They name the agencies' schemes, which this card does not
-                // declare.
-                security_requirements: Vec::new(),
-                ..skill.clone()
+            card.skills.iter().map(move |skill| {
+                // A skill without modes of its own has its agent's defaults,
+                // not the gateway card's.
+                let modes = |own: &Vec<String>, default: &Vec<String>| {
+                    if own.is_empty() { default } else { own }.clone()
+                };
+                AgentSkill {
+                    id: format!("{id}/{}", skill.id),
+                    input_modes: modes(&skill.input_modes, &card.default_input_modes),
+                    output_modes: modes(&skill.output_modes, &card.default_output_modes),
+                    // They name the agencies' schemes, which this card does
+                    // not declare.
+                    security_requirements: Vec::new(),
+                    ..skill.clone()
+                }
             })
         })
         .collect();
@@ -241,18 +258,19 @@ mod tests {
     #[test]
     fn published_cards_carry_no_signature_and_only_schemes_they_declare() {
         let card = signed_card();
-        let open = publish_agent_card(&card, "billing", "http://localhost:8080", true, false);
+        let url = "http://localhost:8080";
+        let open = publish_agent_card(&card, "billing", url, true, false, false);
         assert!(
             open.signatures.is_empty(),
             "the signatures cover the agency's card"
         );
-        assert_eq!(open.security_schemes, card.security_schemes);
-        assert_eq!(
-            open.skills[0].security_requirements,
-            card.skills[0].security_requirements
+        assert!(
+            open.security_schemes.is_empty() && open.security_requirements.is_empty(),
+            "Baton asks for no credential, and passes none on"
         );
+        assert!(open.skills[0].security_requirements.is_empty());
 
-        let secured = publish_agent_card(&card, "billing", "http://localhost:8080", true, true);
+        let secured = publish_agent_card(&card, "billing", url, true, true, false);
         assert!(secured.signatures.is_empty());
         assert_eq!(
             secured.security_schemes.keys().collect::<Vec<_>>(),
@@ -265,14 +283,18 @@ mod tests {
     }
 
     #[test]
-    fn an_extended_card_is_offered_only_with_keys() {
+    fn an_extended_card_is_offered_only_with_keys_and_when_held() {
         let mut card = signed_card();
         card.capabilities.extended_agent_card = Some(true);
         for secured in [false, true] {
             let offered = secured.then_some(true);
             let url = "http://localhost:8080";
-            let agent = publish_agent_card(&card, "billing", url, true, secured);
+            let agent = publish_agent_card(&card, "billing", url, true, secured, true);
             assert_eq!(agent.capabilities.extended_agent_card, offered);
+            // An agent whose extended card Baton does not hold (a remote
+            // agent's) is not said to have one.
+            let remote = publish_agent_card(&card, "billing", url, true, secured, false);
+            assert_eq!(remote.capabilities.extended_agent_card, None);
             let gateway = gateway_card(&[("billing", &card)], url, true, secured);
             assert_eq!(gateway.capabilities.extended_agent_card, offered);
         }
@@ -289,6 +311,11 @@ mod tests {
                 secured,
             );
             assert_eq!(gateway.skills[0].id, "billing/refund");
+            assert_eq!(
+                gateway.skills[0].input_modes,
+                ["text/plain"],
+                "the agent's default modes, not the gateway card's"
+            );
             assert!(
                 gateway.skills[0].security_requirements.is_empty(),
                 "the gateway card declares no agency's scheme"

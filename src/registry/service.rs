@@ -628,7 +628,9 @@ impl Registry {
             allow_from: params.allow_from.clone(),
             builtin: false,
         };
-        let published = PublishedCard::new(self.directory.publish(id, &record.card), updated_at);
+        // Baton does not fetch a registered agent's extended card.
+        let published_card = self.directory.publish(id, &record.card, false);
+        let published = PublishedCard::new(published_card, updated_at);
         record.published_card = published.card;
         record.etag = published.etag;
         // Durable before it is routed or shown.

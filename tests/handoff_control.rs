@@ -327,8 +327,13 @@ async fn routing_rules_choose_the_agent_of_calls_that_name_none() {
     let routed = gateway
         .call("SendMessage", json!({"message": user_message(&message_id("tck-message-response"), "I want a REFUND")}))
         .await;
+    // A routed call is a handoff (DESIGN.md §3.3): the agent's message
+    // completes a task, as its artifact `response`.
+    let task = &routed.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(task["artifacts"][0]["name"], "response");
     assert_eq!(
-        routed.result()["message"]["parts"][0]["text"],
+        task["artifacts"][0]["parts"][0]["text"],
         "Direct message response"
     );
     // No rule matches: the default agent (echo).
@@ -356,7 +361,7 @@ async fn routing_rules_choose_the_agent_of_calls_that_name_none() {
         )
         .await;
     assert_eq!(
-        labeled.result()["message"]["parts"][0]["text"],
+        labeled.result()["task"]["artifacts"][0]["parts"][0]["text"],
         "Direct message response",
         "{}",
         labeled.body

@@ -884,6 +884,41 @@ async fn no_acknowledgement_is_retried_then_rerouted_by_skill() {
     gateway.stop().await;
 }
 
+/// A call a routing rule sends by skill is a handoff by that skill
+/// (DESIGN.md §3.3): without an acknowledgement it is retried, then
+/// rerouted to another healthy agent declaring the skill.
+#[tokio::test]
+async fn a_call_routed_by_a_skill_rule_is_rerouted_by_that_skill() {
+    let gateway = baton()
+        .tune(quick_ladder)
+        .routing("[[route]]\nwhen = { skill = \"refund\" }\n")
+        .start()
+        .await;
+    let (silent, billing) = refund_agents().await;
+    register(&gateway, "silent", &silent, json!({})).await;
+    register(&gateway, "billing", &billing, json!({})).await;
+
+    // Balanced between the two, so one of two calls goes to `silent` first.
+    let mut histories = Vec::new();
+    for _ in 0..2 {
+        let params = json!({
+            "message": user_message(&message_id("m"), "refund me"),
+            "metadata": {"skill": "refund"},
+        });
+        let task = gateway.call("SendMessage", params).await.result()["task"].clone();
+        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+        let full = get_task(&gateway, task["id"].as_str().unwrap()).await;
+        histories.push(reasons_in_history(&full));
+    }
+    histories.sort();
+    assert_eq!(histories, [vec![], vec!["RETRY", "REROUTED"]]);
+    assert_eq!(sends_to(&silent), 2, "tried, then retried");
+    assert_eq!(sends_to(&billing), 2);
+    silent.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 /// The ladder never reroutes to the handoff's sender, as the first choice
 /// by skill never picks it: that would hand the work back where it came from.
 #[tokio::test]

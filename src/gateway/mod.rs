@@ -1622,18 +1622,16 @@ mod tests {
         assert!(still_waiting(&mut repeat).await);
 
         // The first send lets go; a send of another message takes the key.
-        ledger
-            .release_idempotency_if("alice", "k", &first_claim)
-            .await
-            .unwrap();
+        // Both logged in one poll: the repeat's send, a task of its own,
+        // must not see the key free while the release waits on the log
+        // (it would claim the key itself).
         let other_claim = claim_of(&other, "t1");
-        assert!(
-            ledger
-                .claim_idempotency("alice", "k", &other_claim)
-                .await
-                .unwrap()
-                .is_none()
+        let (released, claimed) = futures::join!(
+            ledger.release_idempotency_if("alice", "k", &first_claim),
+            ledger.claim_idempotency("alice", "k", &other_claim)
         );
+        assert!(released.unwrap());
+        assert!(claimed.unwrap().is_none());
         alices_task(&ledger, TaskState::Completed).await;
         let refused = repeat.await.expect_err("not the other message's task");
         assert!(

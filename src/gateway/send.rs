@@ -15,7 +15,7 @@ use crate::handoff::payload::{
     HandoffPayload, HandoffTarget, PayloadValidator, find_payload, violations_detail,
 };
 use crate::handoff::reasons::{self, status_part};
-use crate::handoff::routing::{RouteInput, declares_skill};
+use crate::handoff::routing::{RouteInput, Routed, declares_skill};
 use crate::protocol::*;
 use crate::registry::AgentEntry;
 use crate::store::hub::EventHub;
@@ -223,20 +223,23 @@ impl Gateway {
     ) -> Result<(String, Handoff), GatewayError> {
         let addressed = ctx.agent_id.clone();
         let Some(data) = find_payload(message) else {
-            // Routed (§3.3): the rules choose when the caller named no agent.
+            // Routed (§3.3): the rules choose when the caller named no agent,
+            // a handoff to the agent a rule chose (by a skill, a reroute
+            // may choose another); the default agent takes a plain call.
             let routed = (!ctx.pinned)
                 .then(|| self.route(ctx, message, metadata))
                 .flatten();
-            let kind = if routed.is_some() {
-                HopKind::Routed
-            } else {
-                HopKind::Call
-            };
-            let handoff = Handoff {
-                kind,
-                ..Handoff::default()
-            };
-            return Ok((routed.unwrap_or(addressed), handoff));
+            return Ok(match routed {
+                Some(routed) => {
+                    let handoff = Handoff {
+                        kind: HopKind::Routed,
+                        skill: routed.skill,
+                        ..Handoff::default()
+                    };
+                    (routed.agent, handoff)
+                }
+                None => (addressed, Handoff::default()),
+            });
         };
         let payload = match PayloadValidator::shared().validate(data) {
             Ok(payload) => payload,
@@ -319,13 +322,14 @@ impl Gateway {
         }
     }
 
-    /// The agent the routing rules choose for a message, if any rule matches.
+    /// The agent the routing rules choose for a message, and the skill it
+    /// was chosen by, if any rule matches.
     fn route(
         &self,
         ctx: &CallContext,
         message: &Message,
         metadata: Option<&crate::protocol::wire::Struct>,
-    ) -> Option<String> {
+    ) -> Option<Routed> {
         let entries = self.directory().list();
         let views = agent_views(&entries);
         let input = RouteInput {
@@ -335,7 +339,7 @@ impl Gateway {
         };
         self.settings
             .routing
-            .route(&input, &views, self.next_balance())
+            .decide(&input, &views, self.next_balance())
     }
 
     /// The sender a call names (a payload's `from`, or the end of its chain)
@@ -867,7 +871,7 @@ impl Gateway {
         };
         let start = match continued {
             Some(record) => Start::Continued(record),
-            None if handoff.payload.is_some() => {
+            None if handoff.is_handoff() => {
                 // A handoff is a task from acceptance: SUBMITTED until the
                 // target acknowledges (DESIGN.md §3.4).
                 if let Err(err) = self.accept_handoff(ctx, &agent, &handoff, &request).await {
@@ -883,7 +887,7 @@ impl Gateway {
         let turn = Turn {
             agent,
             request,
-            handoff: handoff.payload.is_some(),
+            handoff: handoff.is_handoff(),
             skill: handoff.skill.clone(),
             source: handoff.payload.as_ref().map(|p| p.from.clone()),
         };
@@ -999,7 +1003,7 @@ impl Gateway {
             created_at: chrono::Utc::now(),
             hops: vec![HopRecord {
                 agent: agent.id.clone(),
-                kind: HopKind::Direct,
+                kind: handoff.kind,
                 started_at: chrono::Utc::now(),
                 message_bytes: Some(message_bytes(message)),
                 attempts: 1,
@@ -1026,7 +1030,7 @@ impl Gateway {
         let hops = control.map_or(1, |c| c.hops);
         self.metrics_handoff(
             (source, &agent.id),
-            HopKind::Direct,
+            handoff.kind,
             hops,
             message_bytes(message),
         );
@@ -1174,7 +1178,7 @@ struct Handoff {
     handoff_id: Option<String>,
     /// How the agent was chosen.
     kind: HopKind,
-    /// The skill the target was chosen by (`toSkill`).
+    /// The skill the target was chosen by (`toSkill`, or a routing rule's).
     skill: Option<String>,
     /// The validated payload of an accepted handoff.
     payload: Option<Box<HandoffPayload>>,
@@ -1183,6 +1187,12 @@ struct Handoff {
 }
 
 impl Handoff {
+    /// Whether the send hands work off (DESIGN.md §3.3): a payload's, or to
+    /// the agent a routing rule chose; a plain call is none.
+    fn is_handoff(&self) -> bool {
+        self.payload.is_some() || self.kind == HopKind::Routed
+    }
+
     fn refused(handoff_id: Option<String>, refusal: (&'static str, serde_json::Value)) -> Self {
         Self {
             handoff_id,

@@ -62,8 +62,9 @@
 //! id. Unhealthy agents are used only when none is healthy. The caller passes
 //! a counter as `balance_seed`, and the pick is `seed % count`, so it goes
 //! round-robin. [`Routed::skill`] records that an agent was chosen by skill.
-//! A routed call is still a plain call: it gets no failure ladder (§3.3), as
-//! the README's design notes say, so nothing reroutes it by that skill.
+//! A call a rule routes is a handoff (DESIGN.md §3.3) with the failure
+//! ladder, and one chosen by skill may be rerouted by that skill; a call
+//! that falls through to the default agent is a plain call.
 //!
 //! [`RoutingRules::compile`] reports every bad rule at once. Each message
 //! starts with `route[i]`, where `i` is the 0-based index of the `[[route]]`
@@ -183,8 +184,8 @@ pub struct AgentView<'a> {
 pub struct Routed {
     /// The chosen agent id.
     pub agent: String,
-    /// The skill the agent was chosen by, if any (what [`RoutingRules::decide`]
-    /// reports; the send path routes by the agent alone).
+    /// The skill the agent was chosen by, if any: a reroute may choose
+    /// another agent declaring it.
     pub skill: Option<String>,
     /// Index of the rule that decided.
     pub rule: usize,

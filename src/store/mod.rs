@@ -3750,6 +3750,82 @@ mod tests {
         assert_eq!(reopened.events_after("t1", 0).unwrap().0.events.len(), 3);
     }
 
+    /// The log a crashed process left: three raw puts in one segment, the
+    /// middle or last one changed by `damage` (given each frame's range).
+    /// Returns the segment's frames as written.
+    fn crashed_log_of_three(
+        dir: &Path,
+        damage: fn(&mut Vec<u8>, &[std::ops::Range<usize>]),
+    ) -> Vec<u8> {
+        let mut frames = Vec::new();
+        let mut ranges = Vec::new();
+        for name in ["k1", "k2", "k3"] {
+            let start = frames.len();
+            let key = keys::idempotency("owner", name);
+            let entry = wal::EntryRef::Put {
+                key: &key,
+                value: b"{}",
+            };
+            wal::encode(&mut frames, &entry).unwrap();
+            ranges.push(start..frames.len());
+        }
+        damage(&mut frames, &ranges);
+        let mut segment = wal::Segment::create(&dir.join("wal"), 1).unwrap();
+        segment.append_durably(&frames).unwrap();
+        frames
+    }
+
+    #[test]
+    fn damage_in_the_last_log_segment_is_kept_and_a_torn_tail_is_not() {
+        // What precedes the damage is replayed either way.
+        let undecodable: fn(&mut Vec<u8>, &[std::ops::Range<usize>]) = |frames, ranges| {
+            // A checksum that holds, over a frame this build does not know.
+            let payload = br#"{"op":"Bogus"}"#;
+            let mut frame = (payload.len() as u32).to_le_bytes().to_vec();
+            frame.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+            frame.extend_from_slice(payload);
+            frames.splice(ranges[1].clone(), frame);
+        };
+        let flipped: fn(&mut Vec<u8>, &[std::ops::Range<usize>]) = |frames, ranges| {
+            frames[ranges[1].end - 3] ^= 0xff;
+        };
+        let torn: fn(&mut Vec<u8>, &[std::ops::Range<usize>]) = |frames, ranges| {
+            // Cut short, the zero-filled space after it.
+            frames.truncate(ranges[2].end - 3);
+        };
+        for (case, damage, replayed, kept) in [
+            ("undecodable", undecodable, 1, true),
+            ("checksum failing before a frame", flipped, 1, true),
+            ("torn last frame", torn, 2, false),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let frames = crashed_log_of_three(dir.path(), damage);
+            let ledger = Ledger::open(dir.path()).unwrap();
+            for (n, name) in ["k1", "k2", "k3"].into_iter().enumerate() {
+                let read = ledger.read_raw(&keys::idempotency("owner", name)).unwrap();
+                assert_eq!(read.is_some(), n < replayed, "{case}: {name}");
+            }
+            ledger.close();
+            drop(ledger);
+            let wal_dir = dir.path().join("wal");
+            assert!(wal::segments(&wal_dir).unwrap().is_empty(), "{case}");
+            let damaged = wal_dir.join("damaged");
+            if !kept {
+                assert!(!damaged.exists(), "{case}");
+                continue;
+            }
+            let folders: Vec<_> = std::fs::read_dir(&damaged)
+                .unwrap_or_else(|err| panic!("{case}: nothing kept: {err}"))
+                .map(|entry| entry.unwrap().path())
+                .collect();
+            let [folder] = folders.as_slice() else {
+                panic!("{case}: one folder of damaged segments: {folders:?}");
+            };
+            let segment = std::fs::read(folder.join(format!("{:020}.log", 1))).unwrap();
+            assert_eq!(segment[..frames.len()], frames, "{case}: kept whole");
+        }
+    }
+
     #[tokio::test]
     async fn a_task_just_applied_is_read_without_decoding_until_the_next_set() {
         let dir = tempfile::tempdir().unwrap();

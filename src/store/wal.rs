@@ -14,9 +14,11 @@
 //!
 //! Layout: segment files `wal/<number>.log`, each a run of frames
 //! `[payload length u32 LE][crc32 of payload u32 LE][payload JSON]`, then
-//! zeros (space allocated ahead). A zero length ends the log, and so does a
-//! frame that is short or fails its checksum: it was being written when the
-//! process stopped, so its writer was never answered.
+//! zeros (space allocated ahead). A zero length ends a segment's frames.
+//! The last segment may also end at a frame that fails its checksum and is
+//! followed by zeros only: the write a crash interrupted, whose writers were
+//! never answered. Any other end is damage, and the log ends before it (see
+//! [`read_all`]).
 
 use super::TaskRecord;
 use crate::protocol::StreamResponse;
@@ -121,66 +123,104 @@ pub fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
     Ok(found)
 }
 
-/// Reads every whole frame of the segments in `dir`, in order. A frame
-/// that is short, fails its checksum or does not decode ends the log, later
-/// segments included: what follows it must not be applied over the hole.
-/// When segments follow the damage (no crash tears more than the last
-/// one), the damaged segment and those after it are moved to
-/// `dir/damaged/`, kept for an operator rather than deleted with the
-/// replayed ones.
+/// Reads every whole frame of the segments in `dir`, in order. The log
+/// ends at the first damage, later segments included: what follows it must
+/// not be applied over the hole. A segment's frames end in zeros up to the
+/// file's end or, in the last segment only, in a torn frame (see
+/// [`SegmentEnd::Torn`]); any other end is damage. The damaged segment and
+/// those after it are moved to `dir/damaged/`, kept for an operator rather
+/// than deleted with the replayed ones.
 pub fn read_all(dir: &Path) -> io::Result<Vec<Entry>> {
     let mut entries = Vec::new();
     let segments = segments(dir)?;
     for (index, (_, path)) in segments.iter().enumerate() {
         let bytes = std::fs::read(path)?;
-        let mut at = 0;
-        let ended = loop {
-            let Some(header) = bytes.get(at..at + HEADER) else {
-                break None;
-            };
-            let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-            let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
-            if len == 0 {
-                break None; // the zero-filled space after the last frame
+        let later = segments.len() - index - 1;
+        let why = match read_segment(&bytes, &mut entries) {
+            SegmentEnd::Clean => continue,
+            SegmentEnd::Torn if later == 0 => {
+                tracing::warn!(path = %path.display(), "the ledger log ends at a frame a crash cut short");
+                break;
             }
-            let Some(payload) = bytes.get(at + HEADER..at + HEADER + len) else {
-                break Some("a torn frame".to_string());
-            };
-            if crc32fast::hash(payload) != crc {
-                break Some("a frame failing its checksum".to_string());
-            }
-            match super::decode_stored(payload) {
-                Ok(entry) => entries.push(entry),
-                Err(err) => break Some(format!("an undecodable frame ({err})")),
-            }
-            at += HEADER + len;
+            // A crash tears only the last frame written.
+            SegmentEnd::Torn => "a frame failing its checksum".to_string(),
+            SegmentEnd::Damaged(why) => why,
         };
-        if let Some(why) = ended {
-            // A crash tears only the last frame written, so a torn frame with
-            // segments after it means the log was damaged.
-            let later = segments.len() - index - 1;
-            if later > 0 {
-                let kept = keep_damaged(dir, &segments[index..])?;
-                tracing::error!(path = %path.display(), later, kept = %kept.display(), "the ledger log ends at {why}; it and the later segments are not replayed, and are kept");
-            } else {
-                tracing::warn!(path = %path.display(), "the ledger log ends at {why}");
-            }
-            break;
-        }
+        let kept = keep_damaged(dir, &segments[index..])?;
+        tracing::error!(path = %path.display(), later, kept = %kept.display(), "the ledger log ends at {why}; it and any later segments are not replayed, and are kept");
+        break;
     }
     Ok(entries)
+}
+
+/// How a segment's frames end.
+enum SegmentEnd {
+    /// A zero length, then zeros only.
+    Clean,
+    /// A frame inside the file failing its checksum, then zeros only: the
+    /// last write, which a crash cut short. Space is zero-filled ahead of
+    /// every append, so a frame written even in part lies within the file,
+    /// and nothing is written after it.
+    Torn,
+    /// Anything else: the disk lost or changed data, or an older binary
+    /// meets a frame it does not know (its checksum holds).
+    Damaged(String),
+}
+
+/// Reads the whole frames of one segment's `bytes` into `entries`, up to
+/// where they end.
+fn read_segment(bytes: &[u8], entries: &mut Vec<Entry>) -> SegmentEnd {
+    let zeros_from = |at: usize| {
+        bytes
+            .get(at..)
+            .is_none_or(|rest| rest.iter().all(|&b| b == 0))
+    };
+    let mut at = 0;
+    while let Some(header) = bytes.get(at..at + HEADER) {
+        let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+        if len == 0 {
+            break;
+        }
+        let Some(payload) = bytes.get(at + HEADER..at + HEADER + len) else {
+            return SegmentEnd::Damaged("a frame running past the segment's end".into());
+        };
+        if crc32fast::hash(payload) != crc {
+            return if zeros_from(at + HEADER + len) {
+                SegmentEnd::Torn
+            } else {
+                SegmentEnd::Damaged("a frame failing its checksum, with data after it".into())
+            };
+        }
+        match super::decode_stored(payload) {
+            Ok(entry) => entries.push(entry),
+            Err(err) => return SegmentEnd::Damaged(format!("an undecodable frame ({err})")),
+        }
+        at += HEADER + len;
+    }
+    if zeros_from(at) {
+        SegmentEnd::Clean
+    } else {
+        SegmentEnd::Damaged("data after a zero frame length".into())
+    }
 }
 
 /// Moves `segments` to a folder of their own under `dir/damaged/`, named
 /// by the time, and returns it.
 fn keep_damaged(dir: &Path, segments: &[(u64, PathBuf)]) -> io::Result<PathBuf> {
     let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ").to_string();
-    let kept = dir.join("damaged").join(stamp);
+    let damaged = dir.join("damaged");
+    let kept = damaged.join(stamp);
     std::fs::create_dir_all(&kept)?;
     for (_, path) in segments {
         if let Some(name) = path.file_name() {
             std::fs::rename(path, kept.join(name))?;
         }
+    }
+    // Durable before start-up deletes the replayed segments: the moved ones
+    // are then the only copy of what follows the damage.
+    for moved in [&kept, &damaged, dir] {
+        File::open(moved)?.sync_all()?;
     }
     Ok(kept)
 }
@@ -360,6 +400,63 @@ mod tests {
             std::fs::read(segment_path(kept, 2)).unwrap()[..later.len()],
             later
         );
+    }
+
+    #[test]
+    fn a_segment_ends_at_zeros_or_a_torn_frame_and_anything_else_is_damage() {
+        let mut whole = Vec::new();
+        encode(&mut whole, &EntryRef::Remove { key: b"a" }).unwrap();
+        let mut next = Vec::new();
+        encode(&mut next, &EntryRef::Remove { key: b"b" }).unwrap();
+        let zeros = [0; 64];
+        let cut_short = [&next[..next.len() - 2], &zeros].concat();
+        let mut flipped = next.clone();
+        flipped[HEADER] ^= 0xff;
+        let mut too_long = next.clone();
+        too_long[..4].copy_from_slice(&1000u32.to_le_bytes());
+        let mut stray = zeros.to_vec();
+        stray[20] = 1;
+        let payload = br#"{"op":"Bogus"}"#;
+        let mut undecodable = (payload.len() as u32).to_le_bytes().to_vec();
+        undecodable.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        undecodable.extend_from_slice(payload);
+        // What follows one whole frame, and how the segment then ends
+        // (damage as its reason, up to any detail in brackets).
+        let cases = [
+            ("zeros", zeros.to_vec(), "clean"),
+            ("nothing", Vec::new(), "clean"),
+            ("a frame cut short", cut_short, "torn"),
+            (
+                "a frame failing its checksum, then a frame",
+                [&flipped[..], &next, &zeros].concat(),
+                "a frame failing its checksum, with data after it",
+            ),
+            (
+                "a length past the file's end",
+                [&too_long[..], &zeros[..8]].concat(),
+                "a frame running past the segment's end",
+            ),
+            (
+                "data after a zero length",
+                stray,
+                "data after a zero frame length",
+            ),
+            (
+                "a frame whose checksum holds but does not decode",
+                [&undecodable[..], &zeros].concat(),
+                "an undecodable frame",
+            ),
+        ];
+        for (case, after, expected) in cases {
+            let mut entries = Vec::new();
+            let end = match read_segment(&[&whole[..], &after].concat(), &mut entries) {
+                SegmentEnd::Clean => "clean".to_string(),
+                SegmentEnd::Torn => "torn".to_string(),
+                SegmentEnd::Damaged(why) => why.split(" (").next().unwrap().to_string(),
+            };
+            assert_eq!(end, expected, "{case}");
+            assert_eq!(entries.len(), 1, "{case}: the frame before");
+        }
     }
 
     /// After the frames, zeros only, up to the zero-filled end.

@@ -392,15 +392,7 @@ impl Applier {
     fn checkpoint(&self, segments: Vec<PathBuf>) -> bool {
         let kept = match self.flush() {
             Ok(()) => {
-                // Each deletion is made durable before the next: a crash
-                // must not bring back an older segment but not a newer one.
-                let kept = delete_in_order(segments, |path| {
-                    std::fs::remove_file(path)?;
-                    match path.parent() {
-                        Some(dir) => std::fs::File::open(dir)?.sync_all(),
-                        None => Ok(()),
-                    }
-                });
+                let kept = delete_in_order(segments, remove_durably);
                 self.checkpointing.recovered();
                 kept
             }
@@ -682,7 +674,8 @@ impl Applier {
         })
     }
 
-    /// Applies writes read back from the log at start-up, and checkpoints.
+    /// Applies writes read back from the log at start-up, checkpoints, and
+    /// deletes the log's segments as a checkpoint does.
     pub fn recover(&self, set: PendingSet) -> Result<(), LedgerError> {
         // An application the process stopped in: sled may hold index keys
         // of versions the log replay does not end at, and its counters miss
@@ -706,8 +699,14 @@ impl Applier {
             self.apply(&set)?;
         }
         self.flush()?;
-        for (_, path) in wal::segments(&self.wal_dir).map_err(storage_io)? {
-            std::fs::remove_file(path).map_err(storage_io)?;
+        let replayed = wal::segments(&self.wal_dir).map_err(storage_io)?;
+        let replayed = replayed.into_iter().map(|(_, path)| path).collect();
+        // One left would be replayed again at the next start, over newer writes.
+        if let Some(kept) = delete_in_order(replayed, remove_durably).first() {
+            return Err(storage_io(std::io::Error::other(format!(
+                "could not delete the replayed log segment {}",
+                kept.display()
+            ))));
         }
         Ok(())
     }
@@ -951,6 +950,19 @@ fn delete_in_order(
         Some(at) => segments[at..].to_vec(),
         None => Vec::new(),
     }
+}
+
+/// Deletes a log segment whose writes sled holds, durably before the next
+/// deletion: a crash must not bring back an older segment but not a newer
+/// one.
+fn remove_durably(path: &std::path::Path) -> std::io::Result<()> {
+    std::fs::remove_file(path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    #[cfg(test)]
+    tests::DELETED_DURABLY.with_borrow_mut(|deleted| deleted.push(path.to_path_buf()));
+    Ok(())
 }
 
 /// Runs `work`, which may block for milliseconds: on a worker of a
@@ -1613,6 +1625,12 @@ fn index_remove(
 mod tests {
     use super::*;
 
+    thread_local! {
+        /// The log segments this thread deleted durably, in order.
+        pub(super) static DELETED_DURABLY: std::cell::RefCell<Vec<PathBuf>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+
     fn count(tree: &sled::Tree, owner: &str, name: &str) -> u64 {
         read_counter(tree, &keys::counter(owner, name)).unwrap()
     }
@@ -1662,6 +1680,24 @@ mod tests {
         assert_eq!(kept, paths[2..], "the failed segment and those after it");
         assert_eq!(tried, paths[..3], "none deleted past the failure");
         assert!(delete_in_order(paths, |_| Ok(())).is_empty());
+    }
+
+    #[test]
+    fn start_up_deletes_the_replayed_segments_oldest_first_each_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, tree, wal_dir) = store_with_log_dir(dir.path());
+        for number in 1..=3 {
+            wal::Segment::create(&wal_dir, number).unwrap();
+        }
+        let replayed: Vec<PathBuf> = wal::segments(&wal_dir)
+            .unwrap()
+            .into_iter()
+            .map(|(_, path)| path)
+            .collect();
+        let applier = Applier::new(db, tree, wal_dir.clone(), Arc::default()).unwrap();
+        applier.recover(PendingSet::default()).unwrap();
+        assert!(wal::segments(&wal_dir).unwrap().is_empty());
+        assert_eq!(DELETED_DURABLY.take(), replayed);
     }
 
     #[test]

@@ -1301,10 +1301,12 @@ impl Ledger {
         let applier = Applier::new(db.clone(), tree.clone(), wal_dir.clone(), durable.clone())?;
         applier.recover(PendingSet::from_log(replayed))?;
         remove_retired_index(&tree)?;
+        // Before the applier starts: its thread would outlive a failed open,
+        // holding sled's lock.
+        let segment = wal::Segment::create(&wal_dir, next_segment).map_err(storage_io)?;
         if start == ApplierStart::Running {
             applier.start();
         }
-        let segment = wal::Segment::create(&wal_dir, next_segment).map_err(storage_io)?;
         let hub = Arc::new(EventHub::default());
         let flusher = Flusher::start(segment, durable, hub.clone(), applier.clone());
         let push_configs_stored = tree.scan_prefix(keys::push_all_prefix()).count() as u64;
@@ -3748,6 +3750,14 @@ mod tests {
         assert_eq!(record.version, 3);
         assert_eq!(reopened.read_raw(&key).unwrap(), Some(b"{}".to_vec()));
         assert_eq!(reopened.events_after("t1", 0).unwrap().0.events.len(), 3);
+    }
+
+    #[test]
+    fn an_open_that_fails_leaves_the_ledger_free_to_open_again() {
+        let dir = tempfile::tempdir().unwrap();
+        wal::FAIL_NEXT_CREATE.set(true);
+        assert!(Ledger::open(dir.path()).is_err(), "no log segment");
+        reopen(dir.path()).close();
     }
 
     /// The log a crashed process left: three raw puts in one segment, the

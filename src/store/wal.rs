@@ -250,9 +250,20 @@ const PREALLOCATE: u64 = 1024 * 1024;
 /// (README history, round 26). 64 KiB keeps the binary small; a block is one `pwrite`.
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
+#[cfg(test)]
+thread_local! {
+    /// Makes this thread's next [`Segment::create`] fail.
+    pub(crate) static FAIL_NEXT_CREATE: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
+
 impl Segment {
     /// Creates segment `number` in `dir` (and `dir` itself if needed).
     pub fn create(dir: &Path, number: u64) -> io::Result<Self> {
+        #[cfg(test)]
+        if FAIL_NEXT_CREATE.take() {
+            return Err(io::Error::other("injected by a test"));
+        }
         let new_dir = !dir.exists();
         std::fs::create_dir_all(dir)?;
         let path = segment_path(dir, number);

@@ -10,7 +10,9 @@ use super::schema::CardValidator;
 use crate::agents::{Agent, AgentHandle};
 use crate::error::{FieldViolation, GatewayError};
 use crate::gateway::validate::media_type_matches;
+use crate::handoff::routing::{AgentView, declared_skill};
 use crate::protocol::AgentCard;
+use crate::schema_support::escape;
 use crate::store::Ledger;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -86,6 +88,43 @@ impl RegisterParams {
             ));
         }
         Ok(())
+    }
+}
+
+impl RegisterParams {
+    /// Refuses the `skillOutputSchemas` given that could never check a
+    /// result: one that does not compile (each task of its skill would fail
+    /// only once its work is done) or one keyed by no skill of `card` (it
+    /// would never apply). Keys match skills as the relay looks them up.
+    fn check_output_schemas(&self, id: &str, card: &AgentCard) -> Result<(), GatewayError> {
+        let Some(schemas) = &self.skill_output_schemas else {
+            return Ok(());
+        };
+        let view = AgentView {
+            id,
+            card,
+            healthy: true,
+        };
+        let mut violations = Vec::new();
+        for (key, schema) in schemas {
+            let field = format!("/skillOutputSchemas/{}", escape(key));
+            if declared_skill(&view, key).is_none() {
+                violations.push(FieldViolation::new(
+                    field,
+                    "names no skill of the card (a skill id, in any case, or {agentId}/{skillId})",
+                ));
+            } else if let Err(err) = jsonschema::draft202012::options().build(schema) {
+                violations.push(FieldViolation::new(
+                    field,
+                    format!("is not a valid JSON Schema 2020-12: {err}"),
+                ));
+            }
+        }
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(GatewayError::invalid_fields(violations))
+        }
     }
 }
 
@@ -504,6 +543,7 @@ impl Registry {
                 ),
             ));
         }
+        params.check_output_schemas(&id, &card)?;
         let now = Utc::now();
         self.store(owner, &id, card, card_url, &params, now, now)
             .await
@@ -577,6 +617,9 @@ impl Registry {
         card_url: Option<String>,
     ) -> Result<AgentRecord, GatewayError> {
         let (owner, id) = (existing.owner.as_str(), existing.id.as_str());
+        // Only the schemas given now: kept ones may outlive a skill that a
+        // changed card dropped, and must not keep the card from changing.
+        params.check_output_schemas(id, &card)?;
         let mut params = params;
         params.skill_output_schemas = params
             .skill_output_schemas
@@ -960,6 +1003,69 @@ mod tests {
         );
         assert!(registry.directory().get("billing").is_none());
         registry.register("acme", billing_params()).await.unwrap();
+        ledger.close();
+    }
+
+    /// The violated fields of a refusal, in order.
+    fn fields_of(refused: &GatewayError) -> Vec<String> {
+        let error = refused.to_rpc_error();
+        assert_eq!(error["code"], -32602, "{error}");
+        let violations = error["data"][0]["fieldViolations"].as_array().unwrap();
+        let fields = violations.iter().map(|v| v["field"].as_str().unwrap());
+        fields.map(str::to_string).collect()
+    }
+
+    /// `billing_params()` with `schemas` as its `skillOutputSchemas`.
+    fn billing_with_schemas(schemas: Value) -> RegisterParams {
+        RegisterParams {
+            skill_output_schemas: schemas.as_object().cloned(),
+            ..billing_params()
+        }
+    }
+
+    /// An output schema that does not compile, or whose key names no skill
+    /// of the card, is refused at registration, not when a task completes.
+    #[tokio::test]
+    async fn output_schemas_that_cannot_check_a_result_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, registry) = registry_in(dir.path());
+        let object = serde_json::json!({"type": "object"});
+        let cases = [
+            (serde_json::json!({"refund": {"type": 12}}), "refund"),
+            (serde_json::json!({"refunds": object}), "refunds"),
+            (
+                serde_json::json!({"triage/refund": object}),
+                "triage~1refund",
+            ),
+        ];
+        for (schemas, key) in cases {
+            let params = billing_with_schemas(schemas);
+            let refused = registry.register("acme", params).await.unwrap_err();
+            let field = format!("/skillOutputSchemas/{key}");
+            assert_eq!(fields_of(&refused), [field]);
+        }
+        assert!(registry.directory().get("billing").is_none());
+        // Every spelling the relay finds a schema by is taken.
+        let spellings = serde_json::json!({"refund": object, "REFUND": true, "billing/Refund": {}});
+        registry
+            .register("acme", billing_with_schemas(spellings))
+            .await
+            .unwrap();
+
+        // An update's schemas are checked against the card it keeps.
+        let update = |schemas: Value| RegisterParams {
+            id: Some("billing".into()),
+            card: None,
+            ..billing_with_schemas(schemas)
+        };
+        let bad = serde_json::json!({"refund": {"minimum": "zero"}, "credit": object});
+        let refused = registry.update("acme", update(bad)).await.unwrap_err();
+        let fields = ["/skillOutputSchemas/credit", "/skillOutputSchemas/refund"];
+        assert_eq!(fields_of(&refused), fields);
+        // A new card without a skill the kept schemas name is taken.
+        let mut renamed = billing_params();
+        renamed.card.as_mut().unwrap()["skills"][0]["id"] = "credit".into();
+        registry.update("acme", renamed).await.unwrap();
         ledger.close();
     }
 

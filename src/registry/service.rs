@@ -59,7 +59,7 @@ pub struct RegisterParams {
 
 impl RegisterParams {
     /// Refuses limits that cannot hold: zero timeouts, a zero hop limit,
-    /// empty agent ids in the allow list.
+    /// empty agent ids in the allow list; and an allow list past its bounds.
     fn check_limits(&self) -> Result<(), GatewayError> {
         if self.task_timeout_ms == Some(0) {
             return Err(GatewayError::invalid_field(
@@ -87,6 +87,25 @@ impl RegisterParams {
                 "must be a non-empty agent id",
             ));
         }
+        let allowed = self.allow_from.as_deref().unwrap_or_default();
+        if allowed.len() > MAX_ALLOW_FROM {
+            return Err(GatewayError::invalid_field(
+                "allowFrom",
+                format!(
+                    "has {} agent ids, more than the {MAX_ALLOW_FROM} it may have",
+                    allowed.len()
+                ),
+            ));
+        }
+        if let Some(index) = allowed
+            .iter()
+            .position(|id| id.len() > MAX_ALLOW_FROM_ID_BYTES)
+        {
+            return Err(GatewayError::invalid_field(
+                format!("allowFrom[{index}]"),
+                format!("is longer than the {MAX_ALLOW_FROM_ID_BYTES} bytes an agent id may be"),
+            ));
+        }
         Ok(())
     }
 }
@@ -95,7 +114,8 @@ impl RegisterParams {
     /// Refuses the `skillOutputSchemas` given that could never check a
     /// result: one that does not compile (each task of its skill would fail
     /// only once its work is done) or one keyed by no skill of `card` (it
-    /// would never apply). Keys match skills as the relay looks them up.
+    /// would never apply), and schemas past their size bounds. Keys match
+    /// skills as the relay looks them up.
     fn check_output_schemas(&self, id: &str, card: &AgentCard) -> Result<(), GatewayError> {
         let Some(schemas) = &self.skill_output_schemas else {
             return Ok(());
@@ -105,10 +125,30 @@ impl RegisterParams {
             card,
             healthy: true,
         };
+        let sizes: Vec<usize> = schemas
+            .values()
+            .map(|schema| serde_json::to_vec(schema).map_or(0, |encoded| encoded.len()))
+            .collect();
+        let total: usize = sizes.iter().sum();
+        if total > MAX_OUTPUT_SCHEMAS_BYTES {
+            return Err(GatewayError::invalid_field(
+                "/skillOutputSchemas",
+                format!(
+                    "are {total} bytes as JSON in all, more than the {MAX_OUTPUT_SCHEMAS_BYTES} an agent's schemas may be"
+                ),
+            ));
+        }
         let mut violations = Vec::new();
-        for (key, schema) in schemas {
+        for ((key, schema), bytes) in schemas.iter().zip(sizes) {
             let field = format!("/skillOutputSchemas/{}", escape(key));
-            if declared_skill(&view, key).is_none() {
+            if bytes > MAX_OUTPUT_SCHEMA_BYTES {
+                violations.push(FieldViolation::new(
+                    field,
+                    format!(
+                        "is {bytes} bytes as JSON, more than the {MAX_OUTPUT_SCHEMA_BYTES} a schema may be"
+                    ),
+                ));
+            } else if declared_skill(&view, key).is_none() {
                 violations.push(FieldViolation::new(
                     field,
                     "names no skill of the card (a skill id, in any case, or {agentId}/{skillId})",
@@ -876,6 +916,25 @@ impl Registry {
 /// health check and listed in the gateway's card.
 pub const MAX_AGENTS_PER_AGENCY: usize = 1000;
 
+/// Largest `skillOutputSchemas` entry, as JSON. A schema is copied into the
+/// record of every task it types, so it is held well below a card's 1 MiB;
+/// 64 KiB still fits a schema of hundreds of fields.
+pub const MAX_OUTPUT_SCHEMA_BYTES: usize = 64 * 1024;
+
+/// Largest `skillOutputSchemas` of one agent in all, as JSON: kept in its
+/// record and shown by `GetAgent` and searches beside the card, it is at
+/// most a quarter of what the card may be.
+pub const MAX_OUTPUT_SCHEMAS_BYTES: usize = 256 * 1024;
+
+/// Most entries of `allowFrom`, each at most [`MAX_ALLOW_FROM_ID_BYTES`]:
+/// the list is kept in the record and scanned on every handoff to the
+/// agent, and hundreds of senders are plenty for one agent.
+pub const MAX_ALLOW_FROM: usize = 512;
+
+/// Longest `allowFrom` entry in bytes: four times a registered agent id's
+/// 64, for senders named elsewhere.
+pub const MAX_ALLOW_FROM_ID_BYTES: usize = 256;
+
 /// How many agents' cards a health check fetches at once.
 const HEALTH_CHECKS_AT_ONCE: usize = 8;
 
@@ -1066,6 +1125,67 @@ mod tests {
         let mut renamed = billing_params();
         renamed.card.as_mut().unwrap()["skills"][0]["id"] = "credit".into();
         registry.update("acme", renamed).await.unwrap();
+        ledger.close();
+    }
+
+    /// Output schemas and the allow list are bounded, each refusal naming
+    /// the field; at the bounds they are taken.
+    #[tokio::test]
+    async fn output_schemas_and_allow_lists_past_their_bounds_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, registry) = registry_in(dir.path());
+        // `{"description":"xx…"}`, `bytes` long as JSON.
+        let schema_of = |bytes: usize| serde_json::json!({"description": "x".repeat(bytes - 18)});
+        assert_eq!(serde_json::to_vec(&schema_of(100)).unwrap().len(), 100);
+        let one = serde_json::json!({"refund": schema_of(MAX_OUTPUT_SCHEMA_BYTES + 1)});
+        let refused = registry
+            .register("acme", billing_with_schemas(one))
+            .await
+            .unwrap_err();
+        assert_eq!(fields_of(&refused), ["/skillOutputSchemas/refund"]);
+        // Five spellings of the skill, each within the bound, past it in all.
+        let spellings = [
+            "refund",
+            "Refund",
+            "REFUND",
+            "billing/refund",
+            "billing/REFUND",
+        ];
+        let many: Map<String, Value> = spellings
+            .iter()
+            .map(|key| (key.to_string(), schema_of(MAX_OUTPUT_SCHEMA_BYTES)))
+            .collect();
+        let refused = registry
+            .register("acme", billing_with_schemas(Value::Object(many)))
+            .await
+            .unwrap_err();
+        assert_eq!(fields_of(&refused), ["/skillOutputSchemas"]);
+
+        let with_allowed = |allowed: Vec<String>| RegisterParams {
+            allow_from: Some(allowed),
+            ..billing_params()
+        };
+        let senders = |n: usize| (0..n).map(|i| format!("sender-{i}")).collect();
+        let refused = registry
+            .register("acme", with_allowed(senders(MAX_ALLOW_FROM + 1)))
+            .await
+            .unwrap_err();
+        assert_eq!(fields_of(&refused), ["allowFrom"]);
+        let long = vec!["a".into(), "b".repeat(MAX_ALLOW_FROM_ID_BYTES + 1)];
+        let refused = registry
+            .register("acme", with_allowed(long))
+            .await
+            .unwrap_err();
+        assert_eq!(fields_of(&refused), ["allowFrom[1]"]);
+        assert!(registry.directory().get("billing").is_none());
+
+        let mut at_bounds = with_allowed(senders(MAX_ALLOW_FROM));
+        let four = &spellings[..4];
+        let schemas = four
+            .iter()
+            .map(|key| (key.to_string(), schema_of(MAX_OUTPUT_SCHEMA_BYTES)));
+        at_bounds.skill_output_schemas = Some(schemas.collect());
+        registry.register("acme", at_bounds).await.unwrap();
         ledger.close();
     }
 

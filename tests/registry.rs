@@ -436,6 +436,28 @@ async fn search_filters_and_pages() {
     upstream.stop().await;
 }
 
+/// `GET /registry/agents` refuses a query past its bounds (256 bytes, 8
+/// distinct words) with 400, naming its parameter `q`.
+#[tokio::test]
+async fn a_search_query_past_its_bounds_is_refused_naming_q() {
+    let gateway = baton().start().await;
+    let long = "echo+".repeat(60);
+    for q in [long.as_str(), "a+b+c+d+e+f+g+h+i"] {
+        let bad = gateway
+            .http
+            .get(gateway.url(&format!("/registry/agents?q={q}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(bad.status(), 400, "{q}");
+        let body: Value = bad.json().await.unwrap();
+        assert_eq!(body["error"]["code"], -32602, "{body}");
+        let violation = &body["error"]["data"][0]["fieldViolations"][0];
+        assert_eq!(violation["field"], "q", "{body}");
+    }
+    gateway.stop().await;
+}
+
 /// `POST /registry/` is the registry too, as `/a2a/` is the A2A endpoint.
 #[tokio::test]
 async fn the_registry_answers_on_its_path_with_a_trailing_slash() {

@@ -790,6 +790,17 @@ impl Registry {
 
     /// `SearchAgents`.
     pub fn search(&self, params: &SearchParams) -> Result<SearchPage, GatewayError> {
+        self.search_with(params, "query")
+    }
+
+    /// A search whose query text the caller gave as `query_field` (`q` in
+    /// `GET /registry/agents`): the field its refusal names.
+    pub fn search_with(
+        &self,
+        params: &SearchParams,
+        query_field: &str,
+    ) -> Result<SearchPage, GatewayError> {
+        let terms = query_terms(params.query.as_deref().unwrap_or_default(), query_field)?;
         let page_size = params.page_size.unwrap_or(50);
         if !(1..=100).contains(&page_size) {
             return Err(GatewayError::invalid_field(
@@ -816,7 +827,7 @@ impl Registry {
         let mut matches = records
             .values()
             .filter(|record| after.as_ref().is_none_or(|after| record.id > *after))
-            .filter(|record| matches_search(&record.card, &record.id, params));
+            .filter(|record| matches_search(&record.card, &record.id, params, &terms));
         let agents: Vec<AgentRecord> = matches.by_ref().take(page_size as usize).cloned().collect();
         let next_page_token = match (matches.next(), agents.last()) {
             (Some(_), Some(last)) => URL_SAFE_NO_PAD.encode(last.id.as_bytes()),
@@ -938,8 +949,46 @@ pub const MAX_ALLOW_FROM_ID_BYTES: usize = 256;
 /// How many agents' cards a health check fetches at once.
 const HEALTH_CHECKS_AT_ONCE: usize = 8;
 
-/// Whether a card matches every given search filter.
-fn matches_search(card: &AgentCard, id: &str, params: &SearchParams) -> bool {
+/// Longest search query in bytes: a search looks for each of its words in
+/// the text of every registered card.
+pub const MAX_QUERY_BYTES: usize = 256;
+
+/// Most distinct words of a search query; see [`MAX_QUERY_BYTES`].
+pub const MAX_QUERY_TERMS: usize = 8;
+
+/// The distinct words of a search query, lowercased; a query past the
+/// bounds is refused naming `field`.
+fn query_terms(query: &str, field: &str) -> Result<Vec<String>, GatewayError> {
+    if query.len() > MAX_QUERY_BYTES {
+        return Err(GatewayError::invalid_field(
+            field,
+            format!(
+                "is {} bytes, more than the {MAX_QUERY_BYTES} a search query may be",
+                query.len()
+            ),
+        ));
+    }
+    let mut terms: Vec<String> = Vec::new();
+    for term in query.split_whitespace().map(str::to_lowercase) {
+        if !terms.contains(&term) {
+            terms.push(term);
+        }
+    }
+    if terms.len() > MAX_QUERY_TERMS {
+        return Err(GatewayError::invalid_field(
+            field,
+            format!(
+                "has {} distinct words, more than the {MAX_QUERY_TERMS} a search may look for",
+                terms.len()
+            ),
+        ));
+    }
+    Ok(terms)
+}
+
+/// Whether a card matches every given search filter; `terms` are the
+/// query's, from [`query_terms`].
+fn matches_search(card: &AgentCard, id: &str, params: &SearchParams, terms: &[String]) -> bool {
     let eq = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
     if let Some(skill) = &params.skill
         && !card.skills.iter().any(|s| eq(&s.id, skill))
@@ -972,7 +1021,7 @@ fn matches_search(card: &AgentCard, id: &str, params: &SearchParams) -> bool {
     ) {
         return false;
     }
-    if let Some(query) = &params.query {
+    if !terms.is_empty() {
         let mut text = format!("{id} {} {}", card.name, card.description);
         for skill in &card.skills {
             text.push(' ');
@@ -983,10 +1032,7 @@ fn matches_search(card: &AgentCard, id: &str, params: &SearchParams) -> bool {
             }
         }
         let text = text.to_lowercase();
-        if !query
-            .split_whitespace()
-            .all(|term| text.contains(&term.to_lowercase()))
-        {
+        if !terms.iter().all(|term| text.contains(term.as_str())) {
             return false;
         }
     }
@@ -1186,6 +1232,35 @@ mod tests {
             .map(|key| (key.to_string(), schema_of(MAX_OUTPUT_SCHEMA_BYTES)));
         at_bounds.skill_output_schemas = Some(schemas.collect());
         registry.register("acme", at_bounds).await.unwrap();
+        ledger.close();
+    }
+
+    /// A search query is bounded in bytes and in distinct words, refused
+    /// past them naming the query; a word repeated, in any case, counts once.
+    #[tokio::test]
+    async fn search_queries_past_their_bounds_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, registry) = registry_in(dir.path());
+        registry.register("acme", billing_params()).await.unwrap();
+        let query = |text: &str| SearchParams {
+            query: Some(text.to_string()),
+            ..SearchParams::default()
+        };
+        let long = "refund ".repeat(MAX_QUERY_BYTES / 7 + 1);
+        let refused = registry.search(&query(&long)).unwrap_err();
+        assert_eq!(fields_of(&refused), ["query"]);
+        let nine_words = "a b c d e f g h i";
+        let refused = registry.search(&query(nine_words)).unwrap_err();
+        assert_eq!(fields_of(&refused), ["query"]);
+        // As `GET /registry/agents` calls it: its parameter is `q`.
+        let refused = registry.search_with(&query(nine_words), "q").unwrap_err();
+        assert_eq!(fields_of(&refused), ["q"]);
+
+        let repeated = "Refund refund REFUND billing ".repeat(8);
+        assert!(repeated.len() <= MAX_QUERY_BYTES);
+        let found = registry.search(&query(&repeated)).unwrap();
+        let ids: Vec<&str> = found.agents.iter().map(|a| a.id.as_str()).collect();
+        assert_eq!(ids, ["billing"]);
         ledger.close();
     }
 

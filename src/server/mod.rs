@@ -284,7 +284,7 @@ async fn registry_search(
     }
     // Decoded after the key check: nobody without a key probes the parser.
     let page = decode_query::<SearchParams>(query.as_deref())
-        .and_then(|params| state.registry.search(&params))
+        .and_then(|params| state.registry.search_with(&params, "q"))
         .and_then(crate::registry::rpc::shown);
     match page {
         Ok(page) => axum::Json(page).into_response(),

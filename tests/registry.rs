@@ -458,6 +458,35 @@ async fn a_search_query_past_its_bounds_is_refused_naming_q() {
     gateway.stop().await;
 }
 
+/// `GET /registry/agents` reads an empty parameter as an absent one, as
+/// DESIGN.md writes its template (`?skill=&tag=&q=&pageSize=&pageToken=`).
+#[tokio::test]
+async fn empty_search_parameters_are_absent() {
+    let gateway = baton().start().await;
+    let list = |query: &'static str| {
+        let gateway = &gateway;
+        async move {
+            let reply = gateway
+                .http
+                .get(gateway.url(&format!("/registry/agents?{query}")))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(reply.status(), 200, "{query}");
+            let page: Value = reply.json().await.unwrap();
+            let agents = page["agents"].as_array().unwrap().iter();
+            let ids = agents.map(|agent| agent["id"].as_str().unwrap().to_string());
+            ids.collect::<Vec<_>>()
+        }
+    };
+    let all = list("").await;
+    assert_eq!(all, ["echo", "scenario"]);
+    let template = "skill=&tag=&q=&inputMode=&outputMode=&pageSize=&pageToken=";
+    assert_eq!(list(template).await, all);
+    assert_eq!(list("skill=echo&tag=&pageSize=").await, ["echo"]);
+    gateway.stop().await;
+}
+
 /// `POST /registry/` is the registry too, as `/a2a/` is the A2A endpoint.
 #[tokio::test]
 async fn the_registry_answers_on_its_path_with_a_trailing_slash() {

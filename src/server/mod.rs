@@ -258,9 +258,21 @@ async fn registry_rpc(State(state): State<AppState>, headers: HeaderMap, body: B
 }
 
 /// Decodes a query string into `T` as axum's `Query` does (the same
-/// deserializer), naming the parameter that fails by its path.
+/// deserializer), naming the parameter that fails by its path. A parameter
+/// with an empty value (`?skill=&pageSize=`, as DESIGN.md spells the
+/// search's template) is absent.
 fn decode_query<T: serde::de::DeserializeOwned>(raw: Option<&str>) -> Result<T, GatewayError> {
-    let parameters = form_urlencoded::parse(raw.unwrap_or_default().as_bytes());
+    // A value decodes empty only if it is written empty.
+    let given: Vec<&str> = raw
+        .unwrap_or_default()
+        .split('&')
+        .filter(|pair| {
+            pair.split_once('=')
+                .is_some_and(|(_, value)| !value.is_empty())
+        })
+        .collect();
+    let given = given.join("&");
+    let parameters = form_urlencoded::parse(given.as_bytes());
     serde_path_to_error::deserialize(serde_urlencoded::Deserializer::new(parameters)).map_err(
         |err| {
             let path = err.path().to_string();
@@ -810,6 +822,26 @@ mod tests {
             "{description}"
         );
         assert!(decode_query::<SearchParams>(None).is_ok());
+    }
+
+    /// An empty value is no value, for every parameter of the search.
+    #[test]
+    fn empty_search_parameters_are_absent() {
+        let empty = "skill=&tag=&q=&inputMode=&outputMode=&pageSize=&pageToken=&skill";
+        let params = decode_query::<SearchParams>(Some(empty)).unwrap();
+        let given = [
+            params.skill,
+            params.tag,
+            params.query,
+            params.input_mode,
+            params.output_mode,
+            params.page_token,
+        ];
+        assert_eq!(given, [None, None, None, None, None, None]);
+        assert_eq!(params.page_size, None);
+        let params = decode_query::<SearchParams>(Some("tag=&skill=echo&pageSize=2")).unwrap();
+        assert_eq!(params.skill.as_deref(), Some("echo"));
+        assert_eq!((params.tag, params.page_size), (None, Some(2)));
     }
 
     #[test]

@@ -1226,3 +1226,61 @@ async fn a_handoff_names_as_its_sender_only_an_agent_of_the_callers_agency() {
     gateway.stop().await;
     upstream.stop().await;
 }
+
+/// An agent delegates under its agency's own key: a child naming as parent
+/// the task that agency's agent holds for another principal is linked under
+/// it, takes its lineage (hops), and is canceled with it (DESIGN.md §3.4).
+#[tokio::test]
+async fn an_agencys_child_of_a_task_its_agent_holds_is_linked_and_canceled_with_it() {
+    use baton::demo::vendor::{Reply, VendorAgent};
+    let gateway = baton().api_keys(KEYS).start().await;
+    let worker = VendorAgent::start("worker", &["work"], |_| Reply::Working)
+        .await
+        .unwrap();
+    let helper = VendorAgent::start("helper", &["help"], |_| Reply::Working)
+        .await
+        .unwrap();
+    for (id, agent) in [("worker", &worker), ("helper", &helper)] {
+        let params = json!({"id": id, "card": agent.card()});
+        let reply = registry_as(&gateway, ACME, "RegisterAgent", params).await;
+        assert!(reply.code().is_none(), "{}", reply.body);
+    }
+    let send = |key: &'static str, path: &'static str, control: Value| {
+        let params = json!({
+            "message": {
+                "messageId": message_id("m"),
+                "role": "ROLE_USER",
+                "parts": [{"text": "work"}],
+                "metadata": {HANDOFF_EXTENSION: control},
+            },
+            "configuration": {"returnImmediately": true},
+        });
+        let gateway = &gateway;
+        async move {
+            let reply = rpc_as(gateway, path, key, "SendMessage", params).await;
+            assert!(reply.code().is_none(), "{}", reply.body);
+            reply.result()["task"].clone()
+        }
+    };
+    // globex's task, held by acme's worker; acme's worker delegates.
+    let parent = send(GLOBEX, "/agents/worker/a2a", json!({})).await;
+    let control = json!({"parentTaskId": parent["id"]});
+    let child = send(ACME, "/agents/helper/a2a", control).await;
+    let hops = &child["metadata"][HANDOFF_EXTENSION]["hops"];
+    assert_eq!(hops, 2, "one hop past its parent's: {child}");
+
+    let params = json!({"id": parent["id"]});
+    let canceled = rpc_as(&gateway, "/a2a", GLOBEX, "CancelTask", params).await;
+    assert_eq!(canceled.result()["status"]["state"], "TASK_STATE_CANCELED");
+    let params = json!({"id": child["id"]});
+    let read = rpc_as(&gateway, "/a2a", ACME, "GetTask", params).await;
+    assert_eq!(
+        read.result()["status"]["state"],
+        "TASK_STATE_CANCELED",
+        "{}",
+        read.body
+    );
+    worker.stop().await;
+    helper.stop().await;
+    gateway.stop().await;
+}

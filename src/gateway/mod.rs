@@ -294,15 +294,38 @@ impl Gateway {
             .ok_or_else(|| GatewayError::TaskNotFound(task_id.to_string()))
     }
 
+    /// Whether `principal` may extend `parent`'s line of work (link a child
+    /// under it, inherit its hops, chain and deadline): it is the task's
+    /// own, or it is the agency whose agent holds or held it, which
+    /// delegates under its own key. Without keys every caller is the one
+    /// anonymous principal.
+    pub(crate) fn extends(&self, principal: &str, parent: &TaskRecord) -> bool {
+        let agency_of = |agent: &str| self.agent(agent).is_some_and(|a| a.owner == principal);
+        parent.owner == principal
+            || agency_of(&parent.agent)
+            || parent.hops.iter().any(|hop| agency_of(&hop.agent))
+    }
+
+    /// The task `task_id` when the caller may extend its line of work (see
+    /// [`Self::extends`]).
+    fn lineage_task(&self, ctx: &CallContext, task_id: &str) -> Option<Arc<TaskRecord>> {
+        self.ledger
+            .get_shared(task_id)
+            .ok()
+            .flatten()
+            .filter(|parent| self.extends(&ctx.principal, parent))
+    }
+
     /// The parent a new task of `owner` is linked under, of the one its
-    /// control names: none when that task is another principal's, since the
-    /// link puts the child into the parent's trace and its cancel. A parent
-    /// this ledger does not hold stays named: it may be another gateway's.
+    /// control names: none when `owner` may not extend that task's line of
+    /// work ([`Self::extends`]), since the link puts the child into the
+    /// parent's trace and its cancel. A parent this ledger does not hold
+    /// stays named: it may be another gateway's.
     pub(crate) fn linked_parent(&self, owner: &str, named: Option<&str>) -> Option<String> {
         let named = named?;
         match self.ledger.get_shared(named) {
             Ok(None) => Some(named.to_string()),
-            Ok(Some(parent)) if parent.owner == owner => Some(named.to_string()),
+            Ok(Some(parent)) if self.extends(owner, &parent) => Some(named.to_string()),
             Ok(Some(_)) => None,
             Err(err) => {
                 tracing::warn!(%err, parent = named, "the named parent could not be read; the task is not linked to it");

@@ -203,10 +203,10 @@ impl Gateway {
     }
 
     /// The control of the task the incoming control names as its parent,
-    /// when the caller may read that task.
+    /// when the caller may extend its line of work.
     fn parent_lineage(&self, ctx: &CallContext, incoming: &Incoming) -> Option<Control> {
         let parent_id = incoming.metadata.as_ref()?.parent_task_id.as_deref()?;
-        let parent = self.owned_task(ctx, parent_id).ok()?;
+        let parent = self.lineage_task(ctx, parent_id)?;
         Control::read_from(parent.task.metadata.as_ref())
     }
 
@@ -752,7 +752,7 @@ impl Gateway {
                     .metadata
                     .as_ref()
                     .and_then(|c| c.parent_task_id.as_deref())
-                    .and_then(|parent| self.owned_task(ctx, parent).ok());
+                    .and_then(|parent| self.lineage_task(ctx, parent));
                 let lineage = parent
                     .as_ref()
                     .and_then(|parent| Control::read_from(parent.task.metadata.as_ref()));

@@ -262,6 +262,72 @@ async fn a_handoff_schema_binds_the_agent_its_target_handed_on_to() {
     gateway.stop().await;
 }
 
+/// A target that writes into an artifact its source made (the same
+/// artifact id, merged in place) made it its own: it is checked against
+/// the handoff's returnSchema, and counts as the typed result.
+#[tokio::test]
+async fn an_artifact_the_target_wrote_into_is_checked_as_its_own() {
+    use baton::protocol::Artifact;
+    let gateway = baton().start().await;
+    let data_artifact = |id: &str, data: Value| Artifact {
+        artifact_id: id.into(),
+        parts: vec![Part::data(data)],
+        ..Artifact::default()
+    };
+    // Triage makes its `result`, and hands the task on in another artifact.
+    let payload = handoff_payload(
+        "triage",
+        json!({"to": "billing"}),
+        json!({"returnSchema": refund_schema()}),
+    );
+    let mut handoff = Part::data(payload);
+    handoff.media_type = HANDOFF_MEDIA_TYPE.into();
+    let triage = VendorAgent::start("triage", &["triage"], move |_| Reply::Complete {
+        text: None,
+        artifacts: vec![
+            data_artifact("result", json!({"triaged": true})),
+            Artifact {
+                artifact_id: "handoff".into(),
+                parts: vec![handoff.clone()],
+                ..Artifact::default()
+            },
+        ],
+    })
+    .await
+    .unwrap();
+    // Billing answers in `result` too: first a valid refund alone, then an
+    // invalid one beside a valid receipt of its own.
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let valid = json!({"refundId": "rf_1", "amount": 42.0, "currency": "EUR"});
+    let billing = VendorAgent::start("billing", &["refund"], move |_| {
+        let artifacts = match calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+            0 => vec![data_artifact("result", valid.clone())],
+            _ => vec![
+                data_artifact("result", json!({"refundId": 7})),
+                data_artifact("receipt", valid.clone()),
+            ],
+        };
+        Reply::Complete {
+            text: None,
+            artifacts,
+        }
+    })
+    .await
+    .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(&gateway, "billing", &billing, json!({})).await;
+
+    let task = send_to_triage(&gateway, "t", "refund please").await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(task["artifacts"][0]["parts"][0]["data"]["refundId"], "rf_1");
+
+    let task = send_to_triage(&gateway, "t", "refund please").await;
+    assert_failed_the_schema_at(&task, "/artifacts/0/parts/0/data");
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 #[tokio::test]
 async fn a_transfer_keeps_one_task_and_follow_ups_reach_the_new_agent() {
     let gateway = baton().start().await;

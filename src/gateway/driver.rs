@@ -19,7 +19,8 @@ use crate::lifecycle::TransitionError;
 use crate::protocol::*;
 use crate::registry::AgentEntry;
 use crate::store::{
-    Change, CreatedTask, HopKind, HopRecord, IdempotencyRecord, LedgerError, TaskLimit, TaskRecord,
+    ArtifactMark, Change, CreatedTask, HopKind, HopRecord, IdempotencyRecord, LedgerError,
+    TaskLimit, TaskRecord,
 };
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
@@ -662,11 +663,11 @@ impl Driver {
                             stream_events.retain(|e| e.state() != Some(TaskState::Submitted));
                         }
                         if !returning {
-                            for (schema, from) in record.result_schemas() {
+                            for (schema, mark) in record.result_schemas() {
                                 enforce_return_schema(
                                     &record.task,
                                     schema,
-                                    from,
+                                    mark,
                                     &mut stream_events,
                                 );
                             }
@@ -857,28 +858,26 @@ impl Driver {
             return TurnEnd::Settled;
         };
         let transfer = record.transfer.as_ref();
-        let since = |from: usize| {
-            record
-                .task
-                .artifacts
-                .get(from..)
-                .unwrap_or_default()
-                .to_vec()
-        };
-        // The source gets every artifact made since it handed the task on,
-        // also by agents its target handed on to without a return.
-        let returned_from = transfer
-            .and_then(|t| t.result_goes_to())
-            .map_or(record.schema_from(), |t| t.artifacts_before);
+        let artifacts = &record.task.artifacts;
+        // The source gets every artifact made (or changed) since it handed
+        // the task on, also by agents its target handed on to without a
+        // return.
+        let returned_mark =
+            transfer
+                .and_then(|t| t.result_goes_to())
+                .map_or(record.schema_mark(), |t| ArtifactMark {
+                    from: t.artifacts_before,
+                    digests: &t.before_digests,
+                });
         // The holder's own artifacts against its handoff's schema (and those
         // of holders that handed on to it for good); all the source gets
         // against the source's, when that is another handoff.
         let returned = transfer
             .and_then(|t| t.returned_schema())
-            .map(|schema| (schema, returned_from));
-        for (schema, from) in record.result_schemas().chain(returned) {
+            .map(|schema| (schema, returned_mark));
+        for (schema, mark) in record.result_schemas().chain(returned) {
             if let Err(violations) =
-                crate::handoff::artifacts::check_artifacts(schema, &since(from))
+                crate::handoff::artifacts::check_artifacts(schema, &mark.made_since(artifacts))
             {
                 let detail = crate::handoff::payload::violations_detail(&violations);
                 self.fail(vec![status_part(reasons::OUTPUT_SCHEMA_INVALID, detail)])
@@ -886,7 +885,8 @@ impl Driver {
                 return TurnEnd::Settled;
             }
         }
-        TurnEnd::Return(since(returned_from))
+        let returned = returned_mark.made_since(artifacts);
+        TurnEnd::Return(returned.into_iter().map(|(_, a)| a.clone()).collect())
     }
 
     /// The first event of a task created on the agent's first answer.

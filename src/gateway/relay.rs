@@ -255,9 +255,11 @@ impl Driver {
                 if payload.return_to_parent {
                     source_handed_on = std::mem::take(&mut handed_on);
                 } else if let Some(schema) = &record.return_schema {
+                    let mark = record.schema_mark();
                     handed_on.push(SchemaBinding {
                         schema: schema.clone(),
-                        from: record.schema_from(),
+                        from: mark.from,
+                        digests: mark.digests.to_vec(),
                     });
                 }
                 let transfer = TransferSource {
@@ -267,10 +269,12 @@ impl Driver {
                     handoff_id: payload.handoff_id.clone(),
                     return_to_parent: payload.return_to_parent,
                     artifacts_before: record.task.artifacts.len(),
+                    before_digests: crate::handoff::artifacts::digests(&record.task.artifacts),
                     waiting: Vec::new(),
                     return_schema: None,
                     source_schema: record.return_schema.clone(),
                     source_schema_from: record.schema_from(),
+                    source_schema_digests: record.schema_mark().digests.to_vec(),
                     deadline_before: control.deadline,
                     source_handed_on,
                     released: false,
@@ -280,7 +284,7 @@ impl Driver {
                 record.agent = target.id.clone();
                 record.return_schema = return_schema;
                 record.return_schema_by_skill = return_schema_by_skill;
-                record.return_schema_from = Some(record.task.artifacts.len());
+                record.mark_schema_start();
                 record.handed_on_schemas = handed_on;
                 delivered.write_into(&mut record.task.metadata);
                 // Still WORKING for the caller; the control shows the new holder.
@@ -423,6 +427,7 @@ impl Driver {
                 // reroute of the return keeps its schema.
                 record.return_schema_by_skill = false;
                 record.return_schema_from = Some(source.source_schema_from);
+                record.return_schema_digests = source.source_schema_digests.clone();
                 record.handed_on_schemas = source.source_handed_on.clone();
                 delivered.write_into(&mut record.task.metadata);
                 Ok(Vec::new())

@@ -1209,7 +1209,7 @@ impl Handoff {
 pub(super) fn enforce_return_schema(
     task: &Task,
     schema: &serde_json::Value,
-    from: usize,
+    mark: crate::store::ArtifactMark<'_>,
     events: &mut [StreamResponse],
 ) {
     let mut after = task.clone();
@@ -1221,8 +1221,8 @@ pub(super) fn enforce_return_schema(
     if after.status.state != TaskState::Completed {
         return;
     }
-    let checked = after.artifacts.get(from..).unwrap_or_default();
-    let Err(violations) = crate::handoff::artifacts::check_artifacts(schema, checked) else {
+    let checked = mark.made_since(&after.artifacts);
+    let Err(violations) = crate::handoff::artifacts::check_artifacts(schema, &checked) else {
         return;
     };
     let Some(StreamResponse::StatusUpdate(completion)) = events

@@ -123,6 +123,11 @@ pub struct TaskRecord {
     /// records written before it was kept: see [`Self::schema_from`].
     #[serde(default)]
     pub return_schema_from: Option<usize>,
+    /// The digests of the artifacts before `return_schema_from`, noted
+    /// then: one the holder changed since is its own too
+    /// ([`crate::handoff::artifacts::made_since`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub return_schema_digests: Vec<u64>,
     /// The returnSchemas of holders that handed the task on for good since
     /// the last handoff that asks for its result back: what ends or
     /// returns the task is their result too, so each still binds it.
@@ -139,6 +144,30 @@ pub struct SchemaBinding {
     /// The first artifact it checks.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub from: usize,
+    /// The digests of the artifacts before `from`, noted then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub digests: Vec<u64>,
+}
+
+/// Where a holder's own artifacts begin: from `from` on, and earlier ones
+/// whose digest is no longer the one noted (see
+/// [`crate::handoff::artifacts::made_since`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ArtifactMark<'a> {
+    /// The artifacts before the handoff.
+    pub from: usize,
+    /// Their digests then.
+    pub digests: &'a [u64],
+}
+
+impl ArtifactMark<'_> {
+    /// The artifacts of `artifacts` made since the mark, each with its index.
+    pub fn made_since<'a>(
+        &self,
+        artifacts: &'a [crate::protocol::Artifact],
+    ) -> Vec<(usize, &'a crate::protocol::Artifact)> {
+        crate::handoff::artifacts::made_since(artifacts, self.from, self.digests)
+    }
 }
 
 impl TaskRecord {
@@ -149,12 +178,38 @@ impl TaskRecord {
             .unwrap_or_else(|| self.transfer.as_ref().map_or(0, |t| t.artifacts_before))
     }
 
-    /// Every returnSchema the holder's result must meet, with the first
-    /// artifact each checks: its own handoff's, then those of holders
-    /// before it that handed on for good.
-    pub fn result_schemas(&self) -> impl Iterator<Item = (&serde_json::Value, usize)> {
-        let own = self.return_schema.as_ref().map(|s| (s, self.schema_from()));
-        let handed_on = self.handed_on_schemas.iter().map(|b| (&b.schema, b.from));
+    /// Where the artifacts `return_schema` checks begin: [`Self::schema_from`]
+    /// and the digests noted with it.
+    pub fn schema_mark(&self) -> ArtifactMark<'_> {
+        let digests = match (self.return_schema_from, &self.transfer) {
+            (None, Some(transfer)) => &transfer.before_digests,
+            _ => &self.return_schema_digests,
+        };
+        ArtifactMark {
+            from: self.schema_from(),
+            digests,
+        }
+    }
+
+    /// Notes the holder's own artifacts as beginning after those the task
+    /// has now.
+    pub fn mark_schema_start(&mut self) {
+        self.return_schema_from = Some(self.task.artifacts.len());
+        self.return_schema_digests = crate::handoff::artifacts::digests(&self.task.artifacts);
+    }
+
+    /// Every returnSchema the holder's result must meet, with where the
+    /// artifacts each checks begin: its own handoff's, then those of
+    /// holders before it that handed on for good.
+    pub fn result_schemas(&self) -> impl Iterator<Item = (&serde_json::Value, ArtifactMark<'_>)> {
+        let own = self.return_schema.as_ref().map(|s| (s, self.schema_mark()));
+        let handed_on = self.handed_on_schemas.iter().map(|b| {
+            let mark = ArtifactMark {
+                from: b.from,
+                digests: &b.digests,
+            };
+            (&b.schema, mark)
+        });
         own.into_iter().chain(handed_on)
     }
 
@@ -196,6 +251,8 @@ struct RecordJson<'a, T> {
     transfer: Option<&'a TransferSource>,
     #[serde(skip_serializing_if = "Option::is_none")]
     return_schema_from: Option<usize>,
+    #[serde(skip_serializing_if = "<[u64]>::is_empty")]
+    return_schema_digests: &'a [u64],
     #[serde(skip_serializing_if = "is_zero")]
     return_schema_by_skill: bool,
     #[serde(skip_serializing_if = "<[SchemaBinding]>::is_empty")]
@@ -218,6 +275,7 @@ impl<'a, T> RecordJson<'a, T> {
             hops,
             transfer,
             return_schema_from,
+            return_schema_digests,
             return_schema_by_skill,
             handed_on_schemas,
         } = record;
@@ -234,6 +292,7 @@ impl<'a, T> RecordJson<'a, T> {
             hops,
             transfer: transfer.as_ref(),
             return_schema_from: *return_schema_from,
+            return_schema_digests,
             return_schema_by_skill: *return_schema_by_skill,
             handed_on_schemas,
         }
@@ -482,6 +541,9 @@ pub struct TransferSource {
     /// target's own are checked against the handoff's returnSchema.
     #[serde(default)]
     pub artifacts_before: usize,
+    /// The digests of those artifacts, noted then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub before_digests: Vec<u64>,
     /// Earlier sources on this task still waiting for a result, outermost
     /// first (each with none of its own): a target that hands the task on
     /// again does not drop its own source.
@@ -500,6 +562,9 @@ pub struct TransferSource {
     /// The first artifact `source_schema` checks (the source's own work).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub source_schema_from: usize,
+    /// The digests noted with `source_schema_from`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_schema_digests: Vec<u64>,
     /// The task's deadline when the source handed it on, its own again
     /// when the result returns to it: a target's shorter taskTimeout
     /// binds that target's work only.
@@ -2434,6 +2499,7 @@ mod tests {
                 handoff_id: "h1".into(),
                 return_to_parent: true,
                 artifacts_before: 2,
+                before_digests: vec![11, 12],
                 waiting: vec![TransferSource {
                     agent: "first".into(),
                     return_to_parent: true,
@@ -2443,18 +2509,22 @@ mod tests {
                 return_schema: None,
                 source_schema: Some(serde_json::json!({"type": "object"})),
                 source_schema_from: 1,
+                source_schema_digests: vec![u64::MAX],
                 deadline_before: DateTime::from_timestamp(1_700_000_100, 5_000_000),
                 source_handed_on: vec![SchemaBinding {
                     schema: serde_json::json!({"type": "string"}),
                     from: 0,
+                    digests: Vec::new(),
                 }],
                 released: false,
             }),
             return_schema_from: Some(3),
+            return_schema_digests: vec![1, 2, 3],
             return_schema_by_skill: true,
             handed_on_schemas: vec![SchemaBinding {
                 schema: serde_json::json!({"type": "number"}),
                 from: 4,
+                digests: vec![4, 5, 6, 7],
             }],
             ..record("t1")
         }
@@ -2604,9 +2674,15 @@ mod tests {
         let full = full_record();
         let schemas: Vec<_> = full
             .result_schemas()
-            .map(|(schema, from)| (schema["type"].as_str().unwrap(), from))
+            .map(|(schema, mark)| (schema["type"].as_str().unwrap(), mark.from, mark.digests))
             .collect();
-        assert_eq!(schemas, [("object", 3), ("number", 4)]);
+        assert_eq!(
+            schemas,
+            [
+                ("object", 3, &[1, 2, 3][..]),
+                ("number", 4, &[4, 5, 6, 7][..])
+            ]
+        );
         assert_eq!(record("t1").result_schemas().count(), 0);
     }
 

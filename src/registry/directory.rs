@@ -2,7 +2,9 @@
 //! published card, and the gateway's own card built from all of them.
 //!
 //! Reads are lock-free in practice (an `Arc` snapshot is cloned under a
-//! short read lock); a change rebuilds the snapshot and the gateway card.
+//! short read lock). A change builds the next snapshot and the gateway card
+//! under a writer mutex that readers never take, then swaps it in: changes
+//! apply one after another, and no read waits on a rebuild.
 
 use super::publish::{self, PublishedCard};
 use crate::agents::{Agent, AgentHandle};
@@ -10,7 +12,7 @@ use crate::protocol::AgentCard;
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// One routable agent.
 pub struct AgentEntry {
@@ -74,6 +76,10 @@ pub struct Directory {
     push_enabled: bool,
     /// Published cards declare Baton's API-key scheme (some key exists).
     secured: AtomicBool,
+    /// Held by a change from reading the snapshot to swapping in the next,
+    /// so that concurrent changes do not lose each other. std Mutex: a
+    /// change never awaits.
+    writer: Mutex<()>,
     // std RwLock: held only to clone or swap an Arc.
     snapshot: RwLock<Arc<Snapshot>>,
 }
@@ -90,6 +96,7 @@ impl Directory {
             public_url,
             push_enabled,
             secured: AtomicBool::new(false),
+            writer: Mutex::new(()),
             snapshot: RwLock::new(Arc::new(Snapshot {
                 agents: BTreeMap::new(),
                 gateway_card: Arc::new(gateway_card),
@@ -159,8 +166,8 @@ impl Directory {
         modified: DateTime<Utc>,
     ) -> Arc<AgentEntry> {
         let mut inserted = None;
-        // Published under the lock, so that a change of `secured` cannot
-        // slip between the card's publication and its insertion.
+        // Published under the writer lock, so that a change of `secured`
+        // cannot slip between the card's publication and its insertion.
         self.change(|agents| {
             let entry = Arc::new(self.entry(id, owner, agent, policy, modified, true));
             agents.insert(id.to_string(), entry.clone());
@@ -203,8 +210,8 @@ impl Directory {
 
     /// Says whether API keys are required, re-publishing every card when
     /// that changes (the cards then declare, or stop declaring, the scheme).
-    /// The entries are rebuilt under the lock from the directory as it is
-    /// then: an agent removed or replaced meanwhile stays so.
+    /// The entries are rebuilt under the writer lock from the directory as
+    /// it is then: an agent removed or replaced meanwhile stays so.
     pub fn set_secured(&self, secured: bool) {
         if self.secured.swap(secured, Ordering::Relaxed) == secured {
             return;
@@ -232,9 +239,12 @@ impl Directory {
         removed
     }
 
+    /// Applies `edit` to a copy of the agents and swaps in the result with
+    /// its gateway card; only the swap takes the lock readers take.
     fn change(&self, edit: impl FnOnce(&mut BTreeMap<String, Arc<AgentEntry>>)) {
-        let mut guard = self.snapshot.write().expect("directory lock");
-        let mut agents = guard.agents.clone();
+        let _writer = self.writer.lock().expect("directory writer lock");
+        let current = self.current();
+        let mut agents = current.agents.clone();
         edit(&mut agents);
         let cards: Vec<(&str, &AgentCard)> = agents
             .values()
@@ -243,14 +253,122 @@ impl Directory {
         let secured = self.secured.load(Ordering::Relaxed);
         let card = publish::gateway_card(&cards, &self.public_url, self.push_enabled, secured);
         // The ETag changes only when the card does, whatever the time.
-        let gateway_card = if card == guard.gateway_card.card {
-            guard.gateway_card.clone()
+        let gateway_card = if card == current.gateway_card.card {
+            current.gateway_card.clone()
         } else {
             Arc::new(PublishedCard::new(card, Utc::now()))
         };
-        *guard = Arc::new(Snapshot {
+        let next = Arc::new(Snapshot {
             agents,
             gateway_card,
         });
+        *self.snapshot.write().expect("directory lock") = next;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agents::{AgentError, AgentEvents, AgentRequest};
+    use std::sync::Barrier;
+    use std::time::Duration;
+
+    /// An agent with one skill, `work`, whose card, once `armed`, is handed
+    /// out only when the test lets it: a rebuild of the gateway card stops
+    /// there.
+    struct HeldCard {
+        card: AgentCard,
+        armed: AtomicBool,
+        entered: Barrier,
+        released: Barrier,
+    }
+
+    impl HeldCard {
+        fn new() -> Arc<Self> {
+            let mut card = crate::agents::echo::EchoAgent::new().card().clone();
+            card.skills.truncate(1);
+            card.skills[0].id = "work".into();
+            Arc::new(Self {
+                card,
+                armed: AtomicBool::new(false),
+                entered: Barrier::new(2),
+                released: Barrier::new(2),
+            })
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Agent for HeldCard {
+        fn card(&self) -> &AgentCard {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                self.entered.wait();
+                self.released.wait();
+            }
+            &self.card
+        }
+
+        async fn execute(&self, _: AgentRequest, _: AgentEvents) -> Result<(), AgentError> {
+            Ok(())
+        }
+    }
+
+    fn add(directory: &Directory, id: &str, agent: Arc<HeldCard>) {
+        directory.upsert(id, "acme", agent, AgentPolicy::default(), Utc::now());
+    }
+
+    /// A read does not wait while a change rebuilds the gateway card.
+    #[test]
+    fn reads_do_not_wait_on_a_rebuild() {
+        let directory = Arc::new(Directory::new("http://localhost:8080", true));
+        let held = HeldCard::new();
+        add(&directory, "held", held.clone());
+        held.armed.store(true, Ordering::SeqCst);
+        let writer = std::thread::spawn({
+            let directory = directory.clone();
+            move || add(&directory, "other", HeldCard::new())
+        });
+        // The change is building the gateway card, at the held agent's card.
+        held.entered.wait();
+        let (read, was_read) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn({
+            let directory = directory.clone();
+            move || read.send(directory.get("held").is_some()).unwrap()
+        });
+        let found = was_read.recv_timeout(Duration::from_secs(2));
+        held.released.wait();
+        writer.join().unwrap();
+        reader.join().unwrap();
+        assert_eq!(found, Ok(true), "the read waited on the rebuild");
+        let skills = directory.gateway_card().card.skills.len();
+        assert_eq!(skills, 2, "both agents' skills are in the gateway card");
+    }
+
+    /// Changes made at once all land: none is built from a snapshot another
+    /// replaced meanwhile.
+    #[test]
+    fn concurrent_changes_all_reach_the_gateway_card() {
+        let directory = Arc::new(Directory::new("http://localhost:8080", true));
+        let threads: Vec<_> = (0..8)
+            .map(|thread| {
+                let directory = directory.clone();
+                std::thread::spawn(move || {
+                    for n in 0..25 {
+                        add(&directory, &format!("agent-{thread}-{n}"), HeldCard::new());
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert_eq!(directory.list().len(), 200);
+        let card = directory.gateway_card();
+        let mut skills: Vec<&str> = card.card.skills.iter().map(|s| s.id.as_str()).collect();
+        skills.sort();
+        let mut expected: Vec<String> = (0..8)
+            .flat_map(|thread| (0..25).map(move |n| format!("agent-{thread}-{n}/work")))
+            .collect();
+        expected.sort();
+        assert_eq!(skills, expected);
     }
 }

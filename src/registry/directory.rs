@@ -4,13 +4,18 @@
 //! Reads are lock-free in practice (an `Arc` snapshot is cloned under a
 //! short read lock). A change builds the next snapshot and the gateway card
 //! under a writer mutex that readers never take, then swaps it in: changes
-//! apply one after another, and no read waits on a rebuild.
+//! apply one after another, and no read waits on a rebuild. As a rebuild
+//! costs as much as the card of every agent, start-up adds its stored agents
+//! in one change ([`Directory::upsert_many`]) and registers its card files
+//! under a [`Batch`], which rebuilds the gateway card once at its end.
 
 use super::publish::{self, PublishedCard};
 use crate::agents::{Agent, AgentHandle};
 use crate::protocol::AgentCard;
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
+#[cfg(test)]
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -65,6 +70,20 @@ impl AgentPolicy {
     }
 }
 
+/// An agent to add with [`Directory::upsert_many`].
+pub struct NewAgent {
+    /// The agent id.
+    pub id: String,
+    /// The principal that registered it.
+    pub owner: String,
+    /// The implementation.
+    pub agent: Arc<dyn Agent>,
+    /// Limits and checks the agency set for it.
+    pub policy: AgentPolicy,
+    /// Its card's Last-Modified.
+    pub modified: DateTime<Utc>,
+}
+
 struct Snapshot {
     agents: BTreeMap<String, Arc<AgentEntry>>,
     gateway_card: Arc<PublishedCard>,
@@ -79,9 +98,51 @@ pub struct Directory {
     /// Held by a change from reading the snapshot to swapping in the next,
     /// so that concurrent changes do not lose each other. std Mutex: a
     /// change never awaits.
-    writer: Mutex<()>,
+    writer: Mutex<Writer>,
     // std RwLock: held only to clone or swap an Arc.
     snapshot: RwLock<Arc<Snapshot>>,
+    /// How many times the gateway card was built.
+    #[cfg(test)]
+    gateway_cards_built: AtomicUsize,
+}
+
+/// What changes share besides the snapshot.
+#[derive(Default)]
+struct Writer {
+    /// Open [`Batch`]es: while there is one, changes keep the gateway card.
+    batches: usize,
+    /// The gateway card was kept over a change, to be rebuilt when the last
+    /// batch ends.
+    stale: bool,
+}
+
+/// Changes made while it lives keep the gateway card as it was; it is
+/// rebuilt once, when the last open batch ends. For start-up, when many
+/// agents are added before anyone reads the card.
+pub struct Batch<'a> {
+    directory: &'a Directory,
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        let directory = self.directory;
+        // No panic here, which may run while unwinding: a panicked change
+        // left the snapshot whole, as it only swaps Arcs.
+        let mut writer = directory
+            .writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        writer.batches -= 1;
+        if writer.batches == 0 && std::mem::take(&mut writer.stale) {
+            let current = directory.current();
+            let gateway_card = directory.build_gateway_card(&current.agents, &current.gateway_card);
+            let next = Arc::new(Snapshot {
+                agents: current.agents.clone(),
+                gateway_card,
+            });
+            *directory.snapshot.write().expect("directory lock") = next;
+        }
+    }
 }
 
 impl Directory {
@@ -96,11 +157,13 @@ impl Directory {
             public_url,
             push_enabled,
             secured: AtomicBool::new(false),
-            writer: Mutex::new(()),
+            writer: Mutex::default(),
             snapshot: RwLock::new(Arc::new(Snapshot {
                 agents: BTreeMap::new(),
                 gateway_card: Arc::new(gateway_card),
             })),
+            #[cfg(test)]
+            gateway_cards_built: AtomicUsize::new(0),
         }
     }
 
@@ -112,15 +175,14 @@ impl Directory {
         agents: Vec<AgentHandle>,
     ) -> Self {
         let directory = Self::new(public_url, push_enabled);
-        for handle in agents {
-            directory.upsert(
-                &handle.id,
-                owner,
-                handle.agent,
-                AgentPolicy::default(),
-                Utc::now(),
-            );
-        }
+        let agents = agents.into_iter().map(|handle| NewAgent {
+            id: handle.id,
+            owner: owner.to_string(),
+            agent: handle.agent,
+            policy: AgentPolicy::default(),
+            modified: Utc::now(),
+        });
+        directory.upsert_many(agents.collect());
         directory
     }
 
@@ -165,15 +227,51 @@ impl Directory {
         policy: AgentPolicy,
         modified: DateTime<Utc>,
     ) -> Arc<AgentEntry> {
-        let mut inserted = None;
+        let agent = NewAgent {
+            id: id.to_string(),
+            owner: owner.to_string(),
+            agent,
+            policy,
+            modified,
+        };
+        let mut inserted = self.upsert_many(vec![agent]);
+        inserted.pop().expect("inserted under the lock")
+    }
+
+    /// Adds or replaces `agents` in one change, rebuilding the gateway card
+    /// once; their entries, in order.
+    pub fn upsert_many(&self, agents: Vec<NewAgent>) -> Vec<Arc<AgentEntry>> {
+        let mut inserted = Vec::with_capacity(agents.len());
         // Published under the writer lock, so that a change of `secured`
-        // cannot slip between the card's publication and its insertion.
-        self.change(|agents| {
-            let entry = Arc::new(self.entry(id, owner, agent, policy, modified, true));
-            agents.insert(id.to_string(), entry.clone());
-            inserted = Some(entry);
+        // cannot slip between the cards' publication and their insertion.
+        self.change(|entries| {
+            for new in agents {
+                let NewAgent {
+                    id,
+                    owner,
+                    agent,
+                    policy,
+                    modified,
+                } = new;
+                let entry = Arc::new(self.entry(&id, &owner, agent, policy, modified, true));
+                entries.insert(id, entry.clone());
+                inserted.push(entry);
+            }
         });
-        inserted.expect("inserted under the lock")
+        inserted
+    }
+
+    /// Opens a [`Batch`].
+    #[must_use = "the batch ends when it is dropped"]
+    pub fn batch(&self) -> Batch<'_> {
+        self.writer.lock().expect("directory writer lock").batches += 1;
+        Batch { directory: self }
+    }
+
+    /// How many times the gateway card was built.
+    #[cfg(test)]
+    pub(crate) fn gateway_cards_built(&self) -> usize {
+        self.gateway_cards_built.load(Ordering::Relaxed)
     }
 
     /// An agent's entry, its cards published as Baton serves them now.
@@ -242,10 +340,31 @@ impl Directory {
     /// Applies `edit` to a copy of the agents and swaps in the result with
     /// its gateway card; only the swap takes the lock readers take.
     fn change(&self, edit: impl FnOnce(&mut BTreeMap<String, Arc<AgentEntry>>)) {
-        let _writer = self.writer.lock().expect("directory writer lock");
+        let mut writer = self.writer.lock().expect("directory writer lock");
         let current = self.current();
         let mut agents = current.agents.clone();
         edit(&mut agents);
+        let gateway_card = if writer.batches > 0 {
+            writer.stale = true;
+            current.gateway_card.clone()
+        } else {
+            self.build_gateway_card(&agents, &current.gateway_card)
+        };
+        let next = Arc::new(Snapshot {
+            agents,
+            gateway_card,
+        });
+        *self.snapshot.write().expect("directory lock") = next;
+    }
+
+    /// The gateway card of `agents`; `previous` when it is the same card.
+    fn build_gateway_card(
+        &self,
+        agents: &BTreeMap<String, Arc<AgentEntry>>,
+        previous: &Arc<PublishedCard>,
+    ) -> Arc<PublishedCard> {
+        #[cfg(test)]
+        self.gateway_cards_built.fetch_add(1, Ordering::Relaxed);
         let cards: Vec<(&str, &AgentCard)> = agents
             .values()
             .map(|entry| (entry.id.as_str(), entry.agent.card()))
@@ -253,16 +372,11 @@ impl Directory {
         let secured = self.secured.load(Ordering::Relaxed);
         let card = publish::gateway_card(&cards, &self.public_url, self.push_enabled, secured);
         // The ETag changes only when the card does, whatever the time.
-        let gateway_card = if card == current.gateway_card.card {
-            current.gateway_card.clone()
+        if card == previous.card {
+            previous.clone()
         } else {
             Arc::new(PublishedCard::new(card, Utc::now()))
-        };
-        let next = Arc::new(Snapshot {
-            agents,
-            gateway_card,
-        });
-        *self.snapshot.write().expect("directory lock") = next;
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! their agents' cards; anyone with a key reads and searches them. Records
 //! live in the ledger; the directory routes to what is registered.
 
-use super::directory::{AgentPolicy, Directory};
+use super::directory::{AgentPolicy, Directory, NewAgent};
 use super::fetch::{CardFetcher, FetchError};
 use super::publish::PublishedCard;
 use super::record::{AgentRecord, Health, HealthStatus};
@@ -358,7 +358,9 @@ impl Registry {
         let retired = self.ledger.retired_agents()?;
         self.retired.write().expect("registry lock").extend(retired);
         let stored: Vec<AgentRecord> = self.ledger.agents()?;
-        let mut loaded = 0;
+        // Routed in one change, as each change rebuilds the gateway card.
+        let mut routed = Vec::new();
+        let mut loaded = Vec::new();
         for record in stored {
             if record.card.jsonrpc_interface().is_none()
                 && record.card.calling_interface().is_some()
@@ -368,25 +370,25 @@ impl Registry {
             }
             match (self.connect)(&record.id, &record.card) {
                 Ok(agent) => {
-                    self.directory.upsert(
-                        &record.id,
-                        &record.owner,
+                    routed.push(NewAgent {
+                        id: record.id.clone(),
+                        owner: record.owner.clone(),
                         agent,
-                        record.policy(),
-                        record.updated_at,
-                    );
-                    self.records
-                        .write()
-                        .expect("registry lock")
-                        .insert(record.id.clone(), record);
-                    loaded += 1;
+                        policy: record.policy(),
+                        modified: record.updated_at,
+                    });
+                    loaded.push(record);
                 }
                 Err(err) => {
                     tracing::error!(agent = %record.id, %err, "cannot route to a stored agent")
                 }
             }
         }
-        Ok(loaded)
+        self.directory.upsert_many(routed);
+        let count = loaded.len();
+        let mut records = self.records.write().expect("registry lock");
+        records.extend(loaded.into_iter().map(|record| (record.id.clone(), record)));
+        Ok(count)
     }
 
     /// Registers every `*.json` card in `dir` under `owner`, skipping ids
@@ -405,6 +407,8 @@ impl Registry {
             .filter(|p| p.extension().is_some_and(|ext| ext == "json"))
             .collect();
         paths.sort();
+        // One gateway card for all the files, not one per file.
+        let _batch = self.directory.batch();
         let mut registered = 0;
         for path in paths {
             let Some(id) = path
@@ -1307,6 +1311,40 @@ mod tests {
         let restarted = registry_over(ledger.clone());
         assert_eq!(restarted.load().unwrap(), 1);
         assert!(restarted.directory().get("billing").is_some());
+        ledger.close();
+    }
+
+    /// Start-up builds the gateway card once for all the stored agents and
+    /// once for all the card files, not once for each agent.
+    #[tokio::test]
+    async fn start_up_builds_the_gateway_card_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, registry) = registry_in(dir.path());
+        for n in 0..20 {
+            let params = RegisterParams {
+                id: Some(format!("billing-{n}")),
+                ..billing_params()
+            };
+            registry.register("acme", params).await.unwrap();
+        }
+        let restarted = registry_over(ledger.clone());
+        let directory = restarted.directory().clone();
+        let built = directory.gateway_cards_built();
+        assert_eq!(restarted.load().unwrap(), 20);
+        assert_eq!(directory.gateway_cards_built() - built, 1);
+        assert_eq!(directory.gateway_card().card.skills.len(), 20);
+
+        let files = tempfile::tempdir().unwrap();
+        let card = billing_params().card.unwrap().to_string();
+        for n in 0..5 {
+            let path = files.path().join(format!("local-{n}.json"));
+            std::fs::write(path, &card).unwrap();
+        }
+        let built = directory.gateway_cards_built();
+        let registered = restarted.register_card_files(files.path(), "local");
+        assert_eq!(registered.await.unwrap(), 5);
+        assert_eq!(directory.gateway_cards_built() - built, 1);
+        assert_eq!(directory.gateway_card().card.skills.len(), 25);
         ledger.close();
     }
 

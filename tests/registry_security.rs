@@ -846,6 +846,129 @@ async fn an_update_made_during_a_health_check_is_not_undone_by_it() {
     assert!(agent.get("cardUrl").is_none(), "{agent}");
 }
 
+/// A card server for races: it serves its `card` at `/card.json` (403 while
+/// the card is null), and once `held`, each answer waits for a `release`.
+struct HeldCardServer {
+    url: String,
+    card: std::sync::Arc<std::sync::Mutex<Value>>,
+    held: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    fetches: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    gate: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+impl HeldCardServer {
+    async fn serve(card: Value) -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::Ordering;
+        let server = Self {
+            url: String::new(),
+            card: Arc::new(std::sync::Mutex::new(card)),
+            held: Arc::default(),
+            fetches: Arc::default(),
+            gate: Arc::new(tokio::sync::Semaphore::new(0)),
+        };
+        let (card, held, fetches, gate) = (
+            server.card.clone(),
+            server.held.clone(),
+            server.fetches.clone(),
+            server.gate.clone(),
+        );
+        let answer = move || {
+            let (card, held, fetches, gate) =
+                (card.clone(), held.clone(), fetches.clone(), gate.clone());
+            async move {
+                use axum::response::IntoResponse as _;
+                fetches.fetch_add(1, Ordering::SeqCst);
+                if held.load(Ordering::SeqCst) {
+                    gate.acquire().await.unwrap().forget();
+                }
+                let card = card.lock().unwrap().clone();
+                if card.is_null() {
+                    return axum::http::StatusCode::FORBIDDEN.into_response();
+                }
+                axum::Json(card).into_response()
+            }
+        };
+        let app = axum::Router::new().route("/card.json", axum::routing::get(answer));
+        let url = format!("{}/card.json", serve_on_loopback(app).await);
+        Self { url, ..server }
+    }
+
+    /// From now on, answers wait for a release.
+    fn hold(&self) -> usize {
+        self.held.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.fetches.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits until a fetch after `hold` (which returned `before`) arrived.
+    async fn fetched_since(&self, before: usize) {
+        let fetches = self.fetches.clone();
+        wait_until("the card is fetched", move || {
+            fetches.load(std::sync::atomic::Ordering::SeqCst) > before
+        })
+        .await;
+    }
+
+    /// Lets one held answer go.
+    fn release(&self) {
+        self.gate.add_permits(1);
+    }
+}
+
+/// An UpdateAgent by cardUrl whose agent is deregistered and registered
+/// again while the card is fetched is refused: the URL's card does not
+/// replace the newer registration.
+#[tokio::test]
+async fn an_update_by_url_does_not_replace_a_registration_made_during_its_fetch() {
+    let upstream = baton().start().await;
+    let gateway = baton().api_keys(KEYS).start().await;
+    let card = upstream_card(&upstream, "echo").await;
+    let described = |description: &str| {
+        let mut card = card.clone();
+        card["description"] = json!(description);
+        card
+    };
+    let register = |description: &str| {
+        let params = json!({"id": "moving", "card": described(description)});
+        registry_as(&gateway, ACME, "RegisterAgent", params)
+    };
+    assert!(register("first registration").await.result()["agent"].is_object());
+    let server = HeldCardServer::serve(described("the URL's card")).await;
+
+    let before = server.hold();
+    let params = json!({"id": "moving", "cardUrl": server.url});
+    let update = registry_as(&gateway, ACME, "UpdateAgent", params);
+    let meanwhile = async {
+        server.fetched_since(before).await;
+        let removed = registry_as(&gateway, ACME, "DeregisterAgent", json!({"id": "moving"})).await;
+        assert_eq!(removed.result(), &json!({}));
+        let registered = register("second registration").await;
+        assert!(
+            registered.result()["agent"].is_object(),
+            "{}",
+            registered.body
+        );
+        server.release();
+    };
+    let (updated, ()) = tokio::join!(update, meanwhile);
+    assert_eq!(updated.code(), Some(-32602), "{}", updated.body);
+    let message = updated.body["error"].to_string();
+    assert!(
+        message.contains("changed while its card was fetched"),
+        "{message}"
+    );
+
+    let got = registry_as(&gateway, ACME, "GetAgent", json!({"id": "moving"})).await;
+    let agent = &got.result()["agent"];
+    assert_eq!(
+        agent["card"]["description"], "second registration",
+        "{agent}"
+    );
+    assert!(agent.get("cardUrl").is_none(), "{agent}");
+    gateway.stop().await;
+    upstream.stop().await;
+}
+
 #[tokio::test]
 async fn agents_that_never_answer_do_not_hold_each_others_health_checks_up() {
     let upstream = baton().start().await;

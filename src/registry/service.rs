@@ -605,27 +605,40 @@ impl Registry {
         // Checked before the card is fetched, to fail fast, and again with
         // the change held: it may have been deregistered (and the id taken)
         // meanwhile.
-        self.owned(owner, &id)?;
+        let checked = self.owned(owner, &id)?;
         // Neither card nor cardUrl: the limits change, the card stays.
         let card = if params.card.is_none() && params.card_url.is_none() {
             None
         } else {
             Some(self.resolve_card(&params).await?)
         };
-        self.update_to(owner, &id, params, card).await
+        // During a fetch, changes asked for after this one may land first:
+        // the fetched card is taken only over the agent as it was checked.
+        let checked_at = params.card_url.is_some().then_some(checked.updated_at);
+        self.update_to(owner, &id, params, card, checked_at).await
     }
 
     /// Stores `card` (else the card it has) as the caller's agent `id`, with
-    /// `params` over what it had.
+    /// `params` over what it had; refused if the agent was changed since
+    /// `checked_at`, when given.
     async fn update_to(
         &self,
         owner: &str,
         id: &str,
         params: RegisterParams,
         card: Option<(AgentCard, Option<String>)>,
+        checked_at: Option<chrono::DateTime<Utc>>,
     ) -> Result<AgentRecord, GatewayError> {
         let _change = self.changes.lock().await;
         let existing = self.owned(owner, id)?;
+        if checked_at.is_some_and(|at| at != existing.updated_at) {
+            return Err(GatewayError::invalid_field(
+                "id",
+                format!(
+                    "the agent {id:?} changed while its card was fetched from cardUrl (updated, or deregistered and registered again); nothing was changed: send UpdateAgent again to take the card over the agent as it is now"
+                ),
+            ));
+        }
         let (card, card_url) =
             card.unwrap_or_else(|| (existing.card.clone(), existing.card_url.clone()));
         self.update_from(existing, params, card, card_url).await

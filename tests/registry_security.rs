@@ -753,6 +753,8 @@ async fn a_card_registered_by_url_keeps_being_followed_as_it_changes() {
         let agent = &got.result()["agent"];
         assert_eq!(agent["card"]["description"], description, "{agent}");
         assert_eq!(agent["cardUrl"], shown_url.as_str(), "{agent}");
+        // The check that took the card is about the agent it updated.
+        assert_eq!(agent["health"]["status"], "healthy", "{agent}");
     }
 
     // Nor does the error of a failed check show it.
@@ -965,6 +967,52 @@ async fn an_update_by_url_does_not_replace_a_registration_made_during_its_fetch(
         "{agent}"
     );
     assert!(agent.get("cardUrl").is_none(), "{agent}");
+    gateway.stop().await;
+    upstream.stop().await;
+}
+
+/// A health check's result about a registration replaced while the card
+/// was fetched is dropped: the new one is not marked with the old URL's
+/// error.
+#[tokio::test]
+async fn a_health_result_for_a_replaced_registration_is_dropped() {
+    let upstream = baton().start().await;
+    let gateway = baton().api_keys(KEYS).start().await;
+    let card = upstream_card(&upstream, "echo").await;
+    let server = HeldCardServer::serve(card.clone()).await;
+    let params = json!({"id": "moving", "cardUrl": server.url});
+    let registered = registry_as(&gateway, ACME, "RegisterAgent", params).await;
+    assert!(
+        registered.result()["agent"].is_object(),
+        "{}",
+        registered.body
+    );
+
+    // The old URL now fails, once the new registration is in.
+    *server.card.lock().unwrap() = Value::Null;
+    let before = server.hold();
+    let check = tokio::time::timeout(WAIT, gateway.registry.check_health());
+    let meanwhile = async {
+        server.fetched_since(before).await;
+        let removed = registry_as(&gateway, ACME, "DeregisterAgent", json!({"id": "moving"})).await;
+        assert_eq!(removed.result(), &json!({}));
+        let params = json!({"id": "moving", "card": card});
+        let registered = registry_as(&gateway, ACME, "RegisterAgent", params).await;
+        assert!(
+            registered.result()["agent"].is_object(),
+            "{}",
+            registered.body
+        );
+        server.release();
+    };
+    let (checked, ()) = tokio::join!(check, meanwhile);
+    checked.expect("health check in time");
+
+    let got = registry_as(&gateway, ACME, "GetAgent", json!({"id": "moving"})).await;
+    let health = &got.result()["agent"]["health"];
+    assert_eq!(health["status"], "unknown", "not checked yet: {health}");
+    let entry = gateway.registry.directory().get("moving").unwrap();
+    assert!(entry.is_healthy(), "routed to as healthy");
     gateway.stop().await;
     upstream.stop().await;
 }

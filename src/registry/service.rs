@@ -876,7 +876,8 @@ impl Registry {
             .await;
     }
 
-    /// Re-fetches one agent's card and records its health.
+    /// Re-fetches one agent's card and records its health, unless the agent
+    /// was changed meanwhile (the result is about a card or URL it left).
     async fn check_one(&self, record: AgentRecord) {
         let location = record.card_url.clone().or_else(|| {
             // Where Baton calls it, not whatever interface comes first.
@@ -888,6 +889,8 @@ impl Registry {
             return;
         };
         let now = Utc::now();
+        // The version of the agent the result is about.
+        let mut checked_at = record.updated_at;
         let health = match self.fetcher.fetch(&location).await {
             Ok(fetched) => {
                 if record.card_url.is_some()
@@ -903,14 +906,15 @@ impl Registry {
                                 ..RegisterParams::default()
                             };
                             let card_url = record.card_url.clone();
-                            self.refresh_to(&record, params, card, card_url)
-                                .await
-                                .map(drop)
+                            self.refresh_to(&record, params, card, card_url).await
                         }
                         Err(err) => Err(err),
                     };
-                    if let Err(err) = taken {
-                        tracing::warn!(agent = %record.id, %err, "changed card not taken");
+                    match taken {
+                        Ok(refreshed) => checked_at = refreshed.updated_at,
+                        Err(err) => {
+                            tracing::warn!(agent = %record.id, %err, "changed card not taken")
+                        }
                     }
                 }
                 Health {
@@ -927,15 +931,17 @@ impl Registry {
                 error: Some(err.to_string()),
             },
         };
-        self.directory
-            .set_healthy(&record.id, health.status != HealthStatus::Unhealthy);
-        if let Some(stored) = self
-            .records
-            .write()
-            .expect("registry lock")
-            .get_mut(&record.id)
-        {
-            stored.health = health;
+        // With the change lock, the record and the directory's entry are
+        // the same registration.
+        let _change = self.changes.lock().await;
+        let mut records = self.records.write().expect("registry lock");
+        match records.get_mut(&record.id) {
+            Some(stored) if stored.updated_at == checked_at => {
+                self.directory
+                    .set_healthy(&record.id, health.status != HealthStatus::Unhealthy);
+                stored.health = health;
+            }
+            _ => tracing::debug!(agent = %record.id, "health result dropped: the agent changed"),
         }
     }
 }

@@ -1440,6 +1440,30 @@ async fn an_agencys_child_of_a_task_its_agent_holds_is_linked_and_canceled_with_
     let hops = &child["metadata"][HANDOFF_EXTENSION]["hops"];
     assert_eq!(hops, 2, "one hop past its parent's: {child}");
 
+    // A direct handoff asking for the parent's whole conversation gets it
+    // only for the parent's owner: acme's agent was sent what it was sent.
+    let payload = handoff_payload(
+        "worker",
+        json!({"to": "helper"}),
+        json!({"context": {"policy": "FULL"}}),
+    );
+    for (key, with_history) in [(ACME, false), (GLOBEX, true)] {
+        let params = json!({
+            "message": {
+                "messageId": message_id("h"),
+                "role": "ROLE_USER",
+                "parts": [handoff_part(payload.clone())],
+                "metadata": {HANDOFF_EXTENSION: {"parentTaskId": parent["id"]}},
+            },
+            "configuration": {"returnImmediately": true},
+        });
+        let reply = rpc_as(&gateway, "/a2a", key, "SendMessage", params).await;
+        assert!(reply.code().is_none(), "{}", reply.body);
+        let sent = helper.sends().last().unwrap().params["message"]["parts"].to_string();
+        let history = baton::handoff::context::HISTORY_MEDIA_TYPE;
+        assert_eq!(sent.contains(history), with_history, "{key}: {sent}");
+    }
+
     let params = json!({"id": parent["id"]});
     let canceled = rpc_as(&gateway, "/a2a", GLOBEX, "CancelTask", params).await;
     assert_eq!(canceled.result()["status"]["state"], "TASK_STATE_CANCELED");

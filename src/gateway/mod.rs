@@ -296,14 +296,14 @@ impl Gateway {
 
     /// Whether `principal` may extend `parent`'s line of work (link a child
     /// under it, inherit its hops, chain and deadline): it is the task's
-    /// own, or it is the agency whose agent holds or held it, which
-    /// delegates under its own key. Without keys every caller is the one
-    /// anonymous principal.
+    /// own, or it is the agency whose agent holds it now, which delegates
+    /// under its own key. (Not one that held it before: the work moved
+    /// on.) Without keys every caller is the one anonymous principal.
     pub(crate) fn extends(&self, principal: &str, parent: &TaskRecord) -> bool {
-        let agency_of = |agent: &str| self.agent(agent).is_some_and(|a| a.owner == principal);
         parent.owner == principal
-            || agency_of(&parent.agent)
-            || parent.hops.iter().any(|hop| agency_of(&hop.agent))
+            || self
+                .agent(&parent.agent)
+                .is_some_and(|holder| holder.owner == principal)
     }
 
     /// The task `task_id` when the caller may extend its line of work (see

@@ -756,7 +756,9 @@ impl Gateway {
                 let lineage = parent
                     .as_ref()
                     .and_then(|parent| Control::read_from(parent.task.metadata.as_ref()));
-                if let Some(parent) = parent {
+                // The conversation only to the parent's owner: the agency
+                // of its holder is given what its agent is sent, no more.
+                if let Some(parent) = parent.filter(|p| p.owner == ctx.principal) {
                     parent_history = Arc::unwrap_or_clone(parent).task.history;
                 }
                 // An agent's own limits only ever shorten the gateway's.

@@ -462,19 +462,29 @@ impl Control {
     /// The headers that carry this control to an agent.
     pub fn headers(&self) -> Vec<(HeaderName, String)> {
         // A control merged here holds a valid id; one read from a message
-        // as it came may not, and must not make an invalid header.
-        let minted;
+        // as it came (or a record an older build wrote) may not, and must
+        // not make an invalid header. An uppercase one is the same trace.
+        let rewritten;
         let lowercase = !self.trace_id.bytes().any(|b| b.is_ascii_uppercase());
         let trace_id = if is_trace_id(&self.trace_id) && lowercase {
             &self.trace_id
         } else {
-            minted = new_trace_id();
-            &minted
+            rewritten = valid_trace_id(&self.trace_id).unwrap_or_else(new_trace_id);
+            &rewritten
         };
+        // Agent ids are the caller's word in a chain: one that cannot be a
+        // header value, or holds the list's comma, is left out of the header
+        // rather than failing the call.
+        let chain: Vec<&str> = self
+            .chain
+            .iter()
+            .map(String::as_str)
+            .filter(|id| is_header_value(id) && !id.contains(','))
+            .collect();
         let mut headers = vec![
             (TRACEPARENT_HEADER, next_traceparent(trace_id)),
             (HOPS_HEADER, self.hops.to_string()),
-            (CHAIN_HEADER, self.chain.join(",")),
+            (CHAIN_HEADER, chain.join(",")),
         ];
         if let Some(deadline) = self.deadline {
             headers.push((DEADLINE_HEADER, wire::format_timestamp(&deadline)));
@@ -689,6 +699,32 @@ mod tests {
         let (_, traceparent) = &read.headers()[0];
         assert!(trace_id_of(traceparent).is_some(), "{traceparent:?}");
         assert!(is_header_value(traceparent));
+        // An uppercase one is the same trace, lowercased.
+        let uppercase = Control {
+            trace_id: "0AF7651916CD43DD8448EB211C80319C".into(),
+            ..Control::default()
+        };
+        let (_, traceparent) = &uppercase.headers()[0];
+        assert!(traceparent.starts_with("00-0af7651916cd43dd8448eb211c80319c-"));
+    }
+
+    #[test]
+    fn a_chain_entry_that_cannot_be_a_header_value_is_left_out_of_the_header() {
+        let control = Control {
+            chain: vec![
+                "a".into(),
+                "b\nX-Injected: 1".into(),
+                "c,d".into(),
+                "e".into(),
+            ],
+            ..Control::default()
+        };
+        let chain = control
+            .headers()
+            .into_iter()
+            .find(|(name, _)| *name == CHAIN_HEADER)
+            .map(|(_, value)| value);
+        assert_eq!(chain.as_deref(), Some("a,e"));
     }
 
     #[test]

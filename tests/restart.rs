@@ -1097,6 +1097,45 @@ async fn a_handoff_unacknowledged_at_a_crash_is_retried_after_restart() {
     worker.stop().await;
 }
 
+/// The same for a call a routing rule sent by skill (a handoff, DESIGN.md
+/// §3.3): after the restart the ladder goes on, by the rule's skill.
+#[tokio::test]
+async fn a_routed_call_unacknowledged_at_a_crash_is_retried_after_restart() {
+    use baton::demo::vendor::Reply;
+    let refund = Reply::artifact("refund", json!({"refundId": "rf_1"}));
+    let worker = silent_once_among("worker", &["refund"], &Arc::default(), refund).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = config_dir.path().join("baton.toml");
+    std::fs::write(&config, "[[route]]\nwhen = { skill = \"refund\" }\n").unwrap();
+    let start = || {
+        BatonProcess::builder(dir.path())
+            .args(["--allow-upstream", "127.0.0.0/8,::1", "--config"])
+            .args([&config])
+            .start()
+    };
+    let mut first = start();
+    register_vendor(&first, "worker", &worker).await;
+    let params = json!({
+        "message": user_message(&message_id("m"), "refund me"),
+        "metadata": {"skill": "refund"},
+        "configuration": {"returnImmediately": true},
+    });
+    let reply = first.rpc("/a2a", "SendMessage", params).await;
+    let task = &reply["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_SUBMITTED", "{reply}");
+    let id = task["id"].as_str().unwrap().to_string();
+    wait_until("the worker got no delivery", || !worker.sends().is_empty()).await;
+    first.kill();
+
+    let second = start();
+    let task = ended(&second, &id).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert!(task["history"].to_string().contains("RETRY"), "{task}");
+    assert_eq!(worker.sends().len(), 2);
+    worker.stop().await;
+}
+
 /// The same for a transfer: the message built for its target is kept until
 /// the target acknowledges it, so after the restart the ladder delivers it
 /// again, with its messageId, and the target's work completes the task.

@@ -508,7 +508,12 @@ impl Driver {
                     HandoffTarget::Skill(skill) => Some(skill),
                     HandoffTarget::Agent(_) => None,
                 };
-                (message, skill, payload.from, None, None)
+                (message, skill, Some(payload.from), None, None)
+            }
+            // A routed call names no sender.
+            HopKind::Routed if first == 0 && record.transfer.is_none() => {
+                let message = record.task.history.first()?.clone();
+                (message, origin.skill.clone(), None, None, None)
             }
             kind @ (HopKind::Transfer | HopKind::Return) => {
                 let Undelivered {
@@ -522,7 +527,13 @@ impl Driver {
                     HopKind::Transfer => record.transfer.as_ref()?.agent.clone(),
                     _ => record.hops.get(first.checked_sub(1)?)?.agent.clone(),
                 };
-                (message, skill, source, Some(record.task.clone()), upstream)
+                (
+                    message,
+                    skill,
+                    Some(source),
+                    Some(record.task.clone()),
+                    upstream,
+                )
             }
             _ => return None,
         };
@@ -544,7 +555,7 @@ impl Driver {
             },
             handoff: true,
             skill,
-            source: Some(source),
+            source,
         };
         Some((turn, attempts))
     }

@@ -1006,6 +1006,9 @@ impl Gateway {
             hops: vec![HopRecord {
                 agent: agent.id.clone(),
                 kind: handoff.kind,
+                skill: (handoff.kind == HopKind::Routed)
+                    .then(|| handoff.skill.clone())
+                    .flatten(),
                 started_at: chrono::Utc::now(),
                 message_bytes: Some(message_bytes(message)),
                 attempts: 1,

@@ -494,6 +494,10 @@ pub struct HopRecord {
     /// Delivery attempts made (1 unless the ladder retried).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attempts: u32,
+    /// The skill a routing rule chose the agent by, which a reroute keeps
+    /// to after a restart too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skill: Option<String>,
     /// A transfer's or a returned result's delivery, kept until its agent
     /// acknowledges it: the record holds its message nowhere else, and a
     /// restart makes it again.

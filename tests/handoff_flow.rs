@@ -842,23 +842,30 @@ async fn skill_output_schemas_type_results_of_handoffs_by_skill() {
     })
     .await
     .unwrap();
-    register(
-        &gateway,
-        "billing",
-        &billing,
-        json!({"skillOutputSchemas": {"refund": refund_schema()}}),
-    )
-    .await;
-    // However the handoff spells the skill that chose billing, its schema
-    // types the result.
-    for skill in ["refund", "REFUND", "billing/refund"] {
-        let payload = handoff_payload("triage", json!({"toSkill": skill}), json!({}));
-        let task = send(&gateway, "/a2a", handoff_message(payload)).await;
-        assert_eq!(
-            task["status"]["state"], "TASK_STATE_FAILED",
-            "{skill}: {task}"
-        );
-        assert_eq!(reason(&task), "OUTPUT_SCHEMA_INVALID", "{skill}");
+    // However the agency keyed the schema and the handoff spells the skill
+    // that chose billing, the schema types the result.
+    for (n, key) in ["refund", "Refund", "billing/refund"]
+        .into_iter()
+        .enumerate()
+    {
+        let schemas = json!({"skillOutputSchemas": {key: refund_schema()}});
+        if n == 0 {
+            register(&gateway, "billing", &billing, schemas).await;
+        } else {
+            let mut params = json!({"id": "billing"});
+            merge(&mut params, schemas);
+            let reply = gateway.registry("UpdateAgent", params).await;
+            assert!(reply.code().is_none(), "{}", reply.body);
+        }
+        for skill in ["refund", "REFUND", "billing/refund"] {
+            let payload = handoff_payload("triage", json!({"toSkill": skill}), json!({}));
+            let task = send(&gateway, "/a2a", handoff_message(payload)).await;
+            assert_eq!(
+                task["status"]["state"], "TASK_STATE_FAILED",
+                "{key}, {skill}: {task}"
+            );
+            assert_eq!(reason(&task), "OUTPUT_SCHEMA_INVALID", "{key}, {skill}");
+        }
     }
     billing.stop().await;
     gateway.stop().await;

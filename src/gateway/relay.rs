@@ -813,9 +813,20 @@ pub(super) fn skill_output_schema(target: &AgentEntry, skill: Option<&str>) -> O
     let schemas = target.policy.skill_output_schemas.as_ref()?;
     let asked = skill?;
     let view = agent_view(target);
-    let declared = crate::handoff::routing::declared_skill(&view, asked).map(|s| s.id.as_str());
+    let declared_id = |name: &str| {
+        crate::handoff::routing::declared_skill(&view, name).map(|skill| skill.id.as_str())
+    };
+    // Keyed as registered, which may spell the skill as a handoff may.
+    let declared = declared_id(asked);
     declared
         .and_then(|id| schemas.get(id))
         .or_else(|| schemas.get(asked))
+        .or_else(|| {
+            let declared = declared?;
+            let keyed = schemas
+                .iter()
+                .find(|(key, _)| declared_id(key) == Some(declared));
+            keyed.map(|(_, schema)| schema)
+        })
         .cloned()
 }

@@ -1843,15 +1843,16 @@ impl Ledger {
             }
             let seq_bytes: [u8; 8] = key[prefix.len()..].try_into().unwrap_or([0; 8]);
             let first = u64::from_be_bytes(seq_bytes);
-            // A chunk is a JSON array; ledgers written before chunks hold one event a key.
-            let chunk: Vec<StreamResponse> = if value.first() == Some(&b'[') {
+            // A chunk is a JSON array; ledgers written before chunks hold one
+            // event a key. Split, not decoded: a chunk may hold a task's
+            // whole log (one applied at a start-up), and a page decodes only
+            // the events it returns.
+            let chunk: Vec<&serde_json::value::RawValue> = if value.first() == Some(&b'[') {
                 decode_stored(&value)?
             } else {
                 vec![decode_stored(&value)?]
             };
-            // Each event counted at its chunk's mean size.
-            let event_bytes = value.len() / chunk.len().max(1);
-            for (offset, event) in chunk.into_iter().enumerate() {
+            for (offset, raw) in chunk.into_iter().enumerate() {
                 let event_seq = first + offset as u64;
                 if event_seq <= seq {
                     continue;
@@ -1860,7 +1861,8 @@ impl Ledger {
                     page.more = true;
                     break 'chunks;
                 }
-                bytes += event_bytes;
+                bytes += raw.get().len();
+                let event = decode_stored(raw.get().as_bytes())?;
                 page.events
                     .push(LedgerEvent::new(task_id.to_string(), event_seq, event));
             }

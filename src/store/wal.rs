@@ -127,7 +127,7 @@ pub fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
 /// ends at the first damage, later segments included: what follows it must
 /// not be applied over the hole. A segment's frames end in zeros up to the
 /// file's end or, in the last segment only, in a torn frame (see
-/// [`SegmentEnd::Torn`]); any other end is damage. The damaged segment and
+/// `SegmentEnd::Torn`); any other end is damage. The damaged segment and
 /// those after it are moved to `dir/damaged/`, kept for an operator rather
 /// than deleted with the replayed ones.
 pub fn read_all(dir: &Path) -> io::Result<Vec<Entry>> {

@@ -228,9 +228,14 @@ async fn an_agency_cannot_update_or_remove_another_agencys_agent() {
         }
     }
 
-    // Any valid key may read: globex sees acme's agent, unchanged.
+    // Any valid key may read: globex sees acme's agent, unchanged, as Baton
+    // serves it: the card as published, not the agent's own addresses.
     let got = registry_as(&gateway, GLOBEX, "GetAgent", json!({"id": "acme-echo"})).await;
-    assert_eq!(got.result()["agent"], before);
+    let mut served = before.clone();
+    served["card"] = before["publishedCard"].clone();
+    assert_eq!(got.result()["agent"], served);
+    let own = registry_as(&gateway, ACME, "GetAgent", json!({"id": "acme-echo"})).await;
+    assert_eq!(own.result()["agent"], before, "its owner sees all");
     let found = registry_as(
         &gateway,
         GLOBEX,
@@ -248,7 +253,7 @@ async fn an_agency_cannot_update_or_remove_another_agencys_agent() {
     assert_eq!(status, 200);
     assert_eq!(published, before["publishedCard"]);
     assert_eq!(headers["etag"].to_str().unwrap(), before["etag"]);
-    assert!(gateway.registry.get("acme-echo").is_ok());
+    assert!(gateway.registry.get("acme-echo", "acme").is_ok());
 
     // Still routable to the upstream agent.
     let reply = rpc_as(
@@ -1231,7 +1236,7 @@ async fn baton_agents_cli_end_to_end() {
         agent["publishedCard"]["supportedInterfaces"][0]["url"],
         gateway.url("/agents/x/a2a")
     );
-    assert_eq!(gateway.registry.get("x").unwrap().owner, "acme");
+    assert_eq!(gateway.registry.get("x", "acme").unwrap().owner, "acme");
 
     // get
     let out = run(with_key(GLOBEX, &["agents", "get", "x"])).await;
@@ -1264,7 +1269,7 @@ async fn baton_agents_cli_end_to_end() {
     assert_eq!(out.code, Some(1), "stdout: {}", out.stdout);
     assert!(out.stderr.contains("-32602"), "{}", out.stderr);
     assert!(out.stdout.is_empty(), "{}", out.stdout);
-    assert!(gateway.registry.get("x").is_ok());
+    assert!(gateway.registry.get("x", "acme").is_ok());
 
     // A wrong key, and no key.
     let out = run(with_key("WRONG", &["agents", "get", "x"])).await;
@@ -1280,7 +1285,7 @@ async fn baton_agents_cli_end_to_end() {
     let out = run(with_key(ACME, &["agents", "remove", "x"])).await;
     assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
     assert_eq!(out.json(), json!({}));
-    assert!(gateway.registry.get("x").is_err());
+    assert!(gateway.registry.get("x", "acme").is_err());
     let out = run(with_key(ACME, &["agents", "get", "x"])).await;
     assert_eq!(out.code, Some(1), "stdout: {}", out.stdout);
     assert!(out.stderr.contains("-32602"), "{}", out.stderr);

@@ -186,6 +186,11 @@ impl Directory {
         directory
     }
 
+    /// Whether API keys are required (see [`Self::set_secured`]).
+    pub fn is_secured(&self) -> bool {
+        self.secured.load(Ordering::Relaxed)
+    }
+
     /// The base URL cards point at.
     pub fn public_url(&self) -> &str {
         &self.public_url

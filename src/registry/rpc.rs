@@ -159,12 +159,12 @@ pub async fn dispatch(registry: &Registry, principal: &str, request: RpcRequest<
         methods::GET_AGENT => reply(
             &request,
             decode_params::<IdParams>(params)
-                .and_then(|p| registry.get(&p.id))
+                .and_then(|p| registry.get(&p.id, principal))
                 .map(|agent| json!({ "agent": agent })),
         ),
         methods::SEARCH_AGENTS => reply(
             &request,
-            decode_params::<SearchParams>(params).and_then(|p| registry.search(&p)),
+            decode_params::<SearchParams>(params).and_then(|p| registry.search(&p, principal)),
         ),
         other => error_reply(
             Some(request.id),

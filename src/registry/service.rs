@@ -782,8 +782,9 @@ impl Registry {
         Ok(())
     }
 
-    /// `GetAgent`.
-    pub fn get(&self, id: &str) -> Result<AgentRecord, GatewayError> {
+    /// `GetAgent`, as `viewer` may see it: with API keys, another agency's
+    /// agent as Baton serves it.
+    pub fn get(&self, id: &str, viewer: &str) -> Result<AgentRecord, GatewayError> {
         let record = self
             .records
             .read()
@@ -791,23 +792,32 @@ impl Registry {
             .get(id)
             .cloned()
             .ok_or_else(|| not_found(id))?;
-        Ok(self.as_served(record))
+        Ok(self.as_served(record, viewer))
     }
 
     /// `record` with the card its agent is served with now: a record keeps
     /// the one published when it was stored, and the directory publishes
-    /// again under another `--public-url` or once API keys appear.
-    fn as_served(&self, mut record: AgentRecord) -> AgentRecord {
+    /// again under another `--public-url` or once API keys appear. With API
+    /// keys, an agency sees another's agent as Baton serves it: the card
+    /// as published, no `cardUrl` and no health error (they name the
+    /// agent's own addresses, which would let a caller go around Baton,
+    /// its allow lists and its ledger).
+    fn as_served(&self, mut record: AgentRecord, viewer: &str) -> AgentRecord {
         if let Some(entry) = self.directory.get(&record.id) {
             record.published_card = entry.card.card.clone();
             record.etag = entry.card.etag.clone();
         }
+        if self.directory.is_secured() && record.owner != viewer {
+            record.card = record.published_card.clone();
+            record.card_url = None;
+            record.health.error = None;
+        }
         record
     }
 
-    /// `SearchAgents`.
-    pub fn search(&self, params: &SearchParams) -> Result<SearchPage, GatewayError> {
-        self.search_with(params, "query")
+    /// `SearchAgents`, as `viewer` may see each agent.
+    pub fn search(&self, params: &SearchParams, viewer: &str) -> Result<SearchPage, GatewayError> {
+        self.search_with(params, "query", viewer)
     }
 
     /// A search whose query text the caller gave as `query_field` (`q` in
@@ -816,6 +826,7 @@ impl Registry {
         &self,
         params: &SearchParams,
         query_field: &str,
+        viewer: &str,
     ) -> Result<SearchPage, GatewayError> {
         let terms = query_terms(params.query.as_deref().unwrap_or_default(), query_field)?;
         let page_size = params.page_size.unwrap_or(50);
@@ -852,7 +863,10 @@ impl Registry {
         };
         drop(records);
         Ok(SearchPage {
-            agents: agents.into_iter().map(|r| self.as_served(r)).collect(),
+            agents: agents
+                .into_iter()
+                .map(|r| self.as_served(r, viewer))
+                .collect(),
             next_page_token,
         })
     }
@@ -1270,18 +1284,22 @@ mod tests {
             ..SearchParams::default()
         };
         let long = "refund ".repeat(MAX_QUERY_BYTES / 7 + 1);
-        let refused = registry.search(&query(&long)).unwrap_err();
+        let refused = registry.search(&query(&long), "anonymous").unwrap_err();
         assert_eq!(fields_of(&refused), ["query"]);
         let nine_words = "a b c d e f g h i";
-        let refused = registry.search(&query(nine_words)).unwrap_err();
+        let refused = registry
+            .search(&query(nine_words), "anonymous")
+            .unwrap_err();
         assert_eq!(fields_of(&refused), ["query"]);
         // As `GET /registry/agents` calls it: its parameter is `q`.
-        let refused = registry.search_with(&query(nine_words), "q").unwrap_err();
+        let refused = registry
+            .search_with(&query(nine_words), "q", "anonymous")
+            .unwrap_err();
         assert_eq!(fields_of(&refused), ["q"]);
 
         let repeated = "Refund refund REFUND billing ".repeat(8);
         assert!(repeated.len() <= MAX_QUERY_BYTES);
-        let found = registry.search(&query(&repeated)).unwrap();
+        let found = registry.search(&query(&repeated), "anonymous").unwrap();
         let ids: Vec<&str> = found.agents.iter().map(|a| a.id.as_str()).collect();
         assert_eq!(ids, ["billing"]);
         ledger.close();

@@ -291,12 +291,13 @@ async fn registry_search(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    if let Err(response) = state.authenticate(&headers) {
-        return response;
-    }
+    let principal = match state.authenticate(&headers) {
+        Ok(principal) => principal,
+        Err(response) => return response,
+    };
     // Decoded after the key check: nobody without a key probes the parser.
     let page = decode_query::<SearchParams>(query.as_deref())
-        .and_then(|params| state.registry.search_with(&params, "q"))
+        .and_then(|params| state.registry.search_with(&params, "q", principal.as_str()))
         .and_then(crate::registry::rpc::shown);
     match page {
         Ok(page) => axum::Json(page).into_response(),

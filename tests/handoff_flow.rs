@@ -1719,6 +1719,33 @@ async fn an_agents_own_hop_limit_binds_a_transfer_to_it() {
     gateway.stop().await;
 }
 
+/// The same for a reroute: the alternative's own hop limit binds the work
+/// from there on, as it would have had it been the first choice.
+#[tokio::test]
+async fn an_agents_own_hop_limit_binds_a_reroute_to_it() {
+    let gateway = baton().tune(quick_ladder).start().await;
+    let silent = VendorAgent::start("silent", &["refund"], |_| Reply::Silent)
+        .await
+        .unwrap();
+    let billing = handing_on("billing", &["refund"], json!({"to": "ledger"})).await;
+    let ledger = VendorAgent::start("ledger", &["book"], |_| refund())
+        .await
+        .unwrap();
+    register(&gateway, "silent", &silent, json!({})).await;
+    register(&gateway, "billing", &billing, json!({"maxHops": 1})).await;
+    register(&gateway, "ledger", &ledger, json!({})).await;
+
+    let task = refund_by_skill(&gateway, "/agents/silent/a2a").await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
+    assert_eq!(reason(&task), "HOP_LIMIT_EXCEEDED", "{task}");
+    assert_eq!(sends_to(&billing), 1, "rerouted to billing");
+    assert_eq!(sends_to(&ledger), 0, "ledger is past billing's limit");
+    for agent in [silent, billing, ledger] {
+        agent.stop().await;
+    }
+    gateway.stop().await;
+}
+
 /// A W3C `tracestate` with two vendors' entries.
 const TRACE_STATE: &str = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
 

@@ -165,41 +165,86 @@ async fn a_stream_gets_a_burst_of_several_writes_whole_and_in_order() {
     baton.stop().await;
 }
 
-#[tokio::test]
-async fn a_stream_that_falls_behind_replays_the_gap_from_the_ledger_in_order() {
-    use baton::gateway::TaskEventStream;
-    use baton::protocol::{
-        Artifact, Part, StreamResponse, Task, TaskArtifactUpdateEvent, TaskState, TaskStatus,
-        TaskStatusUpdateEvent,
-    };
-    use baton::store::hub::LedgerEvent;
-    use baton::store::{LedgerError, TaskRecord};
-    use futures::StreamExt as _;
+/// A stream of a task read by a test from the ledger.
+type LedgerStream =
+    futures::stream::BoxStream<'static, std::sync::Arc<baton::store::hub::LedgerEvent>>;
 
-    let baton = baton().start().await;
-    let (task_id, context_id) = ("lagging", "lagging-context");
+/// A WORKING task `task_id` made in `baton`'s ledger, and its stream from
+/// its snapshot over a blocking send's channel (32 events), opened before
+/// any later event: it falls behind once more are published unread.
+async fn task_with_lagging_stream(
+    baton: &TestBaton,
+    task_id: &str,
+    context_id: &str,
+) -> (std::sync::Arc<baton::store::TaskRecord>, LedgerStream) {
+    use baton::gateway::TaskEventStream;
+    use baton::protocol::{StreamResponse, Task, TaskState, TaskStatus};
     let task = Task {
         id: task_id.into(),
         context_id: context_id.into(),
         status: TaskStatus::now(TaskState::Working, None),
         ..Task::default()
     };
-    let record = TaskRecord {
+    let record = baton::store::TaskRecord {
         task: task.clone(),
         owner: "anonymous".into(),
         agent: "echo".into(),
-        ..TaskRecord::default()
+        ..baton::store::TaskRecord::default()
     };
     let record = baton
         .ledger
         .create(record, vec![StreamResponse::Task(task)])
         .await
         .unwrap();
-    // A blocking send's channel (32 events), and more events than that
-    // published before the stream reads any: it must lag, then replay.
     let watcher = baton.ledger.hub().watch_outcome(task_id);
-    let mut stream = TaskEventStream::from_snapshot(baton.gateway.clone(), &record, watcher, false)
+    let stream = TaskEventStream::from_snapshot(baton.gateway.clone(), &record, watcher, false)
         .into_stream();
+    (record, stream)
+}
+
+/// Writes `event` to task `task_id` in `baton`'s ledger, durably.
+async fn append(baton: &TestBaton, task_id: &str, event: baton::protocol::StreamResponse) {
+    baton
+        .ledger
+        .update(task_id, |_| Ok::<_, baton::store::LedgerError>(vec![event]))
+        .await
+        .unwrap();
+}
+
+/// A status update of task `task_id` to `state`.
+fn status_event(
+    task_id: &str,
+    context_id: &str,
+    state: baton::protocol::TaskState,
+) -> baton::protocol::StreamResponse {
+    use baton::protocol::{TaskStatus, TaskStatusUpdateEvent};
+    baton::protocol::StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+        task_id: task_id.into(),
+        context_id: context_id.into(),
+        status: TaskStatus::now(state, None),
+        ..TaskStatusUpdateEvent::default()
+    })
+}
+
+/// `stream`'s next event, within 10 s.
+async fn next_of(
+    stream: &mut LedgerStream,
+) -> Option<std::sync::Arc<baton::store::hub::LedgerEvent>> {
+    use futures::StreamExt as _;
+    tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
+        .await
+        .expect("the stream answers in time")
+}
+
+#[tokio::test]
+async fn a_stream_that_falls_behind_replays_the_gap_from_the_ledger_in_order() {
+    use baton::protocol::{Artifact, Part, StreamResponse, TaskArtifactUpdateEvent, TaskState};
+
+    let baton = baton().start().await;
+    let (task_id, context_id) = ("lagging", "lagging-context");
+    // More events than the channel holds, published before the stream reads
+    // any: it must lag, then replay.
+    let (record, mut stream) = task_with_lagging_stream(&baton, task_id, context_id).await;
     let chunks = 100;
     for chunk in 0..chunks {
         let event = StreamResponse::ArtifactUpdate(TaskArtifactUpdateEvent {
@@ -212,23 +257,12 @@ async fn a_stream_that_falls_behind_replays_the_gap_from_the_ledger_in_order() {
             },
             ..TaskArtifactUpdateEvent::default()
         });
-        baton
-            .ledger
-            .update(task_id, |_| Ok::<_, LedgerError>(vec![event]))
-            .await
-            .unwrap();
+        append(&baton, task_id, event).await;
     }
-    async fn next(
-        stream: &mut futures::stream::BoxStream<'static, std::sync::Arc<LedgerEvent>>,
-    ) -> Option<std::sync::Arc<LedgerEvent>> {
-        tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
-            .await
-            .expect("the stream answers in time")
-    }
-    let first = next(&mut stream).await.unwrap();
+    let first = next_of(&mut stream).await.unwrap();
     assert!(matches!(first.event, StreamResponse::Task(_)));
     for chunk in 0..chunks {
-        let event = next(&mut stream).await.unwrap();
+        let event = next_of(&mut stream).await.unwrap();
         let StreamResponse::ArtifactUpdate(update) = &event.event else {
             panic!("expected chunk {chunk}, got {:?}", event.event);
         };
@@ -236,20 +270,11 @@ async fn a_stream_that_falls_behind_replays_the_gap_from_the_ledger_in_order() {
         assert_eq!(event.seq, record.last_seq + 1 + chunk as u64);
     }
     // Caught up: the next event arrives live, and the stream ends with it.
-    let completed = StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
-        task_id: task_id.into(),
-        context_id: context_id.into(),
-        status: TaskStatus::now(TaskState::Completed, None),
-        ..TaskStatusUpdateEvent::default()
-    });
-    baton
-        .ledger
-        .update(task_id, |_| Ok::<_, LedgerError>(vec![completed]))
-        .await
-        .unwrap();
-    let last = next(&mut stream).await.unwrap();
+    let completed = status_event(task_id, context_id, TaskState::Completed);
+    append(&baton, task_id, completed).await;
+    let last = next_of(&mut stream).await.unwrap();
     assert_eq!(last.event.state(), Some(TaskState::Completed));
-    assert!(next(&mut stream).await.is_none());
+    assert!(next_of(&mut stream).await.is_none());
     baton.stop().await;
 }
 
@@ -258,67 +283,24 @@ async fn a_stream_that_falls_behind_replays_the_gap_from_the_ledger_in_order() {
 /// live event, to the task's end.
 #[tokio::test]
 async fn a_stream_far_behind_replays_every_page_to_the_end() {
-    use baton::gateway::TaskEventStream;
-    use baton::protocol::{StreamResponse, Task, TaskState, TaskStatus, TaskStatusUpdateEvent};
-    use baton::store::{LedgerError, TaskRecord};
-    use futures::StreamExt as _;
+    use baton::protocol::TaskState;
 
     let baton = baton().start().await;
-    let task_id = "far-behind";
-    let status = |state| {
-        StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
-            task_id: task_id.into(),
-            context_id: "far-behind-context".into(),
-            status: TaskStatus::now(state, None),
-            ..TaskStatusUpdateEvent::default()
-        })
-    };
-    let task = Task {
-        id: task_id.into(),
-        context_id: "far-behind-context".into(),
-        status: TaskStatus::now(TaskState::Working, None),
-        ..Task::default()
-    };
-    let record = TaskRecord {
-        task: task.clone(),
-        owner: "anonymous".into(),
-        agent: "echo".into(),
-        ..TaskRecord::default()
-    };
-    let record = baton
-        .ledger
-        .create(record, vec![StreamResponse::Task(task)])
-        .await
-        .unwrap();
-    let watcher = baton.ledger.hub().watch_outcome(task_id);
-    let mut stream = TaskEventStream::from_snapshot(baton.gateway.clone(), &record, watcher, false)
-        .into_stream();
+    let (task_id, context_id) = ("far-behind", "far-behind-context");
+    let (record, mut stream) = task_with_lagging_stream(&baton, task_id, context_id).await;
     // Its lag and the 32 events its channel keeps prompt 33 replays, a page
     // each: well past that many pages.
     let updates = 36 * 256;
     for i in 0..updates {
         let state = [TaskState::InputRequired, TaskState::Working][i % 2];
-        let event = status(state);
-        baton
-            .ledger
-            .update(task_id, |_| Ok::<_, LedgerError>(vec![event]))
-            .await
-            .unwrap();
+        append(&baton, task_id, status_event(task_id, context_id, state)).await;
     }
-    let completed = status(TaskState::Completed);
-    baton
-        .ledger
-        .update(task_id, |_| Ok::<_, LedgerError>(vec![completed]))
-        .await
-        .unwrap();
+    let completed = status_event(task_id, context_id, TaskState::Completed);
+    append(&baton, task_id, completed).await;
 
     let mut seqs = Vec::new();
     let mut last = None;
-    loop {
-        let next = tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
-            .await
-            .expect("the stream goes on without a live event");
-        let Some(event) = next else { break };
+    while let Some(event) = next_of(&mut stream).await {
         seqs.push(event.seq);
         last = Some(event);
     }

@@ -1058,6 +1058,24 @@ async fn returned_across_a_crash(state: TaskState, own_contexts: bool) -> [serde
     [asked, returned, again]
 }
 
+/// Registers `worker` at `first`, sends it `params` there (a handoff,
+/// accepted SUBMITTED) and kills `first` once the worker was sent the
+/// delivery; the task's id.
+async fn accepted_then_killed(
+    mut first: BatonProcess,
+    worker: &baton::demo::vendor::VendorAgent,
+    params: serde_json::Value,
+) -> String {
+    register_vendor(&first, "worker", worker).await;
+    let reply = first.rpc("/a2a", "SendMessage", params).await;
+    let task = &reply["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_SUBMITTED", "{reply}");
+    let id = task["id"].as_str().unwrap().to_string();
+    wait_until("the worker got no delivery", || !worker.sends().is_empty()).await;
+    first.kill();
+    id
+}
+
 /// A handoff its target had not acknowledged when Baton was killed goes on
 /// along the failure ladder after the restart: announced as a retry, and
 /// delivered again with the same messageId.
@@ -1068,19 +1086,12 @@ async fn a_handoff_unacknowledged_at_a_crash_is_retried_after_restart() {
     let worker = silent_at_first("worker", refund).await;
     let dir = tempfile::tempdir().unwrap();
     let start = || loopback_process(dir.path());
-    let mut first = start();
-    register_vendor(&first, "worker", &worker).await;
     let payload = common::handoff_payload("triage", json!({"to": "worker"}), json!({}));
     let params = json!({
         "message": common::handoff_message(payload),
         "configuration": {"returnImmediately": true},
     });
-    let reply = first.rpc("/a2a", "SendMessage", params).await;
-    let task = &reply["result"]["task"];
-    assert_eq!(task["status"]["state"], "TASK_STATE_SUBMITTED", "{reply}");
-    let id = task["id"].as_str().unwrap().to_string();
-    wait_until("the worker got no delivery", || !worker.sends().is_empty()).await;
-    first.kill();
+    let id = accepted_then_killed(start(), &worker, params).await;
 
     let second = start();
     let task = ended(&second, &id).await;
@@ -1114,19 +1125,12 @@ async fn a_routed_call_unacknowledged_at_a_crash_is_retried_after_restart() {
             .args([&config])
             .start()
     };
-    let mut first = start();
-    register_vendor(&first, "worker", &worker).await;
     let params = json!({
         "message": user_message(&message_id("m"), "refund me"),
         "metadata": {"skill": "refund"},
         "configuration": {"returnImmediately": true},
     });
-    let reply = first.rpc("/a2a", "SendMessage", params).await;
-    let task = &reply["result"]["task"];
-    assert_eq!(task["status"]["state"], "TASK_STATE_SUBMITTED", "{reply}");
-    let id = task["id"].as_str().unwrap().to_string();
-    wait_until("the worker got no delivery", || !worker.sends().is_empty()).await;
-    first.kill();
+    let id = accepted_then_killed(start(), &worker, params).await;
 
     let second = start();
     let task = ended(&second, &id).await;

@@ -213,9 +213,8 @@ impl Driver {
         message.context_id = self.context_id.clone();
         delivered.write_into(&mut message.metadata);
         let bytes = message_bytes(&message);
-        let named = payload.return_schema.clone().map(Value::Object);
-        let return_schema_by_skill = named.is_none() && skill.is_some();
-        let return_schema = named.or_else(|| skill_output_schema(&target, skill.as_deref()));
+        let (return_schema, return_schema_by_skill) =
+            handoff_return_schema(payload.return_schema.as_ref(), &target, skill.as_deref());
         tracing::info!(task_id = %self.task_id, from = %source_id, to = %target.id, handoff_id = %payload.handoff_id, bytes, "transfer");
 
         let now = Utc::now();
@@ -252,14 +251,19 @@ impl Driver {
                 // result starts without, and the source's come back with it.
                 let mut handed_on = std::mem::take(&mut record.handed_on_schemas);
                 let mut source_handed_on = Vec::new();
+                // Where the source's own artifacts began, and where the
+                // target's begin: the artifacts the task has now.
+                let source_mark = record.schema_mark();
+                let (source_from, source_digests) =
+                    (source_mark.from, source_mark.digests.to_vec());
+                let digests_now = crate::handoff::artifacts::digests(&record.task.artifacts);
                 if payload.return_to_parent {
                     source_handed_on = std::mem::take(&mut handed_on);
                 } else if let Some(schema) = &record.return_schema {
-                    let mark = record.schema_mark();
                     handed_on.push(SchemaBinding {
                         schema: schema.clone(),
-                        from: mark.from,
-                        digests: mark.digests.to_vec(),
+                        from: source_from,
+                        digests: source_digests.clone(),
                     });
                 }
                 let transfer = TransferSource {
@@ -269,12 +273,12 @@ impl Driver {
                     handoff_id: payload.handoff_id.clone(),
                     return_to_parent: payload.return_to_parent,
                     artifacts_before: record.task.artifacts.len(),
-                    before_digests: crate::handoff::artifacts::digests(&record.task.artifacts),
+                    before_digests: digests_now.clone(),
                     waiting: Vec::new(),
                     return_schema: None,
                     source_schema: record.return_schema.clone(),
-                    source_schema_from: record.schema_from(),
-                    source_schema_digests: record.schema_mark().digests.to_vec(),
+                    source_schema_from: source_from,
+                    source_schema_digests: source_digests,
                     deadline_before: control.deadline,
                     source_handed_on,
                     released: false,
@@ -284,7 +288,8 @@ impl Driver {
                 record.agent = target.id.clone();
                 record.return_schema = return_schema;
                 record.return_schema_by_skill = return_schema_by_skill;
-                record.mark_schema_start();
+                record.return_schema_from = Some(record.task.artifacts.len());
+                record.return_schema_digests = digests_now;
                 record.handed_on_schemas = handed_on;
                 delivered.write_into(&mut record.task.metadata);
                 // Still WORKING for the caller; the control shows the new holder.
@@ -803,6 +808,20 @@ impl Driver {
 /// deadline's failure within `CANCEL_HEAD_START`) before it ends the task
 /// itself.
 const RELEASED_TASK_END_WAIT: Duration = Duration::from_secs(2);
+
+/// The returnSchema a handoff's target is held to: the payload's (`named`),
+/// else the output schema it declared for the skill it was chosen by; and
+/// whether it is that skill's, which a reroute swaps for the alternative's.
+pub(super) fn handoff_return_schema(
+    named: Option<&serde_json::Map<String, Value>>,
+    target: &AgentEntry,
+    skill: Option<&str>,
+) -> (Option<Value>, bool) {
+    match named {
+        Some(schema) => (Some(Value::Object(schema.clone())), false),
+        None => (skill_output_schema(target, skill), skill.is_some()),
+    }
+}
 
 /// The output schema an agency registered for the skill a target was
 /// chosen by (`skillOutputSchemas`): that skill as the target's card

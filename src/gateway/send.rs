@@ -3,7 +3,7 @@
 //! [`Driver`] takes the task to its agent.
 
 use super::driver::{Driver, Start, Turn, send_first};
-use super::relay::{agent_view, agent_views, policy_refusal, skill_output_schema};
+use super::relay::{agent_view, agent_views, handoff_return_schema, policy_refusal};
 use super::stream::TaskEventStream;
 use super::validate::{self, check_history_length, check_message, finish};
 use super::{CallContext, Gateway, TaskReply};
@@ -984,10 +984,9 @@ impl Gateway {
         let named = handoff
             .payload
             .as_ref()
-            .and_then(|p| p.return_schema.clone())
-            .map(serde_json::Value::Object);
-        let return_schema_by_skill = named.is_none() && handoff.skill.is_some();
-        let return_schema = named.or_else(|| skill_output_schema(agent, handoff.skill.as_deref()));
+            .and_then(|p| p.return_schema.as_ref());
+        let (return_schema, return_schema_by_skill) =
+            handoff_return_schema(named, agent, handoff.skill.as_deref());
         let record = TaskRecord {
             task: Task {
                 id: request.task_id.clone(),

@@ -474,17 +474,22 @@ impl Control {
         };
         // Agent ids are the caller's word in a chain: one that cannot be a
         // header value, or holds the list's comma, is left out of the header
-        // rather than failing the call.
-        let chain: Vec<&str> = self
+        // rather than failing the call. Written in place, as `join` would.
+        let mut chain = String::new();
+        let shown = self
             .chain
             .iter()
-            .map(String::as_str)
-            .filter(|id| is_header_value(id) && !id.contains(','))
-            .collect();
+            .filter(|id| is_header_value(id) && !id.contains(','));
+        for (i, id) in shown.enumerate() {
+            if i > 0 {
+                chain.push(',');
+            }
+            chain.push_str(id);
+        }
         let mut headers = vec![
             (TRACEPARENT_HEADER, next_traceparent(trace_id)),
             (HOPS_HEADER, self.hops.to_string()),
-            (CHAIN_HEADER, chain.join(",")),
+            (CHAIN_HEADER, chain),
         ];
         if let Some(deadline) = self.deadline {
             headers.push((DEADLINE_HEADER, wire::format_timestamp(&deadline)));

@@ -134,13 +134,7 @@ impl Drop for Batch<'_> {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         writer.batches -= 1;
         if writer.batches == 0 && std::mem::take(&mut writer.stale) {
-            let current = directory.current();
-            let gateway_card = directory.build_gateway_card(&current.agents, &current.gateway_card);
-            let next = Arc::new(Snapshot {
-                agents: current.agents.clone(),
-                gateway_card,
-            });
-            *directory.snapshot.write().expect("directory lock") = next;
+            directory.change_under(&mut writer, |_| {});
         }
     }
 }
@@ -346,6 +340,16 @@ impl Directory {
     /// its gateway card; only the swap takes the lock readers take.
     fn change(&self, edit: impl FnOnce(&mut BTreeMap<String, Arc<AgentEntry>>)) {
         let mut writer = self.writer.lock().expect("directory writer lock");
+        self.change_under(&mut writer, edit);
+    }
+
+    /// [`Self::change`], its writer lock held: outside a batch the gateway
+    /// card is built again, inside one it is kept and noted stale.
+    fn change_under(
+        &self,
+        writer: &mut Writer,
+        edit: impl FnOnce(&mut BTreeMap<String, Arc<AgentEntry>>),
+    ) {
         let current = self.current();
         let mut agents = current.agents.clone();
         edit(&mut agents);

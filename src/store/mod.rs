@@ -191,13 +191,6 @@ impl TaskRecord {
         }
     }
 
-    /// Notes the holder's own artifacts as beginning after those the task
-    /// has now.
-    pub fn mark_schema_start(&mut self) {
-        self.return_schema_from = Some(self.task.artifacts.len());
-        self.return_schema_digests = crate::handoff::artifacts::digests(&self.task.artifacts);
-    }
-
     /// Every returnSchema the holder's result must meet, with where the
     /// artifacts each checks begin: its own handoff's, then those of
     /// holders before it that handed on for good.

@@ -498,3 +498,63 @@ async fn the_registry_answers_on_its_path_with_a_trailing_slash() {
     }
     gateway.stop().await;
 }
+
+/// An inline agent's health asks only that its server answer: an agent
+/// under a sub-path of a server with no card at its origin is healthy, one
+/// whose server fails (5xx) or does not listen is not.
+#[tokio::test]
+async fn an_inline_agents_health_needs_its_server_to_answer_not_a_card_at_its_origin() {
+    use axum::http::StatusCode;
+    let upstream = baton().start().await;
+    let gateway = baton().start().await;
+    let card = upstream.published_card("echo").await;
+    let pointed_at = |url: String| {
+        let mut card = card.clone();
+        card["supportedInterfaces"][0]["url"] = json!(url);
+        card
+    };
+    // Answers its agent's path only; its origin has no card (404).
+    let sub_path = serve_on_loopback(axum::Router::new().route(
+        "/team/echo/a2a",
+        axum::routing::post(|| async { StatusCode::OK }),
+    ))
+    .await;
+    let failing = serve_on_loopback(
+        axum::Router::new().fallback(|| async { StatusCode::SERVICE_UNAVAILABLE }),
+    )
+    .await;
+    let closed = {
+        // Bound and let go: nothing listens there.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    for (id, base) in [
+        ("sub-path", &sub_path),
+        ("failing", &failing),
+        ("closed", &closed),
+    ] {
+        let card = pointed_at(format!("{base}/team/echo/a2a"));
+        let reply = gateway
+            .registry("RegisterAgent", json!({"id": id, "card": card}))
+            .await;
+        assert!(reply.code().is_none(), "{}", reply.body);
+    }
+    tokio::time::timeout(WAIT, gateway.registry.check_health())
+        .await
+        .expect("health check in time");
+    for (id, expected) in [
+        ("sub-path", "healthy"),
+        ("failing", "unhealthy"),
+        ("closed", "unhealthy"),
+    ] {
+        let got = gateway.registry("GetAgent", json!({"id": id})).await;
+        assert_eq!(
+            got.result()["agent"]["health"]["status"],
+            expected,
+            "{id}: {}",
+            got.body
+        );
+    }
+    gateway.stop().await;
+    upstream.stop().await;
+}

@@ -891,7 +891,9 @@ impl Registry {
     }
 
     /// Re-fetches one agent's card and records its health, unless the agent
-    /// was changed meanwhile (the result is about a card or URL it left).
+    /// was changed meanwhile (the result is about a card or URL it left). An
+    /// agent registered inline is probed at its server's origin, and is
+    /// healthy if the server answers there at all.
     async fn check_one(&self, record: AgentRecord) {
         let location = record.card_url.clone().or_else(|| {
             // Where Baton calls it, not whatever interface comes first.
@@ -905,7 +907,18 @@ impl Registry {
         let now = Utc::now();
         // The version of the agent the result is about.
         let mut checked_at = record.updated_at;
-        let health = match self.fetcher.fetch(&location).await {
+        let started = std::time::Instant::now();
+        let fetched = self.fetcher.fetch(&location).await;
+        let health = match fetched {
+            // An inline card needs no card from the agent's server, only an
+            // answer: an agent under a sub-path of a server that serves no
+            // card at its origin is up all the same.
+            Err(err) if record.card_url.is_none() && server_answered(&err) => Health {
+                status: HealthStatus::Healthy,
+                last_checked: Some(now),
+                latency_ms: Some(started.elapsed().as_millis() as u64),
+                error: None,
+            },
             Ok(fetched) => {
                 if record.card_url.is_some()
                     && let Ok(card) = self.validator.validate(&fetched.json)
@@ -957,6 +970,17 @@ impl Registry {
             }
             _ => tracing::debug!(agent = %record.id, "health result dropped: the agent changed"),
         }
+    }
+}
+
+/// Whether a failed card fetch still had the server answer as a live one
+/// does: with a client error status (no card at that path), a body that is
+/// not a card, or one too large. A server error status is not an answer.
+fn server_answered(err: &FetchError) -> bool {
+    match err {
+        FetchError::Status { status, .. } => *status < 500,
+        FetchError::NotJson { .. } | FetchError::TooLarge { .. } => true,
+        FetchError::BadUrl(_) | FetchError::Refused(_) | FetchError::Unreachable { .. } => false,
     }
 }
 

@@ -2838,7 +2838,7 @@ mod tests {
 
         ledger.close();
         drop(ledger);
-        let reopened = Ledger::open(dir.path()).unwrap();
+        let reopened = reopen(dir.path());
         assert!(
             reopened.get("t1").unwrap().is_some(),
             "kept across a restart"
@@ -3128,7 +3128,7 @@ mod tests {
         let _ = writer.await;
         drop(ledger);
 
-        let reopened = Ledger::open(dir.path()).unwrap();
+        let reopened = reopen(dir.path());
         assert!(
             reopened.get("t0").unwrap().is_some(),
             "durable before the fault"
@@ -3154,7 +3154,7 @@ mod tests {
             "sled alone refuses it: {refused:?}"
         );
 
-        let reopened = Ledger::open(dir.path()).unwrap();
+        let reopened = reopen(dir.path());
         assert!(reopened.get("t1").unwrap().is_some());
         assert!(!unfinished.exists());
         reopened.close();

@@ -10,15 +10,20 @@
 //! webhook sees its task's events in order, and one that hangs delays only
 //! its own. A full queue drops the notification and counts it rather than
 //! slowing the ledger; the webhook's next notification then carries the
-//! task as it is, which makes up for what was dropped. Failed deliveries (connection errors, 5xx, 408, 429)
-//! are retried with exponential backoff and jitter, or after the wait the
-//! answer asks for in `Retry-After` (at most [`MAX_RETRY_AFTER`]); other 4xx
-//! answers, and hosts the outbound guard refuses, are final. A task holds at
+//! task as it is, which makes up for what was dropped, or, with none to
+//! come, one sent once the queue is empty. Failed deliveries (connection
+//! errors, 5xx, 408, 429) are retried with exponential backoff and jitter,
+//! or after the wait the answer asks for in `Retry-After` (at most
+//! [`MAX_RETRY_AFTER`]); other 4xx answers, and hosts the outbound guard
+//! refuses, are final. One given up is still owed: the webhook's next
+//! notification is the task as it is, and until one is delivered a start
+//! owes it too. A task holds at
 //! most [`MAX_CONFIGS_PER_TASK`] configs, and at most
 //! [`PushSettings::max_in_flight`] POSTs are in flight at once, over all
 //! webhooks, so that many tasks' webhooks cannot take all of Baton's
-//! sockets. A stop waits, within its grace, for what is still queued
-//! ([`PushDispatcher::drain`]).
+//! sockets; of those, at most [`PushSettings::max_in_flight_per_host`] to
+//! one host, so that one that hangs cannot hold them all. A stop waits,
+//! within its grace, for what is still queued ([`PushDispatcher::drain`]).
 
 use crate::error::FieldViolation;
 use crate::netguard::OutboundPolicy;
@@ -49,13 +54,18 @@ pub struct PushSettings {
     pub workers: usize,
     /// Attempts per notification, the first included.
     pub max_attempts: u32,
-    /// Wait before the first retry; doubles each time.
+    /// Wait before the first retry; doubles each time, up to `max_backoff`.
     pub initial_backoff: Duration,
+    /// Longest wait between two attempts.
+    pub max_backoff: Duration,
     /// Timeout of one POST.
     pub request_timeout: Duration,
     /// POSTs in flight at once, over all webhooks: each holds a connection,
     /// and a task may have many configs (a wait for a retry holds none).
     pub max_in_flight: usize,
+    /// Of those, POSTs in flight to one host (name or address, and port):
+    /// many tasks' configs may name one webhook host, which may hang.
+    pub max_in_flight_per_host: usize,
     /// Whether anything is sent (`--disable-push` turns it off): off, stored
     /// configs are kept and nothing is sent or marked handled, so a start
     /// with push on again sends what they are owed.
@@ -67,10 +77,15 @@ impl Default for PushSettings {
         Self {
             queue_capacity: 4096,
             workers: 4,
-            max_attempts: 5,
-            initial_backoff: Duration::from_millis(200),
+            // Waits of 0.5, 1, 2, 4, 8, 16 and 30 s (each jittered down to
+            // half): a webhook restarting for most of a minute still gets
+            // its notifications.
+            max_attempts: 8,
+            initial_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(30),
             request_timeout: Duration::from_secs(10),
             max_in_flight: 256,
+            max_in_flight_per_host: 16,
             enabled: true,
         }
     }
@@ -120,6 +135,13 @@ fn check_fields(
                 "must be one word (an HTTP token, such as Bearer or Basic)",
             ));
         }
+    }
+    // Get and Delete take no blank id: one stored would be beyond reach.
+    if !config.id.is_empty() && config.id.trim().is_empty() {
+        violations.push(FieldViolation::new(
+            format!("{prefix}id"),
+            "must not be blank: leave it out for Baton to make one",
+        ));
     }
     // They go out as header values: refused now rather than failing every
     // delivery later.
@@ -172,8 +194,8 @@ pub struct PushDispatcher {
     enabled: bool,
     /// Length of each shard's queue.
     queue_capacity: usize,
-    /// Tasks whose events a full shard queue dropped.
-    gaps: Arc<Gaps>,
+    /// Each shard's tasks whose events its full queue dropped.
+    gaps: Arc<Vec<Arc<Gaps>>>,
 }
 
 impl PushDispatcher {
@@ -182,11 +204,15 @@ impl PushDispatcher {
         let client = policy.client(settings.request_timeout);
         let stats = Arc::new(PushStats::default());
         let in_flight = Arc::new(Semaphore::new(settings.max_in_flight.max(1)));
-        let gaps = Arc::new(Gaps::default());
+        let hosts = Arc::new(HostSlots::new(settings.max_in_flight_per_host));
         let mut shards = Vec::with_capacity(settings.workers);
-        for _ in 0..settings.workers.max(1) {
+        let mut shard_gaps = Vec::with_capacity(settings.workers);
+        let workers = settings.workers.max(1);
+        for shard in 0..workers {
             let (sender, receiver) = mpsc::channel(settings.queue_capacity);
             shards.push(sender);
+            let gaps = Arc::new(Gaps::default());
+            shard_gaps.push(gaps.clone());
             let worker = Worker {
                 ledger: Arc::downgrade(ledger),
                 client: client.clone(),
@@ -194,7 +220,9 @@ impl PushDispatcher {
                 settings: settings.clone(),
                 stats: stats.clone(),
                 in_flight: in_flight.clone(),
-                gaps: gaps.clone(),
+                hosts: hosts.clone(),
+                gaps,
+                shard: (shard, workers),
             };
             tokio::spawn(worker.run(receiver));
         }
@@ -204,7 +232,7 @@ impl PushDispatcher {
             stats,
             enabled: settings.enabled,
             queue_capacity: settings.queue_capacity,
-            gaps,
+            gaps: Arc::new(shard_gaps),
         };
         if !settings.enabled {
             return dispatcher;
@@ -317,25 +345,31 @@ impl PushDispatcher {
         };
         if self.shards[shard].try_send(queued).is_err() {
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-            self.gaps.note(&event.task_id);
+            self.gaps[shard].note(&event.task_id);
             tracing::warn!(task_id = %event.task_id, seq = event.seq, "push queue full; notification dropped");
         }
     }
 }
 
-/// Tasks whose events a full shard queue dropped: the shard sends their
+/// Tasks whose events a shard's full queue dropped: the shard sends their
 /// next event's webhooks the task as it then is instead, which holds what
-/// was dropped. A task with no later event is made up for at the next start
-/// (its configs' marks stay behind the dropped event).
+/// was dropped, and once its queue is empty it sends the rest theirs (a
+/// task's last event may be the one dropped).
 #[derive(Default)]
 struct Gaps {
-    /// Whether `tasks` may hold any: most events need no lock.
+    /// Whether `tasks` may hold any, or `overflowed` is set: most events
+    /// need no lock.
     any: AtomicBool,
     tasks: Mutex<HashSet<String>>,
+    /// A drop found `tasks` full: which tasks it was is unknown, so every
+    /// event goes out as its task as it is, until the shard, its queue
+    /// empty, has the ledger say which webhooks are behind.
+    overflowed: AtomicBool,
+    /// Wakes the shard, which may be waiting on an empty queue.
+    noted: tokio::sync::Notify,
 }
 
-/// The most tasks [`Gaps`] holds; past it, the next start makes up for
-/// the rest.
+/// The most tasks one shard's [`Gaps`] holds.
 const MAX_GAPS: usize = 10_000;
 
 impl Gaps {
@@ -343,19 +377,36 @@ impl Gaps {
         let mut tasks = self.tasks.lock().expect("push gaps lock");
         if tasks.len() < MAX_GAPS {
             tasks.insert(task_id.to_string());
-            self.any.store(true, Ordering::Release);
+        } else {
+            self.overflowed.store(true, Ordering::Release);
         }
+        self.any.store(true, Ordering::Release);
+        drop(tasks);
+        self.noted.notify_one();
     }
 
-    /// Whether `task_id` had an event dropped since this was last asked.
+    /// Whether `task_id` may have had an event dropped since this was last
+    /// asked.
     fn take(&self, task_id: &str) -> bool {
         if !self.any.load(Ordering::Acquire) {
             return false;
+        }
+        if self.overflowed.load(Ordering::Acquire) {
+            return true;
         }
         let mut tasks = self.tasks.lock().expect("push gaps lock");
         let taken = tasks.remove(task_id);
         self.any.store(!tasks.is_empty(), Ordering::Release);
         taken
+    }
+
+    /// Every task noted, and whether more were dropped than noted; both
+    /// cleared.
+    fn take_all(&self) -> (Vec<String>, bool) {
+        let mut tasks = self.tasks.lock().expect("push gaps lock");
+        let overflowed = self.overflowed.swap(false, Ordering::AcqRel);
+        self.any.store(false, Ordering::Release);
+        (tasks.drain().collect(), overflowed)
     }
 }
 
@@ -423,8 +474,12 @@ struct Worker {
     stats: Arc<PushStats>,
     /// Permits for POSTs in flight, shared by every shard.
     in_flight: Arc<Semaphore>,
-    /// Tasks whose events a full shard queue dropped.
+    /// Permits for POSTs in flight to each host, shared by every shard.
+    hosts: Arc<HostSlots>,
+    /// Tasks whose events this shard's full queue dropped.
     gaps: Arc<Gaps>,
+    /// This shard's index, and how many there are.
+    shard: (usize, usize),
 }
 
 /// One notification for one webhook.
@@ -432,6 +487,61 @@ struct Notification {
     config: TaskPushNotificationConfig,
     told: Told,
     _pending: Pending,
+}
+
+impl Notification {
+    /// The task as it is, for a debt (see [`Debt`]).
+    fn owed((config, pending): (TaskPushNotificationConfig, Pending)) -> Self {
+        Self {
+            config,
+            told: Told::Latest,
+            _pending: pending,
+        }
+    }
+}
+
+/// Permits for POSTs in flight to each webhook host.
+struct HostSlots {
+    per_host: usize,
+    hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+/// Hosts [`HostSlots`] holds before it lets go of those no POST holds or
+/// waits for.
+const HOST_SLOTS_PRUNE_AT: usize = 1024;
+
+impl HostSlots {
+    fn new(per_host: usize) -> Self {
+        Self {
+            per_host: per_host.max(1),
+            hosts: Mutex::default(),
+        }
+    }
+
+    /// The permits of `url`'s host.
+    fn slot(&self, url: &reqwest::Url) -> Arc<Semaphore> {
+        let host = url.host_str().unwrap_or_default();
+        let key = format!("{host}:{}", url.port_or_known_default().unwrap_or(0));
+        let mut hosts = self.hosts.lock().expect("push hosts lock");
+        if hosts.len() >= HOST_SLOTS_PRUNE_AT {
+            hosts.retain(|_, slot| Arc::strong_count(slot) > 1);
+        }
+        hosts
+            .entry(key)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_host)))
+            .clone()
+    }
+}
+
+/// How a delivery ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Delivery {
+    /// Delivered, refused for good (a 4xx other than 408 and 429, a host
+    /// the outbound guard refuses), or its config deleted: handled.
+    Done,
+    /// Every attempt failed as a passing fault would (no connection, 5xx,
+    /// 408, 429): still owed.
+    GivenUp,
 }
 
 /// What a notification tells its webhook.
@@ -462,9 +572,34 @@ struct Pipeline {
     sender: mpsc::Sender<Notification>,
     /// Ends once the pipeline has delivered (or given up) all it took.
     finished: oneshot::Receiver<()>,
-    /// A notification for it was dropped at its full queue: the next one
-    /// it takes is the task as it then is.
-    owes_latest: bool,
+    /// What it owes its webhook for a notification its full queue refused.
+    debt: Arc<Debt>,
+}
+
+/// A webhook's debt of the task as it is, from a notification its full
+/// queue refused: paid by the next notification its shard hands it, else
+/// by the pipeline itself once its queue is empty (a task's last event may
+/// be the one refused). Counted as pending while owed, so that a stop waits
+/// for it.
+#[derive(Default)]
+struct Debt(Mutex<Option<(TaskPushNotificationConfig, Pending)>>);
+
+impl Debt {
+    fn owe(&self, config: TaskPushNotificationConfig, stats: &Arc<PushStats>) {
+        let mut debt = self.0.lock().expect("push debt lock");
+        if debt.is_none() {
+            *debt = Some((config, Pending::count(stats)));
+        }
+    }
+
+    /// The debt, now paid by whoever takes it.
+    fn settle(&self) -> Option<(TaskPushNotificationConfig, Pending)> {
+        self.0.lock().expect("push debt lock").take()
+    }
+
+    fn is_owed(&self) -> bool {
+        self.0.lock().expect("push debt lock").is_some()
+    }
 }
 
 impl Pipeline {
@@ -491,7 +626,23 @@ impl Worker {
         // Pipelines that ended idle are let go when the map doubles, not
         // looked over at every event.
         let mut prune_at = PRUNE_AT_LEAST;
-        while let Some(queued) = receiver.recv().await {
+        loop {
+            let queued = match receiver.try_recv() {
+                Ok(queued) => queued,
+                Err(mpsc::error::TryRecvError::Disconnected) => return,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    if worker.make_up_for_gaps(&mut pipelines, &mut prune_at).await {
+                        continue;
+                    }
+                    tokio::select! {
+                        queued = receiver.recv() => match queued {
+                            Some(queued) => queued,
+                            None => return,
+                        },
+                        () = worker.gaps.noted.notified() => continue,
+                    }
+                }
+            };
             // Its notifications are counted before the event stops being.
             let (task_id, told, only) = match &queued.work {
                 // After a dropped event its webhooks are told the task as
@@ -518,6 +669,45 @@ impl Worker {
                 .hand_out(task_id, &told, only, &mut pipelines, &mut prune_at)
                 .await;
         }
+    }
+
+    /// With the shard's queue empty, tells the webhooks of each task an
+    /// event of which it dropped the task as it is; says whether there were
+    /// any. Past [`MAX_GAPS`], the ledger says which are behind.
+    async fn make_up_for_gaps(
+        self: &Arc<Self>,
+        pipelines: &mut HashMap<(String, String), Pipeline>,
+        prune_at: &mut usize,
+    ) -> bool {
+        let (tasks, overflowed) = self.gaps.take_all();
+        for task_id in &tasks {
+            self.hand_out(task_id, &Told::Latest, None, pipelines, prune_at)
+                .await;
+        }
+        if !overflowed {
+            return !tasks.is_empty();
+        }
+        let Some(ledger) = self.ledger.upgrade() else {
+            return true;
+        };
+        let (shard, shards) = self.shard;
+        let behind = tokio::task::spawn_blocking(move || ledger.push_backlog()).await;
+        match behind {
+            Ok(Ok(behind)) => {
+                for (task_id, config_ids) in behind {
+                    if shard_of(&task_id, shards) == shard {
+                        let only = Some(config_ids.as_slice());
+                        self.hand_out(&task_id, &Told::Latest, only, pipelines, prune_at)
+                            .await;
+                    }
+                }
+            }
+            Ok(Err(err)) => {
+                tracing::error!(%err, "cannot read which webhooks dropped notifications left behind")
+            }
+            Err(err) => tracing::error!(%err, "reading dropped notifications' webhooks failed"),
+        }
+        true
     }
 
     /// The task `task_id` as it now is, once durable, as an event at its
@@ -571,38 +761,41 @@ impl Worker {
         if pipelines.len() >= *prune_at {
             // One still delivering is kept: its successor waits for it; so
             // is one that owes its webhook the task.
-            pipelines.retain(|_, pipeline| pipeline.owes_latest || !pipeline.is_over());
+            pipelines.retain(|_, pipeline| pipeline.debt.is_owed() || !pipeline.is_over());
             *prune_at = (pipelines.len() * 2).max(PRUNE_AT_LEAST);
         }
         for config in configs {
             let key = (config.task_id.clone(), config.id.clone());
             let pipeline = pipelines
                 .entry(key)
-                .or_insert_with(|| Worker::pipeline(self, None));
-            let notification = Notification {
-                config,
-                told: if pipeline.owes_latest {
-                    Told::Latest
-                } else {
-                    told.clone()
+                .or_insert_with(|| Worker::pipeline(self, None, Arc::default()));
+            let notification = match pipeline.debt.settle() {
+                Some((_, pending)) => Notification::owed((config, pending)),
+                None => Notification {
+                    config,
+                    told: told.clone(),
+                    _pending: Pending::count(&self.stats),
                 },
-                _pending: Pending::count(&self.stats),
             };
             let refused = match pipeline.sender.try_send(notification) {
-                Ok(()) => false,
+                Ok(()) => None,
                 // Ended idle since: a new one takes it, after the old one
                 // delivered what it still held, so that the webhook sees
                 // the task's events in order.
                 Err(mpsc::error::TrySendError::Closed(notification)) => {
                     let (_, earlier) = oneshot::channel();
                     let earlier = std::mem::replace(&mut pipeline.finished, earlier);
-                    *pipeline = Worker::pipeline(self, Some(earlier));
-                    pipeline.sender.try_send(notification).is_err()
+                    *pipeline = Worker::pipeline(self, Some(earlier), pipeline.debt.clone());
+                    pipeline
+                        .sender
+                        .try_send(notification)
+                        .err()
+                        .map(|err| err.into_inner())
                 }
-                Err(mpsc::error::TrySendError::Full(_)) => true,
+                Err(mpsc::error::TrySendError::Full(notification)) => Some(notification),
             };
-            pipeline.owes_latest = refused;
-            if refused {
+            if let Some(refused) = refused {
+                pipeline.debt.owe(refused.config, &self.stats);
                 self.stats.dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%task_id, "webhook queue full; notification dropped");
             }
@@ -611,11 +804,17 @@ impl Worker {
 
     /// Starts a webhook's pipeline: its notifications delivered one after
     /// another, once the webhook's `earlier` pipeline has finished, until
-    /// none comes for [`WEBHOOK_IDLE`].
-    fn pipeline(worker: &Arc<Self>, earlier: Option<oneshot::Receiver<()>>) -> Pipeline {
+    /// none comes for [`WEBHOOK_IDLE`]; with its queue empty, it pays its
+    /// `debt`.
+    fn pipeline(
+        worker: &Arc<Self>,
+        earlier: Option<oneshot::Receiver<()>>,
+        debt: Arc<Debt>,
+    ) -> Pipeline {
         let (sender, mut receiver) = mpsc::channel::<Notification>(WEBHOOK_QUEUE);
         let (finish, finished) = oneshot::channel();
         let worker = worker.clone();
+        let owed = debt.clone();
         tokio::spawn(async move {
             // An earlier pipeline that ended idle may still be delivering
             // what came in as it closed (or retrying it).
@@ -632,44 +831,59 @@ impl Worker {
             // nothing new. (One no further than the events sent is still
             // sent: it is owed for events this webhook missed.)
             let mut latest_through = None;
+            // A notification was given up: the next one is the task as it
+            // is, which holds what that one told.
+            let mut behind = false;
             loop {
-                let notification = match tokio::time::timeout(WEBHOOK_IDLE, receiver.recv()).await {
-                    Ok(Some(notification)) => notification,
-                    Ok(None) => return,
-                    // No more is taken; what is queued still goes out, then
-                    // `recv` ends the loop.
-                    Err(_idle) => {
-                        receiver.close();
-                        continue;
-                    }
+                let queued = receiver.try_recv().ok();
+                let notification = match queued.or_else(|| owed.settle().map(Notification::owed)) {
+                    Some(notification) => notification,
+                    None => match tokio::time::timeout(WEBHOOK_IDLE, receiver.recv()).await {
+                        Ok(Some(notification)) => notification,
+                        Ok(None) => return,
+                        // No more is taken; what is queued still goes out,
+                        // then `recv` ends the loop.
+                        Err(_idle) => {
+                            receiver.close();
+                            continue;
+                        }
+                    },
                 };
                 let Notification {
                     config,
                     told,
                     _pending,
                 } = notification;
-                let (event, body) = match told {
+                let told = if behind { Told::Latest } else { told };
+                let (event, body, is_latest) = match told {
                     Told::Event { event, .. } if event.seq <= sent_through => continue,
                     Told::Event { event, .. } if worker.handled(&config, &event) => continue,
-                    Told::Event { event, body } => (event, body),
+                    Told::Event { event, body } => (event, body, false),
                     Told::Latest => match worker.latest(&config.task_id).await {
                         Some((event, _)) if latest_through >= Some(event.seq) => continue,
-                        Some((event, body)) => {
-                            latest_through = Some(event.seq);
-                            (event, body)
-                        }
+                        Some((event, body)) => (event, body, true),
                         None => continue,
                     },
                 };
                 sent_through = sent_through.max(event.seq);
-                worker.deliver(&config, &event, body).await;
-                worker.note_handled(&config, &event);
+                match worker.deliver(&config, &event, body).await {
+                    Delivery::Done => {
+                        worker.note_handled(&config, &event);
+                        if is_latest {
+                            latest_through = Some(event.seq);
+                        }
+                        behind = false;
+                    }
+                    // Not marked handled: a restart owes the webhook the
+                    // task as it is, as its next notification here is.
+                    Delivery::GivenUp => behind = true,
+                }
             }
         });
         Pipeline {
             sender,
             finished,
-            owes_latest: false,
+            debt,
         }
     }
 
@@ -724,27 +938,29 @@ impl Worker {
     }
 
     /// Delivers one notification, retrying as the answers allow, until it
-    /// is delivered or given up, or its config is deleted.
+    /// is delivered, refused for good or given up, or its config is deleted.
     async fn deliver(
         &self,
         queued: &TaskPushNotificationConfig,
         event: &LedgerEvent,
         body: bytes::Bytes,
-    ) {
+    ) -> Delivery {
         let mut backoff = self.settings.initial_backoff;
         for attempt in 1..=self.settings.max_attempts {
             let Some(config) = self.current_config(queued).await else {
                 tracing::debug!(task_id = %event.task_id, "push config deleted; notification not sent");
-                return;
+                return Delivery::Done;
             };
             let url = match self.webhook_url(&config) {
                 Ok(url) => url,
                 Err(reason) => {
                     tracing::warn!(task_id = %event.task_id, %reason, "push delivery refused");
-                    break;
+                    self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    return Delivery::Done;
                 }
             };
             let shown = crate::netguard::shown_url(&url);
+            let host = self.hosts.slot(&url);
             let mut request = self
                 .client
                 .post(url)
@@ -762,12 +978,13 @@ impl Worker {
                 request = request.header(TOKEN_HEADER, &config.token);
             }
             let mut asked_wait = None;
-            // Never closed: the dispatcher's semaphore lives as long as its workers.
+            // Never closed: the semaphores live as long as the workers.
+            let host_permit = host.acquire_owned().await.expect("push host semaphore");
             let permit = self.in_flight.acquire().await.expect("push semaphore");
             let retryable = match request.send().await {
                 Ok(response) if response.status().is_success() => {
                     self.stats.delivered.fetch_add(1, Ordering::Relaxed);
-                    return;
+                    return Delivery::Done;
                 }
                 Ok(response) => {
                     let status = response.status();
@@ -786,14 +1003,19 @@ impl Worker {
                     !refused
                 }
             };
-            drop(permit);
-            if !retryable || attempt == self.settings.max_attempts {
+            drop((permit, host_permit));
+            if !retryable {
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                return Delivery::Done;
+            }
+            if attempt == self.settings.max_attempts {
                 break;
             }
             tokio::time::sleep(asked_wait.unwrap_or_else(|| jittered(backoff))).await;
-            backoff *= 2;
+            backoff = (backoff * 2).min(self.settings.max_backoff);
         }
         self.stats.failed.fetch_add(1, Ordering::Relaxed);
+        Delivery::GivenUp
     }
 
     /// Where `config` is delivered, if the outbound policy lets it be; any
@@ -950,6 +1172,18 @@ mod tests {
         Arc<Worker>,
         TaskPushNotificationConfig,
     ) {
+        worker_with(url, PushSettings::default()).await
+    }
+
+    /// [`worker_for`] with `settings`.
+    async fn worker_with(
+        url: String,
+        settings: PushSettings,
+    ) -> (
+        (tempfile::TempDir, Arc<Ledger>),
+        Arc<Worker>,
+        TaskPushNotificationConfig,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Arc::new(Ledger::open(dir.path()).unwrap());
         let config = TaskPushNotificationConfig {
@@ -963,15 +1197,16 @@ mod tests {
             allow: vec!["127.0.0.0/8".parse().unwrap()],
             ..OutboundPolicy::default()
         };
-        let settings = PushSettings::default();
         let worker = Arc::new(Worker {
             ledger: Arc::downgrade(&ledger),
             client: policy.client(settings.request_timeout),
             in_flight: Arc::new(Semaphore::new(settings.max_in_flight)),
+            hosts: Arc::new(HostSlots::new(settings.max_in_flight_per_host)),
             policy,
             settings,
             stats: Arc::default(),
             gaps: Arc::default(),
+            shard: (0, 1),
         });
         ((dir, ledger), worker, config)
     }
@@ -1034,7 +1269,7 @@ mod tests {
         let (url, seen) = slow_first_webhook().await;
         let ((_dir, ledger), worker, config) = worker_for(url).await;
         let latest = task_in(&ledger, &[TaskState::InputRequired]).await;
-        let pipeline = Worker::pipeline(&worker, None);
+        let pipeline = Worker::pipeline(&worker, None, Arc::default());
         pipeline
             .sender
             .try_send(latest_for(&worker, &config))
@@ -1064,7 +1299,7 @@ mod tests {
         let (url, seen) = slow_first_webhook().await;
         let ((_dir, ledger), worker, config) = worker_for(url).await;
         let latest = task_in(&ledger, &[TaskState::Completed]).await;
-        let pipeline = Worker::pipeline(&worker, None);
+        let pipeline = Worker::pipeline(&worker, None, Arc::default());
         let event = notification_at(&worker, &config, TaskState::Completed, latest);
         pipeline.sender.try_send(event).unwrap();
         for _ in 0..2 {
@@ -1083,7 +1318,7 @@ mod tests {
     async fn a_config_made_again_under_its_id_gets_only_later_events() {
         let (url, seen) = slow_first_webhook().await;
         let ((_dir, ledger), worker, config) = worker_for(url).await;
-        let pipeline = Worker::pipeline(&worker, None);
+        let pipeline = Worker::pipeline(&worker, None, Arc::default());
         let latest = task_in(&ledger, &[TaskState::Working, TaskState::InputRequired]).await;
         ledger.delete_push_config("t", &config.id).await.unwrap();
         ledger.put_push_config(&config, 10).await.unwrap().unwrap();
@@ -1109,7 +1344,7 @@ mod tests {
         let queue = Pipeline {
             sender,
             finished,
-            owes_latest: false,
+            debt: Arc::default(),
         };
         let key = (config.task_id.clone(), config.id.clone());
         let mut pipelines = HashMap::from([(key.clone(), queue)]);
@@ -1121,14 +1356,14 @@ mod tests {
                 .await;
         }
         assert_eq!(worker.stats.dropped.load(Ordering::Relaxed), 2);
-        assert!(pipelines[&key].owes_latest);
+        assert!(pipelines[&key].debt.is_owed());
         let first = receiver.recv().await.unwrap();
         assert!(matches!(first.told, Told::Event { event, .. } if event.seq == 1));
         worker
             .hand_out("t", &event(4), None, &mut pipelines, &mut prune_at)
             .await;
         assert!(matches!(receiver.recv().await.unwrap().told, Told::Latest));
-        assert!(!pipelines[&key].owes_latest);
+        assert!(!pipelines[&key].debt.is_owed());
         worker
             .hand_out("t", &event(5), None, &mut pipelines, &mut prune_at)
             .await;
@@ -1173,13 +1408,13 @@ mod tests {
         let (_ledger, worker, config) = worker_for(url).await;
         // A pipeline closes as it ends idle, still holding a notification;
         // the webhook's next one starts while that is being delivered.
-        let earlier = Worker::pipeline(&worker, None);
+        let earlier = Worker::pipeline(&worker, None, Arc::default());
         earlier
             .sender
             .try_send(notification_at(&worker, &config, TaskState::Working, 1))
             .unwrap();
         drop(earlier.sender);
-        let next = Worker::pipeline(&worker, Some(earlier.finished));
+        let next = Worker::pipeline(&worker, Some(earlier.finished), Arc::default());
         next.sender
             .try_send(notification_at(&worker, &config, TaskState::Completed, 2))
             .unwrap();
@@ -1193,5 +1428,272 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(worker.stats.pending.load(Ordering::Acquire), 0);
+    }
+
+    /// A webhook on loopback that answers 503 to its first `fails`
+    /// requests, and records the states of those it takes, as
+    /// [`slow_first_webhook`] does.
+    async fn webhook_failing_first(fails: u64) -> (String, Arc<Mutex<Vec<String>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorded = seen.clone();
+        let arrived = Arc::new(AtomicU64::new(0));
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |body: String| {
+                let (recorded, arrived) = (recorded.clone(), arrived.clone());
+                async move {
+                    if arrived.fetch_add(1, Ordering::SeqCst) < fails {
+                        return axum::http::StatusCode::SERVICE_UNAVAILABLE;
+                    }
+                    let event: serde_json::Value = serde_json::from_str(&body).unwrap();
+                    let state = match event.get("task") {
+                        Some(task) => format!("task {}", task["status"]["state"]),
+                        None => event["statusUpdate"]["status"]["state"].to_string(),
+                    };
+                    recorded.lock().unwrap().push(state);
+                    axum::http::StatusCode::OK
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, seen)
+    }
+
+    /// Waits, 10 s at most, until the last state `seen` holds is `last`.
+    async fn until_last(seen: &Mutex<Vec<String>>, last: &str) -> Vec<String> {
+        for _ in 0..500 {
+            if seen.lock().unwrap().last().is_some_and(|s| s == last) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        seen.lock().unwrap().clone()
+    }
+
+    /// A notification a webhook's full queue refused is made up once the
+    /// queue is empty, though no later one comes: a task's last event may
+    /// be the one refused.
+    #[tokio::test]
+    async fn a_webhook_queue_full_at_a_tasks_last_event_makes_it_up_once_empty() {
+        let (url, seen) = slow_first_webhook().await;
+        let ((_dir, ledger), worker, config) = worker_for(url).await;
+        task_in(&ledger, &[TaskState::Working, TaskState::Completed]).await;
+        let mut pipelines = HashMap::new();
+        let mut prune_at = PRUNE_AT_LEAST;
+        let events = WEBHOOK_QUEUE as u64 + 8;
+        for seq in 1..=events {
+            let told = notification_at(&worker, &config, TaskState::Working, seq).told;
+            worker
+                .hand_out("t", &told, None, &mut pipelines, &mut prune_at)
+                .await;
+        }
+        assert!(worker.stats.dropped.load(Ordering::Relaxed) > 0);
+        let seen = until_last(&seen, "task \"TASK_STATE_COMPLETED\"").await;
+        assert_eq!(
+            seen.last().map(String::as_str),
+            Some("task \"TASK_STATE_COMPLETED\""),
+            "{} notifications",
+            seen.len()
+        );
+        assert!(
+            !pipelines[&("t".to_string(), "hook".to_string())]
+                .debt
+                .is_owed()
+        );
+    }
+
+    /// An event a full shard queue dropped, with no later event of its
+    /// task behind it, is made up once the shard's queue is empty.
+    #[tokio::test]
+    async fn a_tasks_last_event_dropped_at_a_full_shard_queue_is_made_up_once_it_empties() {
+        let (url, seen) = slow_first_webhook().await;
+        let ((_dir, ledger), worker, config) = worker_for(url).await;
+        let states = [
+            TaskState::Working,
+            TaskState::InputRequired,
+            TaskState::Completed,
+        ];
+        task_in(&ledger, &states).await;
+        let settings = PushSettings {
+            queue_capacity: 1,
+            workers: 1,
+            ..PushSettings::default()
+        };
+        let dispatcher = PushDispatcher::start(&ledger, worker.policy.clone(), settings);
+        dispatcher.enqueue(&event_at(&config, states[0], 1));
+        until_seen(&seen, 1).await;
+        // Another task's event fills the queue (the shard's worker does not
+        // run meanwhile); this task's last is dropped.
+        let other = TaskPushNotificationConfig {
+            task_id: "u".into(),
+            ..config.clone()
+        };
+        dispatcher.enqueue(&event_at(&other, TaskState::Working, 1));
+        dispatcher.enqueue(&event_at(&config, states[2], 3));
+        assert_eq!(dispatcher.stats.dropped.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            settled(&seen, 2).await,
+            ["\"TASK_STATE_WORKING\"", "task \"TASK_STATE_COMPLETED\""]
+        );
+    }
+
+    /// Past the tasks a shard notes as dropped, which are unknown, every
+    /// webhook the ledger finds behind is made up once the queue is empty.
+    #[tokio::test]
+    async fn drops_past_what_a_shard_notes_are_made_up_from_the_ledger() {
+        let (url, seen) = slow_first_webhook().await;
+        let ((_dir, ledger), worker, config) = worker_for(url).await;
+        let states = [TaskState::Working, TaskState::Completed];
+        task_in(&ledger, &states).await;
+        let settings = PushSettings {
+            queue_capacity: 1,
+            workers: 1,
+            ..PushSettings::default()
+        };
+        let dispatcher = PushDispatcher::start(&ledger, worker.policy.clone(), settings);
+        dispatcher.enqueue(&event_at(&config, states[0], 1));
+        until_seen(&seen, 1).await;
+        let other = |n: usize| TaskPushNotificationConfig {
+            task_id: format!("u{n}"),
+            ..config.clone()
+        };
+        for n in 0..=MAX_GAPS {
+            dispatcher.enqueue(&event_at(&other(n), TaskState::Working, 1));
+        }
+        dispatcher.enqueue(&event_at(&config, states[1], 2));
+        assert_eq!(
+            dispatcher.stats.dropped.load(Ordering::Relaxed),
+            MAX_GAPS as u64 + 1
+        );
+        let seen = until_last(&seen, "task \"TASK_STATE_COMPLETED\"").await;
+        assert_eq!(
+            seen,
+            ["\"TASK_STATE_WORKING\"", "task \"TASK_STATE_COMPLETED\""]
+        );
+    }
+
+    /// A notification given up after its last attempt is still owed: the
+    /// webhook's next one is the task as it is, and until that is
+    /// delivered a restart owes it too.
+    #[tokio::test]
+    async fn a_notification_given_up_is_owed_by_the_next_and_by_a_restart() {
+        let (url, seen) = webhook_failing_first(2).await;
+        let settings = PushSettings {
+            max_attempts: 2,
+            initial_backoff: Duration::from_millis(10),
+            ..PushSettings::default()
+        };
+        let ((_dir, ledger), worker, config) = worker_with(url, settings).await;
+        let states = [TaskState::Working, TaskState::InputRequired];
+        task_in(&ledger, &states).await;
+        let pipeline = Worker::pipeline(&worker, None, Arc::default());
+        let first = notification_at(&worker, &config, states[0], 1);
+        pipeline.sender.try_send(first).unwrap();
+        for _ in 0..250 {
+            if worker.stats.failed.load(Ordering::Relaxed) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(worker.stats.failed.load(Ordering::Relaxed), 1, "given up");
+        let owed = vec![("t".to_string(), vec!["hook".to_string()])];
+        assert_eq!(ledger.push_backlog().unwrap(), owed, "a restart owes it");
+
+        let next = notification_at(&worker, &config, states[1], 2);
+        pipeline.sender.try_send(next).unwrap();
+        assert_eq!(
+            settled(&seen, 1).await,
+            ["task \"TASK_STATE_INPUT_REQUIRED\""]
+        );
+        assert!(ledger.push_backlog().unwrap().is_empty(), "made up");
+    }
+
+    #[test]
+    fn a_shard_past_its_bound_of_noted_drops_tells_every_task_as_it_is() {
+        let gaps = Gaps::default();
+        assert!(!gaps.take("a"));
+        gaps.note("a");
+        assert!(gaps.take("a"));
+        assert!(!gaps.take("a"), "taken once");
+        for n in 0..=MAX_GAPS {
+            gaps.note(&format!("t{n}"));
+        }
+        assert!(gaps.take("never-noted"), "past the bound, any task");
+        let (tasks, overflowed) = gaps.take_all();
+        assert_eq!(tasks.len(), MAX_GAPS);
+        assert!(overflowed);
+        assert!(!gaps.take("never-noted"), "cleared");
+        assert_eq!(gaps.take_all(), (Vec::new(), false));
+    }
+
+    /// Get and Delete refuse a blank id, so creating one is refused too.
+    #[test]
+    fn a_blank_config_id_is_refused() {
+        let config = |id: &str| TaskPushNotificationConfig {
+            id: id.into(),
+            task_id: "t".into(),
+            url: "https://hooks.example/a".into(),
+            ..TaskPushNotificationConfig::default()
+        };
+        let fields = |config: &TaskPushNotificationConfig| {
+            let mut violations = Vec::new();
+            check_fields(config, "p.", &mut violations);
+            violations.into_iter().map(|v| v.field).collect::<Vec<_>>()
+        };
+        assert_eq!(fields(&config(" \t")), ["p.id"]);
+        assert!(fields(&config("")).is_empty(), "absent: Baton makes one");
+        assert!(fields(&config("a")).is_empty());
+    }
+
+    /// A webhook host that hangs holds at most its share of the POSTs in
+    /// flight: another host's notification goes out meanwhile.
+    #[tokio::test]
+    async fn a_hanging_webhook_host_holds_at_most_its_share_of_posts_in_flight() {
+        // Takes connections and never answers.
+        let hanging = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let hanging_url = format!("http://{}/hook", hanging.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = hanging.accept().await {
+                held.push(stream);
+            }
+        });
+        let (url, seen) = slow_first_webhook().await;
+        let settings = PushSettings {
+            max_in_flight: 4,
+            max_in_flight_per_host: 2,
+            max_attempts: 1,
+            request_timeout: Duration::from_secs(5),
+            ..PushSettings::default()
+        };
+        let ((_dir, ledger), worker, config) = worker_with(url, settings).await;
+        for n in 0..4 {
+            let stuck = TaskPushNotificationConfig {
+                id: format!("stuck{n}"),
+                url: hanging_url.clone(),
+                ..config.clone()
+            };
+            ledger.put_push_config(&stuck, 10).await.unwrap().unwrap();
+            let event = event_at(&stuck, TaskState::Working, 1);
+            let worker = worker.clone();
+            tokio::spawn(async move {
+                let body = encoded(&event.event).unwrap();
+                worker.deliver(&stuck, &event, body).await
+            });
+        }
+        // They take what they may.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = std::time::Instant::now();
+        let event = event_at(&config, TaskState::Working, 1);
+        let body = encoded(&event.event).unwrap();
+        assert_eq!(worker.deliver(&config, &event, body).await, Delivery::Done);
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "waited {:?} for the hanging host's POSTs",
+            started.elapsed()
+        );
+        assert_eq!(seen.lock().unwrap().len(), 1);
     }
 }

@@ -403,6 +403,10 @@ impl Gaps {
     /// Every task noted, and whether more were dropped than noted; both
     /// cleared.
     fn take_all(&self) -> (Vec<String>, bool) {
+        // A note sets it after its task, then wakes the shard: none is missed.
+        if !self.any.load(Ordering::Acquire) {
+            return (Vec::new(), false);
+        }
         let mut tasks = self.tasks.lock().expect("push gaps lock");
         let overflowed = self.overflowed.swap(false, Ordering::AcqRel);
         self.any.store(false, Ordering::Release);

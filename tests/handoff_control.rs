@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::agents::GatedAgent;
+use common::agents::{GatedAgent, UnresponsiveAgent, card};
 use common::*;
 use serde_json::{Value, json};
 
@@ -462,6 +462,80 @@ async fn canceling_a_task_cancels_its_handoff_graph() {
     }
     let got = gateway.call("GetTask", json!({"id": unrelated})).await;
     assert_eq!(got.result()["status"]["state"], "TASK_STATE_WORKING");
+    gated.release(10);
+    gateway.stop().await;
+}
+
+/// A cancel's cascade records every child canceled without waiting for
+/// their agents, one of which never answers a CancelTask; a child made
+/// under the parent once it is canceled is canceled too.
+#[tokio::test]
+async fn a_cancel_cascade_waits_for_no_agent_and_reaches_children_made_after_it() {
+    let gated = GatedAgent::new();
+    let gateway = baton()
+        .agent("gated", gated.clone())
+        .agent("gated-2", gated.clone())
+        .agent("unresponsive", UnresponsiveAgent(card("unresponsive")))
+        .start()
+        .await;
+    let start = |parent: Option<&str>| {
+        let mut message = user_message(&message_id("m"), "work");
+        if let Some(parent) = parent {
+            message["metadata"] = json!({"urn:baton:handoff:v1": {"parentTaskId": parent}});
+        }
+        json!({"message": message, "configuration": {"returnImmediately": true}})
+    };
+    let id = |reply: &Reply| reply.result()["task"]["id"].as_str().unwrap().to_string();
+    let parent = id(&gateway
+        .call_at("/agents/gated/a2a", "SendMessage", start(None))
+        .await);
+    let mut children = Vec::new();
+    for agent in ["unresponsive", "gated-2"] {
+        let path = format!("/agents/{agent}/a2a");
+        children.push(id(&gateway
+            .call_at(&path, "SendMessage", start(Some(&parent)))
+            .await));
+    }
+
+    let canceled = gateway.call("CancelTask", json!({"id": parent})).await;
+    assert_eq!(
+        canceled.result()["status"]["state"],
+        "TASK_STATE_CANCELED",
+        "{}",
+        canceled.body
+    );
+    let state = |reply: Reply| reply.result()["status"]["state"].clone();
+    for task in &children {
+        let got = gateway.call("GetTask", json!({"id": task})).await;
+        assert_eq!(state(got), "TASK_STATE_CANCELED", "{task}");
+    }
+
+    let late = id(&gateway
+        .call_at("/agents/gated-2/a2a", "SendMessage", start(Some(&parent)))
+        .await);
+    let mut last = Value::Null;
+    for _ in 0..100 {
+        last = state(gateway.call("GetTask", json!({"id": late})).await);
+        if last == "TASK_STATE_CANCELED" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(last, "TASK_STATE_CANCELED", "the late child");
+
+    // A handoff naming the canceled parent, too; it stays canceled.
+    let mut message = handoff_message(payload(json!({"to": "gated-2"})));
+    message["metadata"] = json!({"urn:baton:handoff:v1": {"parentTaskId": parent}});
+    let handed = gateway
+        .call(
+            "SendMessage",
+            json!({"message": message, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let handed = id(&handed);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let got = gateway.call("GetTask", json!({"id": handed})).await;
+    assert_eq!(state(got), "TASK_STATE_CANCELED", "the late handoff");
     gated.release(10);
     gateway.stop().await;
 }

@@ -1025,11 +1025,14 @@ impl Driver {
         };
         note_hop(&mut record, &events, false, Utc::now());
         let limits = self.gateway.settings.task_limits();
-        Ok(self
+        let parent = record.parent_task_id.clone();
+        let created = self
             .gateway
             .ledger
             .create_within(record, events, limits)
-            .await?)
+            .await?;
+        self.gateway.join_canceled_parent(parent.as_deref()).await;
+        Ok(created)
     }
 
     async fn record_direct_reply(&self, agent: &AgentEntry, message: &Message) {

@@ -437,7 +437,7 @@ impl Gateway {
 
     /// `CancelTask`.
     pub async fn cancel_task(
-        &self,
+        self: &Arc<Self>,
         ctx: &CallContext,
         req: CancelTaskRequest,
     ) -> Result<Task, GatewayError> {
@@ -456,6 +456,10 @@ impl Gateway {
             if asked.task.status.state.is_terminal() {
                 // A terminal state read may not be durable yet.
                 self.ledger.sync_unless_failing().await?;
+                // A cascade that a crash cut short is finished by a retry.
+                if asked.task.status.state == TaskState::Canceled {
+                    self.cascade_cancel(&req.id).await;
+                }
                 return Err(not_cancelable(asked.task.status.state));
             }
             let Some(agent) = self.agent(&asked.agent) else {
@@ -536,8 +540,34 @@ impl Gateway {
             })
             .await?;
         self.cancel_later_holder(&asked, &record);
-        self.cancel_children(&req.id).await;
+        self.cascade_cancel(&req.id).await;
         Ok(record.task.view(None, true))
+    }
+
+    /// Cancels the handoff graph below `task_id` (see
+    /// [`Gateway::cancel_children`]) on a task of its own: a caller that
+    /// hangs up, which drops its request's future, does not cut it short.
+    async fn cascade_cancel(self: &Arc<Self>, task_id: &str) {
+        let gateway = self.clone();
+        let task_id = task_id.to_string();
+        let cascade = tokio::spawn(async move { gateway.cancel_children(&task_id).await });
+        if let Err(err) = cascade.await {
+            tracing::error!(%err, "the cancel cascade stopped");
+        }
+    }
+
+    /// A task just made under `parent`: canceled with the rest of the
+    /// parent's graph if the parent was canceled meanwhile (a cascade
+    /// cancels the children it finds, and this one may have come after).
+    pub(crate) async fn join_canceled_parent(&self, parent: Option<&str>) {
+        let Some(parent) = parent else {
+            return;
+        };
+        if let Ok(Some(record)) = self.ledger.get_shared(parent)
+            && record.task.status.state == TaskState::Canceled
+        {
+            self.cancel_children(parent).await;
+        }
     }
 
     /// The task as it is once the gateway has its holder's end: a terminal
@@ -594,16 +624,21 @@ impl Gateway {
     /// to cancel: it is told now, on its own, so that an unreachable agent
     /// does not hold up the caller's answer.
     fn cancel_later_holder(&self, asked: &TaskRecord, ended: &TaskRecord) {
-        if ended.same_holder(asked) {
-            return;
+        if !ended.same_holder(asked) {
+            self.tell_holder_canceled(ended);
         }
+    }
+
+    /// Sends the holder of the task `ended` CancelTask, on its own, so that
+    /// an agent slow to answer holds up nothing.
+    fn tell_holder_canceled(&self, ended: &TaskRecord) {
         let Some(agent) = self.agent(&ended.agent) else {
             return;
         };
         let (task, upstream) = (ended.task.clone(), ended.upstream.clone());
         tokio::spawn(async move {
             if let Err(err) = agent.agent.cancel(&task, upstream.as_ref()).await {
-                tracing::warn!(task_id = %task.id, agent = %agent.id, %err, "the task's later holder did not confirm the cancel");
+                tracing::warn!(task_id = %task.id, agent = %agent.id, %err, "the task's holder did not confirm the cancel");
             }
         });
     }
@@ -666,7 +701,9 @@ impl Gateway {
     }
 
     /// Cancels every task in the handoff graph below `task_id`, depth first;
-    /// the children belong to the graph, whoever created them.
+    /// the children belong to the graph, whoever created them. Each is
+    /// canceled in the ledger first, then its agent told on its own: one
+    /// slow to answer holds up neither the cascade nor its record.
     async fn cancel_children(&self, task_id: &str) {
         let mut pending = match self.ledger.children(task_id) {
             Ok(children) => children,
@@ -680,18 +717,10 @@ impl Gateway {
             if !seen.insert(child.clone()) {
                 continue;
             }
-            let Ok(Some(record)) = self.ledger.get(&child) else {
+            let Ok(Some(record)) = self.ledger.get_shared(&child) else {
                 continue;
             };
             if !record.task.status.state.is_terminal() {
-                if let Some(agent) = self.agent(&record.agent)
-                    && let Err(err) = agent
-                        .agent
-                        .cancel(&record.task, record.upstream.as_ref())
-                        .await
-                {
-                    tracing::warn!(task_id = %child, %err, "agent did not confirm the cascaded cancel");
-                }
                 self.stop_driver_and_release_sources(&child).await;
                 let mut made = false;
                 let canceled = self
@@ -713,7 +742,7 @@ impl Gateway {
                 match canceled {
                     // Only a child this cancel ended; one that ended on its
                     // own has no holder left to tell.
-                    Ok(ended) if made => self.cancel_later_holder(&record, &ended),
+                    Ok(ended) if made => self.tell_holder_canceled(&ended),
                     Ok(_) => {}
                     Err(err) => {
                         tracing::error!(task_id = %child, %err, "cascaded cancel not recorded");

@@ -1023,9 +1023,11 @@ impl Gateway {
             metadata: Control::entry_alone(message.metadata.as_ref()),
             ..Task::default()
         };
+        let parent = record.parent_task_id.clone();
         self.ledger
             .create(record, vec![StreamResponse::Task(snapshot)])
             .await?;
+        self.join_canceled_parent(parent.as_deref()).await;
         let source = match handoff.payload.as_ref().map(|p| p.from.as_str()) {
             None | Some("") => "",
             Some(from) if self.agent(from).is_some() => from,

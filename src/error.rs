@@ -130,6 +130,14 @@ pub enum GatewayError {
     /// a read that would wait for a write fails.
     #[error("{0}")]
     LedgerUnavailable(String),
+    /// -32603: Baton is stopping, and ends a stream whose task goes on: the
+    /// last event of a stream cut short, so that no client takes the close
+    /// for the task's end.
+    #[error("Baton is stopping; task {task_id} goes on: resubscribe with SubscribeToTask")]
+    Stopping {
+        /// The task the stream was about.
+        task_id: String,
+    },
     /// An agent's own JSON-RPC error, passed on unchanged.
     #[error("{message}")]
     Upstream {
@@ -251,7 +259,8 @@ impl GatewayError {
             Self::Internal(_)
             | Self::UpstreamUnreachable { .. }
             | Self::UpstreamTimeout { .. }
-            | Self::LedgerUnavailable(_) => -32603,
+            | Self::LedgerUnavailable(_)
+            | Self::Stopping { .. } => -32603,
             Self::TaskNotFound(_) | Self::PushConfigNotFound { .. } => -32001,
             Self::TaskNotCancelable { .. } => -32002,
             Self::PushNotificationNotSupported => -32003,
@@ -290,13 +299,16 @@ impl GatewayError {
                 | Self::UpstreamUnreachable { .. }
                 | Self::UpstreamTimeout { .. }
                 | Self::LedgerUnavailable(_)
+                | Self::Stopping { .. }
         )
     }
 
     /// `ErrorInfo.metadata`: the identifiers the error is about.
     fn info_metadata(&self) -> Value {
         match self {
-            Self::TaskNotFound(task_id) => json!({ "taskId": task_id }),
+            Self::TaskNotFound(task_id) | Self::Stopping { task_id } => {
+                json!({ "taskId": task_id })
+            }
             Self::PushConfigNotFound { task_id, config_id } => {
                 json!({ "taskId": task_id, "configId": config_id })
             }
@@ -327,6 +339,7 @@ impl GatewayError {
             Self::UpstreamUnreachable { .. } => Some(reasons::UPSTREAM_UNREACHABLE),
             Self::UpstreamTimeout { .. } => Some(reasons::UPSTREAM_TIMEOUT),
             Self::LedgerUnavailable(_) => Some("LEDGER_UNAVAILABLE"),
+            Self::Stopping { .. } => Some("GATEWAY_STOPPING"),
             Self::Unauthenticated(_) => Some("UNAUTHENTICATED"),
             _ => None,
         };

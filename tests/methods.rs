@@ -166,8 +166,10 @@ async fn a_stream_gets_a_burst_of_several_writes_whole_and_in_order() {
 }
 
 /// A stream of a task read by a test from the ledger.
-type LedgerStream =
-    futures::stream::BoxStream<'static, std::sync::Arc<baton::store::hub::LedgerEvent>>;
+type LedgerStream = futures::stream::BoxStream<
+    'static,
+    Result<std::sync::Arc<baton::store::hub::LedgerEvent>, baton::error::GatewayError>,
+>;
 
 /// A WORKING task `task_id` made in `baton`'s ledger, and its stream from
 /// its snapshot over a blocking send's channel (32 events), opened before
@@ -234,6 +236,7 @@ async fn next_of(
     tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
         .await
         .expect("the stream answers in time")
+        .map(|event| event.expect("an event, not an error"))
 }
 
 #[tokio::test]
@@ -853,4 +856,38 @@ async fn a_task_asking_for_input_at_its_event_limit_fails_at_once() {
     let after = baton.ledger.get(&task_id).unwrap().unwrap();
     assert_eq!(after, before);
     baton.stop().await;
+}
+
+/// A stream Baton ends as it stops, its task still working, ends with an
+/// error saying so: a client reading to the end would otherwise take the
+/// close for the task's end.
+#[tokio::test]
+async fn a_stream_cut_by_a_stop_ends_with_an_error_not_as_if_the_task_had() {
+    let gated = GatedAgent::new();
+    let baton = baton().agent("gated", gated.clone()).start().await;
+    let params = json!({"tenant": "gated", "message": user_message(&message_id("m"), "work")});
+    let response = baton
+        .open_stream("/a2a", "SendStreamingMessage", params)
+        .await;
+    let reading = tokio::spawn(read_sse(response, 10));
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    baton.stop().await;
+    let read = tokio::time::timeout(WAIT, reading)
+        .await
+        .expect("the stream ends")
+        .unwrap();
+    assert!(read.closed);
+    let last = read.events.last().expect("events");
+    assert_eq!(last["error"]["code"], -32603, "{:?}", read.events);
+    assert_eq!(last["error"]["data"][0]["reason"], "GATEWAY_STOPPING");
+    let task_id = &read.events[0]["result"]["task"]["id"];
+    assert_eq!(last["error"]["data"][0]["metadata"]["taskId"], *task_id);
+    assert!(
+        read.events[..read.events.len() - 1]
+            .iter()
+            .all(|event| event["result"].is_object()),
+        "{:?}",
+        read.events
+    );
+    gated.release(1);
 }

@@ -1836,7 +1836,7 @@ mod tests {
         };
         let stream = gateway.subscribe(&alice(None), request).await.unwrap();
         let mut stream = stream.into_stream();
-        let snapshot = stream.next().await.unwrap();
+        let snapshot = stream.next().await.unwrap().unwrap();
 
         let fault = ledger.fail_sled(std::io::ErrorKind::Other);
         // More updates than the stream's channel holds: it falls behind.
@@ -1855,7 +1855,7 @@ mod tests {
         let mut seen = snapshot.seq;
         let caught_up = tokio::time::timeout(Duration::from_secs(10), async {
             while seen < last {
-                let event = stream.next().await.expect("the stream went on");
+                let event = stream.next().await.expect("the stream went on").unwrap();
                 assert_eq!(event.seq, seen + 1, "in order, none lost");
                 seen = event.seq;
             }

@@ -3,6 +3,7 @@
 //! in ledger order, replaying from the ledger when the watcher falls behind.
 
 use super::Gateway;
+use crate::error::GatewayError;
 use crate::protocol::StreamResponse;
 use crate::store::TaskRecord;
 use crate::store::hub::LedgerEvent;
@@ -35,6 +36,8 @@ pub struct TaskEventStream {
     /// only at a terminal one.
     end_on_interrupt: bool,
     done: bool,
+    /// Baton stopped it: its last item is [`GatewayError::Stopping`].
+    stopping: bool,
 }
 
 impl TaskEventStream {
@@ -59,6 +62,7 @@ impl TaskEventStream {
             replay_unfinished: false,
             end_on_interrupt,
             done,
+            stopping: false,
         }
     }
 
@@ -77,6 +81,7 @@ impl TaskEventStream {
             replay_unfinished: false,
             end_on_interrupt: true,
             done: false,
+            stopping: false,
         }
     }
 
@@ -115,7 +120,7 @@ impl TaskEventStream {
             tokio::select! {
                 () = tokio::time::sleep(backoff) => {}
                 _ = self.gateway.shutdown.cancelled() => {
-                    self.done = true;
+                    self.stop();
                     return;
                 }
             }
@@ -123,17 +128,21 @@ impl TaskEventStream {
         }
     }
 
-    async fn next_event(&mut self) -> Option<Arc<LedgerEvent>> {
+    async fn next_event(&mut self) -> Option<Result<Arc<LedgerEvent>, GatewayError>> {
         loop {
             if let Some(event) = self.queue.pop_front() {
                 if self.is_final(&event.event) {
                     self.done = true;
                     self.queue.clear();
                 }
-                return Some(event);
+                return Some(Ok(event));
             }
             if self.done {
-                return None;
+                return std::mem::take(&mut self.stopping).then(|| {
+                    Err(GatewayError::Stopping {
+                        task_id: self.task_id.clone(),
+                    })
+                });
             }
             if self.replay_unfinished {
                 self.replay().await;
@@ -152,13 +161,22 @@ impl TaskEventStream {
                         self.replay().await;
                     }
                 },
-                _ = self.gateway.shutdown.cancelled() => return None,
+                _ = self.gateway.shutdown.cancelled() => self.stop(),
             }
         }
     }
 
-    /// The events as a stream that ends after the final one.
-    pub fn into_stream(self) -> BoxStream<'static, Arc<LedgerEvent>> {
+    /// Ends the stream at a stop: what is queued is dropped (the ledger
+    /// keeps it for a resubscription), and the stream's last item says so.
+    fn stop(&mut self) {
+        self.done = true;
+        self.stopping = true;
+        self.queue.clear();
+    }
+
+    /// The events as a stream that ends after the final one, or with an
+    /// error when Baton stops first.
+    pub fn into_stream(self) -> BoxStream<'static, Result<Arc<LedgerEvent>, GatewayError>> {
         futures::stream::unfold(self, |mut stream| async move {
             stream.next_event().await.map(|event| (event, stream))
         })

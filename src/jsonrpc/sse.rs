@@ -29,7 +29,10 @@ const SSE_HEADERS: [(HeaderName, &str); 2] = [
 
 /// An SSE response carrying `events`, each wrapped with `id`. Each event's
 /// JSON is encoded once and shared by every stream that carries it.
-pub fn sse_response(id: Box<RawValue>, events: BoxStream<'static, Arc<LedgerEvent>>) -> Response {
+pub fn sse_response(
+    id: Box<RawValue>,
+    events: BoxStream<'static, Result<Arc<LedgerEvent>, GatewayError>>,
+) -> Response {
     let mut keep_alive =
         tokio::time::interval_at(tokio::time::Instant::now() + KEEP_ALIVE, KEEP_ALIVE);
     keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -37,7 +40,10 @@ pub fn sse_response(id: Box<RawValue>, events: BoxStream<'static, Arc<LedgerEven
         (events, keep_alive, id),
         |(mut events, mut keep_alive, id)| async move {
             let frame = tokio::select! {
-                event = events.next() => data_frame(&id, event?.json()),
+                event = events.next() => match event? {
+                    Ok(event) => data_frame(&id, event.json()),
+                    Err(err) => error_frame(&id, &err),
+                },
                 _ = keep_alive.tick() => Bytes::from_static(b":\n\n"),
             };
             keep_alive.reset();
@@ -59,13 +65,21 @@ fn data_frame<E: std::fmt::Display>(id: &RawValue, event_json: Result<&RawValue,
     let encoded = event_json
         .map_err(|e| GatewayError::Internal(format!("cannot encode event: {e}")))
         .and_then(|json| success_body(id, json));
-    let body = match encoded {
-        Ok(body) => body,
-        Err(err) => super::error_body(Some(id), &err),
-    };
+    match encoded {
+        Ok(body) => frame_of(&body),
+        Err(err) => error_frame(id, &err),
+    }
+}
+
+/// `data: <JSON-RPC error response>` and the blank line.
+fn error_frame(id: &RawValue, err: &GatewayError) -> Bytes {
+    frame_of(&super::error_body(Some(id), err))
+}
+
+fn frame_of(body: &[u8]) -> Bytes {
     let mut frame = Vec::with_capacity(body.len() + 8);
     frame.extend_from_slice(b"data: ");
-    frame.extend_from_slice(&body);
+    frame.extend_from_slice(body);
     frame.extend_from_slice(b"\n\n");
     Bytes::from(frame)
 }

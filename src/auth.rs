@@ -718,6 +718,14 @@ fn refresh(path: &Path, state: &mut FileState) {
             state.seen = Seen::Present(stamp);
             state.error = None;
         }
+        // A file that held keys and is gone (deleted, moved, a deploy that
+        // replaces it, a lost mount) keeps its keys: only a file listing no
+        // key opens a closed store, as `keys revoke --allow-open` writes.
+        Ok(None) if !state.keys.is_empty() => {
+            tracing::error!(path = %path.display(), "keys file removed; keeping the keys loaded (write one with no key to allow every call)");
+            state.seen = Seen::Absent;
+            state.error = Some("the keys file was removed".into());
+        }
         Ok(None) => {
             tracing::info!(path = %path.display(), "keys file removed");
             state.keys = Arc::new([]);
@@ -1002,8 +1010,35 @@ mod tests {
             "globex",
             "a broken file keeps the last good keys"
         );
+        // Gone, it keeps the keys it held: it never opens the store.
         fs::remove_file(&path).unwrap();
+        assert_eq!(bearer(&globex.key).unwrap().as_str(), "globex");
+        unauthenticated(store.authenticate(None));
+        assert!(!store.is_open());
+        // A file listing no key does, as `keys revoke --allow-open` writes.
+        KeysFile::new(&path).add("initech").unwrap();
+        file.revoke("initech", true).unwrap();
         unauthenticated(bearer(&globex.key));
+        assert_eq!(bearer("ENVKEY").unwrap().as_str(), "env");
+    }
+
+    #[test]
+    fn a_keys_file_that_held_keys_and_is_removed_keeps_the_store_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.json");
+        let store = KeyStore::load_with_interval(Some(&path), None, Duration::ZERO).unwrap();
+        let file = KeysFile::new(&path);
+        let acme = file.add("acme").unwrap();
+        assert!(!store.is_open());
+        fs::remove_file(&path).unwrap();
+        assert!(!store.is_open(), "removed, the file opens nothing");
+        unauthenticated(store.authenticate(None));
+        let bearer = format!("Bearer {}", acme.key);
+        assert_eq!(store.authenticate(Some(&bearer)).unwrap().as_str(), "acme");
+        file.add("globex").unwrap();
+        unauthenticated(store.authenticate(Some(&bearer)));
+        file.revoke("globex", true).unwrap();
+        assert!(store.is_open(), "a file with no key opens it");
     }
 
     #[test]

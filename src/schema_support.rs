@@ -107,3 +107,217 @@ pub fn with_article(noun: &str) -> String {
     };
     format!("{article} {noun}")
 }
+
+/// Most schema nodes a result schema (a `returnSchema`, a skill's output
+/// schema) may stand for with each `$ref` expanded where it is used: a
+/// validation may visit each, every branch of an `anyOf` included, so a
+/// schema of a few kilobytes whose references double at each level would
+/// take hours to check one result. Real schemas stand for hundreds.
+pub const MAX_SCHEMA_EXPANSION: u64 = 50_000;
+
+/// Compiles a result schema (JSON Schema 2020-12), and refuses one whose
+/// validation could cost more than [`MAX_SCHEMA_EXPANSION`] nodes; the
+/// reason, worded to follow the field's name.
+pub fn check_result_schema(schema: &Value) -> Result<(), String> {
+    if let Err(err) = jsonschema::draft202012::options().build(schema) {
+        return Err(format!("is not a valid JSON Schema 2020-12: {err}"));
+    }
+    if expansion(schema) > MAX_SCHEMA_EXPANSION {
+        return Err(format!(
+            "stands for more than {MAX_SCHEMA_EXPANSION} schema nodes with its $refs \
+             expanded (or uses a $ref other than a JSON Pointer or anchor in the schema): \
+             checking a result against it would cost too much"
+        ));
+    }
+    Ok(())
+}
+
+/// How many schema nodes `schema` stands for with each `$ref` (and
+/// `$dynamicRef`) expanded where it is used, saturating. A reference back
+/// into one being expanded (recursion, which the instance's depth bounds)
+/// counts one; one this cannot follow counts as too many.
+pub fn expansion(schema: &Value) -> u64 {
+    let mut anchors = std::collections::HashMap::new();
+    collect_anchors(schema, &mut anchors);
+    let mut walk = Expansion {
+        root: schema,
+        anchors,
+        memo: std::collections::HashMap::new(),
+        open: std::collections::HashSet::new(),
+    };
+    walk.of(schema)
+}
+
+fn collect_anchors<'s>(
+    node: &'s Value,
+    anchors: &mut std::collections::HashMap<&'s str, &'s Value>,
+) {
+    match node {
+        Value::Object(map) => {
+            for key in ["$anchor", "$dynamicAnchor"] {
+                if let Some(Value::String(name)) = map.get(key) {
+                    anchors.insert(name, node);
+                }
+            }
+            map.values()
+                .for_each(|value| collect_anchors(value, anchors));
+        }
+        Value::Array(items) => items.iter().for_each(|item| collect_anchors(item, anchors)),
+        _ => {}
+    }
+}
+
+/// The walk of [`expansion`].
+struct Expansion<'s> {
+    root: &'s Value,
+    anchors: std::collections::HashMap<&'s str, &'s Value>,
+    memo: std::collections::HashMap<&'s str, u64>,
+    open: std::collections::HashSet<&'s str>,
+}
+
+impl<'s> Expansion<'s> {
+    fn of(&mut self, node: &'s Value) -> u64 {
+        match node {
+            Value::Object(map) => map.iter().fold(1, |total: u64, (key, value)| {
+                let cost = match (key.as_str(), value) {
+                    ("$ref" | "$dynamicRef", Value::String(reference)) => {
+                        self.referenced(reference)
+                    }
+                    // Values, not schemas.
+                    ("const" | "enum" | "default" | "examples", _) => 1,
+                    _ => self.of(value),
+                };
+                total.saturating_add(cost)
+            }),
+            Value::Array(items) => items
+                .iter()
+                .fold(1, |total: u64, item| total.saturating_add(self.of(item))),
+            _ => 1,
+        }
+    }
+
+    fn referenced(&mut self, reference: &'s str) -> u64 {
+        if let Some(cost) = self.memo.get(reference) {
+            return *cost;
+        }
+        if !self.open.insert(reference) {
+            return 1;
+        }
+        let cost = match self.target(reference) {
+            Some(target) => self.of(target),
+            None => u64::MAX,
+        };
+        self.open.remove(reference);
+        self.memo.insert(reference, cost);
+        cost
+    }
+
+    /// What `reference` names in the schema: a JSON Pointer fragment
+    /// (percent-decoded) or an anchor, after the root's own `$id` if given.
+    fn target(&self, reference: &str) -> Option<&'s Value> {
+        let root_id = self.root.get("$id").and_then(Value::as_str).unwrap_or("");
+        let fragment = match reference.split_once('#') {
+            Some(("", fragment)) => fragment,
+            Some((base, fragment)) if !root_id.is_empty() && base == root_id => fragment,
+            _ if !root_id.is_empty() && reference == root_id => "",
+            _ => return None,
+        };
+        let fragment = percent_decoded(fragment)?;
+        if fragment.is_empty() {
+            Some(self.root)
+        } else if fragment.starts_with('/') {
+            self.root.pointer(&fragment)
+        } else {
+            self.anchors.get(fragment.as_str()).copied()
+        }
+    }
+}
+
+/// `text` with its `%XX` escapes decoded, if they make UTF-8.
+fn percent_decoded(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] == b'%' {
+            let hex = text.get(at + 1..at + 3)?;
+            decoded.push(u8::from_str_radix(hex, 16).ok()?);
+            at += 3;
+        } else {
+            decoded.push(bytes[at]);
+            at += 1;
+        }
+    }
+    String::from_utf8(decoded).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// `levels` definitions, each an `anyOf` of two references to the one
+    /// before: a schema of a few kilobytes whose expansion doubles per level.
+    fn doubling(levels: usize) -> Value {
+        let mut defs = serde_json::Map::new();
+        defs.insert("d0".into(), json!({"type": "integer"}));
+        for level in 1..=levels {
+            let before = format!("#/$defs/d{}", level - 1);
+            defs.insert(
+                format!("d{level}"),
+                json!({"anyOf": [{"$ref": before}, {"$ref": before}]}),
+            );
+        }
+        json!({"$defs": defs, "$ref": format!("#/$defs/d{levels}")})
+    }
+
+    #[test]
+    fn a_schema_whose_references_double_at_each_level_is_refused() {
+        assert!(check_result_schema(&doubling(8)).is_ok());
+        let refused = check_result_schema(&doubling(40)).unwrap_err();
+        assert!(refused.contains("schema nodes"), "{refused}");
+        assert_eq!(expansion(&doubling(64)), u64::MAX, "saturates");
+    }
+
+    #[test]
+    fn shared_definitions_recursion_anchors_and_escapes_are_followed() {
+        let address = json!({"type": "object", "properties": {"street": {"type": "string"}}});
+        let shared = json!({
+            "$defs": {"address": address},
+            "properties": {
+                "billing": {"$ref": "#/$defs/address"},
+                "shipping": {"$ref": "#/$defs/address"},
+            },
+        });
+        let once = expansion(&json!({"$defs": {"address": address}}));
+        assert!(expansion(&shared) > once, "each use expands");
+        assert!(check_result_schema(&shared).is_ok());
+
+        let tree = json!({
+            "$defs": {"node": {"type": "object", "properties": {
+                "children": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+            }}},
+            "$ref": "#/$defs/node",
+        });
+        assert!(expansion(&tree) < 50, "recursion counts once");
+
+        let anchored = json!({
+            "$defs": {"a b": {"$anchor": "item", "type": "string"}},
+            "properties": {"x": {"$ref": "#item"}, "y": {"$ref": "#/$defs/a%20b"}},
+        });
+        assert!(expansion(&anchored) < 50);
+        assert!(check_result_schema(&anchored).is_ok());
+    }
+
+    #[test]
+    fn a_reference_this_cannot_follow_counts_as_too_many() {
+        let elsewhere = json!({"properties": {"x": {"$ref": "https://example.com/s.json"}}});
+        assert_eq!(expansion(&elsewhere), u64::MAX);
+        let own_id = json!({
+            "$id": "https://example.com/s.json",
+            "$defs": {"a": {"type": "string"}},
+            "properties": {"x": {"$ref": "https://example.com/s.json#/$defs/a"}},
+        });
+        assert!(expansion(&own_id) < 50);
+    }
+}

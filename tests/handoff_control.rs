@@ -540,6 +540,64 @@ async fn a_cancel_cascade_waits_for_no_agent_and_reaches_children_made_after_it(
     gateway.stop().await;
 }
 
+/// A schema whose `$ref`s double at each level: a few kilobytes that a
+/// validation would take hours to walk.
+fn doubling_schema(levels: usize) -> Value {
+    let mut defs = serde_json::Map::new();
+    defs.insert("d0".into(), json!({"type": "integer"}));
+    for level in 1..=levels {
+        let before = format!("#/$defs/d{}", level - 1);
+        defs.insert(
+            format!("d{level}"),
+            json!({"anyOf": [{"$ref": before}, {"$ref": before}]}),
+        );
+    }
+    json!({"$defs": defs, "$ref": format!("#/$defs/d{levels}")})
+}
+
+/// A result schema whose check would cost too much is refused where it is
+/// given (a handoff's returnSchema, a skill's output schema), not found
+/// out under the ledger's lock once the result arrives.
+#[tokio::test]
+async fn a_result_schema_too_costly_to_check_is_refused_where_it_is_given() {
+    let gateway = baton().start().await;
+    let mut costly = payload(json!({"to": "echo"}));
+    costly["returnSchema"] = doubling_schema(40);
+    let reply = gateway
+        .call("SendMessage", json!({"message": after_text(costly)}))
+        .await;
+    let task = &reply.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
+    assert_eq!(reason(task), "SCHEMA_INVALID");
+    let violation = &task["status"]["message"]["parts"][0]["data"]["detail"]["violations"][0];
+    assert_eq!(violation["pointer"], "/returnSchema", "{violation}");
+    assert!(
+        violation["message"]
+            .as_str()
+            .unwrap()
+            .contains("schema nodes"),
+        "{violation}"
+    );
+
+    let card = gateway.published_card("echo").await;
+    let registered = gateway
+        .registry(
+            "RegisterAgent",
+            json!({"id": "typed-echo", "card": card, "skillOutputSchemas": {"echo": doubling_schema(40)}}),
+        )
+        .await;
+    assert_eq!(registered.code(), Some(-32602), "{}", registered.body);
+    assert!(
+        registered
+            .body
+            .to_string()
+            .contains("/skillOutputSchemas/echo"),
+        "{}",
+        registered.body
+    );
+    gateway.stop().await;
+}
+
 #[tokio::test]
 async fn typed_artifacts_are_checked_against_the_return_schema() {
     let gateway = baton().start().await;

@@ -48,6 +48,18 @@ pub fn check_artifacts(
     schema: &Value,
     artifacts: &[(usize, &Artifact)],
 ) -> Result<(), Vec<Violation>> {
+    // One kept from before schemas were bounded is checked here too: the
+    // check runs under the ledger's write lock.
+    use crate::schema_support::{MAX_SCHEMA_EXPANSION, expansion};
+    if expansion(schema) > MAX_SCHEMA_EXPANSION {
+        return Err(vec![Violation {
+            pointer: String::new(),
+            message: format!(
+                "the returnSchema stands for more than {MAX_SCHEMA_EXPANSION} schema nodes \
+                 with its $refs expanded: checking the result against it would cost too much"
+            ),
+        }]);
+    }
     let validator = match jsonschema::draft202012::options().build(schema) {
         Ok(validator) => validator,
         Err(err) => {

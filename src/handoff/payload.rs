@@ -381,11 +381,8 @@ impl PayloadValidator {
             // done: a schema that cannot check anything is refused now.
             if let Some(schema) = &payload.return_schema {
                 let schema = Value::Object(schema.clone());
-                if let Err(err) = jsonschema::draft202012::options().build(&schema) {
-                    return Err(vec![Violation::new(
-                        "/returnSchema",
-                        format!("is not a valid JSON Schema 2020-12: {err}"),
-                    )]);
+                if let Err(reason) = crate::schema_support::check_result_schema(&schema) {
+                    return Err(vec![Violation::new("/returnSchema", reason)]);
                 }
             }
             return Ok(payload);

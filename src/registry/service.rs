@@ -153,11 +153,8 @@ impl RegisterParams {
                     field,
                     "names no skill of the card (a skill id, in any case, or {agentId}/{skillId})",
                 ));
-            } else if let Err(err) = jsonschema::draft202012::options().build(schema) {
-                violations.push(FieldViolation::new(
-                    field,
-                    format!("is not a valid JSON Schema 2020-12: {err}"),
-                ));
+            } else if let Err(reason) = crate::schema_support::check_result_schema(schema) {
+                violations.push(FieldViolation::new(field, reason));
             }
         }
         if violations.is_empty() {

@@ -1397,8 +1397,16 @@ async fn a_handoff_names_as_its_sender_only_an_agent_of_the_callers_agency() {
     let parent = send(GLOBEX, "/agents/intake/a2a", text.clone(), json!({})).await;
     assert_eq!(state(&parent), "TASK_STATE_COMPLETED", "{parent}");
     let child = json!({"parentTaskId": parent["id"]});
-    let task = send(GLOBEX, "/agents/billing/a2a", text, child).await;
+    let task = send(GLOBEX, "/agents/billing/a2a", text.clone(), child).await;
     assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{task}");
+    // A parent refused before delivery vouches for no one: its chain ends
+    // with acme's intake, which never held it.
+    let chain = json!({"chain": ["intake", "x"]});
+    let refused = send(GLOBEX, "/agents/intake/a2a", text, chain).await;
+    assert_eq!(reason(&refused), "HANDOFF_CYCLE", "{refused}");
+    let child = json!({"parentTaskId": refused["id"]});
+    let task = send(GLOBEX, "/a2a", handoff("intake", "billing"), child).await;
+    assert_eq!(reason(&task), "NOT_ALLOWED", "{task}");
     gateway.stop().await;
     upstream.stop().await;
 }

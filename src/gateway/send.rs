@@ -756,6 +756,16 @@ impl Gateway {
                 let lineage = parent
                     .as_ref()
                     .and_then(|parent| Control::read_from(parent.task.metadata.as_ref()));
+                // The agent that held the parent task, by the ledger's record:
+                // one its last hop reached and that took the work. A parent
+                // refused before delivery names, at its chain's end, an agent
+                // that never held it.
+                let vouched: Option<String> = parent
+                    .as_ref()
+                    .and_then(|parent| parent.hops.last())
+                    .filter(|hop| hop.acked_at.is_some())
+                    .map(|hop| hop.agent.clone())
+                    .filter(|holder| lineage.as_ref().and_then(|l| l.chain.last()) == Some(holder));
                 // The conversation only to the parent's owner: the agency
                 // of its holder is given what its agent is sent, no more.
                 if let Some(parent) = parent.filter(|p| p.owner == ctx.principal) {
@@ -792,9 +802,7 @@ impl Gateway {
                     .as_ref()
                     .map(|p| p.from.clone())
                     .or_else(|| merged.chain.last().cloned());
-                // The agent that held the parent task, by the ledger's record.
-                let vouched = lineage.as_ref().and_then(|l| l.chain.last());
-                let (source, vouched) = (source.as_deref(), vouched.map(String::as_str));
+                let (source, vouched) = (source.as_deref(), vouched.as_deref());
                 let mut refusal = handoff
                     .refusal
                     .clone()

@@ -170,10 +170,7 @@ impl UpstreamClient {
     }
 
     fn label<'a>(&'a self, method: &'a str) -> CallLabel<'a> {
-        CallLabel {
-            method,
-            url: &self.url,
-        }
+        CallLabel { method }
     }
 
     /// The request for one call: guard checked, envelope encoded, headers
@@ -291,19 +288,19 @@ impl UpstreamClient {
     }
 }
 
-/// Names a call in error messages (`SendMessage to http://…`); written
-/// only when an error needs it. Callers see these messages, so the URL is
-/// shown without its query and fragment, where a key may be.
+/// Names a call in error messages (`SendMessage to the agent`); written
+/// only when an error needs it. Callers see these messages, and with API
+/// keys a caller may be of another agency than the agent's: its address
+/// would let the caller go around Baton, so errors name the call only (the
+/// agent's id goes beside them, in the error's data or status detail).
 #[derive(Clone, Copy)]
 struct CallLabel<'a> {
     method: &'a str,
-    url: &'a reqwest::Url,
 }
 
 impl Display for CallLabel<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let shown = crate::netguard::shown_url(self.url);
-        write!(f, "{} to {shown}", self.method)
+        write!(f, "{} to the agent", self.method)
     }
 }
 
@@ -654,17 +651,33 @@ mod tests {
         assert_eq!(VERSION_HEADER_NAME, VERSION_HEADER);
     }
 
-    #[test]
-    fn a_call_is_named_in_errors_without_the_urls_query() {
-        let url = reqwest::Url::parse("https://fn.example/api/a2a?code=K3y#f").unwrap();
-        let label = CallLabel {
-            method: "SendMessage",
-            url: &url,
+    #[tokio::test]
+    async fn an_error_names_the_call_and_not_the_agents_address() {
+        // Bound and let go: nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let policy = OutboundPolicy {
+            allow: vec!["127.0.0.0/8".parse().unwrap()],
+            ..OutboundPolicy::default()
         };
+        let url = format!("http://127.0.0.1:{port}/secret-path/a2a");
+        let client = UpstreamClient::new(&url, "", &policy, UpstreamSettings::default()).unwrap();
         assert_eq!(
-            label.to_string(),
-            "SendMessage to https://fn.example/api/a2a"
+            client.label("SendMessage").to_string(),
+            "SendMessage to the agent"
         );
+        let err = client
+            .send_message(SendMessageRequest::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, AgentError::Unreachable(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(!text.contains(&port.to_string()), "{text}");
+        assert!(!text.contains("secret-path"), "{text}");
+        assert!(text.contains("SendMessage to the agent: "), "{text}");
     }
 
     #[test]

@@ -1109,6 +1109,16 @@ mod tests {
     /// (`task STATE` for the task as it is); it holds its first answer back
     /// a while.
     async fn slow_first_webhook() -> (String, Arc<Mutex<Vec<String>>>) {
+        recording_webhook(0, Duration::from_millis(300)).await
+    }
+
+    /// A webhook on loopback that answers 503 to its first `fails`
+    /// requests, holds its first answer back `first_delay`, and records the
+    /// states of those it takes, as [`slow_first_webhook`] says.
+    async fn recording_webhook(
+        fails: u64,
+        first_delay: Duration,
+    ) -> (String, Arc<Mutex<Vec<String>>>) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let recorded = seen.clone();
         let arrived = Arc::new(AtomicU64::new(0));
@@ -1117,8 +1127,12 @@ mod tests {
             axum::routing::post(move |body: String| {
                 let (recorded, arrived) = (recorded.clone(), arrived.clone());
                 async move {
-                    if arrived.fetch_add(1, Ordering::SeqCst) == 0 {
-                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    let n = arrived.fetch_add(1, Ordering::SeqCst);
+                    if n == 0 {
+                        tokio::time::sleep(first_delay).await;
+                    }
+                    if n < fails {
+                        return axum::http::StatusCode::SERVICE_UNAVAILABLE;
                     }
                     let event: serde_json::Value = serde_json::from_str(&body).unwrap();
                     let state = match event.get("task") {
@@ -1126,6 +1140,7 @@ mod tests {
                         None => event["statusUpdate"]["status"]["state"].to_string(),
                     };
                     recorded.lock().unwrap().push(state);
+                    axum::http::StatusCode::OK
                 }
             }),
         );
@@ -1215,15 +1230,41 @@ mod tests {
         ((dir, ledger), worker, config)
     }
 
-    /// Waits, a while at most, until `seen` holds `count` states.
-    async fn until_seen(seen: &Mutex<Vec<String>>, count: usize) -> Vec<String> {
-        for _ in 0..100 {
-            if seen.lock().unwrap().len() >= count {
+    /// Waits, 10 s at most, until the states `seen` holds are `done`.
+    async fn seen_when(seen: &Mutex<Vec<String>>, done: impl Fn(&[String]) -> bool) -> Vec<String> {
+        for _ in 0..500 {
+            if done(&seen.lock().unwrap()) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         seen.lock().unwrap().clone()
+    }
+
+    /// Waits until `seen` holds `count` states.
+    async fn until_seen(seen: &Mutex<Vec<String>>, count: usize) -> Vec<String> {
+        seen_when(seen, |states| states.len() >= count).await
+    }
+
+    /// A dispatcher of one shard whose queue holds one event, once it has
+    /// delivered `config`'s task's first event, `first`, to the webhook that
+    /// records into `seen`.
+    async fn one_slot_dispatcher(
+        ledger: &Arc<Ledger>,
+        worker: &Worker,
+        config: &TaskPushNotificationConfig,
+        first: TaskState,
+        seen: &Mutex<Vec<String>>,
+    ) -> PushDispatcher {
+        let settings = PushSettings {
+            queue_capacity: 1,
+            workers: 1,
+            ..PushSettings::default()
+        };
+        let dispatcher = PushDispatcher::start(ledger, worker.policy.clone(), settings);
+        dispatcher.enqueue(&event_at(config, first, 1));
+        until_seen(seen, 1).await;
+        dispatcher
     }
 
     /// Stores task `t` of `config`'s, gone through `states`; returns its
@@ -1388,14 +1429,7 @@ mod tests {
             TaskState::Completed,
         ];
         task_in(&ledger, &states).await;
-        let settings = PushSettings {
-            queue_capacity: 1,
-            workers: 1,
-            ..PushSettings::default()
-        };
-        let dispatcher = PushDispatcher::start(&ledger, worker.policy.clone(), settings);
-        dispatcher.enqueue(&event_at(&config, states[0], 1));
-        until_seen(&seen, 1).await;
+        let dispatcher = one_slot_dispatcher(&ledger, &worker, &config, states[0], &seen).await;
         // The shard's worker does not run meanwhile: its queue holds one.
         dispatcher.enqueue(&event_at(&config, states[1], 2));
         dispatcher.enqueue(&event_at(&config, states[2], 3));
@@ -1434,46 +1468,9 @@ mod tests {
         assert_eq!(worker.stats.pending.load(Ordering::Acquire), 0);
     }
 
-    /// A webhook on loopback that answers 503 to its first `fails`
-    /// requests, and records the states of those it takes, as
-    /// [`slow_first_webhook`] does.
-    async fn webhook_failing_first(fails: u64) -> (String, Arc<Mutex<Vec<String>>>) {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let recorded = seen.clone();
-        let arrived = Arc::new(AtomicU64::new(0));
-        let app = axum::Router::new().route(
-            "/hook",
-            axum::routing::post(move |body: String| {
-                let (recorded, arrived) = (recorded.clone(), arrived.clone());
-                async move {
-                    if arrived.fetch_add(1, Ordering::SeqCst) < fails {
-                        return axum::http::StatusCode::SERVICE_UNAVAILABLE;
-                    }
-                    let event: serde_json::Value = serde_json::from_str(&body).unwrap();
-                    let state = match event.get("task") {
-                        Some(task) => format!("task {}", task["status"]["state"]),
-                        None => event["statusUpdate"]["status"]["state"].to_string(),
-                    };
-                    recorded.lock().unwrap().push(state);
-                    axum::http::StatusCode::OK
-                }
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        (url, seen)
-    }
-
-    /// Waits, 10 s at most, until the last state `seen` holds is `last`.
+    /// Waits until the last state `seen` holds is `last`.
     async fn until_last(seen: &Mutex<Vec<String>>, last: &str) -> Vec<String> {
-        for _ in 0..500 {
-            if seen.lock().unwrap().last().is_some_and(|s| s == last) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        seen.lock().unwrap().clone()
+        seen_when(seen, |states| states.last().is_some_and(|s| s == last)).await
     }
 
     /// A notification a webhook's full queue refused is made up once the
@@ -1520,14 +1517,7 @@ mod tests {
             TaskState::Completed,
         ];
         task_in(&ledger, &states).await;
-        let settings = PushSettings {
-            queue_capacity: 1,
-            workers: 1,
-            ..PushSettings::default()
-        };
-        let dispatcher = PushDispatcher::start(&ledger, worker.policy.clone(), settings);
-        dispatcher.enqueue(&event_at(&config, states[0], 1));
-        until_seen(&seen, 1).await;
+        let dispatcher = one_slot_dispatcher(&ledger, &worker, &config, states[0], &seen).await;
         // Another task's event fills the queue (the shard's worker does not
         // run meanwhile); this task's last is dropped.
         let other = TaskPushNotificationConfig {
@@ -1551,14 +1541,7 @@ mod tests {
         let ((_dir, ledger), worker, config) = worker_for(url).await;
         let states = [TaskState::Working, TaskState::Completed];
         task_in(&ledger, &states).await;
-        let settings = PushSettings {
-            queue_capacity: 1,
-            workers: 1,
-            ..PushSettings::default()
-        };
-        let dispatcher = PushDispatcher::start(&ledger, worker.policy.clone(), settings);
-        dispatcher.enqueue(&event_at(&config, states[0], 1));
-        until_seen(&seen, 1).await;
+        let dispatcher = one_slot_dispatcher(&ledger, &worker, &config, states[0], &seen).await;
         let other = |n: usize| TaskPushNotificationConfig {
             task_id: format!("u{n}"),
             ..config.clone()
@@ -1583,7 +1566,7 @@ mod tests {
     /// delivered a restart owes it too.
     #[tokio::test]
     async fn a_notification_given_up_is_owed_by_the_next_and_by_a_restart() {
-        let (url, seen) = webhook_failing_first(2).await;
+        let (url, seen) = recording_webhook(2, Duration::ZERO).await;
         let settings = PushSettings {
             max_attempts: 2,
             initial_backoff: Duration::from_millis(10),

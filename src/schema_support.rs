@@ -5,6 +5,7 @@
 use jsonschema::error::{TypeKind, ValidationErrorKind};
 use jsonschema::{ValidationError, Validator};
 use serde_json::Value;
+use std::collections::{HashMap, HashSet};
 
 /// Parses and compiles a schema shipped in the binary (JSON Schema 2020-12).
 ///
@@ -122,6 +123,12 @@ pub fn check_result_schema(schema: &Value) -> Result<(), String> {
     if let Err(err) = jsonschema::draft202012::options().build(schema) {
         return Err(format!("is not a valid JSON Schema 2020-12: {err}"));
     }
+    within_expansion(schema)
+}
+
+/// Refuses a schema past [`MAX_SCHEMA_EXPANSION`]; the reason, worded to
+/// follow the schema's name.
+pub fn within_expansion(schema: &Value) -> Result<(), String> {
     if expansion(schema) > MAX_SCHEMA_EXPANSION {
         return Err(format!(
             "stands for more than {MAX_SCHEMA_EXPANSION} schema nodes with its $refs \
@@ -136,22 +143,19 @@ pub fn check_result_schema(schema: &Value) -> Result<(), String> {
 /// `$dynamicRef`) expanded where it is used, saturating. A reference back
 /// into one being expanded (recursion, which the instance's depth bounds)
 /// counts one; one this cannot follow counts as too many.
-pub fn expansion(schema: &Value) -> u64 {
-    let mut anchors = std::collections::HashMap::new();
+fn expansion(schema: &Value) -> u64 {
+    let mut anchors = HashMap::new();
     collect_anchors(schema, &mut anchors);
     let mut walk = Expansion {
         root: schema,
         anchors,
-        memo: std::collections::HashMap::new(),
-        open: std::collections::HashSet::new(),
+        memo: HashMap::new(),
+        open: HashSet::new(),
     };
     walk.of(schema)
 }
 
-fn collect_anchors<'s>(
-    node: &'s Value,
-    anchors: &mut std::collections::HashMap<&'s str, &'s Value>,
-) {
+fn collect_anchors<'s>(node: &'s Value, anchors: &mut HashMap<&'s str, &'s Value>) {
     match node {
         Value::Object(map) => {
             for key in ["$anchor", "$dynamicAnchor"] {
@@ -170,9 +174,9 @@ fn collect_anchors<'s>(
 /// The walk of [`expansion`].
 struct Expansion<'s> {
     root: &'s Value,
-    anchors: std::collections::HashMap<&'s str, &'s Value>,
-    memo: std::collections::HashMap<&'s str, u64>,
-    open: std::collections::HashSet<&'s str>,
+    anchors: HashMap<&'s str, &'s Value>,
+    memo: HashMap<&'s str, u64>,
+    open: HashSet<&'s str>,
 }
 
 impl<'s> Expansion<'s> {

@@ -411,6 +411,25 @@ async fn routing_rules_choose_the_agent_of_calls_that_name_none() {
     gateway.stop().await;
 }
 
+/// Work sent to `agent` without waiting for it, as a child of `parent` if
+/// given; the task's id.
+async fn work_at(gateway: &TestBaton, agent: &str, parent: Option<&str>) -> String {
+    let mut message = user_message(&message_id("m"), "work");
+    if let Some(parent) = parent {
+        message["metadata"] = json!({"urn:baton:handoff:v1": {"parentTaskId": parent}});
+    }
+    let params = json!({"message": message, "configuration": {"returnImmediately": true}});
+    let path = format!("/agents/{agent}/a2a");
+    let reply = gateway.call_at(&path, "SendMessage", params).await;
+    reply.result()["task"]["id"].as_str().unwrap().to_string()
+}
+
+/// The state of task `id`, as GetTask answers.
+async fn state_of(gateway: &TestBaton, id: &str) -> Value {
+    let got = gateway.call("GetTask", json!({"id": id})).await;
+    got.result()["status"]["state"].clone()
+}
+
 #[tokio::test]
 async fn canceling_a_task_cancels_its_handoff_graph() {
     let gated = GatedAgent::new();
@@ -421,47 +440,21 @@ async fn canceling_a_task_cancels_its_handoff_graph() {
         .agent("gated-3", gated.clone())
         .start()
         .await;
-    let start = |parent: Option<String>| {
-        let mut message = user_message(&message_id("m"), "work");
-        if let Some(parent) = parent {
-            message["metadata"] = json!({"urn:baton:handoff:v1": {"parentTaskId": parent}});
-        }
-        json!({"message": message, "configuration": {"returnImmediately": true}})
-    };
-    let id = |reply: &Reply| reply.result()["task"]["id"].as_str().unwrap().to_string();
-    let parent = id(&gateway
-        .call_at("/agents/gated/a2a", "SendMessage", start(None))
-        .await);
-    let child = id(&gateway
-        .call_at(
-            "/agents/gated-2/a2a",
-            "SendMessage",
-            start(Some(parent.clone())),
-        )
-        .await);
-    let grandchild = id(&gateway
-        .call_at(
-            "/agents/gated-3/a2a",
-            "SendMessage",
-            start(Some(child.clone())),
-        )
-        .await);
-    let unrelated = id(&gateway
-        .call_at("/agents/gated/a2a", "SendMessage", start(None))
-        .await);
+    let parent = work_at(&gateway, "gated", None).await;
+    let child = work_at(&gateway, "gated-2", Some(&parent)).await;
+    let grandchild = work_at(&gateway, "gated-3", Some(&child)).await;
+    let unrelated = work_at(&gateway, "gated", None).await;
 
     let canceled = gateway.call("CancelTask", json!({"id": parent})).await;
     assert_eq!(canceled.result()["status"]["state"], "TASK_STATE_CANCELED");
     for task in [&child, &grandchild] {
-        let got = gateway.call("GetTask", json!({"id": task})).await;
         assert_eq!(
-            got.result()["status"]["state"],
+            state_of(&gateway, task).await,
             "TASK_STATE_CANCELED",
             "{task}"
         );
     }
-    let got = gateway.call("GetTask", json!({"id": unrelated})).await;
-    assert_eq!(got.result()["status"]["state"], "TASK_STATE_WORKING");
+    assert_eq!(state_of(&gateway, &unrelated).await, "TASK_STATE_WORKING");
     gated.release(10);
     gateway.stop().await;
 }
@@ -478,23 +471,10 @@ async fn a_cancel_cascade_waits_for_no_agent_and_reaches_children_made_after_it(
         .agent("unresponsive", UnresponsiveAgent(card("unresponsive")))
         .start()
         .await;
-    let start = |parent: Option<&str>| {
-        let mut message = user_message(&message_id("m"), "work");
-        if let Some(parent) = parent {
-            message["metadata"] = json!({"urn:baton:handoff:v1": {"parentTaskId": parent}});
-        }
-        json!({"message": message, "configuration": {"returnImmediately": true}})
-    };
-    let id = |reply: &Reply| reply.result()["task"]["id"].as_str().unwrap().to_string();
-    let parent = id(&gateway
-        .call_at("/agents/gated/a2a", "SendMessage", start(None))
-        .await);
+    let parent = work_at(&gateway, "gated", None).await;
     let mut children = Vec::new();
     for agent in ["unresponsive", "gated-2"] {
-        let path = format!("/agents/{agent}/a2a");
-        children.push(id(&gateway
-            .call_at(&path, "SendMessage", start(Some(&parent)))
-            .await));
+        children.push(work_at(&gateway, agent, Some(&parent)).await);
     }
 
     let canceled = gateway.call("CancelTask", json!({"id": parent})).await;
@@ -504,18 +484,18 @@ async fn a_cancel_cascade_waits_for_no_agent_and_reaches_children_made_after_it(
         "{}",
         canceled.body
     );
-    let state = |reply: Reply| reply.result()["status"]["state"].clone();
     for task in &children {
-        let got = gateway.call("GetTask", json!({"id": task})).await;
-        assert_eq!(state(got), "TASK_STATE_CANCELED", "{task}");
+        assert_eq!(
+            state_of(&gateway, task).await,
+            "TASK_STATE_CANCELED",
+            "{task}"
+        );
     }
 
-    let late = id(&gateway
-        .call_at("/agents/gated-2/a2a", "SendMessage", start(Some(&parent)))
-        .await);
+    let late = work_at(&gateway, "gated-2", Some(&parent)).await;
     let mut last = Value::Null;
     for _ in 0..100 {
-        last = state(gateway.call("GetTask", json!({"id": late})).await);
+        last = state_of(&gateway, &late).await;
         if last == "TASK_STATE_CANCELED" {
             break;
         }
@@ -532,10 +512,54 @@ async fn a_cancel_cascade_waits_for_no_agent_and_reaches_children_made_after_it(
             json!({"message": message, "configuration": {"returnImmediately": true}}),
         )
         .await;
-    let handed = id(&handed);
+    let handed = handed.result()["task"]["id"].as_str().unwrap().to_string();
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let got = gateway.call("GetTask", json!({"id": handed})).await;
-    assert_eq!(state(got), "TASK_STATE_CANCELED", "the late handoff");
+    assert_eq!(
+        state_of(&gateway, &handed).await,
+        "TASK_STATE_CANCELED",
+        "the late handoff"
+    );
+    gated.release(10);
+    gateway.stop().await;
+}
+
+/// A parent canceled in the ledger whose cascade never ran (a crash right
+/// after the parent's write): a retried CancelTask answers -32002 and
+/// finishes the cascade.
+#[tokio::test]
+async fn a_retried_cancel_finishes_a_cascade_cut_short() {
+    let gated = GatedAgent::new();
+    let gateway = baton()
+        .agent("gated", gated.clone())
+        .agent("gated-2", gated.clone())
+        .start()
+        .await;
+    let parent = work_at(&gateway, "gated", None).await;
+    let child = work_at(&gateway, "gated-2", Some(&parent)).await;
+    gateway
+        .ledger
+        .update(&parent, |record| {
+            let task = &record.task;
+            let canceled = baton::protocol::TaskStatusUpdateEvent {
+                task_id: task.id.clone(),
+                context_id: task.context_id.clone(),
+                status: baton::protocol::TaskStatus::now(
+                    baton::protocol::TaskState::Canceled,
+                    None,
+                ),
+                metadata: None,
+            };
+            Ok::<_, baton::store::LedgerError>(vec![baton::protocol::StreamResponse::StatusUpdate(
+                canceled,
+            )])
+        })
+        .await
+        .unwrap();
+    assert_eq!(state_of(&gateway, &child).await, "TASK_STATE_WORKING");
+
+    let retried = gateway.call("CancelTask", json!({"id": parent})).await;
+    assert_eq!(retried.code(), Some(-32002), "{}", retried.body);
+    assert_eq!(state_of(&gateway, &child).await, "TASK_STATE_CANCELED");
     gated.release(10);
     gateway.stop().await;
 }

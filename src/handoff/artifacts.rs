@@ -50,14 +50,10 @@ pub fn check_artifacts(
 ) -> Result<(), Vec<Violation>> {
     // One kept from before schemas were bounded is checked here too: the
     // check runs under the ledger's write lock.
-    use crate::schema_support::{MAX_SCHEMA_EXPANSION, expansion};
-    if expansion(schema) > MAX_SCHEMA_EXPANSION {
+    if let Err(reason) = crate::schema_support::within_expansion(schema) {
         return Err(vec![Violation {
             pointer: String::new(),
-            message: format!(
-                "the returnSchema stands for more than {MAX_SCHEMA_EXPANSION} schema nodes \
-                 with its $refs expanded: checking the result against it would cost too much"
-            ),
+            message: format!("the returnSchema {reason}"),
         }]);
     }
     let validator = match jsonschema::draft202012::options().build(schema) {

@@ -1260,3 +1260,64 @@ async fn a_reroute_unacknowledged_at_a_crash_goes_on_to_the_next_alternative() {
         agent.stop().await;
     }
 }
+
+/// An agent whose one task, `up-1`, waits at AUTH_REQUIRED until
+/// `signed_in` is set (out of band): then GetTask and SubscribeToTask show
+/// it COMPLETED. Its streams end at once.
+async fn agent_signed_in_out_of_band(signed_in: Arc<AtomicBool>) -> String {
+    let app = axum::Router::new().fallback(move |body: axum::body::Bytes| {
+        let signed_in = signed_in.clone();
+        async move {
+            let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            let state = if signed_in.load(Ordering::SeqCst) {
+                "TASK_STATE_COMPLETED"
+            } else {
+                "TASK_STATE_AUTH_REQUIRED"
+            };
+            let task = json!({"id": "up-1", "contextId": "up-ctx", "status": {"state": state}});
+            let (content_type, body) = match request["method"].as_str() {
+                Some("GetTask") => {
+                    let body = json!({"jsonrpc": "2.0", "id": request["id"], "result": task});
+                    ("application/json", body.to_string())
+                }
+                _ => {
+                    let event =
+                        json!({"jsonrpc": "2.0", "id": request["id"], "result": {"task": task}});
+                    ("text/event-stream", format!("data: {event}\n\n"))
+                }
+            };
+            ([(axum::http::header::CONTENT_TYPE, content_type)], body)
+        }
+    });
+    format!("{}/a2a", serve_on_loopback(app).await)
+}
+
+/// A task left at AUTH_REQUIRED by a remote agent is followed again after a
+/// restart: the agent may go on without a message (A2A §7.6.1).
+#[tokio::test]
+async fn a_task_at_auth_required_is_followed_again_after_a_restart() {
+    let signed_in = Arc::new(AtomicBool::new(false));
+    let url = agent_signed_in_out_of_band(signed_in.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = loopback_process(dir.path());
+    let mut card = serde_json::to_value(common::agents::card("auth")).unwrap();
+    card["supportedInterfaces"][0]["url"] = json!(url);
+    card["capabilities"]["streaming"] = json!(true);
+    first
+        .registry("RegisterAgent", json!({"id": "auth", "card": card}))
+        .await;
+    let message = json!({"message": user_message(&message_id("m"), "start")});
+    let reply = first.rpc("/agents/auth/a2a", "SendMessage", message).await;
+    let task = &reply["result"]["task"];
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_AUTH_REQUIRED",
+        "{reply}"
+    );
+    let id = task["id"].as_str().unwrap().to_string();
+    first.kill();
+
+    signed_in.store(true, Ordering::SeqCst);
+    let second = loopback_process(dir.path());
+    let task = ended(&second, &id).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+}

@@ -1107,3 +1107,434 @@ async fn remote_agent_past_a_limit_is_sent_cancel_task(
     gateway.stop().await;
     upstream.stop().await;
 }
+
+/// A fake agent's JSON-RPC answer to request `id`: `member` is `result` or
+/// `error`.
+fn rpc_answer(id: &Value, member: &str, value: Value) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let mut body = json!({"jsonrpc": "2.0", "id": id});
+    body[member] = value;
+    let json = [(header::CONTENT_TYPE, "application/json")];
+    (json, body.to_string()).into_response()
+}
+
+/// One SSE frame of a fake agent's stream answering request `id`.
+fn sse_frame(id: &Value, event: Value) -> Result<String, std::convert::Infallible> {
+    let event = json!({"jsonrpc": "2.0", "id": id, "result": event});
+    Ok(format!("data: {event}\n\n"))
+}
+
+/// What the agent of [`chunking_agent`] makes of a message added to its task.
+#[derive(Clone, Copy)]
+enum OnFollowUp {
+    /// Appends a second chunk, then completes.
+    Chunk,
+    /// Takes it as the answer to a question its streams tell only after
+    /// (INPUT_REQUIRED, then they close), and completes with the second
+    /// chunk, as GetTask shows.
+    AnswersAStaleQuestion,
+    /// Refuses it with an error; the task goes on.
+    Refuses,
+}
+
+/// An agent holding one task, `up-1`, which it keeps WORKING with a first
+/// artifact chunk until a message is added to it. Like a real agent it
+/// sends each event to every stream open on the task, and GetTask shows
+/// the task as it is. Returns its URL and the requests it saw.
+async fn chunking_agent(on_follow_up: OnFollowUp) -> (String, Arc<Mutex<Vec<Value>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (events, _) = tokio::sync::broadcast::channel::<Value>(16);
+    let held = Arc::new(Mutex::new(json!({"id": "up-1", "contextId": "up-ctx",
+        "status": {"state": "TASK_STATE_WORKING"}, "artifacts": []})));
+    let chunk = |text: &str, append: bool| {
+        json!({"artifactUpdate": {"taskId": "up-1", "contextId": "up-ctx", "append": append,
+            "artifact": {"artifactId": "a1", "parts": [{"text": text}]}}})
+    };
+    let status = |state: &str| {
+        json!({"statusUpdate": {"taskId": "up-1", "contextId": "up-ctx",
+            "status": {"state": state}}})
+    };
+    // Applies `event` to the task, then sends it to the open streams; a
+    // `stream_only` event only goes to the streams.
+    let publish = {
+        let (held, events) = (held.clone(), events.clone());
+        move |event: Value, stream_only: bool| {
+            if !stream_only {
+                let mut task = held.lock().unwrap();
+                if let Some(state) = event["statusUpdate"]["status"]["state"].as_str() {
+                    task["status"]["state"] = json!(state);
+                }
+                let update = &event["artifactUpdate"];
+                if update.is_object() {
+                    let parts = update["artifact"]["parts"].as_array().unwrap().clone();
+                    match task["artifacts"].as_array_mut().unwrap().first_mut() {
+                        Some(held) if update["append"] == true => {
+                            held["parts"].as_array_mut().unwrap().extend(parts);
+                        }
+                        _ => task["artifacts"] = json!([update["artifact"]]),
+                    }
+                }
+            }
+            let _ = events.send(event);
+        }
+    };
+    let recorder = seen.clone();
+    let app = axum::Router::new().fallback(move |body: axum::body::Bytes| {
+        use axum::response::IntoResponse;
+        use futures::StreamExt;
+        let (recorder, events, held, publish) = (
+            recorder.clone(),
+            events.clone(),
+            held.clone(),
+            publish.clone(),
+        );
+        async move {
+            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            recorder.lock().unwrap().push(request.clone());
+            let (id, method) = (request["id"].clone(), request["method"].clone());
+            let later = tokio_stream::wrappers::BroadcastStream::new(events.subscribe());
+            let follow_up = request["params"]["message"]["taskId"] == "up-1";
+            if method == "GetTask" {
+            } else if !follow_up {
+                publish(chunk("a", false), false);
+            } else {
+                match on_follow_up {
+                    OnFollowUp::Refuses => {
+                        let error = json!({"code": -32602, "message": "no more input, thanks"});
+                        return rpc_answer(&id, "error", error);
+                    }
+                    OnFollowUp::Chunk => {
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            publish(chunk("b", true), false);
+                            publish(status("TASK_STATE_COMPLETED"), false);
+                        });
+                    }
+                    OnFollowUp::AnswersAStaleQuestion => {
+                        publish(chunk("b", true), false);
+                        let held = held.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            held.lock().unwrap()["status"]["state"] = json!("TASK_STATE_COMPLETED");
+                            publish(status("TASK_STATE_INPUT_REQUIRED"), true);
+                        });
+                    }
+                }
+            }
+            let snapshot = held.lock().unwrap().clone();
+            if method != "SendStreamingMessage" {
+                let result = if method == "GetTask" {
+                    snapshot
+                } else {
+                    json!({"task": snapshot})
+                };
+                return rpc_answer(&id, "result", result);
+            }
+            // The snapshot, then what happens, until the task is settled.
+            let stream = futures::stream::iter([json!({"task": snapshot})])
+                .chain(later.filter_map(|event| std::future::ready(event.ok())))
+                .scan(false, |settled, event| {
+                    let last = *settled;
+                    let state = event["statusUpdate"]["status"]["state"].as_str();
+                    *settled = state.is_some_and(|s| s != "TASK_STATE_WORKING");
+                    std::future::ready((!last).then_some(event))
+                })
+                .map(move |event| sse_frame(&id, event));
+            let stream = axum::body::Body::from_stream(stream);
+            ([(header::CONTENT_TYPE, "text/event-stream")], stream).into_response()
+        }
+    });
+    let url = serve_on_loopback(app).await;
+    (format!("{url}/a2a"), seen)
+}
+
+/// Starts a task at a [`chunking_agent`] through a gateway and waits until
+/// the gateway holds its first chunk; returns the gateway task id.
+async fn working_task_with_a_chunk(gateway: &TestBaton) -> String {
+    let start = json!({"configuration": {"returnImmediately": true}});
+    let first = gateway.send_text(&message_id("m"), "start", start).await;
+    let task_id = first["task"]["id"].as_str().unwrap().to_string();
+    let holds_first_chunk = || {
+        let record = gateway.gateway.ledger().get(&task_id).ok().flatten();
+        record.is_some_and(|r| r.task.artifacts.first().is_some_and(|a| a.parts.len() == 1))
+    };
+    wait_until("the first chunk", holds_first_chunk).await;
+    task_id
+}
+
+fn part_texts(artifact: &Value) -> Vec<&str> {
+    artifact["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text_of_part)
+        .collect()
+}
+
+fn text_of_part(part: &Value) -> &str {
+    part["text"].as_str().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_message_added_to_a_working_task_goes_through_the_one_feed_of_it() {
+    // (the agent streams, the added message's caller streams)
+    for (streaming, streamed) in [(true, false), (false, false), (true, true)] {
+        let (url, seen) = chunking_agent(OnFollowUp::Chunk).await;
+        let gateway = gateway_for(card_at(&url, streaming), fast_upstream()).await;
+        let task_id = working_task_with_a_chunk(&gateway).await;
+
+        let more = json!({"message": user_message_on(&task_id, &message_id("more"), "more")});
+        if streamed {
+            let reply = gateway
+                .stream_at("/a2a", "SendStreamingMessage", more, 10)
+                .await;
+            assert!(reply.closed, "{:?}", reply.events);
+            let first = &reply.events[0]["result"]["task"];
+            assert_eq!(first["status"]["state"], "TASK_STATE_WORKING");
+            assert_eq!(first["history"][1]["parts"][0]["text"], "more");
+            let last = &reply.events.last().unwrap()["result"]["statusUpdate"];
+            assert_eq!(last["status"]["state"], "TASK_STATE_COMPLETED");
+        } else {
+            let reply = gateway.call("SendMessage", more).await;
+            let task = &reply.result()["task"];
+            assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+        }
+        let task = gateway
+            .wait_for_state("/a2a", &task_id, "TASK_STATE_COMPLETED")
+            .await;
+        assert_eq!(
+            part_texts(&task["artifacts"][0]),
+            ["a", "b"],
+            "each chunk once"
+        );
+        let history: Vec<&str> = task["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(text_of)
+            .collect();
+        assert_eq!(history, ["start", "more"]);
+
+        // One feed of the task; the added message went as a plain send.
+        let seen = seen.lock().unwrap().clone();
+        let sends: Vec<&Value> = seen.iter().filter(|r| r["method"] != "GetTask").collect();
+        let methods: Vec<&str> = sends
+            .iter()
+            .map(|r| r["method"].as_str().unwrap())
+            .collect();
+        let opening = if streaming {
+            "SendStreamingMessage"
+        } else {
+            "SendMessage"
+        };
+        assert_eq!(methods, [opening, "SendMessage"], "streaming: {streaming}");
+        let added = &sends[1]["params"];
+        assert_eq!(added["message"]["taskId"], "up-1");
+        assert_eq!(added["message"]["contextId"], "up-ctx");
+        assert_eq!(added["configuration"]["returnImmediately"], true);
+        gateway.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn an_interruption_streamed_after_a_follow_up_is_checked_with_the_agent() {
+    let (url, _) = chunking_agent(OnFollowUp::AnswersAStaleQuestion).await;
+    let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
+    let task_id = working_task_with_a_chunk(&gateway).await;
+    let more = user_message_on(&task_id, &message_id("more"), "more");
+    let reply = gateway
+        .call(
+            "SendMessage",
+            json!({"message": more, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    assert_eq!(reply.result()["task"]["id"], task_id.as_str());
+    // The stream's INPUT_REQUIRED came after the agent took the message:
+    // GetTask has the task completed.
+    let task = gateway
+        .wait_for_state("/a2a", &task_id, "TASK_STATE_COMPLETED")
+        .await;
+    assert_eq!(part_texts(&task["artifacts"][0]), ["a", "b"]);
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_follow_up_the_agent_refuses_is_its_senders_error_and_the_task_goes_on() {
+    let (url, seen) = chunking_agent(OnFollowUp::Refuses).await;
+    let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
+    let task_id = working_task_with_a_chunk(&gateway).await;
+    let more = user_message_on(&task_id, &message_id("more"), "more");
+    let reply = gateway.call("SendMessage", json!({"message": more})).await;
+    assert_eq!(reply.code(), Some(-32602), "{:?}", reply.body);
+    let record = gateway.gateway.ledger().get(&task_id).unwrap().unwrap();
+    assert_eq!(record.task.status.state, TaskState::Working);
+    assert_eq!(
+        record.task.history.len(),
+        1,
+        "the refused message is not the task's"
+    );
+    // No second feed of the task came either.
+    let methods: Vec<Value> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r["method"].clone())
+        .collect();
+    assert_eq!(methods, ["SendStreamingMessage", "SendMessage"]);
+    gateway.stop().await;
+}
+
+/// What the agent of [`auth_agent`] does once its task is AUTH_REQUIRED.
+#[derive(Clone, Copy, PartialEq)]
+enum AtAuth {
+    /// Gets the credential out of band 100 ms later and completes on the
+    /// same stream (A2A §7.6.1).
+    GoesOnOutOfBand,
+    /// Ends its stream; a message to the task completes it.
+    TakesAMessage,
+    /// Ends its stream; a message to the task is not enough, and it asks
+    /// again on the stream the message opens.
+    AsksAgain,
+}
+
+/// An agent that puts its one task, `up-1`, at AUTH_REQUIRED and then does
+/// `at_auth`. Returns its URL and the methods it was called with.
+async fn auth_agent(at_auth: AtAuth) -> (String, Arc<Mutex<Vec<String>>>) {
+    let called = Arc::new(Mutex::new(Vec::new()));
+    let held = Arc::new(Mutex::new(json!({"id": "up-1", "contextId": "up-ctx",
+        "status": {"state": "TASK_STATE_AUTH_REQUIRED"}})));
+    let recorder = called.clone();
+    let app = axum::Router::new().fallback(move |body: axum::body::Bytes| {
+        use axum::response::IntoResponse;
+        let (recorder, held) = (recorder.clone(), held.clone());
+        async move {
+            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let method = request["method"].as_str().unwrap_or_default().to_string();
+            recorder.lock().unwrap().push(method.clone());
+            let id = request["id"].clone();
+            let complete = || {
+                let mut task = held.lock().unwrap();
+                task["status"]["state"] = json!("TASK_STATE_COMPLETED");
+                task["artifacts"] = json!([{"artifactId": "a1", "parts": [{"text": "signed in"}]}]);
+                task.clone()
+            };
+            let follow_up = request["params"]["message"]["taskId"] == "up-1";
+            let mut events = Vec::new();
+            match (method.as_str(), follow_up) {
+                ("GetTask", _) => {
+                    let task = held.lock().unwrap().clone();
+                    return rpc_answer(&id, "result", task);
+                }
+                ("SendStreamingMessage", false) => {
+                    let working = json!({"id": "up-1", "contextId": "up-ctx",
+                        "status": {"state": "TASK_STATE_WORKING"}});
+                    events.push((0, json!({"task": working})));
+                    events.push((
+                        0,
+                        json!({"statusUpdate": {"taskId": "up-1", "contextId": "up-ctx",
+                        "status": {"state": "TASK_STATE_AUTH_REQUIRED"}}}),
+                    ));
+                    if at_auth == AtAuth::GoesOnOutOfBand {
+                        let done = complete();
+                        held.lock().unwrap()["status"]["state"] = json!("TASK_STATE_AUTH_REQUIRED");
+                        events.push((100, json!({"task": done})));
+                    }
+                }
+                (_, true) if at_auth == AtAuth::AsksAgain => {
+                    let task = held.lock().unwrap().clone();
+                    events.push((0, json!({"task": task})));
+                }
+                (_, true) => events.push((0, json!({"task": complete()}))),
+                _ => {}
+            }
+            let (sender, frames) = tokio::sync::mpsc::channel(4);
+            let held = held.clone();
+            tokio::spawn(async move {
+                for (delay, event) in events {
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                    if event["task"]["status"]["state"] == "TASK_STATE_COMPLETED" {
+                        held.lock().unwrap()["status"]["state"] = json!("TASK_STATE_COMPLETED");
+                    }
+                    let _ = sender.send(sse_frame(&id, event)).await;
+                }
+            });
+            let body =
+                axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(frames));
+            ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+        }
+    });
+    let url = serve_on_loopback(app).await;
+    (format!("{url}/a2a"), called)
+}
+
+#[tokio::test]
+async fn an_agent_at_auth_required_is_followed_until_it_goes_on() {
+    let (url, _) = auth_agent(AtAuth::GoesOnOutOfBand).await;
+    let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
+    let first = gateway
+        .send_text(&message_id("m"), "start", json!({}))
+        .await;
+    let task = &first["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_AUTH_REQUIRED");
+    let task_id = task["id"].as_str().unwrap();
+    // The credential came out of band; no message was sent.
+    let task = gateway
+        .wait_for_state("/a2a", task_id, "TASK_STATE_COMPLETED")
+        .await;
+    assert_eq!(part_texts(&task["artifacts"][0]), ["signed in"]);
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_message_to_a_task_at_auth_required_reopens_the_agents_ended_stream() {
+    let (url, called) = auth_agent(AtAuth::TakesAMessage).await;
+    let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
+    let first = gateway
+        .send_text(&message_id("m"), "start", json!({}))
+        .await;
+    let task_id = first["task"]["id"].as_str().unwrap().to_string();
+    assert_eq!(first["task"]["status"]["state"], "TASK_STATE_AUTH_REQUIRED");
+
+    let answer = user_message_on(&task_id, &message_id("cred"), "here you are");
+    let reply = gateway
+        .call("SendMessage", json!({"message": answer}))
+        .await;
+    let task = &reply.result()["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(part_texts(&task["artifacts"][0]), ["signed in"]);
+    let history: Vec<&str> = task["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text_of)
+        .collect();
+    assert_eq!(history, ["start", "here you are"]);
+    // The follower polled once the stream ended; the message opened the
+    // next stream, again the task's only one.
+    let called = called.lock().unwrap().clone();
+    let sends: Vec<&String> = called.iter().filter(|m| *m != "GetTask").collect();
+    assert_eq!(sends, ["SendStreamingMessage", "SendStreamingMessage"]);
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn an_agent_asking_again_after_a_message_to_its_auth_required_task_is_heard() {
+    let (url, _) = auth_agent(AtAuth::AsksAgain).await;
+    let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
+    let first = gateway
+        .send_text(&message_id("m"), "start", json!({}))
+        .await;
+    let task_id = first["task"]["id"].as_str().unwrap().to_string();
+    let answer = user_message_on(&task_id, &message_id("cred"), "wrong one");
+    let reply = gateway
+        .call("SendMessage", json!({"message": answer}))
+        .await;
+    let task = &reply.result()["task"];
+    // WORKING once the message went, then asked again.
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_AUTH_REQUIRED",
+        "{task}"
+    );
+    assert_eq!(task["history"].as_array().unwrap().len(), 2);
+    gateway.stop().await;
+}

@@ -12,7 +12,7 @@ use crate::protocol::{AgentCard, Artifact, Message, Task, TaskState};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 /// Where a task lives at its agent, when the agent keeps ids of its own (a
@@ -91,17 +91,45 @@ pub enum AgentEvent {
     },
 }
 
-/// Where an agent sends its events; cheap to clone.
-#[derive(Clone, Debug)]
+/// A message sent to a task while an execution follows it at its agent
+/// (a caller adding to a WORKING task): that execution forwards it, so the
+/// task keeps one feed from the agent (DESIGN.md §2), and says whether the
+/// agent took it. Dropped unanswered, the execution had ended first.
+#[derive(Debug)]
+pub struct FollowUp {
+    /// The message, with the gateway's task and context ids.
+    pub message: Message,
+    /// Media types its caller accepts.
+    pub accepted_output_modes: Vec<String>,
+    /// The agent's answer: `Ok` once it took the message.
+    pub taken: oneshot::Sender<Result<(), AgentError>>,
+}
+
+/// Where an agent sends its events, and where follow-ups to its task come
+/// in while it follows the task ([`Agent::takes_follow_ups`]).
+#[derive(Debug)]
 pub struct AgentEvents {
     sender: mpsc::Sender<AgentEvent>,
+    follow_ups: Option<mpsc::Receiver<FollowUp>>,
 }
 
 impl AgentEvents {
     /// A sink and the receiver the gateway reads from.
     pub fn channel(capacity: usize) -> (Self, mpsc::Receiver<AgentEvent>) {
         let (sender, receiver) = mpsc::channel(capacity);
-        (Self { sender }, receiver)
+        let follow_ups = None;
+        (Self { sender, follow_ups }, receiver)
+    }
+
+    /// The sink, with follow-ups to the task coming in on `follow_ups`.
+    pub fn with_follow_ups(mut self, follow_ups: mpsc::Receiver<FollowUp>) -> Self {
+        self.follow_ups = Some(follow_ups);
+        self
+    }
+
+    /// The follow-ups to the task, for the one execution that forwards them.
+    pub fn take_follow_ups(&mut self) -> Option<mpsc::Receiver<FollowUp>> {
+        self.follow_ups.take()
     }
 
     /// Reports one event; false when the gateway no longer listens.
@@ -176,6 +204,13 @@ pub trait Agent: Send + Sync + 'static {
     /// agent's work just ends with the turn. A wrapper around another
     /// agent must pass this on.
     fn creates_remote_tasks(&self) -> bool {
+        false
+    }
+
+    /// Whether an execution follows its task at the agent until it settles
+    /// and forwards the [`FollowUp`]s that `events` brings meanwhile. Else a
+    /// message to a task being worked on starts an execution of its own.
+    fn takes_follow_ups(&self) -> bool {
         false
     }
 

@@ -235,6 +235,9 @@ impl Driver {
             }
             let user_message = (!self.created).then(|| turn.request.message.clone());
             let (events, receiver) = AgentEvents::channel(64);
+            let events = self
+                .gateway
+                .follow_ups_to(&self.task_id, &turn.agent, events);
             let agent = turn.agent.agent.clone();
             // Only a handoff's turn may be sent again (a retry or a reroute,
             // `next_attempt`); any other gives its message to the agent.
@@ -350,6 +353,7 @@ impl Driver {
         record: TaskRecord,
     ) -> Option<Turn> {
         let (events, receiver) = AgentEvents::channel(64);
+        let events = self.gateway.follow_ups_to(&self.task_id, &agent, events);
         let implementation = agent.agent.clone();
         let task = record.task;
         let upstream = record.upstream;
@@ -435,18 +439,7 @@ impl Driver {
                 )])
             })
             .await
-            .map_err(|err| match err {
-                too_large @ LedgerError::RecordTooLarge { .. } => {
-                    GatewayError::invalid_field("message", too_large.to_string())
-                }
-                LedgerError::TooManyEvents { limit, .. } => {
-                    GatewayError::UnsupportedOperation(format!(
-                        "task {task_id} has reached its limit of {limit} events and accepts \
-                         no more messages"
-                    ))
-                }
-                other => GatewayError::from(other),
-            });
+            .map_err(|err| continuation_refused(&task_id, err));
         debug_assert_eq!(record.task.id, self.task_id);
         match appended {
             Ok(updated) => {
@@ -1116,6 +1109,19 @@ impl Driver {
                 .clone()
                 .expire_at_deadline(self.task_id.clone(), deadline);
         }
+    }
+}
+
+/// Why the ledger would not take a message continuing `task_id`.
+pub(super) fn continuation_refused(task_id: &str, err: LedgerError) -> GatewayError {
+    match err {
+        too_large @ LedgerError::RecordTooLarge { .. } => {
+            GatewayError::invalid_field("message", too_large.to_string())
+        }
+        LedgerError::TooManyEvents { limit, .. } => GatewayError::UnsupportedOperation(format!(
+            "task {task_id} has reached its limit of {limit} events and accepts no more messages"
+        )),
+        other => GatewayError::from(other),
     }
 }
 

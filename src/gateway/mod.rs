@@ -12,6 +12,7 @@ pub use send::{SendOutcome, SendReply};
 pub use stream::TaskEventStream;
 pub use trace::{MAX_TRACE_DEPTH, MAX_TRACE_NODES, TraceNode, TraceReport};
 
+use crate::agents::{AgentEvents, FollowUp};
 use crate::error::GatewayError;
 use crate::protocol::*;
 use crate::push::PushDispatcher;
@@ -19,7 +20,7 @@ use crate::registry::{AgentEntry, Directory};
 use crate::store::{self, Change, Ledger, LedgerError, ListQuery, ReadTask, ReplyTask, TaskRecord};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use validate::{check_history_length, check_required, finish};
 
@@ -30,6 +31,10 @@ const MAX_HOLDERS_ASKED: usize = 4;
 /// How long a CancelTask waits for the end of a holder that said its task
 /// cannot be canceled, to see whether that end handed the task on.
 const HOLDER_END_WAIT: Duration = Duration::from_secs(2);
+
+/// Follow-ups one execution holds before their senders wait: each waits for
+/// its agent's answer anyway.
+const FOLLOW_UP_QUEUE: usize = 16;
 
 impl From<LedgerError> for GatewayError {
     fn from(err: LedgerError) -> Self {
@@ -197,17 +202,27 @@ pub const DEFAULT_MAX_TASK_EVENTS: u64 = 10_000;
 /// largest answers an agent may send.
 pub const DEFAULT_MAX_TASK_BYTES: usize = 64 * 1024 * 1024;
 
+/// A task drivers work on.
+struct RunningTask {
+    /// Shared by every driver on the task, so one CancelTask stops them all.
+    cancel: CancellationToken,
+    /// How many drivers work on it (a continuation may start while the
+    /// previous one ends).
+    drivers: usize,
+    /// The agent whose execution follows the task now, and where it takes
+    /// follow-ups.
+    follower: Option<(String, mpsc::Sender<FollowUp>)>,
+}
+
 /// The A2A service: eleven methods over the ledger and the agents.
 pub struct Gateway {
     pub(crate) ledger: Arc<Ledger>,
     directory: Arc<Directory>,
     pub(crate) push: PushDispatcher,
     pub(crate) settings: GatewaySettings,
-    /// Cancel tokens of agent executions in progress, by task id.
+    /// Every task a driver works on, by id.
     // std Mutex: map operations only, never held across .await.
-    /// The cancel token of every task a driver works on, and how many
-    /// drivers do (a continuation may start while the previous one ends).
-    running: Mutex<store::TaskMap<(CancellationToken, usize)>>,
+    running: Mutex<store::TaskMap<RunningTask>>,
     /// Canceled at shutdown: ends streams and agent work.
     pub(crate) shutdown: CancellationToken,
     /// Turns of the round-robin among agents sharing a skill.
@@ -647,7 +662,9 @@ impl Gateway {
     /// stop, so that a result is less likely to return to a source, then
     /// the sources waiting for its result are released.
     async fn stop_driver_and_release_sources(&self, task_id: &str) {
-        if let Some((token, _)) = self.running.lock().expect("running lock").get(task_id) {
+        if let Some(RunningTask { cancel: token, .. }) =
+            self.running.lock().expect("running lock").get(task_id)
+        {
             token.cancel();
         }
         self.release_paused_sources(task_id).await;
@@ -940,9 +957,41 @@ impl Gateway {
         let mut running = self.running.lock().expect("running lock");
         let entry = running
             .entry(task_id.to_string())
-            .or_insert_with(|| (self.shutdown.child_token(), 0));
-        entry.1 += 1;
-        entry.0.clone()
+            .or_insert_with(|| RunningTask {
+                cancel: self.shutdown.child_token(),
+                drivers: 0,
+                follower: None,
+            });
+        entry.drivers += 1;
+        entry.cancel.clone()
+    }
+
+    /// `events` for `agent`'s execution on `task_id`, which takes the
+    /// task's follow-ups from now on if the agent forwards them.
+    pub(crate) fn follow_ups_to(
+        &self,
+        task_id: &str,
+        agent: &AgentEntry,
+        events: AgentEvents,
+    ) -> AgentEvents {
+        if !agent.agent.takes_follow_ups() {
+            return events;
+        }
+        let (sender, receiver) = mpsc::channel(FOLLOW_UP_QUEUE);
+        let mut running = self.running.lock().expect("running lock");
+        let Some(entry) = running.get_mut(task_id) else {
+            return events;
+        };
+        entry.follower = Some((agent.id.clone(), sender));
+        events.with_follow_ups(receiver)
+    }
+
+    /// Where `agent`'s execution following `task_id` takes follow-ups, if
+    /// one does.
+    pub(crate) fn follower_of(&self, task_id: &str, agent: &str) -> Option<mpsc::Sender<FollowUp>> {
+        let running = self.running.lock().expect("running lock");
+        let (follower, sender) = running.get(task_id)?.follower.as_ref()?;
+        (follower == agent && !sender.is_closed()).then(|| sender.clone())
     }
 
     /// Whether a routing rule matches `params.tenant` = `label`.
@@ -976,8 +1025,8 @@ impl Gateway {
     pub(crate) fn unregister_running(&self, task_id: &str) {
         let mut running = self.running.lock().expect("running lock");
         if let Some(entry) = running.get_mut(task_id) {
-            entry.1 = entry.1.saturating_sub(1);
-            if entry.1 == 0 {
+            entry.drivers = entry.drivers.saturating_sub(1);
+            if entry.drivers == 0 {
                 running.remove(task_id);
             }
         }

@@ -2,12 +2,12 @@
 //! idempotency, direct handoffs and routing, up to the point where a
 //! [`Driver`] takes the task to its agent.
 
-use super::driver::{Driver, Start, Turn, send_first};
+use super::driver::{Driver, Start, Turn, continuation_refused, send_first, status_update};
 use super::relay::{agent_view, agent_views, handoff_return_schema, policy_refusal};
 use super::stream::TaskEventStream;
 use super::validate::{self, check_history_length, check_message, finish};
 use super::{CallContext, Gateway, TaskReply};
-use crate::agents::AgentRequest;
+use crate::agents::{AgentRequest, FollowUp};
 use crate::error::GatewayError;
 use crate::handoff::context::{direct_history, message_bytes};
 use crate::handoff::control::{Control, Incoming, Limits};
@@ -19,7 +19,7 @@ use crate::handoff::routing::{RouteInput, Routed, declares_skill};
 use crate::protocol::*;
 use crate::registry::AgentEntry;
 use crate::store::hub::EventHub;
-use crate::store::{HopKind, HopRecord, IdempotencyRecord, TaskRecord};
+use crate::store::{HopKind, HopRecord, IdempotencyRecord, LedgerError, TaskRecord};
 use futures::FutureExt as _;
 use futures::future::Either;
 use sha2::{Digest, Sha256};
@@ -55,6 +55,9 @@ enum Begun<W> {
     Replay(IdempotencyRecord),
     /// Refused before any agent saw it: the task is already terminal.
     Settled(Arc<TaskRecord>),
+    /// Taken by the agent through the execution that follows the task
+    /// (the record right after the message went into it).
+    FollowedUp(Arc<TaskRecord>, W),
 }
 
 /// `SendMessage`'s answer; serializes as a `SendMessageResponse`.
@@ -110,6 +113,15 @@ impl Gateway {
             Begun::Started(started) => started,
             Begun::Replay(earlier) => return self.replay_send(ctx, earlier, &config).await,
             Begun::Settled(record) => return Ok(SendReply::task(record, &config)),
+            Begun::FollowedUp(record, ()) => {
+                if !config.return_immediately {
+                    self.wait_settled(&record.task.id, None).await;
+                }
+                let reply = self
+                    .owned_reply(ctx, &record.task.id, config.history_length)
+                    .await?;
+                return Ok(SendReply::Task(reply));
+            }
         };
         match (&mut started.first).await {
             Ok(First::Message(message)) => return Ok(SendReply::Message(message)),
@@ -135,6 +147,14 @@ impl Gateway {
     ) -> Result<SendOutcome, GatewayError> {
         let mut started = match self.begin(ctx, req, true, EventHub::watch).await? {
             Begun::Started(started) => started,
+            Begun::FollowedUp(record, watcher) => {
+                return Ok(SendOutcome::Task(TaskEventStream::from_snapshot(
+                    self.clone(),
+                    &record,
+                    watcher,
+                    true,
+                )));
+            }
             Begun::Settled(record) => {
                 let watcher = self.ledger.hub().watch(&record.task.id);
                 return Ok(SendOutcome::Task(TaskEventStream::from_snapshot(
@@ -849,6 +869,19 @@ impl Gateway {
         }
 
         let watcher = watch(self.ledger.hub(), &task_id);
+        if let Some(record) = &continued
+            && let Some(followed_up) = self
+                .hand_to_follower(record, &message, &config.accepted_output_modes)
+                .await
+        {
+            return match followed_up {
+                Ok(record) => Ok(Begun::FollowedUp(record, watcher)),
+                Err(err) => {
+                    self.release_claim(ctx).await;
+                    Err(err)
+                }
+            };
+        }
         let (first_tx, first) = oneshot::channel();
         let (done_tx, driver_done) = watch::channel(false);
         let task_cancel = self.enter_running(&task_id);
@@ -915,6 +948,80 @@ impl Gateway {
             watcher,
             driver_done,
         }))
+    }
+
+    /// Hands `message`, for a task WORKING or AUTH_REQUIRED, to the
+    /// execution that follows the task at its agent, if one does: the agent
+    /// gets it without a second feed of the task (DESIGN.md §2). `None` when
+    /// none does (any more): a new execution takes the message instead.
+    async fn hand_to_follower(
+        self: &Arc<Self>,
+        record: &TaskRecord,
+        message: &Message,
+        accepted_output_modes: &[String],
+    ) -> Option<Result<Arc<TaskRecord>, GatewayError>> {
+        let state = record.task.status.state;
+        if state != TaskState::Working && state != TaskState::AuthRequired {
+            return None;
+        }
+        let follower = self.follower_of(&record.task.id, &record.agent)?;
+        // The agent is sent nothing the task could not record.
+        let limit = self.settings.max_task_events;
+        if record.last_seq >= limit {
+            let err = LedgerError::TooManyEvents {
+                events: record.last_seq,
+                limit,
+            };
+            return Some(Err(continuation_refused(&record.task.id, err)));
+        }
+        let (taken_tx, taken) = oneshot::channel();
+        let follow_up = FollowUp {
+            message: message.clone(),
+            accepted_output_modes: accepted_output_modes.to_vec(),
+            taken: taken_tx,
+        };
+        // On a task of its own: once the agent took the message, the task
+        // records it even if the caller hangs up.
+        let gateway = self.clone();
+        let (task_id, agent) = (record.task.id.clone(), record.agent.clone());
+        let message = message.clone();
+        let asked = (state == TaskState::AuthRequired).then_some(record.last_seq);
+        let handed = tokio::spawn(async move {
+            follower.send(follow_up).await.ok()?;
+            Some(match taken.await.ok()? {
+                Ok(()) => gateway.record_follow_up(&task_id, message, asked).await,
+                Err(err) => Err(GatewayError::from(err).about_agent(&agent)),
+            })
+        });
+        handed
+            .await
+            .unwrap_or_else(|err| Some(Err(start_failed(err))))
+    }
+
+    /// Adds a follow-up the agent took to its task's history. One that
+    /// answers the AUTH_REQUIRED of event `asked` makes the task WORKING
+    /// again, as an answer does, unless the agent reported since: what it
+    /// reported is newer.
+    async fn record_follow_up(
+        &self,
+        task_id: &str,
+        message: Message,
+        asked: Option<u64>,
+    ) -> Result<Arc<TaskRecord>, GatewayError> {
+        let limits = self.settings.task_limits();
+        self.ledger
+            .update_within(task_id, limits, |current| {
+                current.task.history.push(message);
+                let answered = asked == Some(current.last_seq)
+                    && current.task.status.state == TaskState::AuthRequired;
+                let working = answered.then(|| {
+                    let (task_id, context_id) = (&current.task.id, &current.task.context_id);
+                    status_update(task_id, context_id, TaskState::Working, None)
+                });
+                Ok::<_, LedgerError>(working.into_iter().collect::<Vec<_>>())
+            })
+            .await
+            .map_err(|err| continuation_refused(task_id, err))
     }
 
     /// Stores the push config a send gives for its task, under a fresh id
@@ -1070,38 +1177,54 @@ impl Gateway {
                 self.release_paused_sources(&task_id).await;
                 continue;
             };
-            let task_cancel = self.enter_running(&task_id);
-            let driver = Driver {
-                gateway: self.clone(),
-                owner: record.owner.clone(),
-                idempotency_key: None,
-                fingerprint: String::new(),
-                task_id: record.task.id.clone(),
-                context_id: record.task.context_id.clone(),
-                task_cancel,
-                deadline: Control::read_from(record.task.metadata.as_ref())
-                    .and_then(|c| c.deadline),
-                created: true,
-                first_tx: None,
-                tried: Vec::new(),
-                last_state: None,
-                adoptions: None,
-                new_task_push: None,
-            };
-            tokio::spawn(driver.recover(agent, record));
+            self.follow_at_start_up(agent, record);
             recovered += 1;
         }
-        // Nobody drives a task waiting for input; its deadline still holds.
         for task_id in self.ledger.waiting_task_ids()? {
-            let deadline = self
-                .record_at_start_up(&task_id)?
-                .and_then(|record| Control::read_from(record.task.metadata.as_ref()))
+            let Some(record) = self.record_at_start_up(&task_id)? else {
+                continue;
+            };
+            // At AUTH_REQUIRED an agent may go on unasked (A2A §7.6.1): it is
+            // followed, as before the restart.
+            let agent = self.agent(&record.agent);
+            if record.task.status.state == TaskState::AuthRequired
+                && record.upstream.is_some()
+                && let Some(agent) = agent.filter(|agent| agent.agent.takes_follow_ups())
+            {
+                self.follow_at_start_up(agent, record);
+                recovered += 1;
+                continue;
+            }
+            // Nobody drives a task waiting for input; its deadline still holds.
+            let deadline = Control::read_from(record.task.metadata.as_ref())
                 .and_then(|control| control.deadline);
             if let Some(deadline) = deadline {
                 self.clone().expire_at_deadline(task_id, deadline);
             }
         }
         Ok(recovered)
+    }
+
+    /// Has a driver pick `record` up from its agent at start-up.
+    fn follow_at_start_up(self: &Arc<Self>, agent: Arc<AgentEntry>, record: TaskRecord) {
+        let task_cancel = self.enter_running(&record.task.id);
+        let driver = Driver {
+            gateway: self.clone(),
+            owner: record.owner.clone(),
+            idempotency_key: None,
+            fingerprint: String::new(),
+            task_id: record.task.id.clone(),
+            context_id: record.task.context_id.clone(),
+            task_cancel,
+            deadline: Control::read_from(record.task.metadata.as_ref()).and_then(|c| c.deadline),
+            created: true,
+            first_tx: None,
+            tried: Vec::new(),
+            last_state: None,
+            adoptions: None,
+            new_task_push: None,
+        };
+        tokio::spawn(driver.recover(agent, record));
     }
 
     /// A task's record as start-up picks it up. One that does not decode is

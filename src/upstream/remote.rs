@@ -3,15 +3,20 @@
 //!
 //! Each execution forwards the caller's message (the upstream's own task and
 //! context ids on a continuation, the gateway's context id on a new task),
-//! then follows the upstream task until it is terminal or interrupted: over
+//! then follows the upstream task until it is terminal or INPUT_REQUIRED: over
 //! the stream when the card declares `capabilities.streaming`, else by
 //! `returnImmediately` and GetTask polls with exponential backoff. What it
 //! learns becomes [`AgentEvent`]s: the upstream ids once (`Bound`), then only
 //! what changed since the last report, so polling adds no duplicate events.
+//! A message a caller adds meanwhile ([`FollowUp`]) is forwarded by the
+//! execution that follows, with SendMessage and `returnImmediately`: a
+//! second stream of the same task would report its artifact chunks twice.
 
 use super::client::{UpstreamClient, UpstreamStream};
 use super::{UpstreamConfigError, UpstreamSettings};
-use crate::agents::{Agent, AgentError, AgentEvent, AgentEvents, AgentRequest, UpstreamRef};
+use crate::agents::{
+    Agent, AgentError, AgentEvent, AgentEvents, AgentRequest, FollowUp, UpstreamRef,
+};
 use crate::netguard::OutboundPolicy;
 use crate::protocol::{
     AgentCard, Artifact, CancelTaskRequest, GetTaskRequest, Message, ProtoEnum as _,
@@ -21,6 +26,7 @@ use crate::protocol::{
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 /// An A2A 1.0 agent reached over JSON-RPC.
@@ -107,7 +113,24 @@ impl RemoteAgent {
         mut stream: UpstreamStream,
     ) -> Result<Flow, AgentError> {
         loop {
-            match stream.next().await {
+            let next = tokio::select! {
+                next = stream.next() => next,
+                Some(follow_up) = next_follow_up(&mut follower.follow_ups), if follower.bound.is_some() => {
+                    if self.forward(follower, follow_up).await? == Flow::Done {
+                        return Ok(Flow::Done);
+                    }
+                    continue;
+                }
+            };
+            match next {
+                // A question the stream brings after a follow-up went may be
+                // older than the follow-up, which the agent may have taken as
+                // the answer: the polls ask the agent.
+                Some(Ok(event))
+                    if follower.forwarded && event.state() == Some(TaskState::InputRequired) =>
+                {
+                    return Ok(Flow::Continue);
+                }
                 Some(Ok(event)) => {
                     if follower.on_event(event).await? == Flow::Done {
                         return Ok(Flow::Done);
@@ -150,7 +173,28 @@ impl RemoteAgent {
         let mut delay = first_delay;
         let mut outage_since: Option<Instant> = None;
         loop {
-            tokio::time::sleep(delay).await;
+            let sleep = tokio::time::sleep(delay);
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    () = &mut sleep => break,
+                    Some(follow_up) = next_follow_up(&mut follower.follow_ups) => {
+                        let flow = if self.streams() {
+                            self.forward_streaming(follower, follow_up).await?
+                        } else {
+                            self.forward(follower, follow_up).await?
+                        };
+                        if flow == Flow::Done {
+                            return Ok(());
+                        }
+                        // What the agent makes of it, soon.
+                        delay = settings.poll_initial;
+                        sleep.as_mut().reset(tokio::time::Instant::now() + delay);
+                    }
+                }
+            }
+            // A snapshot asked for after a follow-up is the agent's own word.
+            follower.forwarded = false;
             let reported = follower.reported;
             let request = GetTaskRequest {
                 id: task_id.clone(),
@@ -185,6 +229,96 @@ impl RemoteAgent {
     }
 }
 
+impl RemoteAgent {
+    /// Sends the agent a follow-up to the task being followed and tells its
+    /// sender whether the agent took it. What the agent makes of it comes
+    /// with the task's events; a message it answers with is one of them.
+    async fn forward(
+        &self,
+        follower: &mut Follower,
+        follow_up: FollowUp,
+    ) -> Result<Flow, AgentError> {
+        let (send, taken) = follow_up_request(follow_up, follower.bound.as_ref(), true);
+        match self.client.send_message(send).await {
+            Ok(answer) => {
+                follower.forwarded = true;
+                follower.answered();
+                let _ = taken.send(Ok(()));
+                match answer {
+                    SendMessageResponse::Message(message) => {
+                        follower.on_event(StreamResponse::Message(message)).await
+                    }
+                    SendMessageResponse::Task(_) => Ok(Flow::Continue),
+                }
+            }
+            // Refused, the follow-up is its sender's error; the task goes on.
+            Err(err) => {
+                let _ = taken.send(Err(err));
+                Ok(Flow::Continue)
+            }
+        }
+    }
+
+    /// Sends a follow-up over SendStreamingMessage and follows the stream it
+    /// opens: used once the task's stream is gone (the polls follow it), so
+    /// this one is again the task's only feed.
+    async fn forward_streaming(
+        &self,
+        follower: &mut Follower,
+        follow_up: FollowUp,
+    ) -> Result<Flow, AgentError> {
+        let (send, taken) = follow_up_request(follow_up, follower.bound.as_ref(), false);
+        match self.client.send_streaming_message(send).await {
+            Ok(stream) => {
+                follower.answered();
+                let _ = taken.send(Ok(()));
+                // Its events all come after the agent took the message.
+                follower.forwarded = false;
+                self.follow_stream(follower, stream).await
+            }
+            Err(err) => {
+                let _ = taken.send(Err(err));
+                Ok(Flow::Continue)
+            }
+        }
+    }
+}
+
+/// The send that forwards `follow_up` to the agent's task `bound`, and where
+/// its sender waits for the agent's answer.
+fn follow_up_request(
+    follow_up: FollowUp,
+    bound: Option<&UpstreamRef>,
+    return_immediately: bool,
+) -> (SendMessageRequest, oneshot::Sender<Result<(), AgentError>>) {
+    let FollowUp {
+        message,
+        accepted_output_modes,
+        taken,
+    } = follow_up;
+    let send = SendMessageRequest {
+        message: Some(outgoing(message, bound, "")),
+        configuration: Some(SendMessageConfiguration {
+            accepted_output_modes,
+            return_immediately,
+            ..SendMessageConfiguration::default()
+        }),
+        ..SendMessageRequest::default()
+    };
+    (send, taken)
+}
+
+/// The next follow-up to forward; never, once no sender is left.
+async fn next_follow_up(follow_ups: &mut Option<mpsc::Receiver<FollowUp>>) -> Option<FollowUp> {
+    match follow_ups {
+        Some(receiver) => match receiver.recv().await {
+            Some(follow_up) => Some(follow_up),
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
 fn backoff(delay: Duration, max: Duration) -> Duration {
     (delay * 2).clamp(Duration::from_millis(1), max.max(Duration::from_millis(1)))
 }
@@ -214,6 +348,10 @@ impl Agent for RemoteAgent {
     }
 
     fn creates_remote_tasks(&self) -> bool {
+        true
+    }
+
+    fn takes_follow_ups(&self) -> bool {
         true
     }
 
@@ -336,11 +474,17 @@ struct Follower {
     artifacts: HashMap<String, Artifact>,
     /// How many events were reported, to tell a poll that changed something.
     reported: u64,
+    /// Messages added to the task meanwhile, to forward.
+    follow_ups: Option<mpsc::Receiver<FollowUp>>,
+    /// A follow-up went since the agent's last snapshot was asked for.
+    forwarded: bool,
 }
 
 impl Follower {
-    fn new(events: AgentEvents) -> Self {
+    fn new(mut events: AgentEvents) -> Self {
         Self {
+            follow_ups: events.take_follow_ups(),
+            forwarded: false,
             events,
             bound: None,
             status: None,
@@ -357,6 +501,14 @@ impl Follower {
             .iter()
             .map(|a| (a.artifact_id.clone(), a.clone()))
             .collect();
+    }
+
+    /// The agent took a follow-up: one answering AUTH_REQUIRED makes the
+    /// gateway task WORKING, so the agent asking again is a change to report.
+    fn answered(&mut self) {
+        if let Some((state @ TaskState::AuthRequired, _)) = &mut self.status {
+            *state = TaskState::Working;
+        }
     }
 
     /// Reports one event; `Done` when the gateway no longer listens.
@@ -442,9 +594,10 @@ impl Follower {
         if self.bind(&task.id, &task.context_id).await? == Flow::Done {
             return Ok(Flow::Done);
         }
-        // A settled snapshot is the last this follower compares with (a
-        // blocking call's only answer): its artifacts need not be kept.
-        let last = task.status.state.is_settled();
+        // A snapshot that ends the following is the last this follower
+        // compares with (a blocking call's only answer): its artifacts need
+        // not be kept.
+        let last = ends_following(task.status.state);
         for artifact in task.artifacts {
             if self.artifacts.get(&artifact.artifact_id) == Some(&artifact) {
                 continue;
@@ -467,7 +620,7 @@ impl Follower {
 
     async fn on_status(&mut self, status: TaskStatus) -> Result<Flow, AgentError> {
         let key = status_key(&status);
-        let settled = status.state.is_settled();
+        let settled = ends_following(status.state);
         if self.status.as_ref() != Some(&key) {
             self.status = Some(key);
             // Never SUBMITTED: a new gateway task starts there anyway, and a
@@ -484,6 +637,14 @@ impl Follower {
         }
         Ok(if settled { Flow::Done } else { Flow::Continue })
     }
+}
+
+/// Whether the agent's task in `state` is followed no further: terminal, or
+/// waiting for input that only a message brings. At AUTH_REQUIRED the agent
+/// may go on once it gets a credential out of band (A2A §7.6.1), so it is
+/// followed on, until the task's deadline at the latest.
+fn ends_following(state: TaskState) -> bool {
+    state.is_terminal() || state == TaskState::InputRequired
 }
 
 fn status_key(status: &TaskStatus) -> StatusKey {

@@ -471,6 +471,8 @@ impl Driver {
         let turn_started = std::time::Instant::now();
         let mut acked = false;
         let returns = self.returns_to_source().await;
+        // Whether the task has result schemas, once a write of this turn saw.
+        let mut checks_results: Option<bool> = None;
         loop {
             let event = tokio::select! {
                 // An answer already queued counts before any timer.
@@ -630,6 +632,20 @@ impl Driver {
             let result = if self.created {
                 let now = Utc::now();
                 let limits = self.gateway.settings.task_limits();
+                let report = Report {
+                    acked_now: handoff && first_answer,
+                    returning,
+                };
+                // A completion's result is checked against the task's schemas
+                // before the ledger's lock, which every task's writes share;
+                // under it only if the task changed meanwhile.
+                let completes = stream_events
+                    .iter()
+                    .any(|e| e.state() == Some(TaskState::Completed));
+                let prepared = (completes && !returning && checks_results != Some(false))
+                    .then(|| self.check_results_ahead(report, &stream_events))
+                    .flatten();
+                let mut has_schemas = false;
                 let written = self
                     .gateway
                     .ledger
@@ -637,38 +653,16 @@ impl Driver {
                         if bound.is_some() {
                             record.upstream = bound.clone();
                         }
-                        let mut stream_events = stream_events;
-                        let mut past_submitted = record.task.status.state != TaskState::Submitted;
-                        // A handoff's target acknowledged: the task is WORKING (§3.4).
-                        if handoff && first_answer && !past_submitted {
-                            let working = status_update(
-                                &record.task.id,
-                                &record.task.context_id,
-                                TaskState::Working,
-                                None,
-                            );
-                            stream_events.insert(0, working);
-                            past_submitted = true;
-                        }
-                        // An agent picking a handed-on task up starts it over at
-                        // its end; the gateway task is past SUBMITTED already.
-                        if past_submitted {
-                            stream_events.retain(|e| e.state() != Some(TaskState::Submitted));
-                        }
-                        if !returning {
-                            for (schema, mark) in record.result_schemas() {
-                                enforce_return_schema(
-                                    &record.task,
-                                    schema,
-                                    mark,
-                                    &mut stream_events,
-                                );
-                            }
-                        }
+                        has_schemas = record.result_schemas().next().is_some();
+                        let stream_events = match prepared {
+                            Some((seq, prepared)) if seq == record.last_seq => prepared,
+                            _ => report.prepare(record, stream_events),
+                        };
                         note_hop(record, &stream_events, first_answer, now);
                         Ok::<_, ReportError>(stream_events)
                     })
                     .await;
+                checks_results = Some(has_schemas);
                 match written {
                     Err(ReportError::PastLimit(exceeded)) => {
                         execution.abort();
@@ -1109,6 +1103,58 @@ impl Driver {
                 .clone()
                 .expire_at_deadline(self.task_id.clone(), deadline);
         }
+    }
+}
+
+/// How an agent's report is written into its task.
+#[derive(Clone, Copy)]
+struct Report {
+    /// A handoff's target answers for the first time.
+    acked_now: bool,
+    /// A transfer's target completes: the result goes back to the source,
+    /// unchecked here.
+    returning: bool,
+}
+
+impl Report {
+    /// `events` as they go into `record`: a handoff's target acknowledged
+    /// makes it WORKING, a restart at SUBMITTED is left out, and a
+    /// completion whose result fails the task's schemas is a failure.
+    fn prepare(self, record: &TaskRecord, mut events: Vec<StreamResponse>) -> Vec<StreamResponse> {
+        let mut past_submitted = record.task.status.state != TaskState::Submitted;
+        // A handoff's target acknowledged: the task is WORKING (§3.4).
+        if self.acked_now && !past_submitted {
+            let (task_id, context_id) = (&record.task.id, &record.task.context_id);
+            let working = status_update(task_id, context_id, TaskState::Working, None);
+            events.insert(0, working);
+            past_submitted = true;
+        }
+        // An agent picking a handed-on task up starts it over at its end;
+        // the gateway task is past SUBMITTED already.
+        if past_submitted {
+            events.retain(|e| e.state() != Some(TaskState::Submitted));
+        }
+        if !self.returning {
+            for (schema, mark) in record.result_schemas() {
+                enforce_return_schema(&record.task, schema, mark, &mut events);
+            }
+        }
+        events
+    }
+}
+
+impl Driver {
+    /// `events` prepared against the task as it is now, when it has result
+    /// schemas to check them by: with the event the check saw last, so the
+    /// write can tell whether the task changed since.
+    fn check_results_ahead(
+        &self,
+        report: Report,
+        events: &[StreamResponse],
+    ) -> Option<(u64, Vec<StreamResponse>)> {
+        let record = self.gateway.ledger.get_shared(&self.task_id).ok()??;
+        record.result_schemas().next()?;
+        Some((record.last_seq, report.prepare(&record, events.to_vec())))
     }
 }
 

@@ -1395,6 +1395,9 @@ enum AtAuth {
     /// Ends its stream; a message to the task is not enough, and it asks
     /// again on the stream the message opens.
     AsksAgain,
+    /// Ends its stream; a message to the task is refused with an error, the
+    /// first event of the stream the message opens.
+    RefusesInItsStream,
 }
 
 /// An agent that puts its one task, `up-1`, at AUTH_REQUIRED and then does
@@ -1439,6 +1442,12 @@ async fn auth_agent(at_auth: AtAuth) -> (String, Arc<Mutex<Vec<String>>>) {
                         held.lock().unwrap()["status"]["state"] = json!("TASK_STATE_AUTH_REQUIRED");
                         events.push((100, json!({"task": done})));
                     }
+                }
+                (_, true) if at_auth == AtAuth::RefusesInItsStream => {
+                    let error = json!({"code": -32602, "message": "that is no credential"});
+                    let frame = json!({"jsonrpc": "2.0", "id": id, "error": error});
+                    let sse = [(header::CONTENT_TYPE, "text/event-stream")];
+                    return (sse, format!("data: {frame}\n\n")).into_response();
                 }
                 (_, true) if at_auth == AtAuth::AsksAgain => {
                     let task = held.lock().unwrap().clone();
@@ -1536,5 +1545,52 @@ async fn an_agent_asking_again_after_a_message_to_its_auth_required_task_is_hear
         "{task}"
     );
     assert_eq!(task["history"].as_array().unwrap().len(), 2);
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_message_refused_in_the_stream_it_opens_is_its_senders_error_and_the_task_goes_on() {
+    let (url, _) = auth_agent(AtAuth::RefusesInItsStream).await;
+    let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
+    let first = gateway
+        .send_text(&message_id("m"), "start", json!({}))
+        .await;
+    let task_id = first["task"]["id"].as_str().unwrap().to_string();
+    let answer = user_message_on(&task_id, &message_id("cred"), "not one");
+    let reply = gateway
+        .call("SendMessage", json!({"message": answer}))
+        .await;
+    assert_eq!(reply.code(), Some(-32602), "{:?}", reply.body);
+    let record = gateway.gateway.ledger().get(&task_id).unwrap().unwrap();
+    assert_eq!(record.task.status.state, TaskState::AuthRequired);
+    assert_eq!(
+        record.task.history.len(),
+        1,
+        "the refused message is not the task's"
+    );
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_follow_up_the_task_could_not_record_never_reaches_the_agent() {
+    let (url, seen) = chunking_agent(OnFollowUp::Chunk).await;
+    let gateway = baton()
+        .agent("remote", remote(card_at(&url, true), fast_upstream()))
+        .default_agent("remote")
+        .tune(|settings| settings.max_task_bytes = 16 * 1024)
+        .start()
+        .await;
+    let task_id = working_task_with_a_chunk(&gateway).await;
+    let long = "x".repeat(20 * 1024);
+    let more = user_message_on(&task_id, &message_id("more"), &long);
+    let reply = gateway.call("SendMessage", json!({"message": more})).await;
+    assert_eq!(reply.code(), Some(-32602), "{:?}", reply.body);
+    let methods: Vec<Value> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r["method"].clone())
+        .collect();
+    assert_eq!(methods, ["SendStreamingMessage"], "the agent never got it");
     gateway.stop().await;
 }

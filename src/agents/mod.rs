@@ -8,7 +8,7 @@
 pub mod echo;
 pub mod scenario;
 
-use crate::protocol::{AgentCard, Artifact, Message, Task, TaskState};
+use crate::protocol::{AgentCard, Artifact, Message, Task, TaskState, TaskStatus};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -101,6 +101,11 @@ pub struct FollowUp {
     pub message: Message,
     /// Media types its caller accepts.
     pub accepted_output_modes: Vec<String>,
+    /// The AUTH_REQUIRED status the message answers, as the gateway held
+    /// it: the gateway makes the task WORKING if it still holds that status
+    /// when the agent took the message, and the execution takes the task as
+    /// WORKING if it last reported that status.
+    pub answers: Option<TaskStatus>,
     /// The agent's answer: `Ok` once it took the message.
     pub taken: oneshot::Sender<Result<(), AgentError>>,
 }

@@ -84,6 +84,18 @@ struct Started<W> {
     driver_done: watch::Receiver<bool>,
 }
 
+/// What became of a message handed to the execution following its task.
+enum Handed {
+    /// None follows the task: a new execution takes the message.
+    NoFollower,
+    /// The one that did ended before the agent took the message.
+    FollowerGone,
+    /// The agent took it; the task right after it went into its history.
+    Taken(Arc<TaskRecord>),
+    /// The agent or the task's limits refused it.
+    Refused(GatewayError),
+}
+
 /// A start run in a task of its own that panicked or was cancelled.
 fn start_failed(err: tokio::task::JoinError) -> GatewayError {
     GatewayError::Internal(format!("starting the send failed: {err}"))
@@ -611,7 +623,7 @@ impl Gateway {
         finish(violations)?;
 
         // A continuation stays with the agent that holds the task.
-        let continued = if message.task_id.is_empty() {
+        let mut continued = if message.task_id.is_empty() {
             None
         } else {
             Some(self.owned_task(ctx, &message.task_id)?)
@@ -869,18 +881,39 @@ impl Gateway {
         }
 
         let watcher = watch(self.ledger.hub(), &task_id);
-        if let Some(record) = &continued
-            && let Some(followed_up) = self
-                .hand_to_follower(record, &message, &config.accepted_output_modes)
-                .await
-        {
-            return match followed_up {
-                Ok(record) => Ok(Begun::FollowedUp(record, watcher)),
+        if let Some(record) = &continued {
+            let modes = &config.accepted_output_modes;
+            let handed = match self.hand_to_follower(record, &message, modes).await {
+                Handed::NoFollower => Ok(None),
+                Handed::Taken(record) => Ok(Some(record)),
+                Handed::Refused(err) => Err(err),
+                // It ended meanwhile (the task settled, or moved on): the
+                // message goes on from the task as it is now.
+                Handed::FollowerGone => match self.ledger.get_shared(&task_id) {
+                    Ok(Some(now)) if now.task.status.state.is_terminal() => {
+                        Err(GatewayError::UnsupportedOperation(format!(
+                            "task {task_id} is in terminal state {} and accepts no more messages",
+                            now.task.status.state.proto_name()
+                        )))
+                    }
+                    // Read again, so that a message that now answers a
+                    // question is taken as the answer (`Driver::resume`).
+                    Ok(Some(now)) if now.same_holder(record) => {
+                        continued = Some(now);
+                        Ok(None)
+                    }
+                    Ok(_) => Ok(None),
+                    Err(err) => Err(err.into()),
+                },
+            };
+            match handed {
+                Ok(Some(record)) => return Ok(Begun::FollowedUp(record, watcher)),
+                Ok(None) => {}
                 Err(err) => {
                     self.release_claim(ctx).await;
-                    Err(err)
+                    return Err(err);
                 }
-            };
+            }
         }
         let (first_tx, first) = oneshot::channel();
         let (done_tx, driver_done) = watch::channel(false);
@@ -959,25 +992,24 @@ impl Gateway {
         record: &TaskRecord,
         message: &Message,
         accepted_output_modes: &[String],
-    ) -> Option<Result<Arc<TaskRecord>, GatewayError>> {
+    ) -> Handed {
         let state = record.task.status.state;
         if state != TaskState::Working && state != TaskState::AuthRequired {
-            return None;
+            return Handed::NoFollower;
         }
-        let follower = self.follower_of(&record.task.id, &record.agent)?;
+        let Some(follower) = self.follower_of(&record.task.id, &record.agent) else {
+            return Handed::NoFollower;
+        };
         // The agent is sent nothing the task could not record.
-        let limit = self.settings.max_task_events;
-        if record.last_seq >= limit {
-            let err = LedgerError::TooManyEvents {
-                events: record.last_seq,
-                limit,
-            };
-            return Some(Err(continuation_refused(&record.task.id, err)));
+        if let Err(err) = self.fits_one_more(record, message) {
+            return Handed::Refused(continuation_refused(&record.task.id, err));
         }
         let (taken_tx, taken) = oneshot::channel();
+        let asked = (state == TaskState::AuthRequired).then(|| record.task.status.clone());
         let follow_up = FollowUp {
             message: message.clone(),
             accepted_output_modes: accepted_output_modes.to_vec(),
+            answers: asked.clone(),
             taken: taken_tx,
         };
         // On a task of its own: once the agent took the message, the task
@@ -985,35 +1017,61 @@ impl Gateway {
         let gateway = self.clone();
         let (task_id, agent) = (record.task.id.clone(), record.agent.clone());
         let message = message.clone();
-        let asked = (state == TaskState::AuthRequired).then_some(record.last_seq);
         let handed = tokio::spawn(async move {
-            follower.send(follow_up).await.ok()?;
-            Some(match taken.await.ok()? {
-                Ok(()) => gateway.record_follow_up(&task_id, message, asked).await,
-                Err(err) => Err(GatewayError::from(err).about_agent(&agent)),
-            })
+            if follower.send(follow_up).await.is_err() {
+                return Handed::FollowerGone;
+            }
+            match taken.await {
+                Err(_) => Handed::FollowerGone,
+                Ok(Ok(())) => match gateway.record_follow_up(&task_id, message, asked).await {
+                    Ok(record) => Handed::Taken(record),
+                    Err(err) => Handed::Refused(err),
+                },
+                Ok(Err(err)) => Handed::Refused(GatewayError::from(err).about_agent(&agent)),
+            }
         });
         handed
             .await
-            .unwrap_or_else(|err| Some(Err(start_failed(err))))
+            .unwrap_or_else(|err| Handed::Refused(start_failed(err)))
+    }
+
+    /// Whether `record` can take `message` and one event more within the
+    /// task's limits; its size is estimated by encoding it.
+    fn fits_one_more(&self, record: &TaskRecord, message: &Message) -> Result<(), LedgerError> {
+        let limits = self.settings.task_limits();
+        if record.last_seq >= limits.max_events {
+            let (events, limit) = (record.last_seq, limits.max_events);
+            return Err(LedgerError::TooManyEvents { events, limit });
+        }
+        let bytes = serde_json::to_vec(record).map_or(0, |json| json.len())
+            + serde_json::to_vec(message).map_or(0, |json| json.len());
+        if bytes > limits.max_bytes {
+            let limit = limits.max_bytes;
+            return Err(LedgerError::RecordTooLarge { bytes, limit });
+        }
+        Ok(())
     }
 
     /// Adds a follow-up the agent took to its task's history. One that
-    /// answers the AUTH_REQUIRED of event `asked` makes the task WORKING
-    /// again, as an answer does, unless the agent reported since: what it
-    /// reported is newer.
+    /// answers the AUTH_REQUIRED status `asked` makes the task WORKING
+    /// again, as an answer does, if the task still holds that status: the
+    /// execution following the task decides alike (`FollowUp::answers`).
     async fn record_follow_up(
         &self,
         task_id: &str,
         message: Message,
-        asked: Option<u64>,
+        asked: Option<TaskStatus>,
     ) -> Result<Arc<TaskRecord>, GatewayError> {
         let limits = self.settings.task_limits();
+        let message_id =
+            |status: &TaskStatus| status.message.as_ref().map(|m| m.message_id.clone());
         self.ledger
             .update_within(task_id, limits, |current| {
                 current.task.history.push(message);
-                let answered = asked == Some(current.last_seq)
-                    && current.task.status.state == TaskState::AuthRequired;
+                let now = &current.task.status;
+                let answered = asked.as_ref().is_some_and(|asked| {
+                    now.state == TaskState::AuthRequired && message_id(now) == message_id(asked)
+                });
                 let working = answered.then(|| {
                     let (task_id, context_id) = (&current.task.id, &current.task.context_id);
                     status_update(task_id, context_id, TaskState::Working, None)

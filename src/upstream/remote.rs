@@ -238,11 +238,12 @@ impl RemoteAgent {
         follower: &mut Follower,
         follow_up: FollowUp,
     ) -> Result<Flow, AgentError> {
+        let asked = follow_up.answers.clone();
         let (send, taken) = follow_up_request(follow_up, follower.bound.as_ref(), true);
         match self.client.send_message(send).await {
             Ok(answer) => {
                 follower.forwarded = true;
-                follower.answered();
+                follower.answered(asked.as_ref());
                 let _ = taken.send(Ok(()));
                 match answer {
                     SendMessageResponse::Message(message) => {
@@ -267,20 +268,37 @@ impl RemoteAgent {
         follower: &mut Follower,
         follow_up: FollowUp,
     ) -> Result<Flow, AgentError> {
+        let asked = follow_up.answers.clone();
         let (send, taken) = follow_up_request(follow_up, follower.bound.as_ref(), false);
-        match self.client.send_streaming_message(send).await {
-            Ok(stream) => {
-                follower.answered();
-                let _ = taken.send(Ok(()));
-                // Its events all come after the agent took the message.
-                follower.forwarded = false;
-                self.follow_stream(follower, stream).await
-            }
+        let mut stream = match self.client.send_streaming_message(send).await {
+            Ok(stream) => stream,
             Err(err) => {
                 let _ = taken.send(Err(err));
-                Ok(Flow::Continue)
+                return Ok(Flow::Continue);
             }
+        };
+        // The agent took the message once its stream says anything but an
+        // error: a refusal may come as the stream's first event too.
+        let first = match stream.next().await {
+            Some(Ok(first)) => first,
+            Some(Err(err)) => {
+                let _ = taken.send(Err(err));
+                return Ok(Flow::Continue);
+            }
+            None => {
+                let ended = "the stream ended before the agent answered";
+                let _ = taken.send(Err(AgentError::InvalidResponse(ended.into())));
+                return Ok(Flow::Continue);
+            }
+        };
+        follower.answered(asked.as_ref());
+        let _ = taken.send(Ok(()));
+        // Its events all come after the agent took the message.
+        follower.forwarded = false;
+        if follower.on_event(first).await? == Flow::Done {
+            return Ok(Flow::Done);
         }
+        self.follow_stream(follower, stream).await
     }
 }
 
@@ -294,6 +312,7 @@ fn follow_up_request(
     let FollowUp {
         message,
         accepted_output_modes,
+        answers: _,
         taken,
     } = follow_up;
     let send = SendMessageRequest {
@@ -503,11 +522,15 @@ impl Follower {
             .collect();
     }
 
-    /// The agent took a follow-up: one answering AUTH_REQUIRED makes the
-    /// gateway task WORKING, so the agent asking again is a change to report.
-    fn answered(&mut self) {
-        if let Some((state @ TaskState::AuthRequired, _)) = &mut self.status {
-            *state = TaskState::Working;
+    /// The agent took a follow-up answering the AUTH_REQUIRED status
+    /// `asked`: if that is what this execution last reported, the gateway
+    /// makes the task WORKING (it decides alike), so the agent asking again
+    /// is a change to report.
+    fn answered(&mut self, asked: Option<&TaskStatus>) {
+        if let Some(asked) = asked
+            && self.status.as_ref() == Some(&status_key(asked))
+        {
+            self.status = Some((TaskState::Working, None));
         }
     }
 

@@ -213,7 +213,7 @@ impl RemoteAgent {
                     delay = if follower.reported != reported {
                         settings.poll_initial
                     } else {
-                        backoff(delay, settings.poll_max)
+                        backoff(delay, poll_cap(follower.state(), settings.poll_max))
                     };
                 }
                 Err(err @ (AgentError::Unreachable(_) | AgentError::Timeout(_)))
@@ -337,6 +337,19 @@ async fn next_follow_up(follow_ups: &mut Option<mpsc::Receiver<FollowUp>>) -> Op
         None => std::future::pending().await,
     }
 }
+
+/// How far polls of a task in `state` back off. A task waiting for a
+/// credential waits for a person, mostly: its polls back off further.
+fn poll_cap(state: Option<TaskState>, poll_max: Duration) -> Duration {
+    if state == Some(TaskState::AuthRequired) {
+        poll_max * AUTH_POLL_FACTOR
+    } else {
+        poll_max
+    }
+}
+
+/// How many times `poll_max` apart an AUTH_REQUIRED task is polled at most.
+const AUTH_POLL_FACTOR: u32 = 10;
 
 fn backoff(delay: Duration, max: Duration) -> Duration {
     (delay * 2).clamp(Duration::from_millis(1), max.max(Duration::from_millis(1)))
@@ -532,6 +545,11 @@ impl Follower {
         {
             self.status = Some((TaskState::Working, None));
         }
+    }
+
+    /// The state last reported, or known.
+    fn state(&self) -> Option<TaskState> {
+        self.status.as_ref().map(|(state, _)| *state)
     }
 
     /// Reports one event; `Done` when the gateway no longer listens.
@@ -811,6 +829,14 @@ mod tests {
             follower.on_event(stray).await,
             Err(AgentError::InvalidResponse(_))
         ));
+    }
+
+    #[test]
+    fn a_task_waiting_for_a_credential_is_polled_less_often() {
+        let max = Duration::from_secs(2);
+        assert_eq!(poll_cap(Some(TaskState::Working), max), max);
+        assert_eq!(poll_cap(None, max), max);
+        assert_eq!(poll_cap(Some(TaskState::AuthRequired), max), max * 10);
     }
 
     #[test]

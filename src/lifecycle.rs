@@ -28,6 +28,10 @@ pub enum TransitionError {
          send more once it asks again"
     )]
     AnsweredMeanwhile(TaskState),
+    /// A message for the agent that held the task, which was handed on
+    /// meanwhile: it would reach an agent that no longer holds it.
+    #[error("the task was handed on to agent {0:?} meanwhile; send the message again")]
+    HandedOnMeanwhile(String),
 }
 
 /// Checks one state change.

@@ -1445,15 +1445,24 @@ async fn auth_agent(at_auth: AtAuth) -> (String, Arc<Mutex<Vec<String>>>) {
                 }
                 (_, true) if at_auth == AtAuth::RefusesInItsStream => {
                     let error = json!({"code": -32602, "message": "that is no credential"});
+                    if method == "SendMessage" {
+                        return rpc_answer(&id, "error", error);
+                    }
                     let frame = json!({"jsonrpc": "2.0", "id": id, "error": error});
                     let sse = [(header::CONTENT_TYPE, "text/event-stream")];
                     return (sse, format!("data: {frame}\n\n")).into_response();
                 }
-                (_, true) if at_auth == AtAuth::AsksAgain => {
-                    let task = held.lock().unwrap().clone();
+                (_, true) => {
+                    let task = if at_auth == AtAuth::AsksAgain {
+                        held.lock().unwrap().clone()
+                    } else {
+                        complete()
+                    };
+                    if method == "SendMessage" {
+                        return rpc_answer(&id, "result", json!({"task": task}));
+                    }
                     events.push((0, json!({"task": task})));
                 }
-                (_, true) => events.push((0, json!({"task": complete()}))),
                 _ => {}
             }
             let (sender, frames) = tokio::sync::mpsc::channel(4);
@@ -1474,6 +1483,19 @@ async fn auth_agent(at_auth: AtAuth) -> (String, Arc<Mutex<Vec<String>>>) {
     });
     let url = serve_on_loopback(app).await;
     (format!("{url}/a2a"), called)
+}
+
+/// Waits until the follower of an [`auth_agent`]'s task polls: its stream
+/// has ended.
+async fn polled_once_its_stream_ended(called: &Mutex<Vec<String>>) {
+    let polled = || {
+        called
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|method| method == "GetTask")
+    };
+    wait_until("a poll", polled).await;
 }
 
 #[tokio::test]
@@ -1503,6 +1525,7 @@ async fn a_message_to_a_task_at_auth_required_reopens_the_agents_ended_stream() 
         .await;
     let task_id = first["task"]["id"].as_str().unwrap().to_string();
     assert_eq!(first["task"]["status"]["state"], "TASK_STATE_AUTH_REQUIRED");
+    polled_once_its_stream_ended(&called).await;
 
     let answer = user_message_on(&task_id, &message_id("cred"), "here you are");
     let reply = gateway
@@ -1550,12 +1573,13 @@ async fn an_agent_asking_again_after_a_message_to_its_auth_required_task_is_hear
 
 #[tokio::test]
 async fn a_message_refused_in_the_stream_it_opens_is_its_senders_error_and_the_task_goes_on() {
-    let (url, _) = auth_agent(AtAuth::RefusesInItsStream).await;
+    let (url, called) = auth_agent(AtAuth::RefusesInItsStream).await;
     let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
     let first = gateway
         .send_text(&message_id("m"), "start", json!({}))
         .await;
     let task_id = first["task"]["id"].as_str().unwrap().to_string();
+    polled_once_its_stream_ended(&called).await;
     let answer = user_message_on(&task_id, &message_id("cred"), "not one");
     let reply = gateway
         .call("SendMessage", json!({"message": answer}))

@@ -421,6 +421,11 @@ impl Driver {
                     let (events, limit) = (current.last_seq, limits.max_events);
                     return Err(LedgerError::TooManyEvents { events, limit });
                 }
+                // The task moved on to another agent (a transfer) since the
+                // send read it: the message was meant for the one before.
+                if !current.same_holder(record) {
+                    return Err(TransitionError::HandedOnMeanwhile(current.agent.clone()).into());
+                }
                 // Another answer to the same question came first: this one
                 // would start a second turn of the agent on one task.
                 let now = current.task.status.state;

@@ -16,6 +16,7 @@ use crate::handoff::payload::{
 };
 use crate::handoff::reasons::{self, status_part};
 use crate::handoff::routing::{RouteInput, Routed, declares_skill};
+use crate::lifecycle::TransitionError;
 use crate::protocol::*;
 use crate::registry::AgentEntry;
 use crate::store::hub::EventHub;
@@ -902,7 +903,11 @@ impl Gateway {
                         continued = Some(now);
                         Ok(None)
                     }
-                    Ok(_) => Ok(None),
+                    Ok(Some(now)) => {
+                        let moved = TransitionError::HandedOnMeanwhile(now.agent.clone());
+                        Err(LedgerError::from(moved).into())
+                    }
+                    Ok(None) => Ok(None),
                     Err(err) => Err(err.into()),
                 },
             };

@@ -2391,3 +2391,65 @@ async fn transfer_past_a_limit_fails_the_task(at_once: bool, limit: TaskLimit) {
     assert_eq!(record.agent, "triage", "no transfer");
     gateway.stop().await;
 }
+
+/// A transfer's target asked a question under its own shorter deadline; once
+/// its result went back, the source's own deadline holds again, also for a
+/// question the source asks after that target's deadline passed.
+#[tokio::test]
+async fn a_targets_shorter_deadline_does_not_fail_its_source_after_the_return() {
+    let gateway = baton().start().await;
+    let triage = VendorAgent::start("triage", &["triage"], |turn| {
+        if turn.task_id.is_none() {
+            return Reply::Handoff {
+                payload: handoff_payload(
+                    "triage",
+                    json!({"toSkill": "refund"}),
+                    json!({"returnToParent": true}),
+                ),
+                state: TaskState::InputRequired,
+            };
+        }
+        Reply::AskInput("Anything else?".into())
+    })
+    .await
+    .unwrap();
+    let billing = VendorAgent::start("billing", &["refund"], |turn| match turn.task_id {
+        None => Reply::AskInput("Which charge?".into()),
+        Some(_) => refund(),
+    })
+    .await
+    .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(
+        &gateway,
+        "billing",
+        &billing,
+        json!({"taskTimeoutMs": 1000}),
+    )
+    .await;
+
+    let task = send_to_triage(&gateway, "r", "refund please").await;
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{task}"
+    );
+    let id = task["id"].as_str().unwrap();
+    let answer = user_message_on(id, &message_id("a"), "the second one");
+    let task = send(&gateway, "/a2a", answer).await;
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{task}"
+    );
+    assert_eq!(artifact_names(&task), ["refund"], "{task}");
+
+    // Past billing's deadline, triage's question still waits.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let task = get_task(&gateway, id).await;
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{task}"
+    );
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}

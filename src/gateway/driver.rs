@@ -1205,6 +1205,14 @@ impl Gateway {
             if !record.task.status.state.is_interrupted() {
                 return;
             }
+            // A deadline of a transfer's target, made longer again when its
+            // result went back to its source: the task's own one holds.
+            let now_due =
+                Control::read_from(record.task.metadata.as_ref()).and_then(|c| c.deadline);
+            if let Some(later) = now_due.filter(|due| *due > deadline) {
+                self.expire_at_deadline(task_id, later);
+                return;
+            }
             // An agent deregistered since is sent no CancelTask; the task
             // still fails.
             let agent = self.agent(&record.agent);

@@ -110,12 +110,19 @@ pub struct FollowUp {
     pub taken: oneshot::Sender<Result<(), AgentError>>,
 }
 
+/// Where follow-ups to a task come in. Boxed: the channel's first block of
+/// slots is allocated with it, for every execution that may follow a task.
+pub type FollowUpReceiver = mpsc::Receiver<Box<FollowUp>>;
+
+/// Where follow-ups to a task are sent.
+pub type FollowUpSender = mpsc::Sender<Box<FollowUp>>;
+
 /// Where an agent sends its events, and where follow-ups to its task come
 /// in while it follows the task ([`Agent::takes_follow_ups`]).
 #[derive(Debug)]
 pub struct AgentEvents {
     sender: mpsc::Sender<AgentEvent>,
-    follow_ups: Option<mpsc::Receiver<FollowUp>>,
+    follow_ups: Option<FollowUpReceiver>,
 }
 
 impl AgentEvents {
@@ -127,13 +134,13 @@ impl AgentEvents {
     }
 
     /// The sink, with follow-ups to the task coming in on `follow_ups`.
-    pub fn with_follow_ups(mut self, follow_ups: mpsc::Receiver<FollowUp>) -> Self {
+    pub fn with_follow_ups(mut self, follow_ups: FollowUpReceiver) -> Self {
         self.follow_ups = Some(follow_ups);
         self
     }
 
     /// The follow-ups to the task, for the one execution that forwards them.
-    pub fn take_follow_ups(&mut self) -> Option<mpsc::Receiver<FollowUp>> {
+    pub fn take_follow_ups(&mut self) -> Option<FollowUpReceiver> {
         self.follow_ups.take()
     }
 

@@ -12,7 +12,7 @@ pub use send::{SendOutcome, SendReply};
 pub use stream::TaskEventStream;
 pub use trace::{MAX_TRACE_DEPTH, MAX_TRACE_NODES, TraceNode, TraceReport};
 
-use crate::agents::{AgentEvents, FollowUp};
+use crate::agents::{AgentEvents, FollowUpSender};
 use crate::error::GatewayError;
 use crate::protocol::*;
 use crate::push::PushDispatcher;
@@ -211,7 +211,7 @@ struct RunningTask {
     drivers: usize,
     /// The agent whose execution follows the task now, and where it takes
     /// follow-ups.
-    follower: Option<(String, mpsc::Sender<FollowUp>)>,
+    follower: Option<(String, FollowUpSender)>,
 }
 
 /// The A2A service: eleven methods over the ledger and the agents.
@@ -988,7 +988,7 @@ impl Gateway {
 
     /// Where `agent`'s execution following `task_id` takes follow-ups, if
     /// one does.
-    pub(crate) fn follower_of(&self, task_id: &str, agent: &str) -> Option<mpsc::Sender<FollowUp>> {
+    pub(crate) fn follower_of(&self, task_id: &str, agent: &str) -> Option<FollowUpSender> {
         let running = self.running.lock().expect("running lock");
         let (follower, sender) = running.get(task_id)?.follower.as_ref()?;
         (follower == agent && !sender.is_closed()).then(|| sender.clone())

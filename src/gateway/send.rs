@@ -1023,7 +1023,7 @@ impl Gateway {
         let (task_id, agent) = (record.task.id.clone(), record.agent.clone());
         let message = message.clone();
         let handed = tokio::spawn(async move {
-            if follower.send(follow_up).await.is_err() {
+            if follower.send(Box::new(follow_up)).await.is_err() {
                 return Handed::FollowerGone;
             }
             match taken.await {

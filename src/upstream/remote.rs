@@ -15,7 +15,8 @@
 use super::client::{UpstreamClient, UpstreamStream};
 use super::{UpstreamConfigError, UpstreamSettings};
 use crate::agents::{
-    Agent, AgentError, AgentEvent, AgentEvents, AgentRequest, FollowUp, UpstreamRef,
+    Agent, AgentError, AgentEvent, AgentEvents, AgentRequest, FollowUp, FollowUpReceiver,
+    UpstreamRef,
 };
 use crate::netguard::OutboundPolicy;
 use crate::protocol::{
@@ -26,7 +27,7 @@ use crate::protocol::{
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 /// An A2A 1.0 agent reached over JSON-RPC.
@@ -236,7 +237,7 @@ impl RemoteAgent {
     async fn forward(
         &self,
         follower: &mut Follower,
-        follow_up: FollowUp,
+        follow_up: Box<FollowUp>,
     ) -> Result<Flow, AgentError> {
         let asked = follow_up.answers.clone();
         let (send, taken) = follow_up_request(follow_up, follower.bound.as_ref(), true);
@@ -266,7 +267,7 @@ impl RemoteAgent {
     async fn forward_streaming(
         &self,
         follower: &mut Follower,
-        follow_up: FollowUp,
+        follow_up: Box<FollowUp>,
     ) -> Result<Flow, AgentError> {
         let asked = follow_up.answers.clone();
         let (send, taken) = follow_up_request(follow_up, follower.bound.as_ref(), false);
@@ -305,7 +306,7 @@ impl RemoteAgent {
 /// The send that forwards `follow_up` to the agent's task `bound`, and where
 /// its sender waits for the agent's answer.
 fn follow_up_request(
-    follow_up: FollowUp,
+    follow_up: Box<FollowUp>,
     bound: Option<&UpstreamRef>,
     return_immediately: bool,
 ) -> (SendMessageRequest, oneshot::Sender<Result<(), AgentError>>) {
@@ -314,7 +315,7 @@ fn follow_up_request(
         accepted_output_modes,
         answers: _,
         taken,
-    } = follow_up;
+    } = *follow_up;
     let send = SendMessageRequest {
         message: Some(outgoing(message, bound, "")),
         configuration: Some(SendMessageConfiguration {
@@ -328,7 +329,7 @@ fn follow_up_request(
 }
 
 /// The next follow-up to forward; never, once no sender is left.
-async fn next_follow_up(follow_ups: &mut Option<mpsc::Receiver<FollowUp>>) -> Option<FollowUp> {
+async fn next_follow_up(follow_ups: &mut Option<FollowUpReceiver>) -> Option<Box<FollowUp>> {
     match follow_ups {
         Some(receiver) => match receiver.recv().await {
             Some(follow_up) => Some(follow_up),
@@ -507,7 +508,7 @@ struct Follower {
     /// How many events were reported, to tell a poll that changed something.
     reported: u64,
     /// Messages added to the task meanwhile, to forward.
-    follow_ups: Option<mpsc::Receiver<FollowUp>>,
+    follow_ups: Option<FollowUpReceiver>,
     /// A follow-up went since the agent's last snapshot was asked for.
     forwarded: bool,
 }

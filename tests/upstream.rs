@@ -1618,3 +1618,64 @@ async fn a_follow_up_the_task_could_not_record_never_reaches_the_agent() {
     assert_eq!(methods, ["SendStreamingMessage"], "the agent never got it");
     gateway.stop().await;
 }
+
+/// A source agent whose one task, `up-1`, hands the work to echo for its
+/// result with the payload in an artifact, and a moment later leaves its own
+/// task INPUT_REQUIRED on the same stream; the result coming back completes
+/// it. Returns its URL and the messages it was sent.
+async fn source_pausing_after_its_payload() -> (String, Arc<Mutex<Vec<Value>>>) {
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let recorder = sent.clone();
+    let app = axum::Router::new().fallback(move |body: axum::body::Bytes| {
+        use axum::response::IntoResponse;
+        let recorder = recorder.clone();
+        async move {
+            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            recorder.lock().unwrap().push(request["params"]["message"].clone());
+            let id = request["id"].clone();
+            let task = |state: &str| {
+                json!({"task": {"id": "up-1", "contextId": "up-ctx", "status": {"state": state}}})
+            };
+            let mut events = Vec::new();
+            if request["params"]["message"]["taskId"].as_str().unwrap_or_default().is_empty() {
+                let payload = handoff_payload("remote", json!({"to": "echo"}), json!({"returnToParent": true}));
+                events.push((0, task("TASK_STATE_WORKING")));
+                events.push((0, json!({"artifactUpdate": {"taskId": "up-1", "contextId": "up-ctx",
+                    "artifact": {"artifactId": "h1", "parts": [handoff_part(payload)]}}})));
+                events.push((10, json!({"statusUpdate": {"taskId": "up-1", "contextId": "up-ctx",
+                    "status": {"state": "TASK_STATE_INPUT_REQUIRED"}}})));
+            } else {
+                events.push((0, task("TASK_STATE_COMPLETED")));
+            }
+            let (sender, frames) = tokio::sync::mpsc::channel(4);
+            tokio::spawn(async move {
+                for (delay, event) in events {
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                    let _ = sender.send(sse_frame(&id, event)).await;
+                }
+            });
+            let body =
+                axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(frames));
+            ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+        }
+    });
+    let url = serve_on_loopback(app).await;
+    (format!("{url}/a2a"), sent)
+}
+
+#[tokio::test]
+async fn a_result_returns_to_the_task_its_source_paused_just_after_handing_off() {
+    let (url, sent) = source_pausing_after_its_payload().await;
+    let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
+    let first = gateway
+        .send_text(&message_id("m"), "start", json!({}))
+        .await;
+    let task_id = first["task"]["id"].as_str().unwrap();
+    gateway
+        .wait_for_state("/a2a", task_id, "TASK_STATE_COMPLETED")
+        .await;
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    // The return leg continued the source's paused task, not a new one.
+    assert_eq!(sent[1]["taskId"], "up-1", "{}", sent[1]);
+}

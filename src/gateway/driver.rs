@@ -545,7 +545,19 @@ impl Driver {
                     metrics.acknowledged(&agent.id, turn_started.elapsed());
                 }
             }
-            if let Some(offer) = find_transfer(&batch, &agent.id) {
+            if let Some(mut offer) = find_transfer(&batch, &agent.id) {
+                // A payload in an artifact may come a moment before the
+                // status the source leaves its own task in: that decides
+                // where a returned result goes (DESIGN.md §3.3).
+                if !batch.iter().any(sets_state) {
+                    let waited = tokio::time::timeout(
+                        TRANSFER_STATUS_WAIT,
+                        next_state(&mut receiver, &mut execution, &mut batch),
+                    );
+                    if let Ok(Some(state)) = waited.await {
+                        offer.state = state;
+                    }
+                }
                 execution.abort();
                 let bound = last_bound(&batch);
                 self.adopt(&agent.id, bound.as_ref());
@@ -1498,6 +1510,39 @@ fn find_transfer(batch: &[AgentEvent], agent: &str) -> Option<TransferOffer> {
         }
     }
     data.map(|data| TransferOffer { data, state })
+}
+
+/// How long a transfer found in an artifact waits for the status its source
+/// leaves its own task in, when that did not come with it.
+const TRANSFER_STATUS_WAIT: Duration = Duration::from_millis(500);
+
+/// Whether `event` says what state the agent leaves its task in.
+fn sets_state(event: &AgentEvent) -> bool {
+    matches!(event, AgentEvent::Status { .. } | AgentEvent::Message(_))
+}
+
+/// The agent's next events into `batch`, up to the first that sets a state:
+/// that state. `None` once the agent is done without one.
+async fn next_state(
+    receiver: &mut mpsc::Receiver<AgentEvent>,
+    execution: &mut Execution,
+    batch: &mut Vec<AgentEvent>,
+) -> Option<TaskState> {
+    loop {
+        let event = tokio::select! {
+            event = receiver.recv() => event?,
+            () = execution.progress(), if execution.running() => continue,
+        };
+        let state = match &event {
+            AgentEvent::Status { state, .. } => Some(*state),
+            AgentEvent::Message(_) => Some(TaskState::Completed),
+            _ => None,
+        };
+        batch.push(event);
+        if state.is_some() {
+            return state;
+        }
+    }
 }
 
 /// Under handoff semantics a message reply acknowledges and completes the

@@ -1619,11 +1619,11 @@ async fn a_follow_up_the_task_could_not_record_never_reaches_the_agent() {
     gateway.stop().await;
 }
 
-/// A source agent whose one task, `up-1`, hands the work to echo for its
-/// result with the payload in an artifact, and a moment later leaves its own
-/// task INPUT_REQUIRED on the same stream; the result coming back completes
-/// it. Returns its URL and the messages it was sent.
-async fn source_pausing_after_its_payload() -> (String, Arc<Mutex<Vec<Value>>>) {
+/// A source agent whose one task, `up-1`, hands the work to echo (for its
+/// result if it `returns`) with the payload in an artifact, and a moment
+/// later leaves its own task INPUT_REQUIRED on the same stream; a result
+/// coming back completes it. Returns its URL and the requests it got.
+async fn source_pausing_after_its_payload(returns: bool) -> (String, Arc<Mutex<Vec<Value>>>) {
     let sent = Arc::new(Mutex::new(Vec::new()));
     let recorder = sent.clone();
     let app = axum::Router::new().fallback(move |body: axum::body::Bytes| {
@@ -1631,14 +1631,19 @@ async fn source_pausing_after_its_payload() -> (String, Arc<Mutex<Vec<Value>>>) 
         let recorder = recorder.clone();
         async move {
             let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            recorder.lock().unwrap().push(request["params"]["message"].clone());
+            recorder.lock().unwrap().push(request.clone());
             let id = request["id"].clone();
+            if request["method"] == "CancelTask" {
+                let canceled = json!({"id": "up-1", "contextId": "up-ctx",
+                    "status": {"state": "TASK_STATE_CANCELED"}});
+                return rpc_answer(&id, "result", canceled);
+            }
             let task = |state: &str| {
                 json!({"task": {"id": "up-1", "contextId": "up-ctx", "status": {"state": state}}})
             };
             let mut events = Vec::new();
             if request["params"]["message"]["taskId"].as_str().unwrap_or_default().is_empty() {
-                let payload = handoff_payload("remote", json!({"to": "echo"}), json!({"returnToParent": true}));
+                let payload = handoff_payload("remote", json!({"to": "echo"}), json!({"returnToParent": returns}));
                 events.push((0, task("TASK_STATE_WORKING")));
                 events.push((0, json!({"artifactUpdate": {"taskId": "up-1", "contextId": "up-ctx",
                     "artifact": {"artifactId": "h1", "parts": [handoff_part(payload)]}}})));
@@ -1665,7 +1670,7 @@ async fn source_pausing_after_its_payload() -> (String, Arc<Mutex<Vec<Value>>>) 
 
 #[tokio::test]
 async fn a_result_returns_to_the_task_its_source_paused_just_after_handing_off() {
-    let (url, sent) = source_pausing_after_its_payload().await;
+    let (url, sent) = source_pausing_after_its_payload(true).await;
     let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
     let first = gateway
         .send_text(&message_id("m"), "start", json!({}))
@@ -1677,5 +1682,25 @@ async fn a_result_returns_to_the_task_its_source_paused_just_after_handing_off()
     let sent = sent.lock().unwrap().clone();
     assert_eq!(sent.len(), 2, "{sent:?}");
     // The return leg continued the source's paused task, not a new one.
-    assert_eq!(sent[1]["taskId"], "up-1", "{}", sent[1]);
+    let returned = &sent[1]["params"]["message"];
+    assert_eq!(returned["taskId"], "up-1", "{returned}");
+}
+
+#[tokio::test]
+async fn a_task_its_source_left_paused_handing_on_for_good_is_canceled_at_the_source() {
+    let (url, got) = source_pausing_after_its_payload(false).await;
+    let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
+    let first = gateway
+        .send_text(&message_id("m"), "start", json!({}))
+        .await;
+    let task_id = first["task"]["id"].as_str().unwrap();
+    gateway
+        .wait_for_state("/a2a", task_id, "TASK_STATE_COMPLETED")
+        .await;
+    let canceled = || {
+        let got = got.lock().unwrap();
+        got.iter()
+            .any(|r| r["method"] == "CancelTask" && r["params"]["id"] == "up-1")
+    };
+    wait_until("CancelTask for the source's paused task", canceled).await;
 }

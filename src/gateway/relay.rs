@@ -219,6 +219,9 @@ impl Driver {
 
         let now = Utc::now();
         let (task_id, context_id) = (self.task_id.clone(), self.context_id.clone());
+        // The source's own task, left open at the agent by a source that
+        // hands on for good: nothing will resume it.
+        let mut left_open = None;
         let moved = self
             .gateway
             .ledger
@@ -229,6 +232,9 @@ impl Driver {
                     ));
                 }
                 let source_upstream = record.upstream.take();
+                if !payload.return_to_parent && !offer.state.is_terminal() {
+                    left_open.clone_from(&source_upstream);
+                }
                 if let Some(hop) = record.hops.last_mut() {
                     hop.ended_at = Some(now);
                     hop.state = Some(offer.state);
@@ -312,6 +318,14 @@ impl Driver {
                 return None;
             }
         };
+        if let Some(upstream) = left_open {
+            let (agent, task) = (source.agent.clone(), record.task.clone());
+            tokio::spawn(async move {
+                if let Err(err) = agent.agent.cancel(&task, Some(&upstream)).await {
+                    tracing::warn!(task_id = %task.id, source = %agent.id, %err, "the task a source left open at a transfer was not canceled");
+                }
+            });
+        }
         self.gateway.metrics_handoff(
             (&source_id, &target.id),
             HopKind::Transfer,

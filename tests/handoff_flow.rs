@@ -2453,3 +2453,40 @@ async fn a_targets_shorter_deadline_does_not_fail_its_source_after_the_return() 
     billing.stop().await;
     gateway.stop().await;
 }
+
+/// A transfer's target with a lower maxHops of its own binds its own work
+/// only: once its result went back, the source hands on under the task's
+/// limit again.
+#[tokio::test]
+async fn a_targets_lower_hop_limit_does_not_bind_its_source_after_the_return() {
+    let gateway = baton().start().await;
+    let triage = VendorAgent::start("triage", &["triage"], |turn| {
+        let (to, returns, state) = match turn.task_id {
+            None => ("billing", true, TaskState::InputRequired),
+            Some(_) => ("echo", false, TaskState::Completed),
+        };
+        let extra = json!({"returnToParent": returns});
+        let payload = handoff_payload("triage", json!({"to": to}), extra);
+        Reply::Handoff { payload, state }
+    })
+    .await
+    .unwrap();
+    let billing = VendorAgent::start("billing", &["refund"], |_| refund())
+        .await
+        .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(&gateway, "billing", &billing, json!({"maxHops": 2})).await;
+
+    let task = send_to_triage(&gateway, "r", "refund please").await;
+    // triage, billing (maxHops 2), back to triage, then echo: hop 4 of 5.
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let control = &task["metadata"]["urn:baton:handoff:v1"];
+    assert_eq!(
+        control["chain"],
+        json!(["triage", "billing", "triage", "echo"])
+    );
+    assert_eq!(control["maxHops"], 5, "{control}");
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}

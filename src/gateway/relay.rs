@@ -286,6 +286,7 @@ impl Driver {
                     source_schema_from: source_from,
                     source_schema_digests: source_digests,
                     deadline_before: control.deadline,
+                    max_hops_before: Some(control.max_hops),
                     source_handed_on,
                     released: false,
                 };
@@ -379,6 +380,10 @@ impl Driver {
         if let Some(before) = source.deadline_before {
             delivered.deadline = Some(before);
             self.deadline = Some(before);
+        }
+        // And its hop limit, not its target's lower one.
+        if let Some(before) = source.max_hops_before {
+            delivered.max_hops = before;
         }
         let mut message = Message::user(parts);
         message.task_id = self.task_id.clone();

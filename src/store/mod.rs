@@ -571,6 +571,11 @@ pub struct TransferSource {
         with = "crate::protocol::wire::record_timestamp::option"
     )]
     pub deadline_before: Option<DateTime<Utc>>,
+    /// The task's hop limit when the source handed it on, its own again
+    /// when the result returns to it: a target's lower maxHops binds that
+    /// target's work only. `None` in records written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_hops_before: Option<u32>,
     /// The record's `handed_on_schemas` when the source handed on for the
     /// result, its own again when the result returns to it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -2510,6 +2515,7 @@ mod tests {
                 source_schema_from: 1,
                 source_schema_digests: vec![u64::MAX],
                 deadline_before: DateTime::from_timestamp(1_700_000_100, 5_000_000),
+                max_hops_before: Some(4),
                 source_handed_on: vec![SchemaBinding {
                     schema: serde_json::json!({"type": "string"}),
                     from: 0,

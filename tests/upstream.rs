@@ -1498,19 +1498,30 @@ async fn polled_once_its_stream_ended(called: &Mutex<Vec<String>>) {
     wait_until("a poll", polled).await;
 }
 
-#[tokio::test]
-async fn an_agent_at_auth_required_is_followed_until_it_goes_on() {
-    let (url, _) = auth_agent(AtAuth::GoesOnOutOfBand).await;
+/// A gateway in front of an [`auth_agent`] doing `at_auth`, and a task
+/// there at AUTH_REQUIRED: the gateway, the task's id, and the methods the
+/// agent was called with.
+async fn task_at_auth_required(at_auth: AtAuth) -> (TestBaton, String, Arc<Mutex<Vec<String>>>) {
+    let (url, called) = auth_agent(at_auth).await;
     let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
     let first = gateway
         .send_text(&message_id("m"), "start", json!({}))
         .await;
     let task = &first["task"];
-    assert_eq!(task["status"]["state"], "TASK_STATE_AUTH_REQUIRED");
-    let task_id = task["id"].as_str().unwrap();
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_AUTH_REQUIRED",
+        "{first}"
+    );
+    let task_id = task["id"].as_str().unwrap().to_string();
+    (gateway, task_id, called)
+}
+
+#[tokio::test]
+async fn an_agent_at_auth_required_is_followed_until_it_goes_on() {
+    let (gateway, task_id, _) = task_at_auth_required(AtAuth::GoesOnOutOfBand).await;
     // The credential came out of band; no message was sent.
     let task = gateway
-        .wait_for_state("/a2a", task_id, "TASK_STATE_COMPLETED")
+        .wait_for_state("/a2a", &task_id, "TASK_STATE_COMPLETED")
         .await;
     assert_eq!(part_texts(&task["artifacts"][0]), ["signed in"]);
     gateway.stop().await;
@@ -1518,13 +1529,7 @@ async fn an_agent_at_auth_required_is_followed_until_it_goes_on() {
 
 #[tokio::test]
 async fn a_message_to_a_task_at_auth_required_reopens_the_agents_ended_stream() {
-    let (url, called) = auth_agent(AtAuth::TakesAMessage).await;
-    let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
-    let first = gateway
-        .send_text(&message_id("m"), "start", json!({}))
-        .await;
-    let task_id = first["task"]["id"].as_str().unwrap().to_string();
-    assert_eq!(first["task"]["status"]["state"], "TASK_STATE_AUTH_REQUIRED");
+    let (gateway, task_id, called) = task_at_auth_required(AtAuth::TakesAMessage).await;
     polled_once_its_stream_ended(&called).await;
 
     let answer = user_message_on(&task_id, &message_id("cred"), "here you are");
@@ -1551,12 +1556,7 @@ async fn a_message_to_a_task_at_auth_required_reopens_the_agents_ended_stream() 
 
 #[tokio::test]
 async fn an_agent_asking_again_after_a_message_to_its_auth_required_task_is_heard() {
-    let (url, _) = auth_agent(AtAuth::AsksAgain).await;
-    let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
-    let first = gateway
-        .send_text(&message_id("m"), "start", json!({}))
-        .await;
-    let task_id = first["task"]["id"].as_str().unwrap().to_string();
+    let (gateway, task_id, _) = task_at_auth_required(AtAuth::AsksAgain).await;
     let answer = user_message_on(&task_id, &message_id("cred"), "wrong one");
     let reply = gateway
         .call("SendMessage", json!({"message": answer}))
@@ -1573,12 +1573,7 @@ async fn an_agent_asking_again_after_a_message_to_its_auth_required_task_is_hear
 
 #[tokio::test]
 async fn a_message_refused_in_the_stream_it_opens_is_its_senders_error_and_the_task_goes_on() {
-    let (url, called) = auth_agent(AtAuth::RefusesInItsStream).await;
-    let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
-    let first = gateway
-        .send_text(&message_id("m"), "start", json!({}))
-        .await;
-    let task_id = first["task"]["id"].as_str().unwrap().to_string();
+    let (gateway, task_id, called) = task_at_auth_required(AtAuth::RefusesInItsStream).await;
     polled_once_its_stream_ended(&called).await;
     let answer = user_message_on(&task_id, &message_id("cred"), "not one");
     let reply = gateway

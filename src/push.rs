@@ -507,18 +507,20 @@ impl Notification {
 /// Permits for POSTs in flight to each webhook host.
 struct HostSlots {
     per_host: usize,
-    hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// The permits by host, and how many hosts it holds before it lets go
+    /// of those no POST holds or waits for (doubled from what is left, so
+    /// that many hosts in use do not make every POST walk them all).
+    hosts: Mutex<(HashMap<String, Arc<Semaphore>>, usize)>,
 }
 
-/// Hosts [`HostSlots`] holds before it lets go of those no POST holds or
-/// waits for.
+/// The fewest hosts [`HostSlots`] holds before it lets go of any.
 const HOST_SLOTS_PRUNE_AT: usize = 1024;
 
 impl HostSlots {
     fn new(per_host: usize) -> Self {
         Self {
             per_host: per_host.max(1),
-            hosts: Mutex::default(),
+            hosts: Mutex::new((HashMap::new(), HOST_SLOTS_PRUNE_AT)),
         }
     }
 
@@ -526,9 +528,11 @@ impl HostSlots {
     fn slot(&self, url: &reqwest::Url) -> Arc<Semaphore> {
         let host = url.host_str().unwrap_or_default();
         let key = format!("{host}:{}", url.port_or_known_default().unwrap_or(0));
-        let mut hosts = self.hosts.lock().expect("push hosts lock");
-        if hosts.len() >= HOST_SLOTS_PRUNE_AT {
+        let mut held = self.hosts.lock().expect("push hosts lock");
+        let (hosts, prune_at) = &mut *held;
+        if hosts.len() >= *prune_at {
             hosts.retain(|_, slot| Arc::strong_count(slot) > 1);
+            *prune_at = (hosts.len() * 2).max(HOST_SLOTS_PRUNE_AT);
         }
         hosts
             .entry(key)
@@ -589,10 +593,12 @@ struct Pipeline {
 struct Debt(Mutex<Option<(TaskPushNotificationConfig, Pending)>>);
 
 impl Debt {
-    fn owe(&self, config: TaskPushNotificationConfig, stats: &Arc<PushStats>) {
+    /// Owes `config` a notification; `pending` (the refused one's count)
+    /// goes with the debt, or with it already owed.
+    fn owe(&self, config: TaskPushNotificationConfig, pending: Pending) {
         let mut debt = self.0.lock().expect("push debt lock");
         if debt.is_none() {
-            *debt = Some((config, Pending::count(stats)));
+            *debt = Some((config, pending));
         }
     }
 
@@ -799,7 +805,7 @@ impl Worker {
                 Err(mpsc::error::TrySendError::Full(notification)) => Some(notification),
             };
             if let Some(refused) = refused {
-                pipeline.debt.owe(refused.config, &self.stats);
+                pipeline.debt.owe(refused.config, refused._pending);
                 self.stats.dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%task_id, "webhook queue full; notification dropped");
             }

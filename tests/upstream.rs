@@ -75,6 +75,22 @@ fn text_of(value: &Value) -> &str {
     value["parts"][0]["text"].as_str().unwrap_or_default()
 }
 
+/// The first text of each message in a task's history.
+fn history_texts(task: &Value) -> Vec<&str> {
+    task["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text_of)
+        .collect()
+}
+
+/// Sends `text` to the gateway task `task_id` with a blocking SendMessage.
+async fn send_more(gateway: &TestBaton, task_id: &str, text: &str) -> Reply {
+    let more = user_message_on(task_id, &message_id("more"), text);
+    gateway.call("SendMessage", json!({"message": more})).await
+}
+
 #[tokio::test]
 async fn blocking_send_is_forwarded_under_gateway_ids() {
     let upstream = baton().start().await;
@@ -305,12 +321,7 @@ async fn input_required_resumes_the_upstream_task() {
         let task = &gateway
             .wait_for_state("/a2a", &task_id, "TASK_STATE_COMPLETED")
             .await;
-        let texts: Vec<&str> = task["history"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(text_of)
-            .collect();
+        let texts = history_texts(task);
         assert_eq!(
             texts,
             [
@@ -1307,12 +1318,7 @@ async fn a_message_added_to_a_working_task_goes_through_the_one_feed_of_it() {
             ["a", "b"],
             "each chunk once"
         );
-        let history: Vec<&str> = task["history"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(text_of)
-            .collect();
+        let history = history_texts(&task);
         assert_eq!(history, ["start", "more"]);
 
         // One feed of the task; the added message went as a plain send.
@@ -1363,8 +1369,7 @@ async fn a_follow_up_the_agent_refuses_is_its_senders_error_and_the_task_goes_on
     let (url, seen) = chunking_agent(OnFollowUp::Refuses).await;
     let gateway = gateway_for(card_at(&url, true), fast_upstream()).await;
     let task_id = working_task_with_a_chunk(&gateway).await;
-    let more = user_message_on(&task_id, &message_id("more"), "more");
-    let reply = gateway.call("SendMessage", json!({"message": more})).await;
+    let reply = send_more(&gateway, &task_id, "more").await;
     assert_eq!(reply.code(), Some(-32602), "{:?}", reply.body);
     let record = gateway.gateway.ledger().get(&task_id).unwrap().unwrap();
     assert_eq!(record.task.status.state, TaskState::Working);
@@ -1532,19 +1537,11 @@ async fn a_message_to_a_task_at_auth_required_reopens_the_agents_ended_stream() 
     let (gateway, task_id, called) = task_at_auth_required(AtAuth::TakesAMessage).await;
     polled_once_its_stream_ended(&called).await;
 
-    let answer = user_message_on(&task_id, &message_id("cred"), "here you are");
-    let reply = gateway
-        .call("SendMessage", json!({"message": answer}))
-        .await;
+    let reply = send_more(&gateway, &task_id, "here you are").await;
     let task = &reply.result()["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     assert_eq!(part_texts(&task["artifacts"][0]), ["signed in"]);
-    let history: Vec<&str> = task["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(text_of)
-        .collect();
+    let history = history_texts(task);
     assert_eq!(history, ["start", "here you are"]);
     // The follower polled once the stream ended; the message opened the
     // next stream, again the task's only one.
@@ -1557,10 +1554,7 @@ async fn a_message_to_a_task_at_auth_required_reopens_the_agents_ended_stream() 
 #[tokio::test]
 async fn an_agent_asking_again_after_a_message_to_its_auth_required_task_is_heard() {
     let (gateway, task_id, _) = task_at_auth_required(AtAuth::AsksAgain).await;
-    let answer = user_message_on(&task_id, &message_id("cred"), "wrong one");
-    let reply = gateway
-        .call("SendMessage", json!({"message": answer}))
-        .await;
+    let reply = send_more(&gateway, &task_id, "wrong one").await;
     let task = &reply.result()["task"];
     // WORKING once the message went, then asked again.
     assert_eq!(
@@ -1575,10 +1569,7 @@ async fn an_agent_asking_again_after_a_message_to_its_auth_required_task_is_hear
 async fn a_message_refused_in_the_stream_it_opens_is_its_senders_error_and_the_task_goes_on() {
     let (gateway, task_id, called) = task_at_auth_required(AtAuth::RefusesInItsStream).await;
     polled_once_its_stream_ended(&called).await;
-    let answer = user_message_on(&task_id, &message_id("cred"), "not one");
-    let reply = gateway
-        .call("SendMessage", json!({"message": answer}))
-        .await;
+    let reply = send_more(&gateway, &task_id, "not one").await;
     assert_eq!(reply.code(), Some(-32602), "{:?}", reply.body);
     let record = gateway.gateway.ledger().get(&task_id).unwrap().unwrap();
     assert_eq!(record.task.status.state, TaskState::AuthRequired);
@@ -1601,8 +1592,7 @@ async fn a_follow_up_the_task_could_not_record_never_reaches_the_agent() {
         .await;
     let task_id = working_task_with_a_chunk(&gateway).await;
     let long = "x".repeat(20 * 1024);
-    let more = user_message_on(&task_id, &message_id("more"), &long);
-    let reply = gateway.call("SendMessage", json!({"message": more})).await;
+    let reply = send_more(&gateway, &task_id, &long).await;
     assert_eq!(reply.code(), Some(-32602), "{:?}", reply.body);
     let methods: Vec<Value> = seen
         .lock()

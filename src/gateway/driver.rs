@@ -549,7 +549,7 @@ impl Driver {
                 // A payload in an artifact may come a moment before the
                 // status the source leaves its own task in: that decides
                 // where a returned result goes (DESIGN.md §3.3).
-                if !batch.iter().any(sets_state) {
+                if !batch.iter().any(|event| state_set_by(event).is_some()) {
                     let waited = tokio::time::timeout(
                         TRANSFER_STATUS_WAIT,
                         next_state(&mut receiver, &mut execution, &mut batch),
@@ -1487,16 +1487,11 @@ fn find_transfer(batch: &[AgentEvent], agent: &str) -> Option<TransferOffer> {
     let mut state = TaskState::Working;
     let mut data = None;
     for event in batch {
+        state = state_set_by(event).unwrap_or(state);
         let parts = match event {
-            AgentEvent::Status { state: s, message } => {
-                state = *s;
-                message.as_ref().map(|m| m.parts.as_slice())
-            }
+            AgentEvent::Status { message, .. } => message.as_ref().map(|m| m.parts.as_slice()),
             AgentEvent::Artifact { artifact, .. } => Some(artifact.parts.as_slice()),
-            AgentEvent::Message(message) => {
-                state = TaskState::Completed;
-                Some(message.parts.as_slice())
-            }
+            AgentEvent::Message(message) => Some(message.parts.as_slice()),
             AgentEvent::Bound(_) => None,
         };
         if data.is_none()
@@ -1516,9 +1511,14 @@ fn find_transfer(batch: &[AgentEvent], agent: &str) -> Option<TransferOffer> {
 /// leaves its own task in, when that did not come with it.
 const TRANSFER_STATUS_WAIT: Duration = Duration::from_millis(500);
 
-/// Whether `event` says what state the agent leaves its task in.
-fn sets_state(event: &AgentEvent) -> bool {
-    matches!(event, AgentEvent::Status { .. } | AgentEvent::Message(_))
+/// The state `event` leaves the agent's task in, if it says: a message
+/// reply completes it.
+fn state_set_by(event: &AgentEvent) -> Option<TaskState> {
+    match event {
+        AgentEvent::Status { state, .. } => Some(*state),
+        AgentEvent::Message(_) => Some(TaskState::Completed),
+        AgentEvent::Artifact { .. } | AgentEvent::Bound(_) => None,
+    }
 }
 
 /// The agent's next events into `batch`, up to the first that sets a state:
@@ -1533,11 +1533,7 @@ async fn next_state(
             event = receiver.recv() => event?,
             () = execution.progress(), if execution.running() => continue,
         };
-        let state = match &event {
-            AgentEvent::Status { state, .. } => Some(*state),
-            AgentEvent::Message(_) => Some(TaskState::Completed),
-            _ => None,
-        };
+        let state = state_set_by(&event);
         batch.push(event);
         if state.is_some() {
             return state;

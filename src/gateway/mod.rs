@@ -12,7 +12,7 @@ pub use send::{SendOutcome, SendReply};
 pub use stream::TaskEventStream;
 pub use trace::{MAX_TRACE_DEPTH, MAX_TRACE_NODES, TraceNode, TraceReport};
 
-use crate::agents::{AgentEvents, FollowUpSender};
+use crate::agents::{AgentEvents, FollowUpSender, UpstreamRef};
 use crate::error::GatewayError;
 use crate::protocol::*;
 use crate::push::PushDispatcher;
@@ -212,6 +212,16 @@ struct RunningTask {
     /// The agent whose execution follows the task now, and where it takes
     /// follow-ups.
     follower: Option<(String, FollowUpSender)>,
+}
+
+/// Sends `agent` CancelTask for `task` (its task `upstream` there), on a
+/// task of its own, so that an agent slow to answer holds up nothing.
+pub(crate) fn tell_canceled(agent: Arc<AgentEntry>, task: Task, upstream: Option<UpstreamRef>) {
+    tokio::spawn(async move {
+        if let Err(err) = agent.agent.cancel(&task, upstream.as_ref()).await {
+            tracing::warn!(task_id = %task.id, agent = %agent.id, %err, "the agent did not confirm the cancel");
+        }
+    });
 }
 
 /// The A2A service: eleven methods over the ledger and the agents.
@@ -647,15 +657,9 @@ impl Gateway {
     /// Sends the holder of the task `ended` CancelTask, on its own, so that
     /// an agent slow to answer holds up nothing.
     fn tell_holder_canceled(&self, ended: &TaskRecord) {
-        let Some(agent) = self.agent(&ended.agent) else {
-            return;
-        };
-        let (task, upstream) = (ended.task.clone(), ended.upstream.clone());
-        tokio::spawn(async move {
-            if let Err(err) = agent.agent.cancel(&task, upstream.as_ref()).await {
-                tracing::warn!(task_id = %task.id, agent = %agent.id, %err, "the task's holder did not confirm the cancel");
-            }
-        });
+        if let Some(agent) = self.agent(&ended.agent) {
+            tell_canceled(agent, ended.task.clone(), ended.upstream.clone());
+        }
     }
 
     /// The first steps of a gateway cancel: the task's driver is told to
@@ -705,15 +709,9 @@ impl Gateway {
             }
         };
         for (agent, upstream) in released {
-            let (Some(upstream), Some(source)) = (upstream, self.agent(&agent)) else {
-                continue;
-            };
-            let task = task.clone();
-            tokio::spawn(async move {
-                if let Err(err) = source.agent.cancel(&task, Some(&upstream)).await {
-                    tracing::warn!(task_id = %task.id, source = %source.id, %err, "the source's paused task was not canceled");
-                }
-            });
+            if let (Some(upstream), Some(source)) = (upstream, self.agent(&agent)) {
+                tell_canceled(source, task.clone(), Some(upstream));
+            }
         }
     }
 
@@ -977,11 +975,11 @@ impl Gateway {
         if !agent.agent.takes_follow_ups() {
             return events;
         }
-        let (sender, receiver) = mpsc::channel(FOLLOW_UP_QUEUE);
         let mut running = self.running.lock().expect("running lock");
         let Some(entry) = running.get_mut(task_id) else {
             return events;
         };
+        let (sender, receiver) = mpsc::channel(FOLLOW_UP_QUEUE);
         entry.follower = Some((agent.id.clone(), sender));
         events.with_follow_ups(receiver)
     }

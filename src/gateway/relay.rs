@@ -320,12 +320,7 @@ impl Driver {
             }
         };
         if let Some(upstream) = left_open {
-            let (agent, task) = (source.agent.clone(), record.task.clone());
-            tokio::spawn(async move {
-                if let Err(err) = agent.agent.cancel(&task, Some(&upstream)).await {
-                    tracing::warn!(task_id = %task.id, source = %agent.id, %err, "the task a source left open at a transfer was not canceled");
-                }
-            });
+            super::tell_canceled(source.agent.clone(), record.task.clone(), Some(upstream));
         }
         self.gateway.metrics_handoff(
             (&source_id, &target.id),

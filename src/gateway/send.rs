@@ -97,6 +97,14 @@ enum Handed {
     Refused(GatewayError),
 }
 
+/// A message to a task in terminal `state`.
+fn terminal_refusal(task_id: &str, state: TaskState) -> GatewayError {
+    GatewayError::UnsupportedOperation(format!(
+        "task {task_id} is in terminal state {} and accepts no more messages",
+        state.proto_name()
+    ))
+}
+
 /// A start run in a task of its own that panicked or was cancelled.
 fn start_failed(err: tokio::task::JoinError) -> GatewayError {
     GatewayError::Internal(format!("starting the send failed: {err}"))
@@ -683,11 +691,7 @@ impl Gateway {
             if state.is_terminal() {
                 // A terminal state read may not be durable yet.
                 self.ledger.sync_unless_failing().await?;
-                return Err(GatewayError::UnsupportedOperation(format!(
-                    "task {} is in terminal state {} and accepts no more messages",
-                    record.task.id,
-                    state.proto_name()
-                )));
+                return Err(terminal_refusal(&record.task.id, state));
             }
             // A handoff's ladder is still looking for an agent to take it
             // (SUBMITTED, or a transfer's target yet to answer): there is
@@ -892,10 +896,7 @@ impl Gateway {
                 // message goes on from the task as it is now.
                 Handed::FollowerGone => match self.ledger.get_shared(&task_id) {
                     Ok(Some(now)) if now.task.status.state.is_terminal() => {
-                        Err(GatewayError::UnsupportedOperation(format!(
-                            "task {task_id} is in terminal state {} and accepts no more messages",
-                            now.task.status.state.proto_name()
-                        )))
+                        Err(terminal_refusal(&task_id, now.task.status.state))
                     }
                     // Read again, so that a message that now answers a
                     // question is taken as the answer (`Driver::resume`).

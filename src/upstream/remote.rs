@@ -239,8 +239,7 @@ impl RemoteAgent {
         follower: &mut Follower,
         follow_up: Box<FollowUp>,
     ) -> Result<Flow, AgentError> {
-        let asked = follow_up.answers.clone();
-        let (send, taken) = follow_up_request(follow_up, follower.bound.as_ref(), true);
+        let (send, asked, taken) = follow_up_request(follow_up, follower.bound.as_ref(), true);
         match self.client.send_message(send).await {
             Ok(answer) => {
                 follower.forwarded = true;
@@ -269,8 +268,7 @@ impl RemoteAgent {
         follower: &mut Follower,
         follow_up: Box<FollowUp>,
     ) -> Result<Flow, AgentError> {
-        let asked = follow_up.answers.clone();
-        let (send, taken) = follow_up_request(follow_up, follower.bound.as_ref(), false);
+        let (send, asked, taken) = follow_up_request(follow_up, follower.bound.as_ref(), false);
         let mut stream = match self.client.send_streaming_message(send).await {
             Ok(stream) => stream,
             Err(err) => {
@@ -303,17 +301,21 @@ impl RemoteAgent {
     }
 }
 
-/// The send that forwards `follow_up` to the agent's task `bound`, and where
-/// its sender waits for the agent's answer.
+/// The send that forwards `follow_up` to the agent's task `bound`, the
+/// status it answers, and where its sender waits for the agent's answer.
 fn follow_up_request(
     follow_up: Box<FollowUp>,
     bound: Option<&UpstreamRef>,
     return_immediately: bool,
-) -> (SendMessageRequest, oneshot::Sender<Result<(), AgentError>>) {
+) -> (
+    SendMessageRequest,
+    Option<TaskStatus>,
+    oneshot::Sender<Result<(), AgentError>>,
+) {
     let FollowUp {
         message,
         accepted_output_modes,
-        answers: _,
+        answers,
         taken,
     } = *follow_up;
     let send = SendMessageRequest {
@@ -325,7 +327,7 @@ fn follow_up_request(
         }),
         ..SendMessageRequest::default()
     };
-    (send, taken)
+    (send, answers, taken)
 }
 
 /// The next follow-up to forward; never, once no sender is left.

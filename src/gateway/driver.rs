@@ -133,8 +133,12 @@ pub(super) enum TurnEnd {
     NoAck(String),
     /// The agent handed the task on with a payload.
     Transfer(TransferOffer),
-    /// A transfer's target completed; these artifacts go back to the source.
-    Return(Vec<Artifact>),
+    /// A transfer's target completed; these artifacts go back to the source
+    /// its `record` names.
+    Return {
+        record: Arc<TaskRecord>,
+        artifacts: Vec<Artifact>,
+    },
 }
 
 /// A payload an agent answered with, and what it left its own task as.
@@ -291,10 +295,10 @@ impl Driver {
                     self.tried.clear();
                     self.transfer(&turn, offer).await
                 }
-                TurnEnd::Return(artifacts) => {
+                TurnEnd::Return { record, artifacts } => {
                     attempts = 1;
                     self.tried.clear();
-                    self.give_back(&turn, artifacts).await
+                    self.give_back(&turn, &record, artifacts).await
                 }
             };
             match next {
@@ -381,7 +385,9 @@ impl Driver {
         match end {
             TurnEnd::Settled => None,
             TurnEnd::Transfer(offer) => self.transfer(&recovered, offer).await,
-            TurnEnd::Return(artifacts) => self.give_back(&recovered, artifacts).await,
+            TurnEnd::Return { record, artifacts } => {
+                self.give_back(&recovered, &record, artifacts).await
+            }
             // Only a handoff's turn waits for an acknowledgement.
             TurnEnd::NoAck(why) => {
                 self.fail(vec![Part::text(why)]).await;
@@ -475,7 +481,16 @@ impl Driver {
         tokio::pin!(ack_timer);
         let turn_started = std::time::Instant::now();
         let mut acked = false;
-        let returns = self.returns_to_source().await;
+        let returns = match self.returns_to_source() {
+            Ok(returns) => returns,
+            // Unknown, its completion could be taken for the caller's.
+            Err(err) => {
+                execution.abort();
+                let reason = format!("the task could not be read: {err}");
+                self.fail(vec![Part::text(reason)]).await;
+                return TurnEnd::Settled;
+            }
+        };
         // Whether the task has result schemas, once a write of this turn saw.
         let mut checks_results: Option<bool> = None;
         loop {
@@ -703,13 +718,17 @@ impl Driver {
                     created => created.map(|created| created.record),
                 }
             };
-            match result {
+            let record = match result {
                 Ok(record) if !self.created => {
                     self.last_state = Some(record.task.status.state);
                     self.created = true;
                     send_first(&mut self.first_tx, First::Task(None));
+                    record
                 }
-                Ok(record) => self.last_state = Some(record.task.status.state),
+                Ok(record) => {
+                    self.last_state = Some(record.task.status.state);
+                    record
+                }
                 Err(err) => {
                     // Typically a cancel that made the task terminal first;
                     // anything else must not leave the task open with no driver.
@@ -723,10 +742,10 @@ impl Driver {
                     }
                     break;
                 }
-            }
+            };
             if returning {
                 execution.abort();
-                return self.result_of_turn().await;
+                return self.result_of_turn(record).await;
             }
         }
         drop(receiver);
@@ -845,22 +864,23 @@ impl Driver {
 
     /// Whether the agent holding the task is a transfer's target whose
     /// result goes back to the source.
-    async fn returns_to_source(&self) -> bool {
+    fn returns_to_source(&self) -> Result<bool, LedgerError> {
         if !self.created {
-            return false;
+            return Ok(false);
         }
-        matches!(
-            self.gateway.ledger.get(&self.task_id),
-            Ok(Some(record)) if record.transfer.as_ref().is_some_and(|t| t.result_goes_to().is_some())
-        )
+        let record = self.gateway.ledger.get_shared(&self.task_id)?;
+        Ok(record.is_some_and(|record| {
+            record
+                .transfer
+                .as_ref()
+                .is_some_and(|t| t.result_goes_to().is_some())
+        }))
     }
 
-    /// A returning target's result: its artifacts, once they satisfy the
-    /// handoff's returnSchema (else the task fails with the violations).
-    async fn result_of_turn(&mut self) -> TurnEnd {
-        let Ok(Some(record)) = self.gateway.ledger.get(&self.task_id) else {
-            return TurnEnd::Settled;
-        };
+    /// A returning target's result, from the `record` its completion left:
+    /// its artifacts, once they satisfy the handoff's returnSchema (else the
+    /// task fails with the violations).
+    async fn result_of_turn(&mut self, record: Arc<TaskRecord>) -> TurnEnd {
         let transfer = record.transfer.as_ref();
         let artifacts = &record.task.artifacts;
         // The source gets every artifact made (or changed) since it handed
@@ -889,8 +909,12 @@ impl Driver {
                 return TurnEnd::Settled;
             }
         }
-        let returned = returned_mark.made_since(artifacts);
-        TurnEnd::Return(returned.into_iter().map(|(_, a)| a.clone()).collect())
+        let artifacts = returned_mark
+            .made_since(artifacts)
+            .into_iter()
+            .map(|(_, artifact)| artifact.clone())
+            .collect();
+        TurnEnd::Return { record, artifacts }
     }
 
     /// The first event of a task created on the agent's first answer.
@@ -1047,6 +1071,7 @@ impl Driver {
                 task_id: self.task_id.clone(),
                 message: Some(message.clone()),
                 claimed_by: self.gateway.ledger.instance(),
+                history_from: None,
             };
             if let Err(err) = self
                 .gateway

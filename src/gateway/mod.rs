@@ -1576,6 +1576,7 @@ mod tests {
             message: None,
             // An older build's claim, as a restart leaves it.
             claimed_by: 0,
+            history_from: None,
         };
         let claimed = ledger.claim_idempotency("alice", "k-old", &older).await;
         assert!(claimed.unwrap().is_none());
@@ -1607,6 +1608,7 @@ mod tests {
             task_id: "t1".into(),
             message: None,
             claimed_by,
+            history_from: None,
         };
         (request, claim)
     }
@@ -1689,6 +1691,78 @@ mod tests {
         ledger.close();
     }
 
+    /// alice's task `t1`, waiting for input, whose history already holds a
+    /// message `message_id`; and the claim of a keyed answer reusing that
+    /// id, made once the task held it, by the ledger opening `claimed_by`.
+    async fn t1_with_a_reused_message_id(
+        ledger: &Ledger,
+        message_id: &str,
+        claimed_by: u64,
+    ) -> (SendMessageRequest, store::IdempotencyRecord) {
+        alices_task(ledger, TaskState::InputRequired).await;
+        ledger
+            .update("t1", |record: &mut TaskRecord| {
+                record.task.history.push(hi(message_id));
+                Ok::<_, LedgerError>(Vec::new())
+            })
+            .await
+            .unwrap();
+        let (request, mut claim) = keyed_answer(message_id, claimed_by);
+        claim.history_from = Some(1);
+        (request, claim)
+    }
+
+    /// A keyed answer reusing a messageId the task already holds is not
+    /// taken as in the task by its repeat: the repeat waits for it.
+    #[tokio::test]
+    async fn a_repeated_keyed_answer_reusing_a_message_id_waits_until_its_task_took_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        let (mut repeat, claim) =
+            t1_with_a_reused_message_id(&ledger, "a-1", ledger.instance()).await;
+        let answer = repeat.message.clone().unwrap();
+        repeat.configuration = Some(SendMessageConfiguration {
+            return_immediately: true,
+            ..SendMessageConfiguration::default()
+        });
+        let claimed = ledger.claim_idempotency("alice", "k-answer", &claim).await;
+        assert!(claimed.unwrap().is_none());
+
+        let ctx = alice(Some("k-answer"));
+        let replay = gateway.send_message(&ctx, repeat);
+        tokio::pin!(replay);
+        assert!(
+            still_waiting(&mut replay).await,
+            "answered before the task took it"
+        );
+        ledger
+            .update("t1", |record: &mut TaskRecord| {
+                record.task.history.push(answer);
+                Ok::<_, LedgerError>(vec![status_of("t1", TaskState::Working)])
+            })
+            .await
+            .unwrap();
+        replay.await.unwrap();
+        assert_eq!(history_of_t1(&ledger), ["a-1", "a-1"]);
+        ledger.close();
+    }
+
+    /// A keyed answer reusing a messageId the task already holds, which a
+    /// crash kept from the task, is taken up by its repeat after the restart.
+    #[tokio::test]
+    async fn a_keyed_answer_reusing_a_message_id_a_crash_kept_from_its_task_runs_on_its_repeat() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        let (repeat, claim) = t1_with_a_reused_message_id(&ledger, "a-1", 0).await;
+        let claimed = ledger.claim_idempotency("alice", "k-answer", &claim).await;
+        assert!(claimed.unwrap().is_none());
+
+        let ctx = alice(Some("k-answer"));
+        gateway.send_message(&ctx, repeat).await.unwrap();
+        assert_eq!(history_of_t1(&ledger), ["a-1", "a-1"]);
+        ledger.close();
+    }
+
     /// A repeat waiting on a claim that is let go and claimed again by a
     /// send of another message is not answered with that send's task: it
     /// is refused as a key used for another message.
@@ -1701,6 +1775,7 @@ mod tests {
             task_id: task_id.into(),
             message: None,
             claimed_by: ledger.instance(),
+            history_from: None,
         };
         let (first, other) = (hi("m-first"), hi("m-other"));
         let first_claim = claim_of(&first, "t-never");
@@ -2067,6 +2142,7 @@ mod tests {
             task_id: "t-first".into(),
             message: Some(Message::agent(vec![Part::text("hello")])),
             claimed_by: ledger.instance(),
+            history_from: None,
         };
 
         let hold = ledger.hold_log();

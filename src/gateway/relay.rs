@@ -348,14 +348,25 @@ impl Driver {
 
     /// Delivers a completed transfer's result to the agent that made it
     /// (`returnToParent`): on the source's own task when that waits for
-    /// input, else as a new task in the source's context.
+    /// input, else as a new task in the source's context. `record` is the
+    /// task as the target's completion left it (the write below checks it
+    /// is still open and its source still waits).
     pub(super) async fn give_back(
         &mut self,
         target: &Turn,
+        record: &TaskRecord,
         artifacts: Vec<Artifact>,
     ) -> Option<Turn> {
-        let record = self.gateway.ledger.get(&self.task_id).ok().flatten()?;
-        let source = record.transfer.as_ref()?.result_goes_to()?.clone();
+        let goes_to = record.transfer.as_ref().and_then(|t| t.result_goes_to());
+        let Some(source) = goes_to.cloned() else {
+            // Not a returning turn's record: nothing can happen here.
+            self.fail_unrecorded(
+                "the result had no source to go to",
+                GatewayError::Internal("no transfer".into()),
+            )
+            .await;
+            return None;
+        };
         let Some(source_agent) = self.gateway.agent(&source.agent) else {
             let detail = json!({"to": source.agent});
             self.fail(vec![status_part(reasons::TARGET_NOT_FOUND, detail)])

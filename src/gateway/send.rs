@@ -664,6 +664,7 @@ impl Gateway {
             task_id: task_id.clone(),
             message: None,
             claimed_by: self.ledger.instance(),
+            history_from: continued.as_ref().map(|record| record.task.history.len()),
         };
         // A continuation's claim is filled once its message is in the task.
         let answer = continued.is_some().then_some(message.message_id.as_str());
@@ -1367,8 +1368,12 @@ impl Gateway {
         let Some(record) = self.ledger.get_shared(&earlier.task_id)? else {
             return Ok(false);
         };
+        // Only what the task took since the claim: a messageId may be reused.
         let history = &record.task.history;
-        Ok(answer.is_none_or(|id| history.iter().any(|message| message.message_id == id)))
+        let taken_since = history
+            .get(earlier.history_from.unwrap_or(0)..)
+            .unwrap_or_default();
+        Ok(answer.is_none_or(|id| taken_since.iter().any(|message| message.message_id == id)))
     }
 }
 

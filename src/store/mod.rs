@@ -682,6 +682,11 @@ pub struct IdempotencyRecord {
     /// task nor got a message never will.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub claimed_by: u64,
+    /// Continuing a task: its history's length when the key was claimed,
+    /// so only a message added since fills the claim (a messageId may be
+    /// reused). Absent in older records: the whole history counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history_from: Option<usize>,
 }
 
 /// Filters of a ListTasks query, already validated.
@@ -3237,6 +3242,7 @@ mod tests {
             task_id: task_id.into(),
             message: None,
             claimed_by: 7,
+            history_from: None,
         };
         assert!(
             ledger

@@ -2454,6 +2454,53 @@ async fn a_targets_shorter_deadline_does_not_fail_its_source_after_the_return() 
     gateway.stop().await;
 }
 
+/// A source that ended its own task at the agent after handing off (for
+/// its result) refuses the result into it: the result goes as a new task
+/// in that task's context, and the caller's task completes with it.
+#[tokio::test]
+async fn a_result_returns_as_a_new_task_when_the_sources_own_task_ended() {
+    let gateway = baton().start().await;
+    let triage = VendorAgent::start("triage", &["triage"], |turn| {
+        if data_of(&turn.message.parts, HANDOFF_RESULT_MEDIA_TYPE).is_some() {
+            return Reply::artifact("case", json!({"closed": true}));
+        }
+        triage_hands_off_for_result(json!({"to": "billing"}), TaskState::InputRequired)
+    })
+    .await
+    .unwrap();
+    let billing = VendorAgent::start("billing", &["refund"], |turn| match turn.task_id {
+        None => Reply::AskInput("Which charge?".into()),
+        Some(_) => refund(),
+    })
+    .await
+    .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
+    register(&gateway, "billing", &billing, json!({})).await;
+
+    let task = send_to_triage(&gateway, "r", "refund please").await;
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{task}"
+    );
+    // Triage gives up waiting and closes its task meanwhile.
+    assert_eq!(triage.complete_open_tasks(), 1);
+    let id = task["id"].as_str().unwrap();
+    let answer = user_message_on(id, &message_id("a"), "the second one");
+    let task = send(&gateway, "/a2a", answer).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(artifact_names(&task), ["refund", "case"], "{task}");
+    // The first: the task; the second, refused: into it; the third: anew.
+    let sends = triage.sends();
+    assert_eq!(sends.len(), 3, "{sends:?}");
+    let [first, refused, returned] = [0, 1, 2].map(|i| &sends[i].params["message"]);
+    assert!(refused.get("taskId").is_some(), "{refused}");
+    assert!(returned.get("taskId").is_none(), "a new task: {returned}");
+    assert_eq!(returned["contextId"], first["contextId"], "{returned}");
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 /// A transfer's target with a lower maxHops of its own binds its own work
 /// only: once its result went back, the source hands on under the task's
 /// limit again.

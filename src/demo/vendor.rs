@@ -240,6 +240,21 @@ impl VendorAgent {
         lock(&self.inner.tasks).get(id).cloned()
     }
 
+    /// Ends every task still open here COMPLETED, as an agent closing its
+    /// tasks on its own would; returns how many it ended.
+    pub fn complete_open_tasks(&self) -> usize {
+        let mut tasks = lock(&self.inner.tasks);
+        let open = tasks
+            .values_mut()
+            .filter(|task| !task.status.state.is_terminal());
+        let mut ended = 0;
+        for task in open {
+            task.status = TaskStatus::now(TaskState::Completed, None);
+            ended += 1;
+        }
+        ended
+    }
+
     /// Stops serving; requests held by [`Reply::Silent`] are released.
     pub async fn stop(self) {
         self.inner.shutdown.cancel();

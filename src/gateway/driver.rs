@@ -139,6 +139,9 @@ pub(super) enum TurnEnd {
         record: Arc<TaskRecord>,
         artifacts: Vec<Artifact>,
     },
+    /// A returned result's source refused it into its own task, which it
+    /// ended since it handed off: the result goes to its context instead.
+    SourceTaskEnded,
 }
 
 /// A payload an agent answered with, and what it left its own task as.
@@ -264,6 +267,8 @@ impl Driver {
             if detached {
                 request.cancel = self.gateway.shutdown.child_token();
             }
+            // Only a return leg is a handoff into a task the agent holds.
+            let into_task = turn.handoff && !detached && request.upstream.is_some();
             let cancel = request.cancel.clone();
             let execution = Execution::new(
                 async move { agent.execute(request, events).await },
@@ -274,7 +279,7 @@ impl Driver {
             let end = self
                 .pump(
                     &turn.agent,
-                    turn.handoff,
+                    (turn.handoff, into_task),
                     (user_message, hop_kind),
                     receiver,
                     execution,
@@ -300,6 +305,7 @@ impl Driver {
                     self.tried.clear();
                     self.give_back(&turn, &record, artifacts).await
                 }
+                TurnEnd::SourceTaskEnded => self.return_to_context(turn).await,
             };
             match next {
                 Some(next) => turn = next,
@@ -373,7 +379,13 @@ impl Driver {
             false,
         );
         let end = self
-            .pump(&agent, false, (None, HopKind::Call), receiver, execution)
+            .pump(
+                &agent,
+                (false, false),
+                (None, HopKind::Call),
+                receiver,
+                execution,
+            )
             .await;
         let recovered = Turn {
             agent,
@@ -388,11 +400,13 @@ impl Driver {
             TurnEnd::Return { record, artifacts } => {
                 self.give_back(&recovered, &record, artifacts).await
             }
-            // Only a handoff's turn waits for an acknowledgement.
+            // Only a handoff's turn waits for an acknowledgement, and only
+            // a return leg finds its source's task ended.
             TurnEnd::NoAck(why) => {
                 self.fail(vec![Part::text(why)]).await;
                 None
             }
+            TurnEnd::SourceTaskEnded => None,
         }
     }
 
@@ -465,11 +479,13 @@ impl Driver {
         }
     }
 
-    /// Records what `agent` reports until its turn ends.
+    /// Records what `agent` reports until its turn ends; a `handoff`'s
+    /// turn must be acknowledged, and one `into_task` the agent holds (a
+    /// return leg) may find that task ended.
     async fn pump(
         &mut self,
         agent: &Arc<AgentEntry>,
-        handoff: bool,
+        (handoff, into_task): (bool, bool),
         (mut user_message, hop_kind): (Option<Message>, HopKind),
         mut receiver: mpsc::Receiver<AgentEvent>,
         mut execution: Execution,
@@ -757,6 +773,14 @@ impl Driver {
             {
                 TurnEnd::NoAck(err.to_string())
             }
+            // Task not found (-32001), or not open to messages (-32004).
+            (
+                Some(AgentError::Refused {
+                    code: -32001 | -32004,
+                    ..
+                }),
+                true,
+            ) if into_task && !acked => TurnEnd::SourceTaskEnded,
             (Some(err), true) => {
                 self.fail(agent_failure(&agent.id, &err)).await;
                 TurnEnd::Settled

@@ -501,6 +501,48 @@ impl Driver {
         })
     }
 
+    /// A returned result's source refused it into its own task, which it
+    /// ended after it handed off: the result goes as a new task in that
+    /// task's context, as it would have had the source ended its task
+    /// before (DESIGN.md §3.3). The hop keeps the new address, for a
+    /// restart's delivery.
+    pub(super) async fn return_to_context(&mut self, mut turn: Turn) -> Option<Turn> {
+        let held = turn.request.upstream.take()?;
+        let in_context = UpstreamRef {
+            task_id: String::new(),
+            context_id: held.context_id,
+        };
+        let readdressed = self
+            .gateway
+            .ledger
+            .update(&self.task_id, |record| {
+                if record.task.status.state.is_terminal() {
+                    return Err(GatewayError::UnsupportedOperation(
+                        "the task ended before the result returned".into(),
+                    ));
+                }
+                record.upstream = None;
+                if let Some(undelivered) = record
+                    .hops
+                    .last_mut()
+                    .and_then(|hop| hop.undelivered.as_mut())
+                {
+                    undelivered.upstream = Some(in_context.clone());
+                }
+                Ok::<_, GatewayError>(Vec::new())
+            })
+            .await;
+        if let Err(err) = readdressed {
+            self.fail_unrecorded("the result could not be returned", err)
+                .await;
+            return None;
+        }
+        tracing::info!(task_id = %self.task_id, to = %turn.agent.id, upstream_task_id = %held.task_id, "the source's own task ended; the result goes to its context");
+        turn.request.upstream = Some(in_context);
+        turn.request.cancel = self.task_cancel.child_token();
+        Some(turn)
+    }
+
     /// A handoff whose target had not acknowledged it when the gateway
     /// stopped: its delivery as first made (a direct handoff's message is
     /// the task's first, a transfer's or a returned result's is kept on its

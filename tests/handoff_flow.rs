@@ -1180,6 +1180,137 @@ async fn an_exhausted_ladder_fails_or_escalates() {
     gateway.stop().await;
 }
 
+/// A script that holds its first `silent` calls unanswered, then answers
+/// with `then`.
+fn silent_at_first(
+    silent: usize,
+    then: impl Fn(&baton::demo::vendor::Turn) -> Reply + Send + Sync + 'static,
+) -> impl Fn(&baton::demo::vendor::Turn) -> Reply + Send + Sync + 'static {
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    move |turn| {
+        if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < silent {
+            return Reply::Silent;
+        }
+        then(turn)
+    }
+}
+
+/// A gateway whose ladder is quick and escalates.
+async fn escalating_gateway() -> TestBaton {
+    baton()
+        .tune(|s| {
+            quick_ladder(s);
+            s.escalate = true;
+        })
+        .start()
+        .await
+}
+
+/// Answers the ESCALATED `task` with "go ahead", and returns the task as
+/// the answer leaves it.
+async fn go_ahead(gateway: &TestBaton, task: &Value) -> Value {
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{task}"
+    );
+    assert_eq!(reason(task), "ESCALATED");
+    let id = task["id"].as_str().unwrap();
+    let answer = user_message_on(id, &message_id("go"), "go ahead");
+    send(gateway, "/a2a", answer).await
+}
+
+/// The media types and texts of the parts of `agent`'s last SendMessage.
+fn last_delivery(agent: &VendorAgent) -> (Vec<String>, Vec<String>) {
+    let sends = agent.sends();
+    let parts = sends.last().unwrap().params["message"]["parts"].clone();
+    let parts: Vec<Part> = serde_json::from_value(parts).unwrap();
+    let types = parts.iter().map(|p| p.media_type.clone()).collect();
+    let texts = parts
+        .iter()
+        .filter_map(|p| match &p.content {
+            PartContent::Text(text) => Some(text.clone()),
+            _ => None,
+        })
+        .collect();
+    (types, texts)
+}
+
+/// The caller's answer to an escalated direct handoff or transfer delivers
+/// the handoff again, its payload with the answer, on a new ladder: the
+/// payload was lost, the target got the answer alone.
+#[tokio::test]
+async fn an_escalated_handoff_is_delivered_again_with_the_callers_answer() {
+    for transfer in [false, true] {
+        let gateway = escalating_gateway().await;
+        let billing = VendorAgent::start("billing", &["refund"], silent_at_first(2, |_| refund()))
+            .await
+            .unwrap();
+        register(&gateway, "billing", &billing, json!({})).await;
+        let triage = VendorAgent::start("triage", &["triage"], |_| Reply::Handoff {
+            payload: handoff_payload("triage", json!({"to": "billing"}), json!({})),
+            state: TaskState::Completed,
+        })
+        .await
+        .unwrap();
+        register(&gateway, "triage", &triage, json!({})).await;
+        let task = if transfer {
+            send_to_triage(&gateway, "t", "refund please").await
+        } else {
+            let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
+            send(&gateway, "/a2a", handoff_message(payload)).await
+        };
+        let task = go_ahead(&gateway, &task).await;
+        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+        assert_eq!(artifact_names(&task), ["refund"], "{task}");
+        let (types, texts) = last_delivery(&billing);
+        assert!(types.iter().any(|t| t == HANDOFF_MEDIA_TYPE), "{types:?}");
+        assert_eq!(texts.last().map(String::as_str), Some("go ahead"));
+        assert_eq!(billing.sends().len(), 3, "two attempts, then the answer's");
+        triage.stop().await;
+        billing.stop().await;
+        gateway.stop().await;
+    }
+}
+
+/// The caller's answer to an escalated return leg delivers the result to
+/// its source again, with the answer: the source got the answer alone.
+#[tokio::test]
+async fn an_escalated_return_is_delivered_again_with_the_callers_answer() {
+    let gateway = escalating_gateway().await;
+    let returned = silent_at_first(2, |turn| {
+        if data_of(&turn.message.parts, HANDOFF_RESULT_MEDIA_TYPE).is_some() {
+            Reply::artifact("case", json!({"closed": true}))
+        } else {
+            Reply::Fail("no handoff result".into())
+        }
+    });
+    let triage = VendorAgent::start("triage", &["triage"], move |turn| {
+        if turn.task_id.is_none() {
+            return triage_hands_off_for_result(json!({"to": "billing"}), TaskState::InputRequired);
+        }
+        returned(turn)
+    })
+    .await
+    .unwrap();
+    let billing = register_with_billing(&gateway, &triage).await;
+    let task = send_to_triage(&gateway, "r", "refund please").await;
+    let task = go_ahead(&gateway, &task).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(artifact_names(&task), ["refund", "case"], "{task}");
+    let (types, texts) = last_delivery(&triage);
+    assert!(
+        types.iter().any(|t| t == HANDOFF_RESULT_MEDIA_TYPE),
+        "{types:?}"
+    );
+    assert_eq!(texts.last().map(String::as_str), Some("go ahead"));
+    let sends = triage.sends();
+    let into = &sends.last().unwrap().params["message"]["taskId"];
+    assert_eq!(into, &sends[1].params["message"]["taskId"], "its own task");
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 /// The agent's tasks that got a CancelTask, once `count` have (or after
 /// five seconds).
 async fn canceled_tasks(agent: &VendorAgent, count: usize) -> Vec<String> {

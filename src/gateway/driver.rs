@@ -216,6 +216,7 @@ impl Driver {
     pub(super) async fn run(mut self, first: Turn, start: Start) {
         let mut hop_kind = HopKind::Call;
         let mut attempts = 1;
+        let mut turn = first;
         match start {
             Start::New(kind) => hop_kind = kind,
             Start::Accepted(made) => {
@@ -223,16 +224,19 @@ impl Driver {
                 attempts = made;
             }
             Start::Continued(record) => {
-                if !self.resume(&first.request.message, &record).await {
+                let Some((resumed, reopened)) = self.resume(&turn.request.message, &record).await
+                else {
                     // The task waits as it did: at its limit it fails now,
                     // else its deadline is watched again.
                     self.gateway.unregister_running(&self.task_id);
                     self.settle_interrupted().await;
                     return;
+                };
+                if reopened && let Some(redelivery) = self.redelivery(&resumed, &turn) {
+                    turn = redelivery;
                 }
             }
         }
-        let mut turn = first;
         let mut handed_on = false;
         loop {
             handed_on |= turn.handoff;
@@ -426,11 +430,18 @@ impl Driver {
     }
 
     /// The answer resumes the task: it is WORKING again until the agent says
-    /// otherwise. False when the task could not take the message.
-    async fn resume(&mut self, message: &Message, record: &TaskRecord) -> bool {
+    /// otherwise. `None` when the task could not take the message; else the
+    /// task as resumed, and whether the answer reopened a handoff's delivery
+    /// the ladder had escalated.
+    async fn resume(
+        &mut self,
+        message: &Message,
+        record: &TaskRecord,
+    ) -> Option<(Arc<TaskRecord>, bool)> {
         let (task_id, context_id) = (self.task_id.clone(), self.context_id.clone());
         let limits = self.gateway.settings.task_limits();
         let answers = record.task.status.state.is_interrupted();
+        let mut reopened = false;
         let appended = self
             .gateway
             .ledger
@@ -452,6 +463,7 @@ impl Driver {
                 if answers && !now.is_interrupted() {
                     return Err(TransitionError::AnsweredMeanwhile(now).into());
                 }
+                reopened = reopen_escalated_delivery(current);
                 current.task.history.push(message.clone());
                 if current.task.status.state == TaskState::Working {
                     return Ok::<_, LedgerError>(Vec::new());
@@ -469,12 +481,12 @@ impl Driver {
         match appended {
             Ok(updated) => {
                 self.created = true;
-                send_first(&mut self.first_tx, First::Task(Some(updated)));
-                true
+                send_first(&mut self.first_tx, First::Task(Some(updated.clone())));
+                Some((updated, reopened))
             }
             Err(err) => {
                 self.refuse(err).await;
-                false
+                None
             }
         }
     }
@@ -1457,12 +1469,35 @@ pub(super) fn note_hop(
         hop.reason = events.iter().rev().find_map(reason_of);
     }
     // A delivery acknowledged, or given up on (the ladder's end), is not
-    // made again. It is kept on its first hop, which a reroute's goes back to.
-    if first_ack || settled.is_some() {
+    // made again, unless the caller answers its escalation. It is kept on its
+    // first hop, which a reroute's goes back to.
+    let escalated = settled == Some(TaskState::InputRequired)
+        && hop.reason.as_deref() == Some(reasons::ESCALATED);
+    if first_ack || (settled.is_some() && !escalated) {
         for hop in &mut record.hops {
             hop.undelivered = None;
         }
     }
+}
+
+/// Opens again the delivery of a handoff the failure ladder escalated to
+/// the caller (its last hop, unacknowledged, ended ESCALATED), which the
+/// caller's answer lets try again; whether there was one.
+fn reopen_escalated_delivery(record: &mut TaskRecord) -> bool {
+    if record.task.status.state != TaskState::InputRequired {
+        return false;
+    }
+    let Some(hop) = record.hops.last_mut() else {
+        return false;
+    };
+    if hop.acked_at.is_some() || hop.reason.as_deref() != Some(reasons::ESCALATED) {
+        return false;
+    }
+    hop.ended_at = None;
+    hop.state = None;
+    hop.reason = None;
+    hop.attempts = 1;
+    true
 }
 
 /// The reason code in a status event's message, if it has one.

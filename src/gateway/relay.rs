@@ -565,6 +565,36 @@ impl Driver {
         if !unacknowledged {
             return None;
         }
+        self.pending_delivery(agent, record)
+    }
+
+    /// An escalated handoff's delivery, tried again on the caller's `answer`
+    /// (the ladder's end, DESIGN.md §3.3): the message it was delivering
+    /// with the answer's parts after its own, under the answer's messageId,
+    /// to the agent holding the task, on a new ladder.
+    pub(super) fn redelivery(&mut self, record: &TaskRecord, answer: &Turn) -> Option<Turn> {
+        let (mut turn, _) = self.pending_delivery(&answer.agent, record)?;
+        self.tried.clear();
+        let asked = &answer.request;
+        let message = &mut turn.request.message;
+        message.parts.extend(asked.message.parts.iter().cloned());
+        message.message_id.clone_from(&asked.message.message_id);
+        turn.request.streaming = asked.streaming;
+        turn.request
+            .accepted_output_modes
+            .clone_from(&asked.accepted_output_modes);
+        tracing::info!(task_id = %self.task_id, agent = %answer.agent.id, "the caller answered an escalated handoff; delivering it again");
+        Some(turn)
+    }
+
+    /// The delivery `record`'s last handoff was making, as first made, and
+    /// the attempts made (see [`Self::undelivered_handoff`]).
+    fn pending_delivery(
+        &mut self,
+        agent: &Arc<AgentEntry>,
+        record: &TaskRecord,
+    ) -> Option<(Turn, u32)> {
+        let last = record.hops.last()?;
         // The delivery began at its last hop that was no reroute.
         let first = record
             .hops

@@ -64,6 +64,26 @@ async fn stream_with(
     read_sse(response, 100).await
 }
 
+/// SendMessage with an `Idempotency-Key` to `/a2a`, on a task of its own:
+/// its reply's body.
+fn spawn_send_keyed(
+    baton: &TestBaton,
+    key: &str,
+    params: &Value,
+) -> tokio::task::JoinHandle<Value> {
+    let request = baton
+        .http
+        .post(baton.url("/a2a"))
+        .header("content-type", "application/json")
+        .header("a2a-version", "1.0")
+        .header("idempotency-key", key)
+        .body(
+            json!({"jsonrpc": "2.0", "id": 5, "method": "SendMessage", "params": params})
+                .to_string(),
+        );
+    tokio::spawn(async move { request.send().await.unwrap().json::<Value>().await.unwrap() })
+}
+
 fn task_id(reply: &Reply) -> String {
     reply.result()["task"]["id"]
         .as_str()
@@ -384,19 +404,7 @@ async fn a_blocking_repeat_waits_like_the_first_send() {
     let params = json!({"tenant": "gated", "message": user_message(&message_id("m"), "slow")});
 
     // The first blocking send is in flight (a client that then times out and retries).
-    let send = |baton: &TestBaton| {
-        let request = baton
-            .http
-            .post(baton.url("/a2a"))
-            .header("content-type", "application/json")
-            .header("a2a-version", "1.0")
-            .header("idempotency-key", key.clone())
-            .body(
-                json!({"jsonrpc": "2.0", "id": 5, "method": "SendMessage", "params": params})
-                    .to_string(),
-            );
-        tokio::spawn(async move { request.send().await.unwrap().json::<Value>().await.unwrap() })
-    };
+    let send = |baton: &TestBaton| spawn_send_keyed(baton, &key, &params);
     let first = send(&baton);
     let start = Instant::now();
     while listed(&baton).await.0 == 0 {
@@ -423,6 +431,60 @@ async fn a_blocking_repeat_waits_like_the_first_send() {
         retry["result"]["task"]["status"]["state"],
         "TASK_STATE_COMPLETED"
     );
+    assert_eq!(listed(&baton).await.0, 1);
+    baton.stop().await;
+}
+
+/// A repeat during a first send whose agent takes longer than a few
+/// seconds to answer waits for it, however long (up to the task timeout):
+/// it was answered -32603 after 5 s.
+#[tokio::test]
+async fn a_repeat_waits_for_a_first_send_slow_to_get_its_first_answer() {
+    let gated = GatedAgent::quiet();
+    let baton = baton().agent("gated", gated.clone()).start().await;
+    let key = fresh_key();
+    let params = json!({"tenant": "gated", "message": user_message(&message_id("m"), "slow")});
+    let first = spawn_send_keyed(&baton, &key, &params);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let repeat = spawn_send_keyed(&baton, &key, &params);
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    assert_eq!(listed(&baton).await.0, 0, "no answer yet, no task");
+    gated.release(1);
+    let first = tokio::time::timeout(WAIT, first).await.unwrap().unwrap();
+    let repeat = tokio::time::timeout(WAIT, repeat).await.unwrap().unwrap();
+    assert!(repeat.get("error").is_none(), "{repeat}");
+    assert_eq!(
+        repeat["result"]["task"]["id"],
+        first["result"]["task"]["id"]
+    );
+    assert_eq!(
+        first["result"]["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    assert_eq!(listed(&baton).await.0, 1);
+    baton.stop().await;
+}
+
+/// A send whose driver panicked (a gateway bug) lets its idempotency key
+/// go: the repeat runs, instead of waiting on a claim no one fills.
+#[tokio::test]
+async fn a_repeat_takes_over_the_key_of_a_send_that_panicked() {
+    let agent = common::agents::PanicsOnceAgent::new();
+    let baton = baton().agent("panics", agent).start().await;
+    let key = fresh_key();
+    let params = json!({"tenant": "panics", "message": user_message(&message_id("m"), "x")});
+    let first = send_keyed(&baton, "/a2a", &key, params.clone()).await;
+    assert_eq!(first.code(), Some(-32603), "{}", first.body);
+    let started = Instant::now();
+    let again = send_keyed(&baton, "/a2a", &key, params).await;
+    let took = started.elapsed();
+    assert_eq!(
+        again.result()["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED",
+        "took {took:?}: {}",
+        again.body
+    );
+    assert!(took < Duration::from_secs(2), "the repeat took {took:?}");
     assert_eq!(listed(&baton).await.0, 1);
     baton.stop().await;
 }

@@ -179,6 +179,8 @@ pub(super) struct Driver {
     /// The push config the send stored for the task it is to create: taken
     /// back if the task is never made.
     pub new_task_push: Option<String>,
+    /// The idempotency claim the send holds, let go of when the driver ends.
+    pub _held_claim: Option<super::send::HeldClaim>,
 }
 
 /// The agents' tasks a delivery took up, as its abandoned attempts' sweepers
@@ -1108,6 +1110,7 @@ impl Driver {
                 message: Some(message.clone()),
                 claimed_by: self.gateway.ledger.instance(),
                 history_from: None,
+                claim_number: 0,
             };
             if let Err(err) = self
                 .gateway

@@ -233,6 +233,10 @@ pub struct Gateway {
     /// Every task a driver works on, by id.
     // std Mutex: map operations only, never held across .await.
     running: Mutex<store::TaskMap<RunningTask>>,
+    /// The numbers of the idempotency claims sends of this run hold
+    /// ([`send::HeldClaim`]), and the last number given.
+    claims_held: Mutex<std::collections::HashSet<u64>>,
+    last_claim_number: std::sync::atomic::AtomicU64,
     /// Canceled at shutdown: ends streams and agent work.
     pub(crate) shutdown: CancellationToken,
     /// Turns of the round-robin among agents sharing a skill.
@@ -261,6 +265,8 @@ impl Gateway {
             push,
             settings,
             running: Mutex::default(),
+            claims_held: Mutex::default(),
+            last_claim_number: std::sync::atomic::AtomicU64::new(0),
             shutdown,
             balance: std::sync::atomic::AtomicU64::new(0),
             metrics,
@@ -1577,6 +1583,7 @@ mod tests {
             // An older build's claim, as a restart leaves it.
             claimed_by: 0,
             history_from: None,
+            claim_number: 0,
         };
         let claimed = ledger.claim_idempotency("alice", "k-old", &older).await;
         assert!(claimed.unwrap().is_none());
@@ -1609,6 +1616,7 @@ mod tests {
             message: None,
             claimed_by,
             history_from: None,
+            claim_number: 0,
         };
         (request, claim)
     }
@@ -1776,6 +1784,7 @@ mod tests {
             message: None,
             claimed_by: ledger.instance(),
             history_from: None,
+            claim_number: 0,
         };
         let (first, other) = (hi("m-first"), hi("m-other"));
         let first_claim = claim_of(&first, "t-never");
@@ -2143,6 +2152,7 @@ mod tests {
             message: Some(Message::agent(vec![Part::text("hello")])),
             claimed_by: ledger.instance(),
             history_from: None,
+            claim_number: 0,
         };
 
         let hold = ledger.hold_log();

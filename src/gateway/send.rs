@@ -25,6 +25,7 @@ use futures::FutureExt as _;
 use futures::future::Either;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::{broadcast, oneshot, watch};
 
@@ -659,12 +660,16 @@ impl Gateway {
         let task_id = continued
             .as_ref()
             .map_or_else(|| uuid::Uuid::now_v7().to_string(), |r| r.task.id.clone());
+        // Held from before the claim is written, so no repeat ever sees the
+        // claim without it.
+        let held_claim = ctx.idempotency_key.as_ref().map(|_| self.hold_claim());
         let claim = IdempotencyRecord {
             fingerprint: sent_fingerprint.clone(),
             task_id: task_id.clone(),
             message: None,
             claimed_by: self.ledger.instance(),
             history_from: continued.as_ref().map(|record| record.task.history.len()),
+            claim_number: held_claim.as_ref().map_or(0, |held| held.number),
         };
         // A continuation's claim is filled once its message is in the task.
         let answer = continued.is_some().then_some(message.message_id.as_str());
@@ -951,6 +956,7 @@ impl Gateway {
             last_state: None,
             adoptions: None,
             new_task_push: new_task_push.as_ref().map(|push| push.id.clone()),
+            _held_claim: held_claim,
         };
         let start = match continued {
             Some(record) => Start::Continued(record),
@@ -1288,6 +1294,7 @@ impl Gateway {
             last_state: None,
             adoptions: None,
             new_task_push: None,
+            _held_claim: None,
         };
         tokio::spawn(driver.recover(agent, record));
     }
@@ -1307,33 +1314,47 @@ impl Gateway {
 
     /// A repeated send may arrive while the first is still deciding between
     /// a task and a message, or still on its way into the task it continues
-    /// (`answer` is then its message's id); waits briefly for the outcome.
-    /// `None`, and this send claims the key in turn, if the first let go of
-    /// it (or another claim took it since), or left it unfilled at a restart.
+    /// (`answer` is then its message's id); waits for the outcome as long as
+    /// the first send may take (the task timeout). `None`, and this send
+    /// claims the key in turn, if the first let go of it (or another claim
+    /// took it since), or ended without filling it: before a restart, or in
+    /// this run (a failure that did not let go of it, a panic).
     async fn await_idempotent_result(
         &self,
         ctx: &CallContext,
         mut earlier: IdempotencyRecord,
         answer: Option<&str>,
     ) -> Result<Option<IdempotencyRecord>, GatewayError> {
-        // Claimed before a restart by a send whose agent never answered (or,
-        // continuing a task, that the task never took): no one will fill the
-        // claim, so it is let go and this send runs.
-        if earlier.claimed_by != self.ledger.instance()
-            && let Some(key) = &ctx.idempotency_key
-            && !self.claim_filled(&earlier, answer)?
-        {
-            tracing::info!(task_id = %earlier.task_id, "an idempotency key claimed before a restart, by a send that did not get its message into a task, is taken over");
-            self.ledger
-                .release_idempotency_if(&ctx.principal, key, &earlier)
-                .await?;
-            return Ok(None);
-        }
-        for _ in 0..250 {
+        let give_up = tokio::time::Instant::now() + self.settings.task_timeout;
+        let mut pause = Duration::from_millis(20);
+        loop {
             if self.claim_filled(&earlier, answer)? {
                 return Ok(Some(earlier));
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // Filled before the send holding it let go, or never: so it is
+            // checked again once that send is seen gone.
+            if let Some(key) = &ctx.idempotency_key
+                && !self.claim_is_held(&earlier)
+                && !self.claim_filled(&earlier, answer)?
+            {
+                tracing::info!(task_id = %earlier.task_id, "an idempotency key claimed by a send that ended without getting its message into a task is taken over");
+                self.ledger
+                    .release_idempotency_if(&ctx.principal, key, &earlier)
+                    .await?;
+                return Ok(None);
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return Err(GatewayError::Internal(
+                    "the first send with this idempotency key has not finished".into(),
+                ));
+            }
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = self.shutdown.cancelled() => {
+                    return Err(GatewayError::Internal("the gateway is shutting down".into()));
+                }
+            }
+            pause = (pause * 2).min(Duration::from_millis(500));
             if let Some(key) = &ctx.idempotency_key {
                 match self.ledger.claim_idempotency_peek(&ctx.principal, key)? {
                     // Released and claimed again, maybe for another message:
@@ -1349,9 +1370,32 @@ impl Gateway {
                 }
             }
         }
-        Err(GatewayError::Internal(
-            "the first send with this idempotency key has not finished".into(),
-        ))
+    }
+
+    /// A new number for an idempotency claim a send of this run is about to
+    /// make, held until the returned guard is dropped.
+    fn hold_claim(self: &Arc<Self>) -> HeldClaim {
+        let number = self.last_claim_number.fetch_add(1, Ordering::Relaxed) + 1;
+        self.claims_held.lock().expect("claims lock").insert(number);
+        HeldClaim {
+            gateway: self.clone(),
+            number,
+        }
+    }
+
+    /// Whether a send still holds `claim`: one of this run that has not
+    /// ended (an unnumbered claim of this run counts as held). A claim of
+    /// an earlier run never is: no one will fill it.
+    fn claim_is_held(&self, claim: &IdempotencyRecord) -> bool {
+        if claim.claimed_by != self.ledger.instance() {
+            return false;
+        }
+        claim.claim_number == 0
+            || self
+                .claims_held
+                .lock()
+                .expect("claims lock")
+                .contains(&claim.claim_number)
     }
 
     /// Whether the send that claimed `earlier` did its part: answered with a
@@ -1374,6 +1418,26 @@ impl Gateway {
             .get(earlier.history_from.unwrap_or(0)..)
             .unwrap_or_default();
         Ok(answer.is_none_or(|id| taken_since.iter().any(|message| message.message_id == id)))
+    }
+}
+
+/// An idempotency claim a send of this run holds, from before it is
+/// written until the send ends (its driver's end, or its own return): a
+/// repeat waits while it is held, and takes the key over once the send
+/// ended without filling it. Dropped on a panic too.
+pub(super) struct HeldClaim {
+    gateway: Arc<Gateway>,
+    /// The claim's [`IdempotencyRecord::claim_number`].
+    pub number: u64,
+}
+
+impl Drop for HeldClaim {
+    fn drop(&mut self) {
+        // Nothing panics under this lock; and a drop while unwinding must
+        // not panic again.
+        let mut held =
+            (self.gateway.claims_held.lock()).unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.remove(&self.number);
     }
 }
 

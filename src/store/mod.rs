@@ -687,6 +687,11 @@ pub struct IdempotencyRecord {
     /// reused). Absent in older records: the whole history counts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub history_from: Option<usize>,
+    /// Which of `claimed_by`'s claims this is (0: unnumbered, as in older
+    /// records): a repeat in the same run takes over a claim whose send
+    /// ended without filling it ([`crate::gateway::Gateway`]'s held claims).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub claim_number: u64,
 }
 
 /// Filters of a ListTasks query, already validated.
@@ -3243,6 +3248,7 @@ mod tests {
             message: None,
             claimed_by: 7,
             history_from: None,
+            claim_number: 0,
         };
         assert!(
             ledger

@@ -47,6 +47,8 @@ pub struct GatedAgent {
     card: AgentCard,
     /// Each permit lets one execution finish.
     pub gate: Arc<Semaphore>,
+    /// Reports nothing before its permit: no task exists until then.
+    quiet: bool,
 }
 
 impl GatedAgent {
@@ -55,6 +57,15 @@ impl GatedAgent {
         Self {
             card: card("gated"),
             gate: Arc::new(Semaphore::new(0)),
+            quiet: false,
+        }
+    }
+
+    /// A closed gate, before which the agent says nothing at all.
+    pub fn quiet() -> Self {
+        Self {
+            quiet: true,
+            ..Self::new()
         }
     }
 
@@ -71,7 +82,9 @@ impl Agent for GatedAgent {
     }
 
     async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
-        events.status(TaskState::Working, None).await;
+        if !self.quiet {
+            events.status(TaskState::Working, None).await;
+        }
         tokio::select! {
             permit = self.gate.acquire() => permit.expect("gate open").forget(),
             _ = request.cancel.cancelled() => return Ok(()),
@@ -83,6 +96,45 @@ impl Agent for GatedAgent {
                 ..Artifact::default()
             })
             .await;
+        events.status(TaskState::Completed, None).await;
+        Ok(())
+    }
+}
+
+/// Completes at once, but its first driver panics before the agent is
+/// called (in [`Agent::takes_follow_ups`]): a bug in the gateway, whose
+/// send must not keep its idempotency key.
+pub struct PanicsOnceAgent {
+    card: AgentCard,
+    panicked: std::sync::atomic::AtomicBool,
+}
+
+impl PanicsOnceAgent {
+    pub fn new() -> Self {
+        Self {
+            card: card("panics"),
+            panicked: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+#[async_trait]
+impl Agent for PanicsOnceAgent {
+    fn card(&self) -> &AgentCard {
+        &self.card
+    }
+
+    fn takes_follow_ups(&self) -> bool {
+        if !self
+            .panicked
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            panic!("a driver's bug, once");
+        }
+        false
+    }
+
+    async fn execute(&self, _: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
         events.status(TaskState::Completed, None).await;
         Ok(())
     }

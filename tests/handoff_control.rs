@@ -825,6 +825,72 @@ async fn an_agent_gets_the_control_in_metadata_and_headers_with_limits_never_len
     gateway.stop().await;
 }
 
+/// An agent learns the gateway task it works on, as its control's
+/// `parentTaskId`: a call it makes through the gateway quoting that
+/// control (DESIGN.md §3.1) is linked under that task (§3.3), in its trace
+/// and its cancel. It was linked under the task's own parent, or nothing.
+#[tokio::test]
+async fn a_call_an_agent_makes_quoting_its_control_is_linked_under_its_task() {
+    use baton::demo::vendor::{Reply, VendorAgent};
+    let gateway = baton().start().await;
+    let billing = refunding_billing(&gateway, json!({})).await;
+    let triage = VendorAgent::start("triage", &["triage"], |_| {
+        Reply::AskInput("Which order?".into())
+    })
+    .await
+    .unwrap();
+    let registered = gateway
+        .registry(
+            "RegisterAgent",
+            json!({"id": "triage", "card": triage.card()}),
+        )
+        .await;
+    assert!(registered.code().is_none(), "{}", registered.body);
+
+    let message = user_message(&message_id("root"), "refund please");
+    let root = gateway
+        .call_at(
+            "/agents/triage/a2a",
+            "SendMessage",
+            json!({"message": message}),
+        )
+        .await;
+    let root = root.result()["task"].clone();
+    let root_id = root["id"].as_str().unwrap();
+    let own = &root["metadata"]["urn:baton:handoff:v1"];
+    assert!(own.get("parentTaskId").is_none(), "a root task: {own}");
+    let seen = &triage.sends()[0].params["message"]["metadata"]["urn:baton:handoff:v1"];
+    assert_eq!(seen["parentTaskId"], root_id, "{seen}");
+
+    // Triage calls billing through the gateway, quoting its control.
+    let mut call = user_message(&message_id("child"), "refund order 7");
+    call["metadata"] = json!({"urn:baton:handoff:v1": seen});
+    let child = gateway
+        .call_at(
+            "/agents/billing/a2a",
+            "SendMessage",
+            json!({"message": call}),
+        )
+        .await;
+    let child = child.result()["task"].clone();
+    let control = &child["metadata"]["urn:baton:handoff:v1"];
+    assert_eq!(control["chain"], json!(["triage", "billing"]), "{control}");
+    assert_eq!(control["parentTaskId"], root_id, "{control}");
+    let trace = gateway
+        .http
+        .get(gateway.url(&format!("/tasks/{root_id}/trace")))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(trace["children"][0]["taskId"], child["id"], "{trace}");
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 /// An agency's own `maxHops` for its agent shortens the gateway's (5).
 #[tokio::test]
 async fn an_agents_registered_hop_limit_shortens_the_gateways() {

@@ -443,6 +443,34 @@ impl Control {
         )]))
     }
 
+    /// Names `task_id` as the parent in a metadata object's control, if it
+    /// has one: what an agent working on gateway task `task_id` is sent, so
+    /// that a handoff it makes quoting that control (DESIGN.md §3.1) is
+    /// linked under the task it works on (§3.3). The task's own control,
+    /// and its history's, keep naming the task's parent.
+    pub fn name_parent(metadata: &mut Option<wire::Struct>, task_id: &str) {
+        let Some(entry) = Self::entry(metadata.as_ref()).and_then(serde_json::Value::as_object)
+        else {
+            return;
+        };
+        let named = entry
+            .get("parentTaskId")
+            .and_then(serde_json::Value::as_str);
+        if task_id.is_empty() || named == Some(task_id) {
+            return;
+        }
+        // A copy: the message's metadata is shared with the task's history.
+        if let Some(serde_json::Value::Object(entry)) = metadata
+            .as_mut()
+            .and_then(|metadata| metadata.get_mut(HANDOFF_EXTENSION))
+        {
+            entry.insert(
+                "parentTaskId".into(),
+                serde_json::Value::String(task_id.into()),
+            );
+        }
+    }
+
     /// The parent task a metadata object's control names.
     pub fn parent_task_id_in(metadata: Option<&wire::Struct>) -> Option<&str> {
         Self::entry(metadata)?.get("parentTaskId")?.as_str()

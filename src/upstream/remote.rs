@@ -18,6 +18,7 @@ use crate::agents::{
     Agent, AgentError, AgentEvent, AgentEvents, AgentRequest, FollowUp, FollowUpReceiver,
     UpstreamRef,
 };
+use crate::handoff::control::Control;
 use crate::netguard::OutboundPolicy;
 use crate::protocol::{
     AgentCard, Artifact, CancelTaskRequest, GetTaskRequest, Message, ProtoEnum as _,
@@ -361,6 +362,8 @@ fn backoff(delay: Duration, max: Duration) -> Duration {
 /// A request's message as the agent should see it: with the agent's own
 /// task ids (`upstream`), or the gateway's `context_id` for a new task.
 fn outgoing(mut message: Message, upstream: Option<&UpstreamRef>, context_id: &str) -> Message {
+    // The gateway task the message is for, until the agent's ids replace it.
+    Control::name_parent(&mut message.metadata, &message.task_id);
     match upstream {
         Some(upstream) => {
             message.task_id = upstream.task_id.clone();

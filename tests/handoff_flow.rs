@@ -94,6 +94,21 @@ fn triage_hands_off_for_result(target: Value, state: TaskState) -> Reply {
     }
 }
 
+/// A triage script that hands a new task off to `target` for its result,
+/// leaving its own task `state`, and closes the case (an artifact "case")
+/// once the result comes back.
+fn triage_closing_the_case(
+    target: Value,
+    state: TaskState,
+) -> impl Fn(&baton::demo::vendor::Turn) -> Reply + Send + Sync + 'static {
+    move |turn| {
+        if data_of(&turn.message.parts, HANDOFF_RESULT_MEDIA_TYPE).is_some() {
+            return Reply::artifact("case", json!({"closed": true}));
+        }
+        triage_hands_off_for_result(target.clone(), state)
+    }
+}
+
 /// Every reason code in the task's history, in order.
 fn reasons_in_history(task: &Value) -> Vec<String> {
     task["history"]
@@ -1703,12 +1718,11 @@ async fn a_return_leg_past_its_ack_timeout_leaves_the_source_task_alone() {
 #[tokio::test]
 async fn a_result_returns_to_a_finished_sources_own_context() {
     let gateway = baton().start().await;
-    let triage = VendorAgent::start("triage", &["triage"], |turn| {
-        if data_of(&turn.message.parts, HANDOFF_RESULT_MEDIA_TYPE).is_some() {
-            return Reply::artifact("summary", json!({"closed": true}));
-        }
-        triage_hands_off_for_result(json!({"to": "billing"}), TaskState::Completed)
-    })
+    let triage = VendorAgent::start(
+        "triage",
+        &["triage"],
+        triage_closing_the_case(json!({"to": "billing"}), TaskState::Completed),
+    )
     .await
     .unwrap();
     triage.mint_own_contexts();
@@ -2591,12 +2605,11 @@ async fn a_targets_shorter_deadline_does_not_fail_its_source_after_the_return() 
 #[tokio::test]
 async fn a_result_returns_as_a_new_task_when_the_sources_own_task_ended() {
     let gateway = baton().start().await;
-    let triage = VendorAgent::start("triage", &["triage"], |turn| {
-        if data_of(&turn.message.parts, HANDOFF_RESULT_MEDIA_TYPE).is_some() {
-            return Reply::artifact("case", json!({"closed": true}));
-        }
-        triage_hands_off_for_result(json!({"to": "billing"}), TaskState::InputRequired)
-    })
+    let triage = VendorAgent::start(
+        "triage",
+        &["triage"],
+        triage_closing_the_case(json!({"to": "billing"}), TaskState::InputRequired),
+    )
     .await
     .unwrap();
     let billing = VendorAgent::start("billing", &["refund"], |turn| match turn.task_id {

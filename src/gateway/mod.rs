@@ -1637,138 +1637,98 @@ mod tests {
         task.history.into_iter().map(|m| m.message_id).collect()
     }
 
-    /// A keyed answer whose first send a crash stopped before the task took
-    /// it is taken up by its repeat after the restart, not answered with
-    /// the task still waiting, the answer lost.
-    #[tokio::test]
-    async fn a_keyed_answer_a_crash_kept_from_its_task_runs_on_its_repeat() {
-        let dir = tempfile::tempdir().unwrap();
-        let (ledger, gateway) = open_gateway(dir.path());
-        alices_task(&ledger, TaskState::InputRequired).await;
-        let (repeat, claim) = keyed_answer("a-1", 0);
-        let claimed = ledger.claim_idempotency("alice", "k-answer", &claim).await;
-        assert!(claimed.unwrap().is_none());
-
-        let ctx = alice(Some("k-answer"));
-        gateway.send_message(&ctx, repeat).await.unwrap();
-        let ids = history_of_t1(&ledger);
-        assert!(
-            ids.contains(&"a-1".into()),
-            "the answer reached the task: {ids:?}"
-        );
-        ledger.close();
-    }
-
-    /// A repeat of a keyed answer still on its way into the task waits for
-    /// it, rather than answering with the task as it was before.
-    #[tokio::test]
-    async fn a_repeated_keyed_answer_waits_until_its_task_took_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let (ledger, gateway) = open_gateway(dir.path());
-        alices_task(&ledger, TaskState::InputRequired).await;
-        let (mut repeat, claim) = keyed_answer("a-1", ledger.instance());
-        let answer = repeat.message.clone().unwrap();
-        // No agent drives the task here: the replay is not to wait for its end.
-        repeat.configuration = Some(SendMessageConfiguration {
-            return_immediately: true,
-            ..SendMessageConfiguration::default()
-        });
-        let claimed = ledger.claim_idempotency("alice", "k-answer", &claim).await;
-        assert!(claimed.unwrap().is_none());
-
-        let ctx = alice(Some("k-answer"));
-        let replay = gateway.send_message(&ctx, repeat);
-        tokio::pin!(replay);
-        assert!(
-            still_waiting(&mut replay).await,
-            "answered before the task took it"
-        );
-        // The first send's answer reaches the task.
-        ledger
-            .update("t1", |record: &mut TaskRecord| {
-                record.task.history.push(answer);
-                Ok::<_, LedgerError>(vec![status_of("t1", TaskState::Working)])
-            })
-            .await
-            .unwrap();
-        let SendReply::Task(task) = replay.await.unwrap() else {
-            panic!("a task, not a message");
-        };
-        let task = serde_json::to_value(&task).unwrap();
-        assert!(task["history"].to_string().contains("a-1"), "{task}");
-        ledger.close();
-    }
-
-    /// alice's task `t1`, waiting for input, whose history already holds a
-    /// message `message_id`; and the claim of a keyed answer reusing that
-    /// id, made once the task held it, by the ledger opening `claimed_by`.
-    async fn t1_with_a_reused_message_id(
+    /// alice's task `t1` waiting for input, and the claim of her keyed
+    /// answer "a-1" by the ledger opening `claimed_by`. With `reused`, the
+    /// task holds a message "a-1" already, from before the claim: a
+    /// messageId may be reused.
+    async fn t1_and_a_keyed_answer(
         ledger: &Ledger,
-        message_id: &str,
+        reused: bool,
         claimed_by: u64,
     ) -> (SendMessageRequest, store::IdempotencyRecord) {
         alices_task(ledger, TaskState::InputRequired).await;
-        ledger
-            .update("t1", |record: &mut TaskRecord| {
-                record.task.history.push(hi(message_id));
-                Ok::<_, LedgerError>(Vec::new())
-            })
-            .await
-            .unwrap();
-        let (request, mut claim) = keyed_answer(message_id, claimed_by);
-        claim.history_from = Some(1);
+        let (request, mut claim) = keyed_answer("a-1", claimed_by);
+        if reused {
+            ledger
+                .update("t1", |record: &mut TaskRecord| {
+                    record.task.history.push(hi("a-1"));
+                    Ok::<_, LedgerError>(Vec::new())
+                })
+                .await
+                .unwrap();
+            claim.history_from = Some(1);
+        }
         (request, claim)
     }
 
-    /// A keyed answer reusing a messageId the task already holds is not
-    /// taken as in the task by its repeat: the repeat waits for it.
-    #[tokio::test]
-    async fn a_repeated_keyed_answer_reusing_a_message_id_waits_until_its_task_took_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let (ledger, gateway) = open_gateway(dir.path());
-        let (mut repeat, claim) =
-            t1_with_a_reused_message_id(&ledger, "a-1", ledger.instance()).await;
-        let answer = repeat.message.clone().unwrap();
-        repeat.configuration = Some(SendMessageConfiguration {
-            return_immediately: true,
-            ..SendMessageConfiguration::default()
-        });
-        let claimed = ledger.claim_idempotency("alice", "k-answer", &claim).await;
-        assert!(claimed.unwrap().is_none());
-
-        let ctx = alice(Some("k-answer"));
-        let replay = gateway.send_message(&ctx, repeat);
-        tokio::pin!(replay);
-        assert!(
-            still_waiting(&mut replay).await,
-            "answered before the task took it"
-        );
-        ledger
-            .update("t1", |record: &mut TaskRecord| {
-                record.task.history.push(answer);
-                Ok::<_, LedgerError>(vec![status_of("t1", TaskState::Working)])
-            })
-            .await
-            .unwrap();
-        replay.await.unwrap();
-        assert_eq!(history_of_t1(&ledger), ["a-1", "a-1"]);
-        ledger.close();
+    /// What `t1`'s history holds once the answer of
+    /// [`t1_and_a_keyed_answer`] is in.
+    fn answered(reused: bool) -> &'static [&'static str] {
+        if reused { &["a-1", "a-1"] } else { &["a-1"] }
     }
 
-    /// A keyed answer reusing a messageId the task already holds, which a
-    /// crash kept from the task, is taken up by its repeat after the restart.
+    /// A keyed answer whose first send a crash stopped before the task took
+    /// it is taken up by its repeat after the restart, not answered with
+    /// the task still waiting, the answer lost; also when it reuses a
+    /// messageId the task holds.
     #[tokio::test]
-    async fn a_keyed_answer_reusing_a_message_id_a_crash_kept_from_its_task_runs_on_its_repeat() {
-        let dir = tempfile::tempdir().unwrap();
-        let (ledger, gateway) = open_gateway(dir.path());
-        let (repeat, claim) = t1_with_a_reused_message_id(&ledger, "a-1", 0).await;
-        let claimed = ledger.claim_idempotency("alice", "k-answer", &claim).await;
-        assert!(claimed.unwrap().is_none());
+    async fn a_keyed_answer_a_crash_kept_from_its_task_runs_on_its_repeat() {
+        for reused in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let (ledger, gateway) = open_gateway(dir.path());
+            let (repeat, claim) = t1_and_a_keyed_answer(&ledger, reused, 0).await;
+            let claimed = ledger.claim_idempotency("alice", "k-answer", &claim).await;
+            assert!(claimed.unwrap().is_none());
 
-        let ctx = alice(Some("k-answer"));
-        gateway.send_message(&ctx, repeat).await.unwrap();
-        assert_eq!(history_of_t1(&ledger), ["a-1", "a-1"]);
-        ledger.close();
+            let ctx = alice(Some("k-answer"));
+            gateway.send_message(&ctx, repeat).await.unwrap();
+            assert_eq!(history_of_t1(&ledger), answered(reused));
+            ledger.close();
+        }
+    }
+
+    /// A repeat of a keyed answer still on its way into the task waits for
+    /// it, rather than answering with the task as it was before; also when
+    /// it reuses a messageId the task holds.
+    #[tokio::test]
+    async fn a_repeated_keyed_answer_waits_until_its_task_took_it() {
+        for reused in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let (ledger, gateway) = open_gateway(dir.path());
+            let (mut repeat, claim) =
+                t1_and_a_keyed_answer(&ledger, reused, ledger.instance()).await;
+            let answer = repeat.message.clone().unwrap();
+            // No agent drives the task here: the replay is not to wait for its end.
+            repeat.configuration = Some(SendMessageConfiguration {
+                return_immediately: true,
+                ..SendMessageConfiguration::default()
+            });
+            let claimed = ledger.claim_idempotency("alice", "k-answer", &claim).await;
+            assert!(claimed.unwrap().is_none());
+
+            let ctx = alice(Some("k-answer"));
+            let replay = gateway.send_message(&ctx, repeat);
+            tokio::pin!(replay);
+            assert!(
+                still_waiting(&mut replay).await,
+                "answered before the task took it"
+            );
+            // The first send's answer reaches the task.
+            ledger
+                .update("t1", |record: &mut TaskRecord| {
+                    record.task.history.push(answer);
+                    Ok::<_, LedgerError>(vec![status_of("t1", TaskState::Working)])
+                })
+                .await
+                .unwrap();
+            let SendReply::Task(task) = replay.await.unwrap() else {
+                panic!("a task, not a message");
+            };
+            let task = serde_json::to_value(&task).unwrap();
+            assert!(task["history"].to_string().contains("a-1"), "{task}");
+            assert_eq!(history_of_t1(&ledger), answered(reused));
+            ledger.close();
+        }
     }
 
     /// A repeat waiting on a claim that is let go and claimed again by a

@@ -1195,6 +1195,42 @@ async fn an_exhausted_ladder_fails_or_escalates() {
     gateway.stop().await;
 }
 
+/// A request may shorten the ackTimeout (`ackTimeoutMs` in its control),
+/// never lengthen it: with the gateway's 5 s, 300 ms asked ends the ladder
+/// (two attempts, 200 ms apart) in about a second; with the gateway's
+/// 300 ms, a minute asked is not taken.
+#[tokio::test]
+async fn a_request_may_shorten_the_ack_timeout_but_not_lengthen_it() {
+    let silent = VendorAgent::start("silent", &["refund"], |_| Reply::Silent)
+        .await
+        .unwrap();
+    let gateways = [
+        baton()
+            .tune(|s| s.retry_delay = Duration::from_millis(200))
+            .start()
+            .await,
+        baton().tune(quick_ladder).start().await,
+    ];
+    for (gateway, asked) in gateways.into_iter().zip([300, 60_000]) {
+        register(&gateway, "silent", &silent, json!({})).await;
+        let payload = handoff_payload("triage", json!({"to": "silent"}), json!({}));
+        let mut message = handoff_message(payload);
+        message["metadata"] = json!({"urn:baton:handoff:v1": {"ackTimeoutMs": asked}});
+        let started = std::time::Instant::now();
+        let task = send(&gateway, "/a2a", message).await;
+        let took = started.elapsed();
+        assert_retried_then_unavailable(&gateway, &task).await;
+        assert!(
+            took < Duration::from_secs(3),
+            "asked {asked} ms, took {took:?}"
+        );
+        let control = &task["metadata"]["urn:baton:handoff:v1"];
+        assert_eq!(control["ackTimeoutMs"], asked, "{control}");
+        gateway.stop().await;
+    }
+    silent.stop().await;
+}
+
 /// A script that holds its first `silent` calls unanswered, then answers
 /// with `then`.
 fn silent_at_first(

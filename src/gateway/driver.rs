@@ -164,6 +164,9 @@ pub(super) struct Driver {
     pub task_cancel: CancellationToken,
     /// When the task's line of work must be done.
     pub deadline: Option<DateTime<Utc>>,
+    /// The ackTimeout the task's control asks for, shorter than the
+    /// gateway's or the agent's only (DESIGN.md §3.4).
+    pub asked_ack_timeout: Option<Duration>,
     /// The task exists in the ledger.
     pub created: bool,
     /// Where the first outcome goes, until it is known.
@@ -506,7 +509,11 @@ impl Driver {
     ) -> TurnEnd {
         let expiry = until(self.deadline);
         tokio::pin!(expiry);
-        let ack_timeout = handoff.then(|| self.gateway.ack_timeout(agent));
+        let ack_timeout = handoff.then(|| {
+            let ack_timeout = self.gateway.ack_timeout(agent);
+            self.asked_ack_timeout
+                .map_or(ack_timeout, |asked| asked.min(ack_timeout))
+        });
         let ack_timer = tokio::time::sleep(ack_timeout.unwrap_or(Duration::MAX / 4));
         tokio::pin!(ack_timer);
         let turn_started = std::time::Instant::now();

@@ -950,6 +950,7 @@ impl Gateway {
             context_id: request.context_id.clone(),
             task_cancel,
             deadline,
+            asked_ack_timeout: control.ack_timeout(),
             created: false,
             first_tx: Some(first_tx),
             tried: Vec::new(),
@@ -1279,6 +1280,7 @@ impl Gateway {
     /// Has a driver pick `record` up from its agent at start-up.
     fn follow_at_start_up(self: &Arc<Self>, agent: Arc<AgentEntry>, record: TaskRecord) {
         let task_cancel = self.enter_running(&record.task.id);
+        let control = Control::read_from(record.task.metadata.as_ref());
         let driver = Driver {
             gateway: self.clone(),
             owner: record.owner.clone(),
@@ -1287,7 +1289,8 @@ impl Gateway {
             task_id: record.task.id.clone(),
             context_id: record.task.context_id.clone(),
             task_cancel,
-            deadline: Control::read_from(record.task.metadata.as_ref()).and_then(|c| c.deadline),
+            deadline: control.as_ref().and_then(|c| c.deadline),
+            asked_ack_timeout: control.as_ref().and_then(Control::ack_timeout),
             created: true,
             first_tx: None,
             tried: Vec::new(),

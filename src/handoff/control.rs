@@ -74,6 +74,15 @@ pub struct Control {
         skip_serializing_if = "Option::is_none"
     )]
     pub correlation_id: Option<String>,
+    /// How long a handoff's target has to acknowledge it, in ms (0: not
+    /// set). §3.1 has no field for it, yet a request may shorten the
+    /// gateway's and the agent's ackTimeout (§3.4): never lengthen it.
+    #[serde(
+        default,
+        deserialize_with = "lenient::count",
+        skip_serializing_if = "is_unset"
+    )]
+    pub ack_timeout_ms: u32,
     /// The W3C `tracestate` the work came with, passed on unchanged to
     /// every later hop (kept here because a later hop's delivery is not
     /// the request that brought the header).
@@ -83,6 +92,10 @@ pub struct Control {
         skip_serializing_if = "Option::is_none"
     )]
     pub trace_state: Option<String>,
+}
+
+fn is_unset(ms: &u32) -> bool {
+    *ms == 0
 }
 
 /// Whether `value` may be sent as a header value as it is: what
@@ -394,6 +407,12 @@ impl Control {
             parent_task_id: first(|c| c.parent_task_id.clone()),
             handoff_id: first(|c| c.handoff_id.clone()),
             correlation_id: first(|c| c.correlation_id.clone()),
+            ack_timeout_ms: sources
+                .iter()
+                .map(|c| c.ack_timeout_ms)
+                .filter(|ms| *ms > 0)
+                .min()
+                .unwrap_or(0),
             trace_state: incoming
                 .tracestate
                 .clone()
@@ -485,6 +504,11 @@ impl Control {
         // serde's derive would also read an array, field by position.
         let entry = Self::entry(metadata).filter(|entry| entry.is_object())?;
         Self::deserialize(entry).ok()
+    }
+
+    /// The ackTimeout the control asks for, if any.
+    pub fn ack_timeout(&self) -> Option<Duration> {
+        (self.ack_timeout_ms > 0).then(|| Duration::from_millis(self.ack_timeout_ms.into()))
     }
 
     /// The headers that carry this control to an agent.

@@ -1195,6 +1195,69 @@ async fn an_exhausted_ladder_fails_or_escalates() {
     gateway.stop().await;
 }
 
+/// The caller's answer to a handoff escalated after a reroute delivers it
+/// again to the alternative holding the task, under the task's control
+/// (a chain ending with that agent), not the first choice's.
+#[tokio::test]
+async fn an_escalated_reroute_is_delivered_again_under_the_holders_control() {
+    let gateway = escalating_gateway().await;
+    let first = VendorAgent::start("a1", &["refund"], |_| Reply::Silent)
+        .await
+        .unwrap();
+    let second = VendorAgent::start("a2", &["refund"], silent_at_first(2, |_| refund()))
+        .await
+        .unwrap();
+    register(&gateway, "a1", &first, json!({})).await;
+    register(&gateway, "a2", &second, json!({})).await;
+    let payload = handoff_payload("triage", json!({"toSkill": "refund"}), json!({}));
+    let task = send(&gateway, "/a2a", handoff_message(payload)).await;
+    let task = go_ahead(&gateway, &task).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let chains: Vec<Value> = second
+        .sends()
+        .iter()
+        .map(|send| send.params["message"]["metadata"]["urn:baton:handoff:v1"]["chain"].clone())
+        .collect();
+    assert_eq!(chains.len(), 3, "{chains:?}");
+    for chain in &chains {
+        assert_eq!(chain, &json!(["a2"]), "{chains:?}");
+    }
+    first.stop().await;
+    second.stop().await;
+    gateway.stop().await;
+}
+
+/// A source that took a returned result into its task but answered after
+/// the ackTimeout refuses the retry (its task ended meanwhile): the result
+/// is not sent again as a new task, which it would work on twice.
+#[tokio::test]
+async fn a_refused_retry_of_a_return_does_not_deliver_the_result_again() {
+    let gateway = baton().tune(quick_ladder).start().await;
+    let results = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = results.clone();
+    let triage = VendorAgent::start("triage", &["triage"], move |turn| {
+        if data_of(&turn.message.parts, HANDOFF_RESULT_MEDIA_TYPE).is_none() {
+            return triage_hands_off_for_result(json!({"to": "billing"}), TaskState::InputRequired);
+        }
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let closed = Reply::artifact("case", json!({"closed": true}));
+        Reply::Late(Duration::from_millis(900), Box::new(closed))
+    })
+    .await
+    .unwrap();
+    let billing = register_with_billing(&gateway, &triage).await;
+    let task = send_to_triage(&gateway, "r", "refund please").await;
+    let state = task["status"]["state"].as_str().unwrap_or_default();
+    assert!(
+        state == "TASK_STATE_FAILED" || state == "TASK_STATE_COMPLETED",
+        "{task}"
+    );
+    assert_eq!(results.load(std::sync::atomic::Ordering::SeqCst), 1);
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 /// A request may shorten the ackTimeout (`ackTimeoutMs` in its control),
 /// never lengthen it: with the gateway's 5 s, 300 ms asked ends the ladder
 /// (two attempts, 200 ms apart) in about a second; with the gateway's

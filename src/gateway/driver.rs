@@ -276,8 +276,12 @@ impl Driver {
             if detached {
                 request.cancel = self.gateway.shutdown.child_token();
             }
-            // Only a return leg is a handoff into a task the agent holds.
-            let into_task = turn.handoff && !detached && request.upstream.is_some();
+            // Only a return leg is a handoff into a task the agent holds; a
+            // refusal of its retry may mean the source took the first
+            // attempt and ended its task since, so only the first attempt's
+            // may send the result to the context instead.
+            let into_task =
+                turn.handoff && !detached && request.upstream.is_some() && attempts == 1;
             let cancel = request.cancel.clone();
             let execution = Execution::new(
                 async move { agent.execute(request, events).await },

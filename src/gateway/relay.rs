@@ -577,6 +577,11 @@ impl Driver {
         self.tried.clear();
         let asked = &answer.request;
         let message = &mut turn.request.message;
+        // As first made, the message names its first target; the task's
+        // control is the holder's, after any reroute.
+        if let Some(control) = Control::read_from(record.task.metadata.as_ref()) {
+            control.write_into(&mut message.metadata);
+        }
         message.parts.extend(asked.message.parts.iter().cloned());
         message.message_id.clone_from(&asked.message.message_id);
         turn.request.streaming = asked.streaming;

@@ -1195,6 +1195,37 @@ async fn an_exhausted_ladder_fails_or_escalates() {
     gateway.stop().await;
 }
 
+/// The redelivery an answer to an escalated handoff makes is kept, with
+/// the answer's parts, where a restart's delivery finds it (the hop the
+/// delivery began at) until the agent acknowledges it.
+#[tokio::test]
+async fn an_escalated_handoffs_redelivery_is_kept_until_acknowledged() {
+    let gateway = escalating_gateway().await;
+    let billing = VendorAgent::start("billing", &["refund"], silent_at_first(3, |_| refund()))
+        .await
+        .unwrap();
+    register(&gateway, "billing", &billing, json!({})).await;
+    let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
+    let task = send(&gateway, "/a2a", handoff_message(payload)).await;
+    let id = task["id"].as_str().unwrap().to_string();
+    // The redelivery's first attempt goes unanswered: the retry comes
+    // 500 ms later.
+    let kept = async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let record = gateway.ledger.get(&id).unwrap().unwrap();
+        let undelivered = record.hops[0].undelivered.clone().expect("kept");
+        serde_json::to_string(&undelivered.message.parts).unwrap()
+    };
+    let (task, kept) = tokio::join!(go_ahead(&gateway, &task), kept);
+    assert!(kept.contains("go ahead"), "{kept}");
+    assert!(kept.contains(HANDOFF_MEDIA_TYPE), "{kept}");
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let record = gateway.ledger.get(&id).unwrap().unwrap();
+    assert!(record.hops.iter().all(|hop| hop.undelivered.is_none()));
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 /// The caller's answer to a handoff escalated after a reroute delivers it
 /// again to the alternative holding the task, under the task's control
 /// (a chain ending with that agent), not the first choice's.

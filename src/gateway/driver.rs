@@ -20,7 +20,7 @@ use crate::protocol::*;
 use crate::registry::AgentEntry;
 use crate::store::{
     ArtifactMark, Change, CreatedTask, HopKind, HopRecord, IdempotencyRecord, LedgerError,
-    TaskLimit, TaskRecord,
+    TaskLimit, TaskRecord, Undelivered,
 };
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
@@ -229,15 +229,26 @@ impl Driver {
                 attempts = made;
             }
             Start::Continued(record) => {
-                let Some((resumed, reopened)) = self.resume(&turn.request.message, &record).await
-                else {
+                // The caller's answer to an escalated handoff delivers it
+                // again; the answer's write keeps what goes, for a restart.
+                let redelivery = escalated_delivery(&record)
+                    .then(|| self.redelivery(&record, &turn))
+                    .flatten();
+                let redelivered = redelivery.as_ref().map(|turn| &turn.request.message);
+                let resumed = self
+                    .resume(&turn.request.message, &record, redelivered)
+                    .await;
+                let Some((resumed, reopened)) = resumed else {
                     // The task waits as it did: at its limit it fails now,
                     // else its deadline is watched again.
                     self.gateway.unregister_running(&self.task_id);
                     self.settle_interrupted().await;
                     return;
                 };
-                if reopened && let Some(redelivery) = self.redelivery(&resumed, &turn) {
+                if reopened && let Some(mut redelivery) = redelivery {
+                    if redelivery.request.task.is_some() {
+                        redelivery.request.task = Some(resumed.task.clone());
+                    }
                     turn = redelivery;
                 }
             }
@@ -446,6 +457,7 @@ impl Driver {
         &mut self,
         message: &Message,
         record: &TaskRecord,
+        redelivered: Option<&Message>,
     ) -> Option<(Arc<TaskRecord>, bool)> {
         let (task_id, context_id) = (self.task_id.clone(), self.context_id.clone());
         let limits = self.gateway.settings.task_limits();
@@ -472,7 +484,7 @@ impl Driver {
                 if answers && !now.is_interrupted() {
                     return Err(TransitionError::AnsweredMeanwhile(now).into());
                 }
-                reopened = reopen_escalated_delivery(current);
+                reopened = reopen_escalated_delivery(current, redelivered);
                 current.task.history.push(message.clone());
                 if current.task.status.state == TaskState::Working {
                     return Ok::<_, LedgerError>(Vec::new());
@@ -1494,23 +1506,46 @@ pub(super) fn note_hop(
     }
 }
 
-/// Opens again the delivery of a handoff the failure ladder escalated to
-/// the caller (its last hop, unacknowledged, ended ESCALATED), which the
-/// caller's answer lets try again; whether there was one.
-fn reopen_escalated_delivery(record: &mut TaskRecord) -> bool {
-    if record.task.status.state != TaskState::InputRequired {
+/// Whether the task waits on a handoff the failure ladder escalated to the
+/// caller: its last hop, unacknowledged, ended ESCALATED.
+fn escalated_delivery(record: &TaskRecord) -> bool {
+    record.task.status.state == TaskState::InputRequired
+        && record.hops.last().is_some_and(|hop| {
+            hop.acked_at.is_none() && hop.reason.as_deref() == Some(reasons::ESCALATED)
+        })
+}
+
+/// Opens again the delivery of a handoff escalated to the caller, which the
+/// caller's answer lets try again, keeping the message `redelivered` on the
+/// hop the delivery began at, where a restart's delivery finds it
+/// ([`Driver::undelivered_handoff`]); whether there was one.
+fn reopen_escalated_delivery(record: &mut TaskRecord, redelivered: Option<&Message>) -> bool {
+    if !escalated_delivery(record) {
         return false;
     }
-    let Some(hop) = record.hops.last_mut() else {
-        return false;
-    };
-    if hop.acked_at.is_some() || hop.reason.as_deref() != Some(reasons::ESCALATED) {
-        return false;
+    if let Some(hop) = record.hops.last_mut() {
+        hop.ended_at = None;
+        hop.state = None;
+        hop.reason = None;
+        hop.attempts = 1;
     }
-    hop.ended_at = None;
-    hop.state = None;
-    hop.reason = None;
-    hop.attempts = 1;
+    let origin = record
+        .hops
+        .iter_mut()
+        .rev()
+        .find(|hop| hop.kind != HopKind::Reroute);
+    if let (Some(origin), Some(message)) = (origin, redelivered) {
+        match &mut origin.undelivered {
+            Some(undelivered) => undelivered.message = message.clone(),
+            None => {
+                origin.undelivered = Some(Undelivered {
+                    message: message.clone(),
+                    skill: None,
+                    upstream: None,
+                })
+            }
+        }
+    }
     true
 }
 

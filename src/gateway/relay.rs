@@ -608,7 +608,7 @@ impl Driver {
         let origin = &record.hops[first];
         let (message, skill, source, task, upstream) = match origin.kind {
             HopKind::Direct if first == 0 && record.transfer.is_none() => {
-                let message = record.task.history.first()?.clone();
+                let message = as_first_made(origin, record)?;
                 let data = find_data(&message.parts, HANDOFF_MEDIA_TYPE)?;
                 let payload = PayloadValidator::shared().validate(data).ok()?;
                 let skill = match payload.target {
@@ -619,7 +619,7 @@ impl Driver {
             }
             // A routed call names no sender.
             HopKind::Routed if first == 0 && record.transfer.is_none() => {
-                let message = record.task.history.first()?.clone();
+                let message = as_first_made(origin, record)?;
                 (message, origin.skill.clone(), None, None, None)
             }
             kind @ (HopKind::Transfer | HopKind::Return) => {
@@ -902,6 +902,16 @@ impl Driver {
         self.gateway.metrics.rejected(reason);
         self.settle(TaskState::Rejected, vec![status_part(reason, detail)])
             .await;
+    }
+}
+
+/// A direct or routed call's message as its delivery makes it: the task's
+/// first, unless the caller's answer to its escalation made it anew (kept
+/// on its hop).
+fn as_first_made(origin: &HopRecord, record: &TaskRecord) -> Option<Message> {
+    match &origin.undelivered {
+        Some(undelivered) => Some(undelivered.message.clone()),
+        None => record.task.history.first().cloned(),
     }
 }
 

@@ -1057,8 +1057,7 @@ impl Gateway {
             let (events, limit) = (record.last_seq, limits.max_events);
             return Err(LedgerError::TooManyEvents { events, limit });
         }
-        let bytes = serde_json::to_vec(record).map_or(0, |json| json.len())
-            + serde_json::to_vec(message).map_or(0, |json| json.len());
+        let bytes = encoded_len(record) + encoded_len(message);
         if bytes > limits.max_bytes {
             let limit = limits.max_bytes;
             return Err(LedgerError::RecordTooLarge { bytes, limit });
@@ -1422,6 +1421,23 @@ impl Gateway {
             .unwrap_or_default();
         Ok(answer.is_none_or(|id| taken_since.iter().any(|message| message.message_id == id)))
     }
+}
+
+/// How long `value` is as JSON, counted as it is encoded, into no buffer.
+fn encoded_len(value: &impl serde::Serialize) -> usize {
+    /// Counts the bytes written to it.
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    serde_json::to_writer(&mut counter, value).map_or(0, |()| counter.0)
 }
 
 /// An idempotency claim a send of this run holds, from before it is

@@ -22,6 +22,18 @@ pub struct Health {
     pub error: Option<String>,
 }
 
+impl Health {
+    /// A check at `at` that found the agent up, answering in `latency`.
+    pub fn healthy(at: DateTime<Utc>, latency: std::time::Duration) -> Self {
+        Self {
+            status: HealthStatus::Healthy,
+            last_checked: Some(at),
+            latency_ms: Some(latency.as_millis().try_into().unwrap_or(u64::MAX)),
+            error: None,
+        }
+    }
+}
+
 /// Health states.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

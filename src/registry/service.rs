@@ -330,12 +330,7 @@ impl Registry {
             etag: entry.card.etag.clone(),
             registered_at: now,
             updated_at: now,
-            health: Health {
-                status: HealthStatus::Healthy,
-                last_checked: Some(now),
-                latency_ms: Some(0),
-                error: None,
-            },
+            health: Health::healthy(now, std::time::Duration::ZERO),
             card_url: None,
             skill_output_schemas: None,
             task_timeout_ms: None,
@@ -910,12 +905,9 @@ impl Registry {
             // An inline card needs no card from the agent's server, only an
             // answer: an agent under a sub-path of a server that serves no
             // card at its origin is up all the same.
-            Err(err) if record.card_url.is_none() && server_answered(&err) => Health {
-                status: HealthStatus::Healthy,
-                last_checked: Some(now),
-                latency_ms: Some(started.elapsed().as_millis() as u64),
-                error: None,
-            },
+            Err(err) if record.card_url.is_none() && server_answered(&err) => {
+                Health::healthy(now, started.elapsed())
+            }
             Ok(fetched) => {
                 if record.card_url.is_some()
                     && let Ok(card) = self.validator.validate(&fetched.json)
@@ -941,12 +933,7 @@ impl Registry {
                         }
                     }
                 }
-                Health {
-                    status: HealthStatus::Healthy,
-                    last_checked: Some(now),
-                    latency_ms: Some(fetched.latency.as_millis() as u64),
-                    error: None,
-                }
+                Health::healthy(now, fetched.latency)
             }
             Err(err) => Health {
                 status: HealthStatus::Unhealthy,

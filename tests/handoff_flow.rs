@@ -1195,9 +1195,9 @@ async fn an_exhausted_ladder_fails_or_escalates() {
     gateway.stop().await;
 }
 
-/// The redelivery an answer to an escalated handoff makes is kept, with
-/// the answer's parts, where a restart's delivery finds it (the hop the
-/// delivery began at) until the agent acknowledges it.
+/// The answer to an escalated handoff is kept where a restart's delivery
+/// finds it (the hop the delivery began at) until the agent acknowledges
+/// the redelivery; the task's first message is not copied again.
 #[tokio::test]
 async fn an_escalated_handoffs_redelivery_is_kept_until_acknowledged() {
     let gateway = escalating_gateway().await;
@@ -1213,15 +1213,80 @@ async fn an_escalated_handoffs_redelivery_is_kept_until_acknowledged() {
     let kept = async {
         tokio::time::sleep(Duration::from_millis(150)).await;
         let record = gateway.ledger.get(&id).unwrap().unwrap();
-        let undelivered = record.hops[0].undelivered.clone().expect("kept");
-        serde_json::to_string(&undelivered.message.parts).unwrap()
+        assert!(record.hops[0].undelivered.is_none(), "no copy");
+        let answer = record.hops[0].escalation_answer.clone().expect("kept");
+        serde_json::to_string(&answer.parts).unwrap()
     };
     let (task, kept) = tokio::join!(go_ahead(&gateway, &task), kept);
     assert!(kept.contains("go ahead"), "{kept}");
-    assert!(kept.contains(HANDOFF_MEDIA_TYPE), "{kept}");
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     let record = gateway.ledger.get(&id).unwrap().unwrap();
-    assert!(record.hops.iter().all(|hop| hop.undelivered.is_none()));
+    assert!(
+        record
+            .hops
+            .iter()
+            .all(|hop| hop.escalation_answer.is_none())
+    );
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+/// While the redelivery an answer to an escalated handoff made waits for
+/// the agent's acknowledgement, another message is refused at once, as it
+/// is while a handoff is first delivered: it hung, and reached no agent.
+#[tokio::test]
+async fn a_message_during_an_escalated_handoffs_redelivery_is_refused() {
+    let gateway = escalating_gateway().await;
+    let billing = VendorAgent::start("billing", &["refund"], silent_at_first(3, |_| refund()))
+        .await
+        .unwrap();
+    register(&gateway, "billing", &billing, json!({})).await;
+    let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
+    let task = send(&gateway, "/a2a", handoff_message(payload)).await;
+    let id = task["id"].as_str().unwrap().to_string();
+    let more = async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let message = user_message_on(&id, &message_id("more"), "also this");
+        let started = std::time::Instant::now();
+        let reply = gateway
+            .call("SendMessage", json!({"message": message}))
+            .await;
+        (reply, started.elapsed())
+    };
+    let (task, (reply, took)) = tokio::join!(go_ahead(&gateway, &task), more);
+    assert_eq!(reply.code(), Some(-32004), "{}", reply.body);
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+/// The answer to an escalated direct handoff as large as a task may hold
+/// is taken: its redelivery does not copy the task's first message again.
+#[tokio::test]
+async fn an_answer_to_an_escalated_large_handoff_fits_the_task() {
+    let gateway = baton()
+        .tune(|s| {
+            quick_ladder(s);
+            s.escalate = true;
+            s.max_task_bytes = 200_000;
+        })
+        .start()
+        .await;
+    let billing = VendorAgent::start("billing", &["refund"], silent_at_first(2, |_| refund()))
+        .await
+        .unwrap();
+    register(&gateway, "billing", &billing, json!({})).await;
+    let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
+    let mut message = handoff_message(payload);
+    let long = "x".repeat(110_000);
+    message["parts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"text": long}));
+    let task = send(&gateway, "/a2a", message).await;
+    let task = go_ahead(&gateway, &task).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
     billing.stop().await;
     gateway.stop().await;
 }

@@ -20,7 +20,7 @@ use crate::protocol::*;
 use crate::registry::AgentEntry;
 use crate::store::{
     ArtifactMark, Change, CreatedTask, HopKind, HopRecord, IdempotencyRecord, LedgerError,
-    TaskLimit, TaskRecord, Undelivered,
+    TaskLimit, TaskRecord,
 };
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
@@ -222,6 +222,8 @@ impl Driver {
         let mut hop_kind = HopKind::Call;
         let mut attempts = 1;
         let mut turn = first;
+        // Whether the turn delivers an escalated handoff again.
+        let mut redelivering = false;
         match start {
             Start::New(kind) => hop_kind = kind,
             Start::Accepted(made) => {
@@ -229,27 +231,19 @@ impl Driver {
                 attempts = made;
             }
             Start::Continued(record) => {
-                // The caller's answer to an escalated handoff delivers it
-                // again; the answer's write keeps what goes, for a restart.
-                let redelivery = escalated_delivery(&record)
-                    .then(|| self.redelivery(&record, &turn))
-                    .flatten();
-                let redelivered = redelivery.as_ref().map(|turn| &turn.request.message);
-                let resumed = self
-                    .resume(&turn.request.message, &record, redelivered)
-                    .await;
-                let Some((resumed, reopened)) = resumed else {
+                let Some((resumed, reopened)) = self.resume(&turn.request.message, &record).await
+                else {
                     // The task waits as it did: at its limit it fails now,
                     // else its deadline is watched again.
                     self.gateway.unregister_running(&self.task_id);
                     self.settle_interrupted().await;
                     return;
                 };
-                if reopened && let Some(mut redelivery) = redelivery {
-                    if redelivery.request.task.is_some() {
-                        redelivery.request.task = Some(resumed.task.clone());
-                    }
+                // The caller's answer to an escalated handoff delivers it
+                // again, with the answer the resumed task keeps for it.
+                if reopened && let Some(redelivery) = self.redelivery(&resumed, &turn) {
                     turn = redelivery;
+                    redelivering = true;
                 }
             }
         }
@@ -291,8 +285,12 @@ impl Driver {
             // refusal of its retry may mean the source took the first
             // attempt and ended its task since, so only the first attempt's
             // may send the result to the context instead.
-            let into_task =
-                turn.handoff && !detached && request.upstream.is_some() && attempts == 1;
+            // (A redelivery's earlier attempts may have been taken too.)
+            let into_task = turn.handoff
+                && !detached
+                && request.upstream.is_some()
+                && attempts == 1
+                && !std::mem::take(&mut redelivering);
             let cancel = request.cancel.clone();
             let execution = Execution::new(
                 async move { agent.execute(request, events).await },
@@ -457,7 +455,6 @@ impl Driver {
         &mut self,
         message: &Message,
         record: &TaskRecord,
-        redelivered: Option<&Message>,
     ) -> Option<(Arc<TaskRecord>, bool)> {
         let (task_id, context_id) = (self.task_id.clone(), self.context_id.clone());
         let limits = self.gateway.settings.task_limits();
@@ -484,7 +481,7 @@ impl Driver {
                 if answers && !now.is_interrupted() {
                     return Err(TransitionError::AnsweredMeanwhile(now).into());
                 }
-                reopened = reopen_escalated_delivery(current, redelivered);
+                reopened = reopen_escalated_delivery(current, message);
                 current.task.history.push(message.clone());
                 if current.task.status.state == TaskState::Working {
                     return Ok::<_, LedgerError>(Vec::new());
@@ -1502,6 +1499,7 @@ pub(super) fn note_hop(
     if first_ack || (settled.is_some() && !escalated) {
         for hop in &mut record.hops {
             hop.undelivered = None;
+            hop.escalation_answer = None;
         }
     }
 }
@@ -1516,10 +1514,10 @@ fn escalated_delivery(record: &TaskRecord) -> bool {
 }
 
 /// Opens again the delivery of a handoff escalated to the caller, which the
-/// caller's answer lets try again, keeping the message `redelivered` on the
-/// hop the delivery began at, where a restart's delivery finds it
-/// ([`Driver::undelivered_handoff`]); whether there was one.
-fn reopen_escalated_delivery(record: &mut TaskRecord, redelivered: Option<&Message>) -> bool {
+/// caller's `answer` lets try again; the hop the delivery began at keeps the
+/// answer, which goes after the delivery's message ([`Driver::redelivery`],
+/// and a restart's [`Driver::undelivered_handoff`]). Whether there was one.
+fn reopen_escalated_delivery(record: &mut TaskRecord, answer: &Message) -> bool {
     if !escalated_delivery(record) {
         return false;
     }
@@ -1534,17 +1532,8 @@ fn reopen_escalated_delivery(record: &mut TaskRecord, redelivered: Option<&Messa
         .iter_mut()
         .rev()
         .find(|hop| hop.kind != HopKind::Reroute);
-    if let (Some(origin), Some(message)) = (origin, redelivered) {
-        match &mut origin.undelivered {
-            Some(undelivered) => undelivered.message = message.clone(),
-            None => {
-                origin.undelivered = Some(Undelivered {
-                    message: message.clone(),
-                    skill: None,
-                    upstream: None,
-                })
-            }
-        }
+    if let Some(origin) = origin {
+        origin.escalation_answer = Some(answer.clone());
     }
     true
 }

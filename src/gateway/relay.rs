@@ -576,14 +576,6 @@ impl Driver {
         let (mut turn, _) = self.pending_delivery(&answer.agent, record)?;
         self.tried.clear();
         let asked = &answer.request;
-        let message = &mut turn.request.message;
-        // As first made, the message names its first target; the task's
-        // control is the holder's, after any reroute.
-        if let Some(control) = Control::read_from(record.task.metadata.as_ref()) {
-            control.write_into(&mut message.metadata);
-        }
-        message.parts.extend(asked.message.parts.iter().cloned());
-        message.message_id.clone_from(&asked.message.message_id);
         turn.request.streaming = asked.streaming;
         turn.request
             .accepted_output_modes
@@ -608,7 +600,7 @@ impl Driver {
         let origin = &record.hops[first];
         let (message, skill, source, task, upstream) = match origin.kind {
             HopKind::Direct if first == 0 && record.transfer.is_none() => {
-                let message = as_first_made(origin, record)?;
+                let message = record.task.history.first()?.clone();
                 let data = find_data(&message.parts, HANDOFF_MEDIA_TYPE)?;
                 let payload = PayloadValidator::shared().validate(data).ok()?;
                 let skill = match payload.target {
@@ -619,7 +611,7 @@ impl Driver {
             }
             // A routed call names no sender.
             HopKind::Routed if first == 0 && record.transfer.is_none() => {
-                let message = as_first_made(origin, record)?;
+                let message = record.task.history.first()?.clone();
                 (message, origin.skill.clone(), None, None, None)
             }
             kind @ (HopKind::Transfer | HopKind::Return) => {
@@ -644,6 +636,16 @@ impl Driver {
             }
             _ => return None,
         };
+        let mut message = message;
+        if let Some(answer) = &origin.escalation_answer {
+            // As first made, the message names its first target; the task's
+            // control is the holder's, after any reroute.
+            if let Some(control) = Control::read_from(record.task.metadata.as_ref()) {
+                control.write_into(&mut message.metadata);
+            }
+            message.parts.extend(answer.parts.iter().cloned());
+            message.message_id.clone_from(&answer.message_id);
+        }
         let given_up = &record.hops[first..record.hops.len() - 1];
         self.tried = given_up.iter().map(|hop| hop.agent.clone()).collect();
         // A reroute's alternative gets one attempt, which the restart ended:
@@ -902,16 +904,6 @@ impl Driver {
         self.gateway.metrics.rejected(reason);
         self.settle(TaskState::Rejected, vec![status_part(reason, detail)])
             .await;
-    }
-}
-
-/// A direct or routed call's message as its delivery makes it: the task's
-/// first, unless the caller's answer to its escalation made it anew (kept
-/// on its hop).
-fn as_first_made(origin: &HopRecord, record: &TaskRecord) -> Option<Message> {
-    match &origin.undelivered {
-        Some(undelivered) => Some(undelivered.message.clone()),
-        None => record.task.history.first().cloned(),
     }
 }
 

@@ -142,12 +142,14 @@ fn node_of(record: TaskRecord) -> TraceNode {
         updated_at: task.status.timestamp,
         parent_task_id: record.parent_task_id.clone(),
         reason: status_reason(task),
-        // A delivery kept for a restart is the task's content, not its path.
+        // A delivery (or an answer) kept for a restart is the task's
+        // content, not its path.
         hops: record
             .hops
             .into_iter()
             .map(|hop| HopRecord {
                 undelivered: None,
+                escalation_answer: None,
                 ..hop
             })
             .collect(),

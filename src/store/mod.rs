@@ -496,6 +496,11 @@ pub struct HopRecord {
     /// restart makes it again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undelivered: Option<Undelivered>,
+    /// The caller's answer to this delivery's escalation, delivered after
+    /// its message as first made until its agent acknowledges it (kept
+    /// here for a restart; the task's first message is not copied again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalation_answer: Option<crate::protocol::Message>,
 }
 
 /// A delivery its agent has not acknowledged yet.

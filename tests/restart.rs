@@ -1109,6 +1109,61 @@ async fn a_handoff_unacknowledged_at_a_crash_is_retried_after_restart() {
     worker.stop().await;
 }
 
+/// The caller's answer to an escalated handoff, kept on its hop, goes with
+/// the redelivery made after a crash cut the first one off, as it would
+/// have without the crash.
+#[tokio::test]
+async fn an_answer_to_an_escalated_handoff_is_delivered_after_a_crash() {
+    use baton::demo::vendor::{Reply, VendorAgent};
+    use baton::handoff::payload::HANDOFF_MEDIA_TYPE;
+    // Silent to the ladder's two attempts and to the answer's redelivery.
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    let worker = VendorAgent::start("worker", &["refund"], move |_| {
+        if counted.fetch_add(1, Ordering::SeqCst) < 3 {
+            Reply::Silent
+        } else {
+            Reply::artifact("refund", json!({"refundId": "rf_1"}))
+        }
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let start = || {
+        BatonProcess::builder(dir.path())
+            .args(["--allow-upstream", "127.0.0.0/8,::1"])
+            .args(["--ack-timeout-ms", "300", "--escalate"])
+            .start()
+    };
+    let mut first = start();
+    register_vendor(&first, "worker", &worker).await;
+    let payload = common::handoff_payload("triage", json!({"to": "worker"}), json!({}));
+    let message = common::handoff_message(payload);
+    let reply = first
+        .rpc("/a2a", "SendMessage", json!({"message": message}))
+        .await;
+    let task = &reply["result"]["task"];
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{reply}"
+    );
+    let id = task["id"].as_str().unwrap().to_string();
+    let answer = user_message_on(&id, &message_id("go"), "go ahead");
+    let params = json!({"message": answer, "configuration": {"returnImmediately": true}});
+    first.rpc("/a2a", "SendMessage", params).await;
+    wait_until("the worker got no redelivery", || worker.sends().len() >= 3).await;
+    first.kill();
+
+    let second = start();
+    let task = ended(&second, &id).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let sends = worker.sends();
+    let last = sends.last().unwrap().params["message"]["parts"].to_string();
+    assert!(last.contains("go ahead"), "{last}");
+    assert!(last.contains(HANDOFF_MEDIA_TYPE), "{last}");
+    worker.stop().await;
+}
+
 /// The same for a call a routing rule sent by skill (a handoff, DESIGN.md
 /// §3.3): after the restart the ladder goes on, by the rule's skill.
 #[tokio::test]

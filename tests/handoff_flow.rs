@@ -1214,8 +1214,8 @@ async fn an_escalated_handoffs_redelivery_is_kept_until_acknowledged() {
         tokio::time::sleep(Duration::from_millis(150)).await;
         let record = gateway.ledger.get(&id).unwrap().unwrap();
         assert!(record.hops[0].undelivered.is_none(), "no copy");
-        let answer = record.hops[0].escalation_answer.clone().expect("kept");
-        serde_json::to_string(&answer.parts).unwrap()
+        let at = record.hops[0].escalation_answer.expect("kept");
+        serde_json::to_string(&record.task.history[at].parts).unwrap()
     };
     let (task, kept) = tokio::join!(go_ahead(&gateway, &task), kept);
     assert!(kept.contains("go ahead"), "{kept}");
@@ -1261,32 +1261,117 @@ async fn a_message_during_an_escalated_handoffs_redelivery_is_refused() {
     gateway.stop().await;
 }
 
-/// The answer to an escalated direct handoff as large as a task may hold
-/// is taken: its redelivery does not copy the task's first message again.
+/// While a result's return leg waits for its source's acknowledgement,
+/// a caller's message is refused at once (-32004): there is no task the
+/// source has taken up yet for it to continue.
+#[tokio::test]
+async fn a_message_during_a_return_leg_is_refused() {
+    let gateway = baton().tune(quick_ladder).start().await;
+    let returned = silent_at_first(1, |_| Reply::artifact("case", json!({"closed": true})));
+    let triage = VendorAgent::start("triage", &["triage"], move |turn| {
+        if data_of(&turn.message.parts, HANDOFF_RESULT_MEDIA_TYPE).is_none() {
+            return triage_hands_off_for_result(json!({"to": "billing"}), TaskState::InputRequired);
+        }
+        returned(turn)
+    })
+    .await
+    .unwrap();
+    let billing = register_with_billing(&gateway, &triage).await;
+    let message = user_message(&message_id("r"), "refund please");
+    let params = json!({"message": message, "configuration": {"returnImmediately": true}});
+    let task = gateway
+        .call_at("/agents/triage/a2a", "SendMessage", params)
+        .await;
+    let id = task.result()["task"]["id"].as_str().unwrap().to_string();
+    wait_until("the result never went back", || triage.sends().len() >= 2).await;
+    let more = user_message_on(&id, &message_id("more"), "also this");
+    let started = std::time::Instant::now();
+    let reply = gateway.call("SendMessage", json!({"message": more})).await;
+    let took = started.elapsed();
+    assert_eq!(reply.code(), Some(-32004), "{}", reply.body);
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    triage.stop().await;
+    billing.stop().await;
+    gateway.stop().await;
+}
+
+/// The answer to an escalated direct handoff is taken when the task can
+/// hold it once: its redelivery copies neither the task's first message
+/// nor the answer into the record again. Once with a large first message,
+/// once with a large answer.
 #[tokio::test]
 async fn an_answer_to_an_escalated_large_handoff_fits_the_task() {
-    let gateway = baton()
-        .tune(|s| {
-            quick_ladder(s);
-            s.escalate = true;
-            s.max_task_bytes = 200_000;
-        })
-        .start()
-        .await;
-    let billing = VendorAgent::start("billing", &["refund"], silent_at_first(2, |_| refund()))
-        .await
-        .unwrap();
+    for large_answer in [false, true] {
+        let gateway = baton()
+            .tune(|s| {
+                quick_ladder(s);
+                s.escalate = true;
+                s.max_task_bytes = 200_000;
+            })
+            .start()
+            .await;
+        let billing = VendorAgent::start("billing", &["refund"], silent_at_first(2, |_| refund()))
+            .await
+            .unwrap();
+        register(&gateway, "billing", &billing, json!({})).await;
+        let long = "x".repeat(110_000);
+        let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
+        let mut message = handoff_message(payload);
+        if !large_answer {
+            let parts = message["parts"].as_array_mut().unwrap();
+            parts.push(json!({"text": long}));
+        }
+        let task = send(&gateway, "/a2a", message).await;
+        assert_eq!(reason(&task), "ESCALATED", "{task}");
+        let text = if large_answer {
+            long.as_str()
+        } else {
+            "go ahead"
+        };
+        let answer = user_message_on(task["id"].as_str().unwrap(), &message_id("go"), text);
+        let task = send(&gateway, "/a2a", answer).await;
+        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+        billing.stop().await;
+        gateway.stop().await;
+    }
+}
+
+/// A result returning, later in the same run of the task, to a source
+/// that ended its task still goes to that task's context when the run
+/// began with an escalated handoff's redelivery: only the redelivery's own
+/// turn may not readdress a refusal.
+#[tokio::test]
+async fn a_later_return_after_a_redelivery_may_still_go_to_its_sources_context() {
+    let gateway = escalating_gateway().await;
+    let triage = VendorAgent::start(
+        "triage",
+        &["triage"],
+        silent_at_first(
+            2,
+            triage_closing_the_case(json!({"to": "billing"}), TaskState::InputRequired),
+        ),
+    )
+    .await
+    .unwrap();
+    let billing = VendorAgent::start("billing", &["refund"], |_| {
+        Reply::Later(Duration::from_millis(600), Box::new(refund()))
+    })
+    .await
+    .unwrap();
+    register(&gateway, "triage", &triage, json!({})).await;
     register(&gateway, "billing", &billing, json!({})).await;
-    let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
-    let mut message = handoff_message(payload);
-    let long = "x".repeat(110_000);
-    message["parts"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"text": long}));
-    let task = send(&gateway, "/a2a", message).await;
-    let task = go_ahead(&gateway, &task).await;
+    let payload = handoff_payload("front", json!({"to": "triage"}), json!({}));
+    let task = send(&gateway, "/a2a", handoff_message(payload)).await;
+    // Triage closes its task while billing works.
+    let closed = async {
+        wait_until("billing got no work", || !billing.sends().is_empty()).await;
+        triage.complete_open_tasks()
+    };
+    let (task, closed) = tokio::join!(go_ahead(&gateway, &task), closed);
+    assert_eq!(closed, 1);
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(artifact_names(&task), ["refund", "case"], "{task}");
+    triage.stop().await;
     billing.stop().await;
     gateway.stop().await;
 }

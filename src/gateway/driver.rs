@@ -286,11 +286,12 @@ impl Driver {
             // attempt and ended its task since, so only the first attempt's
             // may send the result to the context instead.
             // (A redelivery's earlier attempts may have been taken too.)
+            let redelivered = std::mem::take(&mut redelivering);
             let into_task = turn.handoff
                 && !detached
                 && request.upstream.is_some()
                 && attempts == 1
-                && !std::mem::take(&mut redelivering);
+                && !redelivered;
             let cancel = request.cancel.clone();
             let execution = Execution::new(
                 async move { agent.execute(request, events).await },
@@ -481,7 +482,7 @@ impl Driver {
                 if answers && !now.is_interrupted() {
                     return Err(TransitionError::AnsweredMeanwhile(now).into());
                 }
-                reopened = reopen_escalated_delivery(current, message);
+                reopened = reopen_escalated_delivery(current);
                 current.task.history.push(message.clone());
                 if current.task.status.state == TaskState::Working {
                     return Ok::<_, LedgerError>(Vec::new());
@@ -1514,10 +1515,11 @@ fn escalated_delivery(record: &TaskRecord) -> bool {
 }
 
 /// Opens again the delivery of a handoff escalated to the caller, which the
-/// caller's `answer` lets try again; the hop the delivery began at keeps the
-/// answer, which goes after the delivery's message ([`Driver::redelivery`],
-/// and a restart's [`Driver::undelivered_handoff`]). Whether there was one.
-fn reopen_escalated_delivery(record: &mut TaskRecord, answer: &Message) -> bool {
+/// caller's answer, about to join the history, lets try again; the hop the
+/// delivery began at notes where the answer is, which goes after the
+/// delivery's message ([`Driver::redelivery`], and a restart's
+/// [`Driver::undelivered_handoff`]). Whether there was one.
+fn reopen_escalated_delivery(record: &mut TaskRecord) -> bool {
     if !escalated_delivery(record) {
         return false;
     }
@@ -1533,7 +1535,7 @@ fn reopen_escalated_delivery(record: &mut TaskRecord, answer: &Message) -> bool 
         .rev()
         .find(|hop| hop.kind != HopKind::Reroute);
     if let Some(origin) = origin {
-        origin.escalation_answer = Some(answer.clone());
+        origin.escalation_answer = Some(record.task.history.len());
     }
     true
 }

@@ -637,7 +637,10 @@ impl Driver {
             _ => return None,
         };
         let mut message = message;
-        if let Some(answer) = &origin.escalation_answer {
+        let answer = origin
+            .escalation_answer
+            .and_then(|at| record.task.history.get(at));
+        if let Some(answer) = answer {
             // As first made, the message names its first target; the task's
             // control is the holder's, after any reroute.
             if let Some(control) = Control::read_from(record.task.metadata.as_ref()) {

@@ -700,19 +700,20 @@ impl Gateway {
                 return Err(terminal_refusal(&record.task.id, state));
             }
             // A handoff's ladder is still looking for an agent to take it
-            // (SUBMITTED, a transfer's target yet to answer, or an escalated
-            // handoff delivered again on its caller's answer, WORKING while
-            // its hop waits for the acknowledgement): there is no agent task
-            // yet that a message could continue.
-            let redelivering = state == TaskState::Working
+            // (SUBMITTED, a transfer's target yet to answer, or a delivery
+            // into a WORKING task waiting for its acknowledgement: a result's
+            // return leg, an escalated handoff delivered again on its
+            // caller's answer): there is no agent task yet that a message
+            // could continue.
+            let awaiting_ack = state == TaskState::Working
                 && record
                     .hops
                     .last()
                     .is_some_and(|hop| hop.acked_at.is_none() && hop.kind != HopKind::Call);
             let unanswered = state == TaskState::Submitted
-                || (record.transfer.is_some() && !state.is_interrupted())
-                || redelivering;
-            if unanswered && record.upstream.is_none() {
+                || (record.transfer.is_some() && !state.is_interrupted());
+            // (A return leg names its source's task as the upstream one.)
+            if (unanswered && record.upstream.is_none()) || awaiting_ack {
                 return Err(GatewayError::UnsupportedOperation(format!(
                     "task {} has not been taken up by an agent yet ({}); send more once it \
                      is working or asks for input",

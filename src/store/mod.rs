@@ -496,11 +496,12 @@ pub struct HopRecord {
     /// restart makes it again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undelivered: Option<Undelivered>,
-    /// The caller's answer to this delivery's escalation, delivered after
-    /// its message as first made until its agent acknowledges it (kept
-    /// here for a restart; the task's first message is not copied again).
+    /// Where in the task's history the caller's answer to this delivery's
+    /// escalation is: delivered after the message as first made until the
+    /// agent acknowledges it (kept for a restart; history is never cut, and
+    /// nothing is copied).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub escalation_answer: Option<crate::protocol::Message>,
+    pub escalation_answer: Option<usize>,
 }
 
 /// A delivery its agent has not acknowledged yet.

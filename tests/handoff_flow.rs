@@ -35,6 +35,16 @@ async fn register_with_billing(gateway: &TestBaton, triage: &VendorAgent) -> Ven
     billing
 }
 
+/// Billing, asking which charge on a new task and refunding on the answer.
+async fn billing_asking_first() -> VendorAgent {
+    VendorAgent::start("billing", &["refund"], |turn| match turn.task_id {
+        None => Reply::AskInput("Which charge?".into()),
+        Some(_) => refund(),
+    })
+    .await
+    .unwrap()
+}
+
 /// A vendor agent `id` declaring `skills` that hands every task on to
 /// `target` (`{"to": ..}` or `{"toSkill": ..}`) for good.
 async fn handing_on(id: &str, skills: &[&str], target: Value) -> VendorAgent {
@@ -2838,12 +2848,7 @@ async fn a_targets_shorter_deadline_does_not_fail_its_source_after_the_return() 
     })
     .await
     .unwrap();
-    let billing = VendorAgent::start("billing", &["refund"], |turn| match turn.task_id {
-        None => Reply::AskInput("Which charge?".into()),
-        Some(_) => refund(),
-    })
-    .await
-    .unwrap();
+    let billing = billing_asking_first().await;
     register(&gateway, "triage", &triage, json!({})).await;
     register(
         &gateway,
@@ -2892,12 +2897,7 @@ async fn a_result_returns_as_a_new_task_when_the_sources_own_task_ended() {
     )
     .await
     .unwrap();
-    let billing = VendorAgent::start("billing", &["refund"], |turn| match turn.task_id {
-        None => Reply::AskInput("Which charge?".into()),
-        Some(_) => refund(),
-    })
-    .await
-    .unwrap();
+    let billing = billing_asking_first().await;
     register(&gateway, "triage", &triage, json!({})).await;
     register(&gateway, "billing", &billing, json!({})).await;
 

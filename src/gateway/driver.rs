@@ -1529,15 +1529,17 @@ fn reopen_escalated_delivery(record: &mut TaskRecord) -> bool {
         hop.reason = None;
         hop.attempts = 1;
     }
-    let origin = record
-        .hops
-        .iter_mut()
-        .rev()
-        .find(|hop| hop.kind != HopKind::Reroute);
-    if let Some(origin) = origin {
-        origin.escalation_answer = Some(record.task.history.len());
+    let answer_at = record.task.history.len();
+    if let Some(origin) = delivery_began_at(&record.hops) {
+        record.hops[origin].escalation_answer = Some(answer_at);
     }
     true
+}
+
+/// The hop a task's current delivery began at: its last that was no
+/// reroute (a reroute's delivery goes back to it).
+pub(super) fn delivery_began_at(hops: &[HopRecord]) -> Option<usize> {
+    hops.iter().rposition(|hop| hop.kind != HopKind::Reroute)
 }
 
 /// The reason code in a status event's message, if it has one.

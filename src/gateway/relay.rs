@@ -592,13 +592,9 @@ impl Driver {
         record: &TaskRecord,
     ) -> Option<(Turn, u32)> {
         let last = record.hops.last()?;
-        // The delivery began at its last hop that was no reroute.
-        let first = record
-            .hops
-            .iter()
-            .rposition(|hop| hop.kind != HopKind::Reroute)?;
+        let first = super::driver::delivery_began_at(&record.hops)?;
         let origin = &record.hops[first];
-        let (message, skill, source, task, upstream) = match origin.kind {
+        let (mut message, skill, source, task, upstream) = match origin.kind {
             HopKind::Direct if first == 0 && record.transfer.is_none() => {
                 let message = record.task.history.first()?.clone();
                 let data = find_data(&message.parts, HANDOFF_MEDIA_TYPE)?;
@@ -636,7 +632,6 @@ impl Driver {
             }
             _ => return None,
         };
-        let mut message = message;
         let answer = origin
             .escalation_answer
             .and_then(|at| record.task.history.get(at));

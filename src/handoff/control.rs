@@ -382,13 +382,10 @@ impl Control {
                 }
             })
             .to_vec();
-        let max_hops = sources
-            .iter()
-            .map(|c| c.max_hops)
-            .filter(|m| *m > 0)
-            .chain([limits.max_hops])
-            .min()
-            .unwrap_or(limits.max_hops);
+        // A limit given along the line of work (0: not given), the smallest.
+        let smallest =
+            |limit: fn(&Control) -> u32| sources.iter().map(|c| limit(c)).filter(|n| *n > 0).min();
+        let max_hops = smallest(|c| c.max_hops).map_or(limits.max_hops, |m| m.min(limits.max_hops));
         let timeout =
             chrono::Duration::from_std(limits.task_timeout).unwrap_or(chrono::Duration::MAX);
         let deadline = sources
@@ -407,12 +404,7 @@ impl Control {
             parent_task_id: first(|c| c.parent_task_id.clone()),
             handoff_id: first(|c| c.handoff_id.clone()),
             correlation_id: first(|c| c.correlation_id.clone()),
-            ack_timeout_ms: sources
-                .iter()
-                .map(|c| c.ack_timeout_ms)
-                .filter(|ms| *ms > 0)
-                .min()
-                .unwrap_or(0),
+            ack_timeout_ms: smallest(|c| c.ack_timeout_ms).unwrap_or(0),
             trace_state: incoming
                 .tracestate
                 .clone()
@@ -468,14 +460,9 @@ impl Control {
     /// linked under the task it works on (§3.3). The task's own control,
     /// and its history's, keep naming the task's parent.
     pub fn name_parent(metadata: &mut Option<wire::Struct>, task_id: &str) {
-        let Some(entry) = Self::entry(metadata.as_ref()).and_then(serde_json::Value::as_object)
-        else {
-            return;
-        };
-        let named = entry
-            .get("parentTaskId")
-            .and_then(serde_json::Value::as_str);
-        if task_id.is_empty() || named == Some(task_id) {
+        let has_control = Self::entry(metadata.as_ref()).is_some_and(serde_json::Value::is_object);
+        let named = Self::parent_task_id_in(metadata.as_ref());
+        if !has_control || task_id.is_empty() || named == Some(task_id) {
             return;
         }
         // A copy: the message's metadata is shared with the task's history.

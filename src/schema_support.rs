@@ -226,33 +226,17 @@ impl<'s> Expansion<'s> {
             _ if !root_id.is_empty() && reference == root_id => "",
             _ => return None,
         };
-        let fragment = percent_decoded(fragment)?;
+        let fragment = percent_encoding::percent_decode_str(fragment)
+            .decode_utf8()
+            .ok()?;
         if fragment.is_empty() {
             Some(self.root)
         } else if fragment.starts_with('/') {
             self.root.pointer(&fragment)
         } else {
-            self.anchors.get(fragment.as_str()).copied()
+            self.anchors.get(fragment.as_ref()).copied()
         }
     }
-}
-
-/// `text` with its `%XX` escapes decoded, if they make UTF-8.
-fn percent_decoded(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut at = 0;
-    while at < bytes.len() {
-        if bytes[at] == b'%' {
-            let hex = text.get(at + 1..at + 3)?;
-            decoded.push(u8::from_str_radix(hex, 16).ok()?);
-            at += 3;
-        } else {
-            decoded.push(bytes[at]);
-            at += 1;
-        }
-    }
-    String::from_utf8(decoded).ok()
 }
 
 #[cfg(test)]

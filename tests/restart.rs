@@ -1164,6 +1164,78 @@ async fn an_answer_to_an_escalated_handoff_is_delivered_after_a_crash() {
     worker.stop().await;
 }
 
+/// The same for a handoff the ladder rerouted before it escalated: the
+/// answer's redelivery to the alternative holding it begins a new ladder,
+/// so after a crash cut it off the alternative gets its retry, as it would
+/// have without the crash, and the agent given up on before the escalation
+/// is not tried again.
+#[tokio::test]
+async fn an_answer_to_an_escalated_reroute_is_delivered_after_a_crash() {
+    use baton::demo::vendor::{Reply, VendorAgent};
+    use baton::handoff::payload::HANDOFF_MEDIA_TYPE;
+    // Each is silent to its first two deliveries: the first choice's two
+    // attempts, or the reroute's and the answer's redelivery.
+    let silent_twice = |id: &'static str| {
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        VendorAgent::start(id, &["refunds"], move |_| {
+            if calls.fetch_add(1, Ordering::SeqCst) < 2 {
+                Reply::Silent
+            } else {
+                Reply::artifact("refund", json!({"by": id}))
+            }
+        })
+    };
+    let agents = [
+        silent_twice("refunds-a").await.unwrap(),
+        silent_twice("refunds-b").await.unwrap(),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let start = || {
+        BatonProcess::builder(dir.path())
+            .args(["--allow-upstream", "127.0.0.0/8,::1"])
+            .args(["--ack-timeout-ms", "300", "--escalate"])
+            .start()
+    };
+    let mut first = start();
+    for agent in &agents {
+        register_vendor(&first, &agent.card().name, agent).await;
+    }
+    let payload = common::handoff_payload("triage", json!({"toSkill": "refunds"}), json!({}));
+    let message = common::handoff_message(payload);
+    let reply = first
+        .rpc("/a2a", "SendMessage", json!({"message": message}))
+        .await;
+    let task = &reply["result"]["task"];
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{reply}"
+    );
+    let id = task["id"].as_str().unwrap().to_string();
+    let sends = || agents.iter().map(|a| a.sends().len()).collect::<Vec<_>>();
+    let [first_choice, holder] = if sends() == [2, 1] { [0, 1] } else { [1, 0] };
+    let answer = user_message_on(&id, &message_id("go"), "go ahead");
+    let params = json!({"message": answer, "configuration": {"returnImmediately": true}});
+    first.rpc("/a2a", "SendMessage", params).await;
+    wait_until("the holder got no redelivery", || sends()[holder] >= 2).await;
+    first.kill();
+
+    let second = start();
+    let task = ended(&second, &id).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(
+        sends()[first_choice],
+        2,
+        "given up on before the escalation"
+    );
+    assert_eq!(sends()[holder], 3, "the reroute, the redelivery, its retry");
+    let last = agents[holder].sends().last().unwrap().params["message"]["parts"].to_string();
+    assert!(last.contains("go ahead"), "{last}");
+    assert!(last.contains(HANDOFF_MEDIA_TYPE), "{last}");
+    for agent in agents {
+        agent.stop().await;
+    }
+}
+
 /// The same for a call a routing rule sent by skill (a handoff, DESIGN.md
 /// §3.3): after the restart the ladder goes on, by the rule's skill.
 #[tokio::test]

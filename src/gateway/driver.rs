@@ -1523,13 +1523,15 @@ fn reopen_escalated_delivery(record: &mut TaskRecord) -> bool {
     if !escalated_delivery(record) {
         return false;
     }
+    let answer_at = record.task.history.len();
     if let Some(hop) = record.hops.last_mut() {
         hop.ended_at = None;
         hop.state = None;
         hop.reason = None;
         hop.attempts = 1;
+        // The redelivery's ladder begins at this hop (a restart's too).
+        hop.escalation_answer = Some(answer_at);
     }
-    let answer_at = record.task.history.len();
     if let Some(origin) = delivery_began_at(&record.hops) {
         record.hops[origin].escalation_answer = Some(answer_at);
     }

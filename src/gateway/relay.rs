@@ -573,8 +573,8 @@ impl Driver {
     /// with the answer's parts after its own, under the answer's messageId,
     /// to the agent holding the task, on a new ladder.
     pub(super) fn redelivery(&mut self, record: &TaskRecord, answer: &Turn) -> Option<Turn> {
+        // Its ladder begins at the reopened hop: nothing tried yet.
         let (mut turn, _) = self.pending_delivery(&answer.agent, record)?;
-        self.tried.clear();
         let asked = &answer.request;
         turn.request.streaming = asked.streaming;
         turn.request
@@ -644,7 +644,12 @@ impl Driver {
             message.parts.extend(answer.parts.iter().cloned());
             message.message_id.clone_from(&answer.message_id);
         }
-        let given_up = &record.hops[first..record.hops.len() - 1];
+        // A redelivery's ladder began at the hop the answer reopened.
+        let ladder_from = record.hops[first..]
+            .iter()
+            .rposition(|hop| hop.escalation_answer.is_some())
+            .map_or(first, |at| first + at);
+        let given_up = &record.hops[ladder_from..record.hops.len() - 1];
         self.tried = given_up.iter().map(|hop| hop.agent.clone()).collect();
         // A reroute's alternative gets one attempt, which the restart ended:
         // its message is only the next reroute's, whose control is rewritten.

@@ -499,7 +499,8 @@ pub struct HopRecord {
     /// Where in the task's history the caller's answer to this delivery's
     /// escalation is: delivered after the message as first made until the
     /// agent acknowledges it (kept for a restart; history is never cut, and
-    /// nothing is copied).
+    /// nothing is copied). Noted on the hop the delivery began at, and on
+    /// the hop the answer reopened, where the redelivery's ladder begins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub escalation_answer: Option<usize>,
 }

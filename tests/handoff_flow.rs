@@ -1577,6 +1577,39 @@ async fn an_escalated_handoff_is_delivered_again_with_the_callers_answer() {
     }
 }
 
+/// A redelivery escalated again carries every answer the agent has not
+/// acknowledged, in order: the first answer's facts were lost when the
+/// second replaced it.
+#[tokio::test]
+async fn an_escalated_redelivery_carries_every_unacknowledged_answer() {
+    let gateway = escalating_gateway().await;
+    // Silent to the ladder's two attempts and to the first answer's two.
+    let billing = VendorAgent::start("billing", &["refund"], silent_at_first(4, |_| refund()))
+        .await
+        .unwrap();
+    register(&gateway, "billing", &billing, json!({})).await;
+    let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
+    let task = send(&gateway, "/a2a", handoff_message(payload)).await;
+    let id = task["id"].as_str().unwrap();
+    let account = user_message_on(id, &message_id("acct"), "the account is 1234");
+    let task = send(&gateway, "/a2a", account).await;
+    let task = go_ahead(&gateway, &task).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    assert_eq!(
+        billing.sends().len(),
+        5,
+        "two ladders of two, then the last"
+    );
+    let (types, texts) = last_delivery(&billing);
+    assert!(types.iter().any(|t| t == HANDOFF_MEDIA_TYPE), "{types:?}");
+    assert_eq!(texts, ["the account is 1234", "go ahead"]);
+    let sends = billing.sends();
+    let last = &sends.last().unwrap().params["message"]["messageId"];
+    assert!(last.as_str().unwrap().starts_with("go"), "{last}");
+    billing.stop().await;
+    gateway.stop().await;
+}
+
 /// The caller's answer to an escalated return leg delivers the result to
 /// its source again, with the answer: the source got the answer alone.
 #[tokio::test]

@@ -1516,8 +1516,8 @@ fn escalated_delivery(record: &TaskRecord) -> bool {
 
 /// Opens again the delivery of a handoff escalated to the caller, which the
 /// caller's answer, about to join the history, lets try again; the hop the
-/// delivery began at notes where the answer is, which goes after the
-/// delivery's message ([`Driver::redelivery`], and a restart's
+/// delivery began at notes where the first unacknowledged answer is, which
+/// with those after it goes after the delivery's message ([`Driver::redelivery`], and a restart's
 /// [`Driver::undelivered_handoff`]). Whether there was one.
 fn reopen_escalated_delivery(record: &mut TaskRecord) -> bool {
     if !escalated_delivery(record) {
@@ -1530,10 +1530,14 @@ fn reopen_escalated_delivery(record: &mut TaskRecord) -> bool {
         hop.reason = None;
         hop.attempts = 1;
         // The redelivery's ladder begins at this hop (a restart's too).
-        hop.escalation_answer = Some(answer_at);
+        hop.escalation_answer.get_or_insert(answer_at);
     }
+    // An answer to a redelivery's escalation goes after the first, which
+    // the agent never acknowledged either.
     if let Some(origin) = delivery_began_at(&record.hops) {
-        record.hops[origin].escalation_answer = Some(answer_at);
+        record.hops[origin]
+            .escalation_answer
+            .get_or_insert(answer_at);
     }
     true
 }

@@ -632,17 +632,24 @@ impl Driver {
             }
             _ => return None,
         };
-        let answer = origin
+        // The caller's answers since the first escalation, none of which the
+        // agent acknowledged (other messages are refused meanwhile).
+        let answers = origin
             .escalation_answer
-            .and_then(|at| record.task.history.get(at));
-        if let Some(answer) = answer {
-            // As first made, the message names its first target; the task's
-            // control is the holder's, after any reroute.
-            if let Some(control) = Control::read_from(record.task.metadata.as_ref()) {
-                control.write_into(&mut message.metadata);
-            }
+            .and_then(|at| record.task.history.get(at..))
+            .unwrap_or_default()
+            .iter()
+            .filter(|said| said.role == Role::User);
+        let mut answered = false;
+        for answer in answers {
             message.parts.extend(answer.parts.iter().cloned());
             message.message_id.clone_from(&answer.message_id);
+            answered = true;
+        }
+        // As first made, the message names its first target; the task's
+        // control is the holder's, after any reroute.
+        if answered && let Some(control) = Control::read_from(record.task.metadata.as_ref()) {
+            control.write_into(&mut message.metadata);
         }
         // A redelivery's ladder began at the hop the answer reopened.
         let ladder_from = record.hops[first..]

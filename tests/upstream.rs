@@ -1605,9 +1605,10 @@ async fn a_follow_up_the_task_could_not_record_never_reaches_the_agent() {
 }
 
 /// A source agent whose one task, `up-1`, hands the work to echo (for its
-/// result if it `returns`) with the payload in an artifact, and a moment
-/// later leaves its own task INPUT_REQUIRED on the same stream; a result
-/// coming back completes it. Returns its URL and the requests it got.
+/// result if it `returns`) with the payload in an artifact, written with a
+/// WORKING status before it, and a moment later leaves its own task
+/// INPUT_REQUIRED on the same stream; a result coming back completes it.
+/// Returns its URL and the requests it got.
 async fn source_pausing_after_its_payload(returns: bool) -> (String, Arc<Mutex<Vec<Value>>>) {
     let sent = Arc::new(Mutex::new(Vec::new()));
     let recorder = sent.clone();
@@ -1626,22 +1627,31 @@ async fn source_pausing_after_its_payload(returns: bool) -> (String, Arc<Mutex<V
             let task = |state: &str| {
                 json!({"task": {"id": "up-1", "contextId": "up-ctx", "status": {"state": state}}})
             };
-            let mut events = Vec::new();
+            // Each write: after a delay in ms, its events.
+            let mut writes = Vec::new();
             if request["params"]["message"]["taskId"].as_str().unwrap_or_default().is_empty() {
                 let payload = handoff_payload("remote", json!({"to": "echo"}), json!({"returnToParent": returns}));
-                events.push((0, task("TASK_STATE_WORKING")));
-                events.push((0, json!({"artifactUpdate": {"taskId": "up-1", "contextId": "up-ctx",
-                    "artifact": {"artifactId": "h1", "parts": [handoff_part(payload)]}}})));
-                events.push((10, json!({"statusUpdate": {"taskId": "up-1", "contextId": "up-ctx",
-                    "status": {"state": "TASK_STATE_INPUT_REQUIRED"}}})));
+                writes.push((0, vec![task("TASK_STATE_WORKING")]));
+                // A state before the payload is no answer to where it leaves the task.
+                let on_it = json!({"messageId": "on-it", "role": "ROLE_AGENT", "parts": [{"text": "on it"}]});
+                writes.push((0, vec![
+                    json!({"statusUpdate": {"taskId": "up-1", "contextId": "up-ctx",
+                        "status": {"state": "TASK_STATE_WORKING", "message": on_it}}}),
+                    json!({"artifactUpdate": {"taskId": "up-1", "contextId": "up-ctx",
+                        "artifact": {"artifactId": "h1", "parts": [handoff_part(payload)]}}}),
+                ]));
+                writes.push((10, vec![json!({"statusUpdate": {"taskId": "up-1", "contextId": "up-ctx",
+                    "status": {"state": "TASK_STATE_INPUT_REQUIRED"}}})]));
             } else {
-                events.push((0, task("TASK_STATE_COMPLETED")));
+                writes.push((0, vec![task("TASK_STATE_COMPLETED")]));
             }
             let (sender, frames) = tokio::sync::mpsc::channel(4);
             tokio::spawn(async move {
-                for (delay, event) in events {
+                for (delay, events) in writes {
                     tokio::time::sleep(Duration::from_millis(delay)).await;
-                    let _ = sender.send(sse_frame(&id, event)).await;
+                    let frames: Result<String, _> =
+                        events.into_iter().map(|event| sse_frame(&id, event)).collect();
+                    let _ = sender.send(frames).await;
                 }
             });
             let body =
@@ -1676,6 +1686,52 @@ async fn a_result_returns_to_the_task_its_source_paused_just_after_handing_off()
     // The return leg continued the source's paused task, not a new one.
     let returned = &sent[1]["params"]["message"];
     assert_eq!(returned["taskId"], "up-1", "{returned}");
+}
+
+/// A polled source whose snapshot carries its payload with its task still
+/// WORKING, the state it was in, hands over at once: the state is the one
+/// the snapshot says. Its task went on being polled for half a second,
+/// waiting for a change of state that never came.
+#[tokio::test]
+async fn a_transfer_in_a_polled_snapshot_takes_the_state_it_came_with() {
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let recorder = sent.clone();
+    let app = axum::Router::new().fallback(move |body: axum::body::Bytes| {
+        let recorder = recorder.clone();
+        async move {
+            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            recorder.lock().unwrap().push(request["method"].clone());
+            let mut task = json!({"id": "up-1", "contextId": "up-ctx",
+                "status": {"state": "TASK_STATE_WORKING"}});
+            match request["method"].as_str() {
+                Some("GetTask") => {
+                    let payload = handoff_payload("remote", json!({"to": "echo"}), json!({}));
+                    task["artifacts"] =
+                        json!([{"artifactId": "h1", "parts": [handoff_part(payload)]}]);
+                }
+                Some("CancelTask") => task["status"]["state"] = json!("TASK_STATE_CANCELED"),
+                _ => task = json!({"task": task}),
+            }
+            rpc_answer(&request["id"], "result", task)
+        }
+    });
+    let url = format!("{}/a2a", serve_on_loopback(app).await);
+    let gateway = gateway_for(card_at(&url, false), fast_upstream()).await;
+    let first = gateway
+        .send_text(&message_id("m"), "start", json!({}))
+        .await;
+    let task_id = first["task"]["id"].as_str().unwrap();
+    gateway
+        .wait_for_state("/a2a", task_id, "TASK_STATE_COMPLETED")
+        .await;
+    let polls = sent
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|m| *m == "GetTask")
+        .count();
+    assert_eq!(polls, 1, "{:?}", sent.lock().unwrap());
+    gateway.stop().await;
 }
 
 #[tokio::test]

@@ -611,19 +611,24 @@ impl Driver {
                     metrics.acknowledged(&agent.id, turn_started.elapsed());
                 }
             }
-            if let Some(mut offer) = find_transfer(&batch, &agent.id) {
+            if let Some((data, said)) = find_transfer(&batch, &agent.id) {
                 // A payload in an artifact may come a moment before the
                 // status the source leaves its own task in: that decides
                 // where a returned result goes (DESIGN.md §3.3).
-                if !batch.iter().any(|event| state_set_by(event).is_some()) {
-                    let waited = tokio::time::timeout(
+                let state = match said {
+                    Some(state) => Some(state),
+                    None => tokio::time::timeout(
                         TRANSFER_STATUS_WAIT,
                         next_state(&mut receiver, &mut execution, &mut batch),
-                    );
-                    if let Ok(Some(state)) = waited.await {
-                        offer.state = state;
-                    }
-                }
+                    )
+                    .await
+                    .ok()
+                    .flatten(),
+                };
+                let offer = TransferOffer {
+                    data,
+                    state: state.unwrap_or(TaskState::Working),
+                };
                 execution.abort();
                 let bound = last_bound(&batch);
                 self.adopt(&agent.id, bound.as_ref());
@@ -1614,12 +1619,16 @@ fn last_bound(batch: &[AgentEvent]) -> Option<UpstreamRef> {
 /// naming someone else is data the agent passes along (an echo, a quote),
 /// not a handoff of its own. One naming no sender is the agent's own: no
 /// valid payload it could quote lacks one, so it is validated, and refused
-/// with the violations, rather than passed along unread.
-fn find_transfer(batch: &[AgentEvent], agent: &str) -> Option<TransferOffer> {
-    let mut state = TaskState::Working;
+/// with the violations, rather than passed along unread. With its data, the
+/// state the agent left its own task in with it or after it, if it said (a
+/// state before it is no answer).
+fn find_transfer(
+    batch: &[AgentEvent],
+    agent: &str,
+) -> Option<(serde_json::Value, Option<TaskState>)> {
+    let mut state = None;
     let mut data = None;
     for event in batch {
-        state = state_set_by(event).unwrap_or(state);
         let parts = match event {
             AgentEvent::Status { message, .. } => message.as_ref().map(|m| m.parts.as_slice()),
             AgentEvent::Artifact { artifact, .. } => Some(artifact.parts.as_slice()),
@@ -1635,8 +1644,11 @@ fn find_transfer(batch: &[AgentEvent], agent: &str) -> Option<TransferOffer> {
         {
             data = Some(found.clone());
         }
+        if data.is_some() {
+            state = state_set_by(event).or(state);
+        }
     }
-    data.map(|data| TransferOffer { data, state })
+    data.map(|data| (data, state))
 }
 
 /// How long a transfer found in an artifact waits for the status its source

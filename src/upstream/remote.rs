@@ -19,6 +19,7 @@ use crate::agents::{
     UpstreamRef,
 };
 use crate::handoff::control::Control;
+use crate::handoff::payload::{HANDOFF_MEDIA_TYPE, find_data};
 use crate::netguard::OutboundPolicy;
 use crate::protocol::{
     AgentCard, Artifact, CancelTaskRequest, GetTaskRequest, Message, ProtoEnum as _,
@@ -516,6 +517,10 @@ struct Follower {
     follow_ups: Option<FollowUpReceiver>,
     /// A follow-up went since the agent's last snapshot was asked for.
     forwarded: bool,
+    /// A handoff payload went in an artifact since the last status: the
+    /// gateway waits for the state the agent leaves its task in (a
+    /// transfer's), so the next status is reported even unchanged.
+    status_owed: bool,
 }
 
 impl Follower {
@@ -523,6 +528,7 @@ impl Follower {
         Self {
             follow_ups: events.take_follow_ups(),
             forwarded: false,
+            status_owed: false,
             events,
             bound: None,
             status: None,
@@ -561,6 +567,11 @@ impl Follower {
     /// Reports one event; `Done` when the gateway no longer listens.
     async fn emit(&mut self, event: AgentEvent) -> Flow {
         self.reported += 1;
+        if let AgentEvent::Artifact { artifact, .. } = &event
+            && find_data(&artifact.parts, HANDOFF_MEDIA_TYPE).is_some()
+        {
+            self.status_owed = true;
+        }
         if self.events.send(event).await {
             Flow::Continue
         } else {
@@ -668,13 +679,20 @@ impl Follower {
     async fn on_status(&mut self, status: TaskStatus) -> Result<Flow, AgentError> {
         let key = status_key(&status);
         let settled = ends_following(status.state);
-        if self.status.as_ref() != Some(&key) {
+        let owed = std::mem::take(&mut self.status_owed);
+        if owed || self.status.as_ref() != Some(&key) {
             self.status = Some(key);
             // Never SUBMITTED: a new gateway task starts there anyway, and a
-            // continued one, already WORKING, may not go back.
-            if status.state != TaskState::Submitted {
+            // continued one, already WORKING, may not go back. Owed, it says
+            // the agent keeps its task open.
+            let state = match status.state {
+                TaskState::Submitted if owed => Some(TaskState::Working),
+                TaskState::Submitted => None,
+                state => Some(state),
+            };
+            if let Some(state) = state {
                 let event = AgentEvent::Status {
-                    state: status.state,
+                    state,
                     message: status.message,
                 };
                 if self.emit(event).await == Flow::Done {
@@ -730,6 +748,55 @@ mod tests {
             events.push(event);
         }
         events
+    }
+
+    /// A payload in an artifact is followed by the status even unchanged:
+    /// the gateway waits for the state the agent leaves its task in.
+    #[tokio::test]
+    async fn a_handoff_payload_is_followed_by_the_status_it_owes() {
+        let (events, mut receiver) = AgentEvents::channel(64);
+        let mut follower = Follower::new(events);
+        follower
+            .on_task(task(TaskState::Working, vec![]))
+            .await
+            .unwrap();
+        drain(&mut receiver);
+        let mut payload = artifact("h1", "x");
+        payload.parts = vec![Part {
+            media_type: HANDOFF_MEDIA_TYPE.into(),
+            ..Part::data(serde_json::json!({"to": "echo"}))
+        }];
+        for reported in [
+            StreamResponse::Task(task(TaskState::Working, vec![payload.clone()])),
+            StreamResponse::ArtifactUpdate(TaskArtifactUpdateEvent {
+                task_id: "up-1".into(),
+                context_id: "ctx".into(),
+                artifact: payload.clone(),
+                ..Default::default()
+            }),
+        ] {
+            follower.on_event(reported).await.unwrap();
+            let status = TaskStatusUpdateEvent {
+                task_id: "up-1".into(),
+                context_id: "ctx".into(),
+                status: TaskStatus {
+                    state: TaskState::Working,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            follower
+                .on_event(StreamResponse::StatusUpdate(status))
+                .await
+                .unwrap();
+            let seen = drain(&mut receiver);
+            assert!(matches!(seen[0], AgentEvent::Artifact { .. }), "{seen:?}");
+            let states: Vec<_> = seen
+                .iter()
+                .filter(|event| matches!(event, AgentEvent::Status { .. }))
+                .collect();
+            assert_eq!(states.len(), 1, "owed once: {seen:?}");
+        }
     }
 
     #[tokio::test]

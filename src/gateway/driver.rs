@@ -10,7 +10,9 @@
 
 use super::send::First;
 use super::{Gateway, send::enforce_return_schema};
-use crate::agents::{AgentError, AgentEvent, AgentEvents, AgentRequest, UpstreamRef};
+use crate::agents::{
+    AgentError, AgentEvent, AgentEvents, AgentRequest, FollowUpReceiver, UpstreamRef,
+};
 use crate::error::GatewayError;
 use crate::handoff::control::Control;
 use crate::handoff::payload::{HANDOFF_MEDIA_TYPE, find_data};
@@ -224,6 +226,8 @@ impl Driver {
         let mut turn = first;
         // Whether the turn delivers an escalated handoff again.
         let mut redelivering = false;
+        // Where the first turn takes follow-ups, if the resuming write set it.
+        let mut resumed_follow_ups = None;
         match start {
             Start::New(kind) => hop_kind = kind,
             Start::Accepted(made) => {
@@ -231,7 +235,7 @@ impl Driver {
                 attempts = made;
             }
             Start::Continued(record) => {
-                let Some((resumed, reopened)) = self.resume(&turn.request.message, &record).await
+                let Some((resumed, reopened, follow_ups)) = self.resume(&turn, &record).await
                 else {
                     // The task waits as it did: at its limit it fails now,
                     // else its deadline is watched again.
@@ -239,6 +243,7 @@ impl Driver {
                     self.settle_interrupted().await;
                     return;
                 };
+                resumed_follow_ups = follow_ups;
                 // The caller's answer to an escalated handoff delivers it
                 // again, with the answer the resumed task keeps for it.
                 if reopened && let Some(redelivery) = self.redelivery(&resumed, &turn) {
@@ -256,9 +261,12 @@ impl Driver {
             }
             let user_message = (!self.created).then(|| turn.request.message.clone());
             let (events, receiver) = AgentEvents::channel(64);
-            let events = self
-                .gateway
-                .follow_ups_to(&self.task_id, &turn.agent, events);
+            let events = match resumed_follow_ups.take() {
+                Some(follow_ups) => events.with_follow_ups(follow_ups),
+                None => self
+                    .gateway
+                    .follow_ups_to(&self.task_id, &turn.agent, events),
+            };
             let agent = turn.agent.agent.clone();
             // Only a handoff's turn may be sent again (a retry or a reroute,
             // `next_attempt`); any other gives its message to the agent.
@@ -450,19 +458,23 @@ impl Driver {
 
     /// The answer resumes the task: it is WORKING again until the agent says
     /// otherwise. `None` when the task could not take the message; else the
-    /// task as resumed, and whether the answer reopened a handoff's delivery
-    /// the ladder had escalated.
+    /// task as resumed, whether the answer reopened a handoff's delivery
+    /// the ladder had escalated, and where the turn's agent takes follow-ups
+    /// (registered with the write, so that a message to the task WORKING
+    /// again finds the follower, not room for a second execution).
     async fn resume(
         &mut self,
-        message: &Message,
+        turn: &Turn,
         record: &TaskRecord,
-    ) -> Option<(Arc<TaskRecord>, bool)> {
+    ) -> Option<(Arc<TaskRecord>, bool, Option<FollowUpReceiver>)> {
+        let message = &turn.request.message;
         let (task_id, context_id) = (self.task_id.clone(), self.context_id.clone());
         let limits = self.gateway.settings.task_limits();
         let answers = record.task.status.state.is_interrupted();
         let mut reopened = false;
-        let appended = self
-            .gateway
+        let mut follow_ups = None;
+        let gateway = &self.gateway;
+        let appended = gateway
             .ledger
             .update_within(&task_id, limits, |current| {
                 // However it is written, the agent's first report would
@@ -484,6 +496,7 @@ impl Driver {
                 }
                 reopened = reopen_escalated_delivery(current);
                 current.task.history.push(message.clone());
+                follow_ups = gateway.register_follower(&task_id, &turn.agent);
                 if current.task.status.state == TaskState::Working {
                     return Ok::<_, LedgerError>(Vec::new());
                 }
@@ -501,7 +514,7 @@ impl Driver {
             Ok(updated) => {
                 self.created = true;
                 send_first(&mut self.first_tx, First::Task(Some(updated.clone())));
-                Some((updated, reopened))
+                Some((updated, reopened, follow_ups))
             }
             Err(err) => {
                 self.refuse(err).await;

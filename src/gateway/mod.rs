@@ -12,7 +12,7 @@ pub use send::{SendOutcome, SendReply};
 pub use stream::TaskEventStream;
 pub use trace::{MAX_TRACE_DEPTH, MAX_TRACE_NODES, TraceNode, TraceReport};
 
-use crate::agents::{AgentEvents, FollowUpSender, UpstreamRef};
+use crate::agents::{AgentEvents, FollowUpReceiver, FollowUpSender, UpstreamRef};
 use crate::error::GatewayError;
 use crate::protocol::*;
 use crate::push::PushDispatcher;
@@ -978,16 +978,28 @@ impl Gateway {
         agent: &AgentEntry,
         events: AgentEvents,
     ) -> AgentEvents {
+        match self.register_follower(task_id, agent) {
+            Some(follow_ups) => events.with_follow_ups(follow_ups),
+            None => events,
+        }
+    }
+
+    /// Where `agent`'s next execution on `task_id` takes the task's
+    /// follow-ups from now on, if the agent forwards them and a driver runs
+    /// the task. Dropped, the follower is gone ([`Self::follower_of`]).
+    pub(crate) fn register_follower(
+        &self,
+        task_id: &str,
+        agent: &AgentEntry,
+    ) -> Option<FollowUpReceiver> {
         if !agent.agent.takes_follow_ups() {
-            return events;
+            return None;
         }
         let mut running = self.running.lock().expect("running lock");
-        let Some(entry) = running.get_mut(task_id) else {
-            return events;
-        };
+        let entry = running.get_mut(task_id)?;
         let (sender, receiver) = mpsc::channel(FOLLOW_UP_QUEUE);
         entry.follower = Some((agent.id.clone(), sender));
-        events.with_follow_ups(receiver)
+        Some(receiver)
     }
 
     /// Where `agent`'s execution following `task_id` takes follow-ups, if
@@ -1474,6 +1486,115 @@ mod tests {
         ) -> Result<(), crate::agents::AgentError> {
             Err(crate::agents::AgentError::Unreachable("down".into()))
         }
+    }
+
+    /// An agent that follows its tasks: a first message is asked for input;
+    /// an answer's execution takes a follow-up if one comes within 2 s,
+    /// then completes the task. It counts its executions and the
+    /// follow-ups it took.
+    struct FollowingAgent {
+        card: AgentCard,
+        executions: std::sync::atomic::AtomicUsize,
+        follow_ups: Mutex<Vec<String>>,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::agents::Agent for FollowingAgent {
+        fn card(&self) -> &AgentCard {
+            &self.card
+        }
+
+        fn takes_follow_ups(&self) -> bool {
+            true
+        }
+
+        async fn execute(
+            &self,
+            request: crate::agents::AgentRequest,
+            mut events: crate::agents::AgentEvents,
+        ) -> Result<(), crate::agents::AgentError> {
+            use std::sync::atomic::Ordering;
+            self.executions.fetch_add(1, Ordering::SeqCst);
+            if request.task.is_none() {
+                events.status(TaskState::InputRequired, None).await;
+                return Ok(());
+            }
+            events.status(TaskState::Working, None).await;
+            // The follow-up the test sends, if it comes here.
+            if let Some(mut follow_ups) = events.take_follow_ups()
+                && let Ok(Some(follow_up)) =
+                    tokio::time::timeout(Duration::from_secs(2), follow_ups.recv()).await
+            {
+                let id = follow_up.message.message_id.clone();
+                self.follow_ups.lock().unwrap().push(id);
+                let _ = follow_up.taken.send(Ok(()));
+            }
+            events.status(TaskState::Completed, None).await;
+            Ok(())
+        }
+    }
+
+    /// A message to a task its answer made WORKING again, while that write
+    /// waits to be durable, goes to the answer's execution as a follow-up:
+    /// it started a second execution of the agent on the task (the
+    /// follower was registered only once the write was durable).
+    #[tokio::test]
+    async fn a_message_to_a_task_just_resumed_is_a_follow_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        let card = gateway.agent("echo").unwrap().agent.card().clone();
+        let agent = Arc::new(FollowingAgent {
+            card,
+            executions: Default::default(),
+            follow_ups: Mutex::default(),
+        });
+        let policy = crate::registry::directory::AgentPolicy::default();
+        let now = chrono::Utc::now();
+        gateway
+            .directory()
+            .upsert("keeper", "alice", agent.clone(), policy, now);
+        let ctx = CallContext {
+            agent_id: "keeper".into(),
+            ..alice(None)
+        };
+        let send = |message: Message| {
+            let (gateway, ctx) = (gateway.clone(), ctx.clone());
+            let request = SendMessageRequest {
+                message: Some(message),
+                ..SendMessageRequest::default()
+            };
+            tokio::spawn(async move { gateway.send_message(&ctx, request).await })
+        };
+        let first = send(hi("m1")).await.unwrap().unwrap();
+        let SendReply::Task(task) = first else {
+            panic!("a task, not a message")
+        };
+        let task_id = serde_json::to_value(&task).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let on_task = |message_id: &str| Message {
+            task_id: task_id.clone(),
+            ..hi(message_id)
+        };
+
+        let hold = ledger.hold_log();
+        let answer = send(on_task("m2"));
+        until_noted(|| {
+            let record = ledger.get(&task_id).unwrap().unwrap();
+            record.task.status.state == TaskState::Working
+        })
+        .await;
+        let follow_up = send(on_task("m3"));
+        // Time for the message to start an execution of its own, if it may.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(hold);
+        answer.await.unwrap().unwrap();
+        follow_up.await.unwrap().unwrap();
+        let executions = agent.executions.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(executions, 2, "the first message's, the answer's");
+        assert_eq!(*agent.follow_ups.lock().unwrap(), ["m3"]);
+        ledger.close();
     }
 
     /// A send whose agent fails before any task exists takes back the push

@@ -78,10 +78,11 @@ async fn health_checks(
 
 /// Runs Baton until SIGTERM or Ctrl-C, then drains and closes the ledger.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let stop = shutdown_signal();
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
-    run(config, listener, shutdown_signal()).await
+    run(config, listener, stop).await
 }
 
 /// Runs Baton on `listener` (`config.listen` is not used) until `stop`
@@ -232,28 +233,33 @@ async fn run_over(
     Ok(())
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on Ctrl-C or SIGTERM. The handlers are installed at the call,
+/// not at the first poll: the server polls it only once its accept loop
+/// runs, after it announced it listens, and a SIGTERM before that would
+/// take the default action and kill the process unsynced.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(err) => {
-                tracing::error!(%err, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let interrupt = signal(SignalKind::interrupt());
+        let terminate = signal(SignalKind::terminate());
+        async move {
+            let (mut interrupt, mut terminate) = match (interrupt, terminate) {
+                (Ok(interrupt), Ok(terminate)) => (interrupt, terminate),
+                (Err(err), _) | (_, Err(err)) => {
+                    tracing::error!(%err, "cannot listen for SIGINT and SIGTERM");
+                    return std::future::pending().await;
+                }
+            };
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
             }
         }
-    };
+    }
     #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = terminate => {}
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
@@ -263,6 +269,20 @@ mod tests {
     use crate::config::ServeArgs;
     use serde_json::{Value, json};
     use std::time::Duration;
+
+    /// A SIGTERM between the call and the first poll is caught: before, the
+    /// handler was installed at the first poll, and such a signal killed
+    /// the process (a Baton that said it listens, stopped under load).
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_stop_signal_is_caught_from_the_call_on() {
+        use rustix::process::{Signal, getpid, kill_process};
+        let stop = shutdown_signal();
+        kill_process(getpid(), Signal::TERM).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), stop)
+            .await
+            .expect("the signal stops it");
+    }
 
     /// A Baton over `ledger` (opened in `dir`) on an ephemeral loopback
     /// port, with the built-in agents and `echo` as the default; returns

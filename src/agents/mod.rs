@@ -80,6 +80,10 @@ pub enum AgentEvent {
     },
     /// The agent's own ids for the task; the gateway keeps them with its task.
     Bound(UpstreamRef),
+    /// The agent's task is still in `state` (WORKING for SUBMITTED): said
+    /// after an artifact carrying a handoff payload, whose transfer waits
+    /// for the state the agent leaves its task in. Recorded nowhere.
+    StillIn(TaskState),
     /// An artifact, or a chunk of one.
     Artifact {
         /// The artifact.

@@ -624,11 +624,11 @@ impl Driver {
                     metrics.acknowledged(&agent.id, turn_started.elapsed());
                 }
             }
-            if let Some((data, said)) = find_transfer(&batch, &agent.id) {
+            if let Some(found) = find_transfer(&batch, &agent.id) {
                 // A payload in an artifact may come a moment before the
                 // status the source leaves its own task in: that decides
                 // where a returned result goes (DESIGN.md §3.3).
-                let state = match said {
+                let state = match found.said {
                     Some(state) => Some(state),
                     None => tokio::time::timeout(
                         TRANSFER_STATUS_WAIT,
@@ -639,8 +639,8 @@ impl Driver {
                     .flatten(),
                 };
                 let offer = TransferOffer {
-                    data,
-                    state: state.unwrap_or(TaskState::Working),
+                    data: found.data,
+                    state: state.or(found.before).unwrap_or(TaskState::Working),
                 };
                 execution.abort();
                 let bound = last_bound(&batch);
@@ -1632,21 +1632,16 @@ fn last_bound(batch: &[AgentEvent]) -> Option<UpstreamRef> {
 /// naming someone else is data the agent passes along (an echo, a quote),
 /// not a handoff of its own. One naming no sender is the agent's own: no
 /// valid payload it could quote lacks one, so it is validated, and refused
-/// with the violations, rather than passed along unread. With its data, the
-/// state the agent left its own task in with it or after it, if it said (a
-/// state before it is no answer).
-fn find_transfer(
-    batch: &[AgentEvent],
-    agent: &str,
-) -> Option<(serde_json::Value, Option<TaskState>)> {
-    let mut state = None;
+/// with the violations, rather than passed along unread.
+fn find_transfer(batch: &[AgentEvent], agent: &str) -> Option<FoundTransfer> {
+    let (mut said, mut before) = (None, None);
     let mut data = None;
     for event in batch {
         let parts = match event {
             AgentEvent::Status { message, .. } => message.as_ref().map(|m| m.parts.as_slice()),
             AgentEvent::Artifact { artifact, .. } => Some(artifact.parts.as_slice()),
             AgentEvent::Message(message) => Some(message.parts.as_slice()),
-            AgentEvent::Bound(_) => None,
+            AgentEvent::Bound(_) | AgentEvent::StillIn(_) => None,
         };
         if data.is_none()
             && let Some(found) = parts.and_then(|p| find_data(p, HANDOFF_MEDIA_TYPE))
@@ -1657,11 +1652,25 @@ fn find_transfer(
         {
             data = Some(found.clone());
         }
+        let state = state_set_by(event);
         if data.is_some() {
-            state = state_set_by(event).or(state);
+            said = state.or(said);
+        } else {
+            before = state.or(before);
         }
     }
-    data.map(|data| (data, state))
+    data.map(|data| FoundTransfer { data, said, before })
+}
+
+/// A transfer in a batch of an agent's events.
+struct FoundTransfer {
+    /// The payload's data.
+    data: serde_json::Value,
+    /// The state the agent left its own task in with the payload or after
+    /// it, if it said.
+    said: Option<TaskState>,
+    /// The state it last said before the payload: it may say another next.
+    before: Option<TaskState>,
 }
 
 /// How long a transfer found in an artifact waits for the status its source
@@ -1672,7 +1681,7 @@ const TRANSFER_STATUS_WAIT: Duration = Duration::from_millis(500);
 /// reply completes it.
 fn state_set_by(event: &AgentEvent) -> Option<TaskState> {
     match event {
-        AgentEvent::Status { state, .. } => Some(*state),
+        AgentEvent::Status { state, .. } | AgentEvent::StillIn(state) => Some(*state),
         AgentEvent::Message(_) => Some(TaskState::Completed),
         AgentEvent::Artifact { .. } | AgentEvent::Bound(_) => None,
     }
@@ -1734,7 +1743,7 @@ fn to_stream_event(event: AgentEvent, task_id: &str, context_id: &str) -> Option
         message
     };
     let event = match event {
-        AgentEvent::Bound(_) => return None,
+        AgentEvent::Bound(_) | AgentEvent::StillIn(_) => return None,
         AgentEvent::Status { state, message } => {
             status_update(task_id, context_id, state, message.map(fill))
         }
@@ -1764,6 +1773,50 @@ fn to_stream_event(event: AgentEvent, task_id: &str, context_id: &str) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A transfer takes the state its source said with the payload or
+    /// after it; one said before is only the fallback, if none comes.
+    #[test]
+    fn a_transfer_takes_the_state_said_with_or_after_its_payload() {
+        let status = |state| AgentEvent::Status {
+            state,
+            message: None,
+        };
+        let payload = AgentEvent::Artifact {
+            artifact: Artifact {
+                artifact_id: "h1".into(),
+                parts: vec![Part {
+                    media_type: HANDOFF_MEDIA_TYPE.into(),
+                    ..Part::data(serde_json::json!({"from": "source", "to": "echo"}))
+                }],
+                ..Artifact::default()
+            },
+            append: false,
+            last_chunk: true,
+        };
+        let found = |batch: &[AgentEvent]| {
+            let found = find_transfer(batch, "source").expect("a transfer");
+            (found.said, found.before)
+        };
+        let (working, paused) = (TaskState::Working, TaskState::AuthRequired);
+        assert_eq!(
+            found(&[status(paused), payload.clone()]),
+            (None, Some(paused))
+        );
+        assert_eq!(
+            found(&[
+                status(working),
+                payload.clone(),
+                AgentEvent::StillIn(paused)
+            ]),
+            (Some(paused), Some(working))
+        );
+        assert_eq!(
+            found(&[payload.clone(), status(paused)]),
+            (Some(paused), None)
+        );
+        assert!(find_transfer(&[payload], "another").is_none(), "a quote");
+    }
 
     #[test]
     fn a_delivery_is_kept_until_acknowledged_or_given_up() {

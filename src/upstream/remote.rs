@@ -680,25 +680,30 @@ impl Follower {
         let key = status_key(&status);
         let settled = ends_following(status.state);
         let owed = std::mem::take(&mut self.status_owed);
-        if owed || self.status.as_ref() != Some(&key) {
+        let changed = self.status.as_ref() != Some(&key);
+        if changed {
             self.status = Some(key);
-            // Never SUBMITTED: a new gateway task starts there anyway, and a
-            // continued one, already WORKING, may not go back. Owed, it says
-            // the agent keeps its task open.
+        }
+        // Never SUBMITTED: a new gateway task starts there anyway, and a
+        // continued one, already WORKING, may not go back.
+        let event = if changed && status.state != TaskState::Submitted {
+            Some(AgentEvent::Status {
+                state: status.state,
+                message: status.message,
+            })
+        } else if owed {
             let state = match status.state {
-                TaskState::Submitted if owed => Some(TaskState::Working),
-                TaskState::Submitted => None,
-                state => Some(state),
+                TaskState::Submitted => TaskState::Working,
+                state => state,
             };
-            if let Some(state) = state {
-                let event = AgentEvent::Status {
-                    state,
-                    message: status.message,
-                };
-                if self.emit(event).await == Flow::Done {
-                    return Ok(Flow::Done);
-                }
-            }
+            Some(AgentEvent::StillIn(state))
+        } else {
+            None
+        };
+        if let Some(event) = event
+            && self.emit(event).await == Flow::Done
+        {
+            return Ok(Flow::Done);
         }
         Ok(if settled { Flow::Done } else { Flow::Continue })
     }
@@ -791,11 +796,11 @@ mod tests {
                 .unwrap();
             let seen = drain(&mut receiver);
             assert!(matches!(seen[0], AgentEvent::Artifact { .. }), "{seen:?}");
-            let states: Vec<_> = seen
-                .iter()
-                .filter(|event| matches!(event, AgentEvent::Status { .. }))
-                .collect();
-            assert_eq!(states.len(), 1, "owed once: {seen:?}");
+            assert_eq!(
+                seen[1..],
+                [AgentEvent::StillIn(TaskState::Working)],
+                "owed once, and recorded nowhere"
+            );
         }
     }
 

@@ -1224,7 +1224,7 @@ async fn an_escalated_handoffs_redelivery_is_kept_until_acknowledged() {
         tokio::time::sleep(Duration::from_millis(150)).await;
         let record = gateway.ledger.get(&id).unwrap().unwrap();
         assert!(record.hops[0].undelivered.is_none(), "no copy");
-        let at = record.hops[0].escalation_answer.expect("kept");
+        let at = *record.hops[0].escalation_answers.first().expect("kept");
         serde_json::to_string(&record.task.history[at].parts).unwrap()
     };
     let (task, kept) = tokio::join!(go_ahead(&gateway, &task), kept);
@@ -1235,7 +1235,7 @@ async fn an_escalated_handoffs_redelivery_is_kept_until_acknowledged() {
         record
             .hops
             .iter()
-            .all(|hop| hop.escalation_answer.is_none())
+            .all(|hop| hop.escalation_answers.is_empty())
     );
     billing.stop().await;
     gateway.stop().await;
@@ -1578,8 +1578,8 @@ async fn an_escalated_handoff_is_delivered_again_with_the_callers_answer() {
 }
 
 /// A redelivery escalated again carries every answer the agent has not
-/// acknowledged, in order: the first answer's facts were lost when the
-/// second replaced it.
+/// acknowledged, in order, whatever the role its caller sent it in: the
+/// first answer's facts were lost when the second replaced it.
 #[tokio::test]
 async fn an_escalated_redelivery_carries_every_unacknowledged_answer() {
     let gateway = escalating_gateway().await;
@@ -1591,7 +1591,9 @@ async fn an_escalated_redelivery_carries_every_unacknowledged_answer() {
     let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
     let task = send(&gateway, "/a2a", handoff_message(payload)).await;
     let id = task["id"].as_str().unwrap();
-    let account = user_message_on(id, &message_id("acct"), "the account is 1234");
+    // From an orchestrating agent.
+    let mut account = user_message_on(id, &message_id("acct"), "the account is 1234");
+    account["role"] = json!("ROLE_AGENT");
     let task = send(&gateway, "/a2a", account).await;
     let task = go_ahead(&gateway, &task).await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");

@@ -1518,7 +1518,7 @@ pub(super) fn note_hop(
     if first_ack || (settled.is_some() && !escalated) {
         for hop in &mut record.hops {
             hop.undelivered = None;
-            hop.escalation_answer = None;
+            hop.escalation_answers.clear();
         }
     }
 }
@@ -1542,20 +1542,20 @@ fn reopen_escalated_delivery(record: &mut TaskRecord) -> bool {
         return false;
     }
     let answer_at = record.task.history.len();
+    // An answer to a redelivery's escalation goes after the earlier ones,
+    // which the agent never acknowledged either.
+    if let Some(origin) = delivery_began_at(&record.hops) {
+        record.hops[origin].escalation_answers.push(answer_at);
+    }
     if let Some(hop) = record.hops.last_mut() {
         hop.ended_at = None;
         hop.state = None;
         hop.reason = None;
         hop.attempts = 1;
         // The redelivery's ladder begins at this hop (a restart's too).
-        hop.escalation_answer.get_or_insert(answer_at);
-    }
-    // An answer to a redelivery's escalation goes after the first, which
-    // the agent never acknowledged either.
-    if let Some(origin) = delivery_began_at(&record.hops) {
-        record.hops[origin]
-            .escalation_answer
-            .get_or_insert(answer_at);
+        if hop.escalation_answers.last() != Some(&answer_at) {
+            hop.escalation_answers.push(answer_at);
+        }
     }
     true
 }

@@ -633,13 +633,9 @@ impl Driver {
             _ => return None,
         };
         // The caller's answers since the first escalation, none of which the
-        // agent acknowledged (other messages are refused meanwhile).
-        let answers = origin
-            .escalation_answer
-            .and_then(|at| record.task.history.get(at..))
-            .unwrap_or_default()
-            .iter()
-            .filter(|said| said.role == Role::User);
+        // agent acknowledged.
+        let answers =
+            (origin.escalation_answers.iter()).filter_map(|&at| record.task.history.get(at));
         let mut answered = false;
         for answer in answers {
             message.parts.extend(answer.parts.iter().cloned());
@@ -654,7 +650,7 @@ impl Driver {
         // A redelivery's ladder began at the hop the answer reopened.
         let ladder_from = record.hops[first..]
             .iter()
-            .rposition(|hop| hop.escalation_answer.is_some())
+            .rposition(|hop| !hop.escalation_answers.is_empty())
             .map_or(first, |at| first + at);
         let given_up = &record.hops[ladder_from..record.hops.len() - 1];
         self.tried = given_up.iter().map(|hop| hop.agent.clone()).collect();

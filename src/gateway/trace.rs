@@ -149,7 +149,7 @@ fn node_of(record: TaskRecord) -> TraceNode {
             .into_iter()
             .map(|hop| HopRecord {
                 undelivered: None,
-                escalation_answer: None,
+                escalation_answers: Vec::new(),
                 ..hop
             })
             .collect(),

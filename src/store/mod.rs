@@ -496,13 +496,34 @@ pub struct HopRecord {
     /// restart makes it again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undelivered: Option<Undelivered>,
-    /// Where in the task's history the caller's answer to this delivery's
-    /// escalation is: delivered after the message as first made until the
-    /// agent acknowledges it (kept for a restart; history is never cut, and
-    /// nothing is copied). Noted on the hop the delivery began at, and on
-    /// the hop the answer reopened, where the redelivery's ladder begins.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub escalation_answer: Option<usize>,
+    /// Where in the task's history the caller's answers to this delivery's
+    /// escalations are, kept until the agent acknowledges (for a restart;
+    /// history is never cut, and nothing is copied). On the hop the
+    /// delivery began at, every answer since the first, each delivered
+    /// after the message as first made; on the hop an answer reopened, the
+    /// answers that did, where the redelivery's ladder begins.
+    #[serde(
+        default,
+        alias = "escalationAnswer",
+        deserialize_with = "one_or_many",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub escalation_answers: Vec<usize>,
+}
+
+/// A list of history positions, also as the one number a record written
+/// before a hop could note several holds.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(from: D) -> Result<Vec<usize>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(usize),
+        Many(Vec<usize>),
+    }
+    Ok(match OneOrMany::deserialize(from)? {
+        OneOrMany::One(at) => vec![at],
+        OneOrMany::Many(all) => all,
+    })
 }
 
 /// A delivery its agent has not acknowledged yet.
@@ -2441,6 +2462,26 @@ impl EncodedTask {
 mod tests {
     use super::*;
     use crate::protocol::{TaskStatus, TaskStatusUpdateEvent};
+
+    /// A hop written when it noted one escalation answer reads back as a
+    /// list of one; a list round-trips.
+    #[test]
+    fn a_hops_escalation_answers_read_back_from_either_form() {
+        let hop = |answers: serde_json::Value| {
+            let json = serde_json::json!({"agent": "a", "kind": "direct",
+                "startedAt": "2026-12-07T00:00:00Z", "attempts": 1});
+            let mut json = json.as_object().unwrap().clone();
+            json.extend(answers.as_object().unwrap().clone());
+            serde_json::from_value::<HopRecord>(json.into()).unwrap()
+        };
+        let one = hop(serde_json::json!({"escalationAnswer": 3}));
+        assert_eq!(one.escalation_answers, [3]);
+        let many = hop(serde_json::json!({"escalationAnswers": [3, 5]}));
+        assert_eq!(many.escalation_answers, [3, 5]);
+        let written = serde_json::to_value(&many).unwrap();
+        assert_eq!(written["escalationAnswers"], serde_json::json!([3, 5]));
+        assert!(hop(serde_json::json!({})).escalation_answers.is_empty());
+    }
 
     fn record(task_id: &str) -> TaskRecord {
         TaskRecord {

@@ -233,8 +233,8 @@ async fn run_over(
     Ok(())
 }
 
-/// Resolves on Ctrl-C or SIGTERM. The handlers are installed at the call,
-/// not at the first poll: the server polls it only once its accept loop
+/// Resolves on Ctrl-C or SIGTERM. On unix the handlers are installed at the
+/// call, not at the first poll: the server polls it only once its accept loop
 /// runs, after it announced it listens, and a SIGTERM before that would
 /// take the default action and kill the process unsynced.
 pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
@@ -269,20 +269,6 @@ mod tests {
     use crate::config::ServeArgs;
     use serde_json::{Value, json};
     use std::time::Duration;
-
-    /// A SIGTERM between the call and the first poll is caught: before, the
-    /// handler was installed at the first poll, and such a signal killed
-    /// the process (a Baton that said it listens, stopped under load).
-    #[cfg(target_os = "linux")]
-    #[tokio::test]
-    async fn a_stop_signal_is_caught_from_the_call_on() {
-        use rustix::process::{Signal, getpid, kill_process};
-        let stop = shutdown_signal();
-        kill_process(getpid(), Signal::TERM).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), stop)
-            .await
-            .expect("the signal stops it");
-    }
 
     /// A Baton over `ledger` (opened in `dir`) on an ephemeral loopback
     /// port, with the built-in agents and `echo` as the default; returns

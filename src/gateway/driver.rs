@@ -257,6 +257,8 @@ impl Driver {
             handed_on |= turn.handoff;
             // A cancel between turns must not start the next one.
             if self.task_cancel.is_cancelled() {
+                // Messages wait on no follower that will not run.
+                drop(resumed_follow_ups.take());
                 break;
             }
             let user_message = (!self.created).then(|| turn.request.message.clone());
@@ -472,7 +474,7 @@ impl Driver {
         let limits = self.gateway.settings.task_limits();
         let answers = record.task.status.state.is_interrupted();
         let mut reopened = false;
-        let mut follow_ups = None;
+        let mut registered = None;
         let gateway = &self.gateway;
         let appended = gateway
             .ledger
@@ -496,7 +498,7 @@ impl Driver {
                 }
                 reopened = reopen_escalated_delivery(current);
                 current.task.history.push(message.clone());
-                follow_ups = gateway.register_follower(&task_id, &turn.agent);
+                registered = gateway.register_follower(&task_id, &turn.agent);
                 if current.task.status.state == TaskState::Working {
                     return Ok::<_, LedgerError>(Vec::new());
                 }
@@ -514,9 +516,19 @@ impl Driver {
             Ok(updated) => {
                 self.created = true;
                 send_first(&mut self.first_tx, First::Task(Some(updated.clone())));
-                Some((updated, reopened, follow_ups))
+                Some((
+                    updated,
+                    reopened,
+                    registered.map(|(follow_ups, _)| follow_ups),
+                ))
             }
             Err(err) => {
+                // Refused past the closure: the follower it displaced
+                // follows on.
+                if let Some((follow_ups, displaced)) = registered {
+                    drop(follow_ups);
+                    self.gateway.restore_follower(&task_id, displaced);
+                }
                 self.refuse(err).await;
                 None
             }
@@ -696,6 +708,11 @@ impl Driver {
                     }
                 }
                 return TurnEnd::Transfer(offer);
+            }
+            // Said for a transfer's sake only: alone, it is no report.
+            batch.retain(|event| !matches!(event, AgentEvent::StillIn(_)));
+            if batch.is_empty() {
+                continue;
             }
             if !self.created && matches!(batch[0], AgentEvent::Message(_)) {
                 if let AgentEvent::Message(mut message) = batch.remove(0) {

@@ -211,8 +211,11 @@ struct RunningTask {
     drivers: usize,
     /// The agent whose execution follows the task now, and where it takes
     /// follow-ups.
-    follower: Option<(String, FollowUpSender)>,
+    follower: Option<Follower>,
 }
+
+/// An agent whose execution follows a task, and where it takes follow-ups.
+pub(crate) type Follower = (String, FollowUpSender);
 
 /// Sends `agent` CancelTask for `task` (its task `upstream` there), on a
 /// task of its own, so that an agent slow to answer holds up nothing.
@@ -979,27 +982,42 @@ impl Gateway {
         events: AgentEvents,
     ) -> AgentEvents {
         match self.register_follower(task_id, agent) {
-            Some(follow_ups) => events.with_follow_ups(follow_ups),
+            Some((follow_ups, _)) => events.with_follow_ups(follow_ups),
             None => events,
         }
     }
 
     /// Where `agent`'s next execution on `task_id` takes the task's
     /// follow-ups from now on, if the agent forwards them and a driver runs
-    /// the task. Dropped, the follower is gone ([`Self::follower_of`]).
+    /// the task; with the follower it displaced. Dropped, the follower is
+    /// gone ([`Self::follower_of`]).
     pub(crate) fn register_follower(
         &self,
         task_id: &str,
         agent: &AgentEntry,
-    ) -> Option<FollowUpReceiver> {
+    ) -> Option<(FollowUpReceiver, Option<Follower>)> {
         if !agent.agent.takes_follow_ups() {
             return None;
         }
         let mut running = self.running.lock().expect("running lock");
         let entry = running.get_mut(task_id)?;
         let (sender, receiver) = mpsc::channel(FOLLOW_UP_QUEUE);
-        entry.follower = Some((agent.id.clone(), sender));
-        Some(receiver)
+        let displaced = entry.follower.replace((agent.id.clone(), sender));
+        Some((receiver, displaced))
+    }
+
+    /// Puts back the follower a registration that came to nothing (its
+    /// receiver dropped) displaced, unless another registered since.
+    pub(crate) fn restore_follower(&self, task_id: &str, displaced: Option<Follower>) {
+        let mut running = self.running.lock().expect("running lock");
+        if let Some(entry) = running.get_mut(task_id)
+            && entry
+                .follower
+                .as_ref()
+                .is_none_or(|(_, sender)| sender.is_closed())
+        {
+            entry.follower = displaced;
+        }
     }
 
     /// Where `agent`'s execution following `task_id` takes follow-ups, if
@@ -1486,6 +1504,52 @@ mod tests {
         ) -> Result<(), crate::agents::AgentError> {
             Err(crate::agents::AgentError::Unreachable("down".into()))
         }
+    }
+
+    /// A registration that came to nothing gives the task back the
+    /// follower it displaced, unless another registered since.
+    #[tokio::test]
+    async fn a_follower_displaced_for_nothing_is_restored() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        let card = gateway.agent("echo").unwrap().agent.card().clone();
+        let agent = Arc::new(FollowingAgent {
+            card,
+            executions: Default::default(),
+            follow_ups: Mutex::default(),
+        });
+        let policy = crate::registry::directory::AgentPolicy::default();
+        let now = chrono::Utc::now();
+        gateway
+            .directory()
+            .upsert("keeper", "alice", agent, policy, now);
+        let keeper = gateway.agent("keeper").unwrap();
+        gateway.enter_running("t1");
+        let (_first, none) = gateway.register_follower("t1", &keeper).unwrap();
+        assert!(none.is_none());
+        let (second, displaced) = gateway.register_follower("t1", &keeper).unwrap();
+        drop(second);
+        gateway.restore_follower("t1", displaced);
+        assert!(gateway.follower_of("t1", "keeper").is_some(), "restored");
+
+        let (third, displaced) = gateway.register_follower("t1", &keeper).unwrap();
+        let (mut fourth, _) = gateway.register_follower("t1", &keeper).unwrap();
+        drop(third);
+        gateway.restore_follower("t1", displaced);
+        let live = gateway.follower_of("t1", "keeper").unwrap();
+        let (taken, _) = tokio::sync::oneshot::channel();
+        let follow_up = crate::agents::FollowUp {
+            message: hi("m"),
+            accepted_output_modes: Vec::new(),
+            answers: None,
+            taken,
+        };
+        live.try_send(Box::new(follow_up)).unwrap();
+        assert!(
+            fourth.try_recv().is_ok(),
+            "the one registered since follows on"
+        );
+        ledger.close();
     }
 
     /// An agent that follows its tasks: a first message is asked for input;

@@ -112,6 +112,10 @@ pub struct FollowUp {
     pub answers: Option<TaskStatus>,
     /// The agent's answer: `Ok` once it took the message.
     pub taken: oneshot::Sender<Result<(), AgentError>>,
+    /// Closed once the task's history holds the message the agent took (or
+    /// the gateway gave up writing it): only then does the execution report
+    /// what the agent made of it, which goes after it.
+    pub recorded: oneshot::Receiver<()>,
 }
 
 /// Where follow-ups to a task come in. Boxed: the channel's first block of

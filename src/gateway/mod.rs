@@ -1538,11 +1538,13 @@ mod tests {
         gateway.restore_follower("t1", displaced);
         let live = gateway.follower_of("t1", "keeper").unwrap();
         let (taken, _) = tokio::sync::oneshot::channel();
+        let (_, recorded) = tokio::sync::oneshot::channel();
         let follow_up = crate::agents::FollowUp {
             message: hi("m"),
             accepted_output_modes: Vec::new(),
             answers: None,
             taken,
+            recorded,
         };
         live.try_send(Box::new(follow_up)).unwrap();
         assert!(

@@ -1028,12 +1028,14 @@ impl Gateway {
             return Handed::Refused(continuation_refused(&record.task.id, err));
         }
         let (taken_tx, taken) = oneshot::channel();
+        let (recorded, recorded_rx) = oneshot::channel::<()>();
         let asked = (state == TaskState::AuthRequired).then(|| record.task.status.clone());
         let follow_up = FollowUp {
             message: message.clone(),
             accepted_output_modes: accepted_output_modes.to_vec(),
             answers: asked.clone(),
             taken: taken_tx,
+            recorded: recorded_rx,
         };
         // On a task of its own: once the agent took the message, the task
         // records it even if the caller hangs up.
@@ -1046,10 +1048,14 @@ impl Gateway {
             }
             match taken.await {
                 Err(_) => Handed::FollowerGone,
-                Ok(Ok(())) => match gateway.record_follow_up(&task_id, message, asked).await {
-                    Ok(record) => Handed::Taken(record),
-                    Err(err) => Handed::Refused(err),
-                },
+                Ok(Ok(())) => {
+                    let written = gateway.record_follow_up(&task_id, message, asked).await;
+                    drop(recorded);
+                    match written {
+                        Ok(record) => Handed::Taken(record),
+                        Err(err) => Handed::Refused(err),
+                    }
+                }
                 Ok(Err(err)) => Handed::Refused(GatewayError::from(err).about_agent(&agent)),
             }
         });

@@ -246,7 +246,7 @@ impl RemoteAgent {
             Ok(answer) => {
                 follower.forwarded = true;
                 follower.answered(asked.as_ref());
-                let _ = taken.send(Ok(()));
+                taken.took().await;
                 match answer {
                     SendMessageResponse::Message(message) => {
                         follower.on_event(StreamResponse::Message(message)).await
@@ -256,7 +256,7 @@ impl RemoteAgent {
             }
             // Refused, the follow-up is its sender's error; the task goes on.
             Err(err) => {
-                let _ = taken.send(Err(err));
+                taken.refused(err);
                 Ok(Flow::Continue)
             }
         }
@@ -274,7 +274,7 @@ impl RemoteAgent {
         let mut stream = match self.client.send_streaming_message(send).await {
             Ok(stream) => stream,
             Err(err) => {
-                let _ = taken.send(Err(err));
+                taken.refused(err);
                 return Ok(Flow::Continue);
             }
         };
@@ -283,17 +283,17 @@ impl RemoteAgent {
         let first = match stream.next().await {
             Some(Ok(first)) => first,
             Some(Err(err)) => {
-                let _ = taken.send(Err(err));
+                taken.refused(err);
                 return Ok(Flow::Continue);
             }
             None => {
                 let ended = "the stream ended before the agent answered";
-                let _ = taken.send(Err(AgentError::InvalidResponse(ended.into())));
+                taken.refused(AgentError::InvalidResponse(ended.into()));
                 return Ok(Flow::Continue);
             }
         };
         follower.answered(asked.as_ref());
-        let _ = taken.send(Ok(()));
+        taken.took().await;
         // Its events all come after the agent took the message.
         follower.forwarded = false;
         if follower.on_event(first).await? == Flow::Done {
@@ -309,16 +309,13 @@ fn follow_up_request(
     follow_up: Box<FollowUp>,
     bound: Option<&UpstreamRef>,
     return_immediately: bool,
-) -> (
-    SendMessageRequest,
-    Option<TaskStatus>,
-    oneshot::Sender<Result<(), AgentError>>,
-) {
+) -> (SendMessageRequest, Option<TaskStatus>, Taken) {
     let FollowUp {
         message,
         accepted_output_modes,
         answers,
         taken,
+        recorded,
     } = *follow_up;
     let send = SendMessageRequest {
         message: Some(outgoing(message, bound, "")),
@@ -329,7 +326,29 @@ fn follow_up_request(
         }),
         ..SendMessageRequest::default()
     };
-    (send, answers, taken)
+    (send, answers, Taken { taken, recorded })
+}
+
+/// Where a follow-up's sender learns whether the agent took it, and then
+/// when its task recorded it.
+struct Taken {
+    taken: oneshot::Sender<Result<(), AgentError>>,
+    recorded: oneshot::Receiver<()>,
+}
+
+impl Taken {
+    /// The agent refused the message, or never answered.
+    fn refused(self, err: AgentError) {
+        let _ = self.taken.send(Err(err));
+    }
+
+    /// The agent took the message: once the task recorded it, what the
+    /// agent made of it may be reported.
+    async fn took(self) {
+        if self.taken.send(Ok(())).is_ok() {
+            let _ = self.recorded.await;
+        }
+    }
 }
 
 /// The next follow-up to forward; never, once no sender is left.

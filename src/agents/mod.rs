@@ -12,7 +12,7 @@ use crate::protocol::{AgentCard, Artifact, Message, Task, TaskState, TaskStatus}
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 /// Where a task lives at its agent, when the agent keeps ids of its own (a
@@ -131,20 +131,48 @@ pub type FollowUpSender = mpsc::Sender<Box<FollowUp>>;
 pub struct AgentEvents {
     sender: mpsc::Sender<AgentEvent>,
     follow_ups: Option<FollowUpReceiver>,
+    /// How many of the events sent the gateway has handled (written, or
+    /// let go), when it counts: with follow-ups.
+    handled: Option<watch::Receiver<u64>>,
 }
 
 impl AgentEvents {
     /// A sink and the receiver the gateway reads from.
     pub fn channel(capacity: usize) -> (Self, mpsc::Receiver<AgentEvent>) {
         let (sender, receiver) = mpsc::channel(capacity);
-        let follow_ups = None;
-        (Self { sender, follow_ups }, receiver)
+        let events = Self {
+            sender,
+            follow_ups: None,
+            handled: None,
+        };
+        (events, receiver)
     }
 
     /// The sink, with follow-ups to the task coming in on `follow_ups`.
     pub fn with_follow_ups(mut self, follow_ups: FollowUpReceiver) -> Self {
         self.follow_ups = Some(follow_ups);
         self
+    }
+
+    /// Whether follow-ups to the task come in here.
+    pub fn has_follow_ups(&self) -> bool {
+        self.follow_ups.is_some()
+    }
+
+    /// The sink, with the gateway counting in `handled` the events it has
+    /// handled ([`Self::until_handled`]).
+    pub fn with_handled(mut self, handled: watch::Receiver<u64>) -> Self {
+        self.handled = Some(handled);
+        self
+    }
+
+    /// Waits until the gateway has handled the first `sent` events, so that
+    /// a follow-up forwarded now is written after them. At once when the
+    /// gateway does not count, or no longer listens.
+    pub async fn until_handled(&mut self, sent: u64) {
+        if let Some(handled) = &mut self.handled {
+            let _ = handled.wait_for(|&count| count >= sent).await;
+        }
     }
 
     /// The follow-ups to the task, for the one execution that forwards them.

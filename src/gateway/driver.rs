@@ -269,6 +269,7 @@ impl Driver {
                     .gateway
                     .follow_ups_to(&self.task_id, &turn.agent, events),
             };
+            let (events, handled) = counted(events);
             let agent = turn.agent.agent.clone();
             // Only a handoff's turn may be sent again (a retry or a reroute,
             // `next_attempt`); any other gives its message to the agent.
@@ -314,7 +315,7 @@ impl Driver {
                     &turn.agent,
                     (turn.handoff, into_task),
                     (user_message, hop_kind),
-                    receiver,
+                    (receiver, handled),
                     execution,
                 )
                 .await;
@@ -397,6 +398,7 @@ impl Driver {
     ) -> Option<Turn> {
         let (events, receiver) = AgentEvents::channel(64);
         let events = self.gateway.follow_ups_to(&self.task_id, &agent, events);
+        let (events, handled) = counted(events);
         let implementation = agent.agent.clone();
         let task = record.task;
         let upstream = record.upstream;
@@ -416,7 +418,7 @@ impl Driver {
                 &agent,
                 (false, false),
                 (None, HopKind::Call),
-                receiver,
+                (receiver, handled),
                 execution,
             )
             .await;
@@ -543,9 +545,12 @@ impl Driver {
         agent: &Arc<AgentEntry>,
         (handoff, into_task): (bool, bool),
         (mut user_message, hop_kind): (Option<Message>, HopKind),
-        mut receiver: mpsc::Receiver<AgentEvent>,
+        (mut receiver, handled): (mpsc::Receiver<AgentEvent>, Option<watch::Sender<u64>>),
         mut execution: Execution,
     ) -> TurnEnd {
+        // How many of the agent's events were handled, for a follow-up to
+        // be forwarded after them (`AgentEvents::until_handled`).
+        let mut received = 0;
         let expiry = until(self.deadline);
         tokio::pin!(expiry);
         let ack_timeout = handoff.then(|| {
@@ -570,6 +575,10 @@ impl Driver {
         // Whether the task has result schemas, once a write of this turn saw.
         let mut checks_results: Option<bool> = None;
         loop {
+            // Every event received before is handled by now.
+            if let Some(handled) = &handled {
+                handled.send_if_modified(|count| std::mem::replace(count, received) != received);
+            }
             let event = tokio::select! {
                 // An answer already queued counts before any timer.
                 biased;
@@ -628,6 +637,7 @@ impl Driver {
             while let Ok(more) = receiver.try_recv() {
                 batch.push(more);
             }
+            received += batch.len() as u64;
             let first_answer = !acked;
             if first_answer {
                 acked = true;
@@ -1634,6 +1644,16 @@ pub(super) fn send_first(first_tx: &mut Option<oneshot::Sender<First>>, first: F
     if let Some(tx) = first_tx.take() {
         let _ = tx.send(first);
     }
+}
+
+/// `events`, counted as the gateway handles them if the execution forwards
+/// follow-ups ([`AgentEvents::until_handled`]); with the count's sender.
+fn counted(events: AgentEvents) -> (AgentEvents, Option<watch::Sender<u64>>) {
+    if !events.has_follow_ups() {
+        return (events, None);
+    }
+    let (handled, counted) = watch::channel(0);
+    (events.with_handled(counted), Some(handled))
 }
 
 /// The agent's own ids, when the batch reports them.

@@ -1506,6 +1506,119 @@ mod tests {
         }
     }
 
+    /// An agent that reports `e1`, then, once `go` is told, `e2` and a
+    /// moment later `a1`; then it takes a follow-up, forwarding it after its
+    /// events are handled as an upstream execution does, and completes.
+    struct ReportingAgent {
+        card: AgentCard,
+        go: tokio::sync::Notify,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::agents::Agent for ReportingAgent {
+        fn card(&self) -> &AgentCard {
+            &self.card
+        }
+
+        fn takes_follow_ups(&self) -> bool {
+            true
+        }
+
+        async fn execute(
+            &self,
+            _request: crate::agents::AgentRequest,
+            mut events: crate::agents::AgentEvents,
+        ) -> Result<(), crate::agents::AgentError> {
+            let said = |text: &str| Some(Message::agent(vec![Part::text(text)]));
+            events.status(TaskState::Working, said("e1")).await;
+            self.go.notified().await;
+            events.status(TaskState::Working, said("e2")).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            events.status(TaskState::Working, said("a1")).await;
+            let mut follow_ups = events.take_follow_ups().expect("follow-ups");
+            let follow_up = follow_ups.recv().await.expect("a follow-up");
+            events.until_handled(3).await;
+            let _ = follow_up.taken.send(Ok(()));
+            let _ = follow_up.recorded.await;
+            events.status(TaskState::Completed, None).await;
+            Ok(())
+        }
+    }
+
+    /// A follow-up an execution forwards once its events are handled is
+    /// written after them, also after one still queued behind a write that
+    /// waits for the log: the follow-up's write came first.
+    #[tokio::test]
+    async fn a_follow_up_is_written_after_the_events_reported_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, gateway) = open_gateway(dir.path());
+        let card = gateway.agent("echo").unwrap().agent.card().clone();
+        let agent = Arc::new(ReportingAgent {
+            card,
+            go: tokio::sync::Notify::new(),
+        });
+        let policy = crate::registry::directory::AgentPolicy::default();
+        let now = chrono::Utc::now();
+        gateway
+            .directory()
+            .upsert("reporter", "alice", agent.clone(), policy, now);
+        let ctx = CallContext {
+            agent_id: "reporter".into(),
+            ..alice(None)
+        };
+        let send = |message: Message| {
+            let (gateway, ctx) = (gateway.clone(), ctx.clone());
+            let request = SendMessageRequest {
+                message: Some(message),
+                configuration: Some(SendMessageConfiguration {
+                    return_immediately: true,
+                    ..SendMessageConfiguration::default()
+                }),
+                ..SendMessageRequest::default()
+            };
+            tokio::spawn(async move { gateway.send_message(&ctx, request).await })
+        };
+        let SendReply::Task(task) = send(hi("m1")).await.unwrap().unwrap() else {
+            panic!("a task, not a message")
+        };
+        let task_id = serde_json::to_value(&task).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let texts = || {
+            let record = ledger.get(&task_id).unwrap().unwrap();
+            let history = record.task.history.iter();
+            let texts = history.filter_map(|m| m.parts.first()?.as_text().map(str::to_string));
+            texts.collect::<Vec<_>>()
+        };
+        until_noted(|| texts().len() == 2).await;
+
+        let hold = ledger.hold_log();
+        agent.go.notify_one();
+        until_noted(|| texts().len() == 3).await;
+        let follow_up = send(Message {
+            task_id: task_id.clone(),
+            ..hi("f2")
+        });
+        // Time for the follow-up's write to go first, if it may.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(hold);
+        follow_up.await.unwrap().unwrap();
+        until_noted(|| {
+            ledger
+                .get(&task_id)
+                .unwrap()
+                .unwrap()
+                .task
+                .status
+                .state
+                .is_terminal()
+        })
+        .await;
+        assert_eq!(texts(), ["hi", "e1", "e2", "a1", "hi"]);
+        ledger.close();
+    }
+
     /// A registration that came to nothing gives the task back the
     /// follower it displaced, unless another registered since.
     #[tokio::test]

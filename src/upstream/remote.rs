@@ -242,6 +242,7 @@ impl RemoteAgent {
         follow_up: Box<FollowUp>,
     ) -> Result<Flow, AgentError> {
         let (send, asked, taken) = follow_up_request(follow_up, follower.bound.as_ref(), true);
+        follower.events.until_handled(follower.reported).await;
         match self.client.send_message(send).await {
             Ok(answer) => {
                 follower.forwarded = true;
@@ -271,6 +272,7 @@ impl RemoteAgent {
         follow_up: Box<FollowUp>,
     ) -> Result<Flow, AgentError> {
         let (send, asked, taken) = follow_up_request(follow_up, follower.bound.as_ref(), false);
+        follower.events.until_handled(follower.reported).await;
         let mut stream = match self.client.send_streaming_message(send).await {
             Ok(stream) => stream,
             Err(err) => {

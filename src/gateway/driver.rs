@@ -550,7 +550,7 @@ impl Driver {
     ) -> TurnEnd {
         // How many of the agent's events were handled, for a follow-up to
         // be forwarded after them (`AgentEvents::until_handled`).
-        let mut received = 0;
+        let (mut received, mut published) = (0, 0);
         let expiry = until(self.deadline);
         tokio::pin!(expiry);
         let ack_timeout = handoff.then(|| {
@@ -576,8 +576,11 @@ impl Driver {
         let mut checks_results: Option<bool> = None;
         loop {
             // Every event received before is handled by now.
-            if let Some(handled) = &handled {
-                handled.send_if_modified(|count| std::mem::replace(count, received) != received);
+            if let Some(handled) = &handled
+                && received != published
+            {
+                handled.send_replace(received);
+                published = received;
             }
             let event = tokio::select! {
                 // An answer already queued counts before any timer.
@@ -650,6 +653,11 @@ impl Driver {
                 // A payload in an artifact may come a moment before the
                 // status the source leaves its own task in: that decides
                 // where a returned result goes (DESIGN.md §3.3).
+                // A follow-up waiting for this batch goes on meanwhile: the
+                // wait needs the follower reading its stream again.
+                if let Some(handled) = &handled {
+                    handled.send_replace(u64::MAX);
+                }
                 let state = match found.said {
                     Some(state) => Some(state),
                     None => tokio::time::timeout(

@@ -1603,7 +1603,8 @@ mod tests {
         // Time for the follow-up's write to go first, if it may.
         tokio::time::sleep(Duration::from_millis(200)).await;
         drop(hold);
-        follow_up.await.unwrap().unwrap();
+        let written = tokio::time::timeout(Duration::from_secs(5), follow_up).await;
+        written.expect("the follow-up is written").unwrap().unwrap();
         until_noted(|| {
             ledger
                 .get(&task_id)

@@ -1506,6 +1506,59 @@ mod tests {
         }
     }
 
+    /// An agent made with the echo agent's card, registered as alice's `id`.
+    fn register_alices<A: crate::agents::Agent>(
+        gateway: &Arc<Gateway>,
+        id: &str,
+        make: impl FnOnce(AgentCard) -> A,
+    ) -> Arc<A> {
+        let card = gateway.agent("echo").unwrap().agent.card().clone();
+        let agent = Arc::new(make(card));
+        let policy = crate::registry::directory::AgentPolicy::default();
+        let now = chrono::Utc::now();
+        gateway
+            .directory()
+            .upsert(id, "alice", agent.clone(), policy, now);
+        agent
+    }
+
+    /// A way to send alice's messages to `agent_id`, each on a task of its
+    /// own (blocking unless `return_immediately`).
+    fn alices_sends(
+        gateway: &Arc<Gateway>,
+        agent_id: &str,
+        return_immediately: bool,
+    ) -> impl Fn(Message) -> tokio::task::JoinHandle<Result<SendReply, GatewayError>> {
+        let ctx = CallContext {
+            agent_id: agent_id.into(),
+            ..alice(None)
+        };
+        let gateway = gateway.clone();
+        move |message| {
+            let (gateway, ctx) = (gateway.clone(), ctx.clone());
+            let request = SendMessageRequest {
+                message: Some(message),
+                configuration: Some(SendMessageConfiguration {
+                    return_immediately,
+                    ..SendMessageConfiguration::default()
+                }),
+                ..SendMessageRequest::default()
+            };
+            tokio::spawn(async move { gateway.send_message(&ctx, request).await })
+        }
+    }
+
+    /// The id of the task a send replied with.
+    fn task_id_of(reply: SendReply) -> String {
+        let SendReply::Task(task) = reply else {
+            panic!("a task, not a message")
+        };
+        serde_json::to_value(&task).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
     /// An agent that reports `e1`, then, once `go` is told, `e2` and a
     /// moment later `a1`; then it takes a follow-up, forwarding it after its
     /// events are handled as an upstream execution does, and completes.
@@ -1552,39 +1605,12 @@ mod tests {
     async fn a_follow_up_is_written_after_the_events_reported_before_it() {
         let dir = tempfile::tempdir().unwrap();
         let (ledger, gateway) = open_gateway(dir.path());
-        let card = gateway.agent("echo").unwrap().agent.card().clone();
-        let agent = Arc::new(ReportingAgent {
+        let agent = register_alices(&gateway, "reporter", |card| ReportingAgent {
             card,
             go: tokio::sync::Notify::new(),
         });
-        let policy = crate::registry::directory::AgentPolicy::default();
-        let now = chrono::Utc::now();
-        gateway
-            .directory()
-            .upsert("reporter", "alice", agent.clone(), policy, now);
-        let ctx = CallContext {
-            agent_id: "reporter".into(),
-            ..alice(None)
-        };
-        let send = |message: Message| {
-            let (gateway, ctx) = (gateway.clone(), ctx.clone());
-            let request = SendMessageRequest {
-                message: Some(message),
-                configuration: Some(SendMessageConfiguration {
-                    return_immediately: true,
-                    ..SendMessageConfiguration::default()
-                }),
-                ..SendMessageRequest::default()
-            };
-            tokio::spawn(async move { gateway.send_message(&ctx, request).await })
-        };
-        let SendReply::Task(task) = send(hi("m1")).await.unwrap().unwrap() else {
-            panic!("a task, not a message")
-        };
-        let task_id = serde_json::to_value(&task).unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let send = alices_sends(&gateway, "reporter", true);
+        let task_id = task_id_of(send(hi("m1")).await.unwrap().unwrap());
         let texts = || {
             let record = ledger.get(&task_id).unwrap().unwrap();
             let history = record.task.history.iter();
@@ -1626,17 +1652,11 @@ mod tests {
     async fn a_follower_displaced_for_nothing_is_restored() {
         let dir = tempfile::tempdir().unwrap();
         let (ledger, gateway) = open_gateway(dir.path());
-        let card = gateway.agent("echo").unwrap().agent.card().clone();
-        let agent = Arc::new(FollowingAgent {
+        register_alices(&gateway, "keeper", |card| FollowingAgent {
             card,
             executions: Default::default(),
             follow_ups: Mutex::default(),
         });
-        let policy = crate::registry::directory::AgentPolicy::default();
-        let now = chrono::Utc::now();
-        gateway
-            .directory()
-            .upsert("keeper", "alice", agent, policy, now);
         let keeper = gateway.agent("keeper").unwrap();
         gateway.enter_running("t1");
         let (_first, none) = gateway.register_follower("t1", &keeper).unwrap();
@@ -1722,37 +1742,13 @@ mod tests {
     async fn a_message_to_a_task_just_resumed_is_a_follow_up() {
         let dir = tempfile::tempdir().unwrap();
         let (ledger, gateway) = open_gateway(dir.path());
-        let card = gateway.agent("echo").unwrap().agent.card().clone();
-        let agent = Arc::new(FollowingAgent {
+        let agent = register_alices(&gateway, "keeper", |card| FollowingAgent {
             card,
             executions: Default::default(),
             follow_ups: Mutex::default(),
         });
-        let policy = crate::registry::directory::AgentPolicy::default();
-        let now = chrono::Utc::now();
-        gateway
-            .directory()
-            .upsert("keeper", "alice", agent.clone(), policy, now);
-        let ctx = CallContext {
-            agent_id: "keeper".into(),
-            ..alice(None)
-        };
-        let send = |message: Message| {
-            let (gateway, ctx) = (gateway.clone(), ctx.clone());
-            let request = SendMessageRequest {
-                message: Some(message),
-                ..SendMessageRequest::default()
-            };
-            tokio::spawn(async move { gateway.send_message(&ctx, request).await })
-        };
-        let first = send(hi("m1")).await.unwrap().unwrap();
-        let SendReply::Task(task) = first else {
-            panic!("a task, not a message")
-        };
-        let task_id = serde_json::to_value(&task).unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let send = alices_sends(&gateway, "keeper", false);
+        let task_id = task_id_of(send(hi("m1")).await.unwrap().unwrap());
         let on_task = |message_id: &str| Message {
             task_id: task_id.clone(),
             ..hi(message_id)

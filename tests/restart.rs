@@ -1137,20 +1137,8 @@ async fn an_answer_to_an_escalated_handoff_is_delivered_after_a_crash() {
     };
     let mut first = start();
     register_vendor(&first, "worker", &worker).await;
-    let payload = common::handoff_payload("triage", json!({"to": "worker"}), json!({}));
-    let message = common::handoff_message(payload);
-    let reply = first
-        .rpc("/a2a", "SendMessage", json!({"message": message}))
-        .await;
-    let task = &reply["result"]["task"];
-    assert_eq!(
-        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
-        "{reply}"
-    );
-    let id = task["id"].as_str().unwrap().to_string();
-    let answer = user_message_on(&id, &message_id("go"), "go ahead");
-    let params = json!({"message": answer, "configuration": {"returnImmediately": true}});
-    first.rpc("/a2a", "SendMessage", params).await;
+    let id = escalated_handoff(&first, json!({"to": "worker"})).await;
+    go_ahead(&first, &id).await;
     wait_until("the worker got no redelivery", || worker.sends().len() >= 3).await;
     first.kill();
 
@@ -1162,6 +1150,30 @@ async fn an_answer_to_an_escalated_handoff_is_delivered_after_a_crash() {
     assert!(last.contains("go ahead"), "{last}");
     assert!(last.contains(HANDOFF_MEDIA_TYPE), "{last}");
     worker.stop().await;
+}
+
+/// The id of a handoff from triage to `target` (its `to` or `toSkill`),
+/// sent blocking, which the ladder escalated to the caller.
+async fn escalated_handoff(baton: &BatonProcess, target: serde_json::Value) -> String {
+    let payload = common::handoff_payload("triage", target, json!({}));
+    let message = common::handoff_message(payload);
+    let reply = baton
+        .rpc("/a2a", "SendMessage", json!({"message": message}))
+        .await;
+    let task = &reply["result"]["task"];
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{reply}"
+    );
+    task["id"].as_str().unwrap().to_string()
+}
+
+/// Answers the escalated task `id` with "go ahead", not waiting for the
+/// outcome.
+async fn go_ahead(baton: &BatonProcess, id: &str) {
+    let answer = user_message_on(id, &message_id("go"), "go ahead");
+    let params = json!({"message": answer, "configuration": {"returnImmediately": true}});
+    baton.rpc("/a2a", "SendMessage", params).await;
 }
 
 /// The same for a handoff the ladder rerouted before it escalated: the
@@ -1200,22 +1212,10 @@ async fn an_answer_to_an_escalated_reroute_is_delivered_after_a_crash() {
     for agent in &agents {
         register_vendor(&first, &agent.card().name, agent).await;
     }
-    let payload = common::handoff_payload("triage", json!({"toSkill": "refunds"}), json!({}));
-    let message = common::handoff_message(payload);
-    let reply = first
-        .rpc("/a2a", "SendMessage", json!({"message": message}))
-        .await;
-    let task = &reply["result"]["task"];
-    assert_eq!(
-        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
-        "{reply}"
-    );
-    let id = task["id"].as_str().unwrap().to_string();
+    let id = escalated_handoff(&first, json!({"toSkill": "refunds"})).await;
     let sends = || agents.iter().map(|a| a.sends().len()).collect::<Vec<_>>();
     let [first_choice, holder] = if sends() == [2, 1] { [0, 1] } else { [1, 0] };
-    let answer = user_message_on(&id, &message_id("go"), "go ahead");
-    let params = json!({"message": answer, "configuration": {"returnImmediately": true}});
-    first.rpc("/a2a", "SendMessage", params).await;
+    go_ahead(&first, &id).await;
     wait_until("the holder got no redelivery", || sends()[holder] >= 2).await;
     first.kill();
 

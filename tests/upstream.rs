@@ -1711,10 +1711,10 @@ async fn source_pausing_after_its_payload(returns: bool) -> (String, Arc<Mutex<V
     (format!("{url}/a2a"), sent)
 }
 
-/// A gateway for the streaming agent at `url`, which is sent a message and
-/// followed until its task completes.
-async fn run_to_completion(url: &str) -> TestBaton {
-    let gateway = gateway_for(card_at(url, true), fast_upstream()).await;
+/// A gateway for the agent at `url` (`streaming` or polled), which is sent
+/// a message and followed until its task completes.
+async fn run_to_completion(url: &str, streaming: bool) -> TestBaton {
+    let gateway = gateway_for(card_at(url, streaming), fast_upstream()).await;
     let first = gateway
         .send_text(&message_id("m"), "start", json!({}))
         .await;
@@ -1728,7 +1728,7 @@ async fn run_to_completion(url: &str) -> TestBaton {
 #[tokio::test]
 async fn a_result_returns_to_the_task_its_source_paused_just_after_handing_off() {
     let (url, sent) = source_pausing_after_its_payload(true).await;
-    let _gateway = run_to_completion(&url).await;
+    let _gateway = run_to_completion(&url, true).await;
     let sent = sent.lock().unwrap().clone();
     assert_eq!(sent.len(), 2, "{sent:?}");
     // The return leg continued the source's paused task, not a new one.
@@ -1764,14 +1764,7 @@ async fn a_transfer_in_a_polled_snapshot_takes_the_state_it_came_with() {
         }
     });
     let url = format!("{}/a2a", serve_on_loopback(app).await);
-    let gateway = gateway_for(card_at(&url, false), fast_upstream()).await;
-    let first = gateway
-        .send_text(&message_id("m"), "start", json!({}))
-        .await;
-    let task_id = first["task"]["id"].as_str().unwrap();
-    gateway
-        .wait_for_state("/a2a", task_id, "TASK_STATE_COMPLETED")
-        .await;
+    let gateway = run_to_completion(&url, false).await;
     let polls = sent
         .lock()
         .unwrap()
@@ -1785,7 +1778,7 @@ async fn a_transfer_in_a_polled_snapshot_takes_the_state_it_came_with() {
 #[tokio::test]
 async fn a_task_its_source_left_paused_handing_on_for_good_is_canceled_at_the_source() {
     let (url, got) = source_pausing_after_its_payload(false).await;
-    let _gateway = run_to_completion(&url).await;
+    let _gateway = run_to_completion(&url, true).await;
     let canceled = || {
         let got = got.lock().unwrap();
         got.iter()

@@ -1211,12 +1211,8 @@ async fn an_exhausted_ladder_fails_or_escalates() {
 #[tokio::test]
 async fn an_escalated_handoffs_redelivery_is_kept_until_acknowledged() {
     let gateway = escalating_gateway().await;
-    let billing = VendorAgent::start("billing", &["refund"], silent_at_first(3, |_| refund()))
-        .await
-        .unwrap();
-    register(&gateway, "billing", &billing, json!({})).await;
-    let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
-    let task = send(&gateway, "/a2a", handoff_message(payload)).await;
+    let billing = billing_silent_at_first(&gateway, 3).await;
+    let task = handoff_to_billing(&gateway).await;
     let id = task["id"].as_str().unwrap().to_string();
     // The redelivery's first attempt goes unanswered: the retry comes
     // 500 ms later.
@@ -1247,12 +1243,8 @@ async fn an_escalated_handoffs_redelivery_is_kept_until_acknowledged() {
 #[tokio::test]
 async fn a_message_during_an_escalated_handoffs_redelivery_is_refused() {
     let gateway = escalating_gateway().await;
-    let billing = VendorAgent::start("billing", &["refund"], silent_at_first(3, |_| refund()))
-        .await
-        .unwrap();
-    register(&gateway, "billing", &billing, json!({})).await;
-    let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
-    let task = send(&gateway, "/a2a", handoff_message(payload)).await;
+    let billing = billing_silent_at_first(&gateway, 3).await;
+    let task = handoff_to_billing(&gateway).await;
     let id = task["id"].as_str().unwrap().to_string();
     let more = async {
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -1320,10 +1312,7 @@ async fn an_answer_to_an_escalated_large_handoff_fits_the_task() {
             })
             .start()
             .await;
-        let billing = VendorAgent::start("billing", &["refund"], silent_at_first(2, |_| refund()))
-            .await
-            .unwrap();
-        register(&gateway, "billing", &billing, json!({})).await;
+        let billing = billing_silent_at_first(&gateway, 2).await;
         let long = "x".repeat(110_000);
         let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
         let mut message = handoff_message(payload);
@@ -1500,6 +1489,27 @@ fn silent_at_first(
     }
 }
 
+/// `billing`, registered, silent to its first `silent` deliveries, then
+/// refunding.
+async fn billing_silent_at_first(gateway: &TestBaton, silent: usize) -> VendorAgent {
+    let billing = VendorAgent::start(
+        "billing",
+        &["refund"],
+        silent_at_first(silent, |_| refund()),
+    )
+    .await
+    .unwrap();
+    register(gateway, "billing", &billing, json!({})).await;
+    billing
+}
+
+/// A direct handoff from triage to billing, sent blocking: the task as it
+/// came back.
+async fn handoff_to_billing(gateway: &TestBaton) -> Value {
+    let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
+    send(gateway, "/a2a", handoff_message(payload)).await
+}
+
 /// A gateway whose ladder is quick and escalates.
 async fn escalating_gateway() -> TestBaton {
     baton()
@@ -1547,10 +1557,7 @@ fn last_delivery(agent: &VendorAgent) -> (Vec<String>, Vec<String>) {
 async fn an_escalated_handoff_is_delivered_again_with_the_callers_answer() {
     for transfer in [false, true] {
         let gateway = escalating_gateway().await;
-        let billing = VendorAgent::start("billing", &["refund"], silent_at_first(2, |_| refund()))
-            .await
-            .unwrap();
-        register(&gateway, "billing", &billing, json!({})).await;
+        let billing = billing_silent_at_first(&gateway, 2).await;
         let triage = VendorAgent::start("triage", &["triage"], |_| Reply::Handoff {
             payload: handoff_payload("triage", json!({"to": "billing"}), json!({})),
             state: TaskState::Completed,
@@ -1561,8 +1568,7 @@ async fn an_escalated_handoff_is_delivered_again_with_the_callers_answer() {
         let task = if transfer {
             send_to_triage(&gateway, "t", "refund please").await
         } else {
-            let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
-            send(&gateway, "/a2a", handoff_message(payload)).await
+            handoff_to_billing(&gateway).await
         };
         let task = go_ahead(&gateway, &task).await;
         assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
@@ -1584,12 +1590,8 @@ async fn an_escalated_handoff_is_delivered_again_with_the_callers_answer() {
 async fn an_escalated_redelivery_carries_every_unacknowledged_answer() {
     let gateway = escalating_gateway().await;
     // Silent to the ladder's two attempts and to the first answer's two.
-    let billing = VendorAgent::start("billing", &["refund"], silent_at_first(4, |_| refund()))
-        .await
-        .unwrap();
-    register(&gateway, "billing", &billing, json!({})).await;
-    let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
-    let task = send(&gateway, "/a2a", handoff_message(payload)).await;
+    let billing = billing_silent_at_first(&gateway, 4).await;
+    let task = handoff_to_billing(&gateway).await;
     let id = task["id"].as_str().unwrap();
     // From an orchestrating agent.
     let mut account = user_message_on(id, &message_id("acct"), "the account is 1234");

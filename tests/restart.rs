@@ -1129,12 +1129,7 @@ async fn an_answer_to_an_escalated_handoff_is_delivered_after_a_crash() {
     .await
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let start = || {
-        BatonProcess::builder(dir.path())
-            .args(["--allow-upstream", "127.0.0.0/8,::1"])
-            .args(["--ack-timeout-ms", "300", "--escalate"])
-            .start()
-    };
+    let start = || escalating_process(dir.path());
     let mut first = start();
     register_vendor(&first, "worker", &worker).await;
     let id = escalated_handoff(&first, json!({"to": "worker"})).await;
@@ -1150,6 +1145,15 @@ async fn an_answer_to_an_escalated_handoff_is_delivered_after_a_crash() {
     assert!(last.contains("go ahead"), "{last}");
     assert!(last.contains(HANDOFF_MEDIA_TYPE), "{last}");
     worker.stop().await;
+}
+
+/// A process over the ledger in `dir` whose ladder waits 300 ms for an
+/// acknowledgement and escalates.
+fn escalating_process(dir: &std::path::Path) -> BatonProcess {
+    BatonProcess::builder(dir)
+        .args(["--allow-upstream", "127.0.0.0/8,::1"])
+        .args(["--ack-timeout-ms", "300", "--escalate"])
+        .start()
 }
 
 /// The id of a handoff from triage to `target` (its `to` or `toSkill`),
@@ -1202,12 +1206,7 @@ async fn an_answer_to_an_escalated_reroute_is_delivered_after_a_crash() {
         silent_twice("refunds-b").await.unwrap(),
     ];
     let dir = tempfile::tempdir().unwrap();
-    let start = || {
-        BatonProcess::builder(dir.path())
-            .args(["--allow-upstream", "127.0.0.0/8,::1"])
-            .args(["--ack-timeout-ms", "300", "--escalate"])
-            .start()
-    };
+    let start = || escalating_process(dir.path());
     let mut first = start();
     for agent in &agents {
         register_vendor(&first, &agent.card().name, agent).await;

@@ -211,11 +211,11 @@ struct RunningTask {
     drivers: usize,
     /// The agent whose execution follows the task now, and where it takes
     /// follow-ups.
-    follower: Option<Follower>,
+    follower: Option<RegisteredFollower>,
 }
 
 /// An agent whose execution follows a task, and where it takes follow-ups.
-pub(crate) type Follower = (String, FollowUpSender);
+pub(crate) type RegisteredFollower = (String, FollowUpSender);
 
 /// Sends `agent` CancelTask for `task` (its task `upstream` there), on a
 /// task of its own, so that an agent slow to answer holds up nothing.
@@ -995,7 +995,7 @@ impl Gateway {
         &self,
         task_id: &str,
         agent: &AgentEntry,
-    ) -> Option<(FollowUpReceiver, Option<Follower>)> {
+    ) -> Option<(FollowUpReceiver, Option<RegisteredFollower>)> {
         if !agent.agent.takes_follow_ups() {
             return None;
         }
@@ -1008,7 +1008,7 @@ impl Gateway {
 
     /// Puts back the follower a registration that came to nothing (its
     /// receiver dropped) displaced, unless another registered since.
-    pub(crate) fn restore_follower(&self, task_id: &str, displaced: Option<Follower>) {
+    pub(crate) fn restore_follower(&self, task_id: &str, displaced: Option<RegisteredFollower>) {
         let mut running = self.running.lock().expect("running lock");
         if let Some(entry) = running.get_mut(task_id)
             && entry

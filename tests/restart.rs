@@ -1448,3 +1448,89 @@ async fn a_task_at_auth_required_is_followed_again_after_a_restart() {
     let task = ended(&second, &id).await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
 }
+
+/// An agent answering each streaming send with `chunks` chunks of 1 KiB of
+/// one artifact, 2 ms apart, then COMPLETED; returns its card.
+async fn chunk_streaming_agent(chunks: usize) -> serde_json::Value {
+    use axum::response::IntoResponse;
+    use futures::StreamExt;
+    let app = axum::Router::new().fallback(move |body: axum::body::Bytes| async move {
+        let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let id = request["id"].clone();
+        let (task, context) = ("up-1", "up-ctx");
+        let chunk = move |i: usize| {
+            json!({"artifactUpdate": {"taskId": task, "contextId": context, "append": i > 0,
+                "artifact": {"artifactId": "a1", "parts": [{"text": format!("{i:>1024}")}]}}})
+        };
+        let status = |state: &str| {
+            json!({"statusUpdate": {"taskId": task, "contextId": context,
+                "status": {"state": state}}})
+        };
+        let events = std::iter::once(status("TASK_STATE_WORKING"))
+            .chain((0..chunks).map(chunk))
+            .chain([status("TASK_STATE_COMPLETED")]);
+        let stream = futures::stream::iter(events).then(move |event| {
+            let frame = json!({"jsonrpc": "2.0", "id": id, "result": event});
+            async move {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                Ok::<_, std::convert::Infallible>(format!("data: {frame}\n\n"))
+            }
+        });
+        let sse = [(axum::http::header::CONTENT_TYPE, "text/event-stream")];
+        (sse, axum::body::Body::from_stream(stream)).into_response()
+    });
+    let url = serve_on_loopback(app).await;
+    json!({"name": "writer", "description": "Streams its answer in chunks.", "version": "1.0.0",
+        "supportedInterfaces": [{"url": format!("{url}/a2a"), "protocolBinding": "JSONRPC",
+            "protocolVersion": "1.0"}],
+        "capabilities": {"streaming": true},
+        "defaultInputModes": ["text/plain"], "defaultOutputModes": ["text/plain"],
+        "skills": [{"id": "write", "name": "Write", "description": "Writes.", "tags": ["write"]}]})
+}
+
+/// Bytes of frames in the ledger's log (its segments are zero-filled after them).
+fn logged_bytes(data: &std::path::Path) -> usize {
+    let segments = std::fs::read_dir(data.join("wal")).unwrap();
+    segments
+        .map(|segment| std::fs::read(segment.unwrap().path()).unwrap())
+        .map(|bytes| bytes.iter().rposition(|&b| b != 0).map_or(0, |at| at + 1))
+        .sum()
+}
+
+/// An answer streamed in many chunks makes a large record, whose writes the
+/// log holds as what each added: after a SIGKILL straight after the answer
+/// the task reads back whole, rebuilt from them.
+#[tokio::test]
+async fn a_task_streamed_in_many_chunks_survives_a_sigkill_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = loopback_process(dir.path());
+    let card = chunk_streaming_agent(48).await;
+    first
+        .registry("RegisterAgent", json!({"id": "writer", "card": card}))
+        .await;
+    let message = user_message(&message_id("write"), "write it all");
+    let sent = first
+        .rpc(
+            "/agents/writer/a2a",
+            "SendMessage",
+            json!({"message": message}),
+        )
+        .await;
+    let task_id = sent["result"]["task"]["id"]
+        .as_str()
+        .expect("a task")
+        .to_string();
+    let before = first.call("GetTask", json!({"id": task_id})).await;
+    assert_eq!(before["status"]["state"], "TASK_STATE_COMPLETED", "{sent}");
+    assert_eq!(
+        before["artifacts"][0]["parts"].as_array().unwrap().len(),
+        48
+    );
+    // Whole records would be at least the sum of 1..=48 KiB.
+    let logged = logged_bytes(dir.path());
+    assert!(logged < 400 * 1024, "{logged} bytes logged");
+    first.kill();
+
+    let second = loopback_process(dir.path());
+    assert_eq!(second.call("GetTask", json!({"id": task_id})).await, before);
+}

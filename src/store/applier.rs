@@ -44,9 +44,9 @@ use super::failing::FaultGuard;
 use super::failing::{Failing, Failure, InjectedFault};
 use super::hub::LedgerEvent;
 use super::record_file::{Pointer, RecordFile};
-use super::{LedgerError, ReadTask, TaskMap, TaskRecord, keys, wal};
-use crate::protocol::TaskState;
+use super::{LedgerError, ReadTask, TaskMap, TaskRecord, append, keys, wal};
 use crate::protocol::wire::ProtoEnum as _;
+use crate::protocol::{StreamResponse, TaskState};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -93,6 +93,9 @@ pub struct PendingSet {
     tasks: TaskMap<PendingTask>,
     /// Task writes gathered, counting each write to the same task.
     task_writes: usize,
+    /// Whether a write gathered was logged as what it added to a large
+    /// record (see [`GATHER_COALESCING`]).
+    additions: bool,
     /// Raw key writes, by key.
     raw: HashMap<Vec<u8>, RawWrite>,
     /// The log ticket of the set's latest write: it is applied only once
@@ -116,6 +119,8 @@ impl PendingSet {
         ticket: u64,
     ) {
         self.task_writes += 1;
+        // Its writer logged its length but did not encode it whole.
+        self.additions |= encoded.is_none() && record.logged_len.total > 0;
         match self.tasks.entry(record.task.id.clone()) {
             std::collections::hash_map::Entry::Occupied(mut pending) => {
                 let pending = pending.get_mut();
@@ -141,26 +146,82 @@ impl PendingSet {
         self.raw.insert(key, RawWrite { value, ticket });
     }
 
-    /// Rebuilds the pending writes of log entries read at start-up.
-    pub fn from_log(entries: Vec<wal::Entry>) -> Self {
+    /// Rebuilds the pending writes of log entries read at start-up. A write
+    /// logged as what it added is rebuilt on the record before it: the
+    /// log's, else sled's, which `stored` reads.
+    pub fn from_log(
+        entries: Vec<wal::Entry>,
+        mut stored: impl FnMut(&str) -> Result<Option<TaskRecord>, LedgerError>,
+    ) -> Result<Self, LedgerError> {
         let mut set = Self::default();
+        // sled's records of tasks whose writes the log holds additions of.
+        let mut in_sled: TaskMap<Option<Arc<TaskRecord>>> = TaskMap::default();
+        let shared_events = |task_id: &str, events: Vec<(u64, StreamResponse)>| {
+            events
+                .into_iter()
+                .map(|(seq, event)| Arc::new(LedgerEvent::new(task_id.to_string(), seq, event)))
+                .collect::<Vec<_>>()
+        };
         for entry in entries {
             match entry {
                 wal::Entry::Put { key, value } => set.set_raw(key, Some(value), 0),
                 wal::Entry::Remove { key } => set.set_raw(key, None, 0),
                 wal::Entry::Task { record, events } => {
-                    let events: Vec<_> = events
-                        .into_iter()
-                        .map(|(seq, event)| {
-                            Arc::new(LedgerEvent::new(record.task.id.clone(), seq, event))
-                        })
-                        .collect();
+                    let events = shared_events(&record.task.id, events);
                     // sled may hold what the log does: nothing counts as new.
                     set.add_task(Arc::new(*record), None, &events, false, 0);
                 }
+                wal::Entry::TaskAppend {
+                    head,
+                    history_from,
+                    history,
+                    artifacts,
+                    events,
+                } => {
+                    let task_id = head.task.id.clone();
+                    let before = match set.tasks.get(&task_id) {
+                        Some(pending) => Some(pending.record.clone()),
+                        None => match in_sled.get(&task_id) {
+                            Some(record) => record.clone(),
+                            None => {
+                                let record = stored(&task_id)?.map(Arc::new);
+                                in_sled.insert(task_id.clone(), record.clone());
+                                record
+                            }
+                        },
+                    };
+                    // sled holds this write already (its application
+                    // came after the last checkpoint).
+                    if before
+                        .as_ref()
+                        .is_some_and(|before| before.version >= head.version)
+                    {
+                        continue;
+                    }
+                    let version = head.version;
+                    let rebuilt = match &before {
+                        Some(before) => {
+                            append::apply(before, *head, history_from, history, artifacts)
+                        }
+                        None => Err("no record of the task comes before it".to_string()),
+                    };
+                    match rebuilt {
+                        Ok(record) => {
+                            let events = shared_events(&task_id, events);
+                            set.add_task(Arc::new(record), None, &events, false, 0);
+                        }
+                        // Only lost or damaged data does this.
+                        Err(why) => tracing::error!(
+                            task_id,
+                            version,
+                            "a logged write of a task does not fit the record before it ({why}); \
+                             the task is left as it was"
+                        ),
+                    }
+                }
             }
         }
-        set
+        Ok(set)
     }
 }
 
@@ -212,8 +273,8 @@ pub struct Applier {
     /// in two states, or in none.
     apply_lock: RwLock<()>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// Whether the last set taken wrote its tasks twice or more on average;
-    /// picks the next gather window. A set of [`GATHER_SINGLE`] sees that
+    /// Whether the last set taken wrote its tasks twice or more on average,
+    /// or added to a large record; picks the next gather window. A set of [`GATHER_SINGLE`] sees that
     /// only where each task is written about once a millisecond or more
     /// (here each of 64 writers writes its task every ~0.4 ms), so slower
     /// writers stay on the short window.
@@ -258,7 +319,10 @@ const TASKS_PER_INTENT: usize = 128;
 /// writes coalesce (several to one task): longer coalesces more, and readers
 /// do not wait for it (they read the overlay). Measured with 64 writers:
 /// 43–49 k transitions/s at 20 ms, 52.5–56.7 k/s at 50 ms, as the
-/// applier's sled work shares the cores with the writers.
+/// applier's sled work shares the cores with the writers. Also while a
+/// large record is written again and again (an answer streamed in chunks),
+/// its writes logged as what they add (see [`super::append`]): each
+/// application encodes and stores it whole.
 const GATHER_COALESCING: Duration = Duration::from_millis(50);
 
 /// The gather window while each task is written about once, as blocking
@@ -644,8 +708,8 @@ impl Applier {
             return None;
         }
         let set = Arc::new(std::mem::take(&mut overlay.pending));
-        self.coalescing
-            .store(set.task_writes >= 2 * set.tasks.len(), Ordering::Relaxed);
+        let coalescing = set.task_writes >= 2 * set.tasks.len() || set.additions;
+        self.coalescing.store(coalescing, Ordering::Relaxed);
         overlay.applying = Some(set.clone());
         Some((set, false))
     }
@@ -1072,6 +1136,13 @@ impl<'a> RecordBuckets<'a> {
 }
 
 impl Applier {
+    /// A task's record as sled holds it, decoded.
+    pub fn stored_task(&self, task_id: &str) -> Result<Option<TaskRecord>, LedgerError> {
+        self.stored_record(task_id, None)?
+            .map(|bytes| Ok(super::decode_stored(&bytes[..])?))
+            .transpose()
+    }
+
     /// A task's record as sled holds it: its own key, which a later write
     /// sets, else its entry in a record bucket of its creation millisecond,
     /// found through `memo` when a scan reads several tasks.
@@ -1927,7 +1998,9 @@ mod tests {
         ];
         let mut expected: Vec<Vec<u8>> = log.iter().flat_map(record_index_keys).collect();
         let applier = Applier::new(db.clone(), tree.clone(), wal_dir, Arc::default()).unwrap();
-        applier.recover(PendingSet::from_log(logged(log))).unwrap();
+        applier
+            .recover(PendingSet::from_log(logged(log), |id| applier.stored_task(id)).unwrap())
+            .unwrap();
         expected.sort();
         assert_eq!(index_entries(&tree), expected);
         let completed = TaskState::Completed.number();
@@ -2099,7 +2172,9 @@ mod tests {
         // The log holds z's write only.
         let applier = Applier::new(db.clone(), tree.clone(), wal_dir, Arc::default()).unwrap();
         applier
-            .recover(PendingSet::from_log(logged([z.clone()])))
+            .recover(
+                PendingSet::from_log(logged([z.clone()]), |id| applier.stored_task(id)).unwrap(),
+            )
             .unwrap();
         let mut expected: Vec<Vec<u8>> = [&x, &z].into_iter().flat_map(record_index_keys).collect();
         expected.sort();
@@ -2170,6 +2245,70 @@ mod tests {
                 events: Vec::new(),
             })
             .collect()
+    }
+
+    /// A write that made `after` of `before`, logged as what it added and
+    /// read back as start-up reads it.
+    fn logged_additions(before: &TaskRecord, after: &TaskRecord) -> wal::Entry {
+        let additions = append::additions(&before.task, &after.task).expect("additions");
+        let head = append::head_json(&mut after.clone()).unwrap();
+        let entry = wal::EntryRef::TaskAppend {
+            head: &head,
+            history_from: additions.history_from,
+            history: &after.task.history[additions.history_from..],
+            artifacts: &additions.artifacts,
+            events: Vec::new(),
+        };
+        let mut frame = Vec::new();
+        wal::encode(&mut frame, &entry).unwrap();
+        super::super::decode_stored(&frame[8..]).unwrap()
+    }
+
+    #[test]
+    fn a_logged_addition_is_rebuilt_on_the_write_before_it_from_the_log_or_sled() {
+        // Version n holds n parts of one artifact.
+        let version = |n: usize| TaskRecord {
+            task: crate::protocol::Task {
+                id: "t1".into(),
+                artifacts: vec![crate::protocol::Artifact {
+                    artifact_id: "a1".into(),
+                    parts: (0..n)
+                        .map(|i| crate::protocol::Part::text(format!("p{i}")))
+                        .collect(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            version: n as u64,
+            ..TaskRecord::default()
+        };
+        let (v1, v2, v3) = (version(1), version(2), version(3));
+        let rebuilt = |log, in_sled: Option<&TaskRecord>| {
+            let mut reads = 0;
+            let set = PendingSet::from_log(log, |_| {
+                reads += 1;
+                Ok(in_sled.cloned())
+            })
+            .unwrap();
+            let record = set.tasks.get("t1").map(|pending| (*pending.record).clone());
+            (record, reads)
+        };
+        // On the log's own write before it.
+        let mut log = logged([v1.clone()]);
+        log.extend([logged_additions(&v1, &v2), logged_additions(&v2, &v3)]);
+        assert_eq!(rebuilt(log, None), (Some(v3.clone()), 0));
+        // On sled's record, read once.
+        let log = || vec![logged_additions(&v1, &v2), logged_additions(&v2, &v3)];
+        assert_eq!(rebuilt(log(), Some(&v1)), (Some(v3.clone()), 1));
+        // sled holding one write already, or both: only what it lacks.
+        assert_eq!(rebuilt(log(), Some(&v2)), (Some(v3.clone()), 1));
+        assert_eq!(rebuilt(log(), Some(&v3)), (None, 1));
+        // Nothing it fits (only lost data does this): the task is left as it was.
+        assert_eq!(
+            rebuilt(vec![logged_additions(&v2, &v3)], Some(&v1)),
+            (None, 1)
+        );
+        assert_eq!(rebuilt(log(), None), (None, 1));
     }
 
     /// Queues the creation of `record` with its JSON, as the ledger's writes are.
@@ -2531,7 +2670,9 @@ mod tests {
 
         // The log replayed holds the same version: sled is as new already.
         let log = logged([record.clone()]);
-        applier.recover(PendingSet::from_log(log)).unwrap();
+        applier
+            .recover(PendingSet::from_log(log, |id| applier.stored_task(id)).unwrap())
+            .unwrap();
         assert_eq!(
             tree.get(keys::task(&task_id)).unwrap(),
             None,
@@ -2582,7 +2723,9 @@ mod tests {
         tree.remove(bucket).unwrap();
 
         let log = logged([record.clone()]);
-        applier.recover(PendingSet::from_log(log)).unwrap();
+        applier
+            .recover(PendingSet::from_log(log, |id| applier.stored_task(id)).unwrap())
+            .unwrap();
         assert!(tree.get(keys::task(&task_id)).unwrap().is_some());
         assert_eq!(read_stored(&applier, &task_id), Some(record));
         let state = TaskState::Completed.number();
@@ -2638,7 +2781,9 @@ mod tests {
     /// counted once.
     fn assert_recovered(applier: &Applier, kept: &[TaskRecord], lost: &[TaskRecord]) {
         applier
-            .recover(PendingSet::from_log(logged(lost.to_vec())))
+            .recover(
+                PendingSet::from_log(logged(lost.to_vec()), |id| applier.stored_task(id)).unwrap(),
+            )
             .unwrap();
         for record in kept.iter().chain(lost) {
             assert_eq!(read_stored(applier, &record.task.id).as_ref(), Some(record));

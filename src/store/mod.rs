@@ -8,6 +8,7 @@
 //! event order exact. The [`applier`] moves writes into sled in the
 //! background; reads see them in its overlay until then.
 
+pub mod append;
 pub mod applier;
 pub mod durable;
 pub mod failing;
@@ -133,6 +134,9 @@ pub struct TaskRecord {
     /// returns the task is their result too, so each still binds it.
     #[serde(default)]
     pub handed_on_schemas: Vec<SchemaBinding>,
+    /// See [`append::LoggedLen`].
+    #[serde(skip)]
+    pub logged_len: append::LoggedLen,
 }
 
 /// A returnSchema and the first of the task's artifacts it checks.
@@ -271,6 +275,7 @@ impl<'a, T> RecordJson<'a, T> {
             return_schema_digests,
             return_schema_by_skill,
             handed_on_schemas,
+            logged_len: _,
         } = record;
         Self {
             task,
@@ -1091,7 +1096,9 @@ fn after_millis(time: DateTime<Utc>) -> u64 {
 /// Format 2 may store record buckets LZ4-compressed ([`keys::seal_record_bucket`]);
 /// it reads format 1's plain ones as they are. Format 3 keeps new record
 /// buckets in the record file ([`record_file`]) and reads older ones from sled.
-const LEDGER_FORMAT: u32 = 3;
+/// Format 4 may log a large record's write as what it added ([`append`]),
+/// which earlier builds would take for damage in the log.
+const LEDGER_FORMAT: u32 = 4;
 
 /// The format of a ledger written before the marker existed.
 const UNMARKED_FORMAT: u32 = 1;
@@ -1404,7 +1411,9 @@ impl Ledger {
         let replayed = wal::read_all(&wal_dir).map_err(storage_io)?;
         let durable = Arc::new(durable::DurableMark::default());
         let applier = Applier::new(db.clone(), tree.clone(), wal_dir.clone(), durable.clone())?;
-        applier.recover(PendingSet::from_log(replayed))?;
+        applier.recover(PendingSet::from_log(replayed, |id| {
+            applier.stored_task(id)
+        })?)?;
         remove_retired_index(&tree)?;
         // Before the applier starts: its thread would outlive a failed open,
         // holding sled's lock.
@@ -1572,7 +1581,7 @@ impl Ledger {
             cut = Some(TaskLimit::Events);
         }
         let mut encoded = EncodedTask::new(record, published, true)?;
-        if cut.is_none() && encoded.json.get().len() > limits.max_bytes {
+        if cut.is_none() && encoded.len() > limits.max_bytes {
             let EncodedTask {
                 record, published, ..
             } = encoded;
@@ -1666,8 +1675,8 @@ impl Ledger {
                     }
                     record.version += 1;
                     let (from, to) = (read.task.status.state, record.task.status.state);
-                    let encoded = EncodedTask::new(record, published, false)?;
-                    let bytes = encoded.json.get().len();
+                    let encoded = EncodedTask::after(&read, record, published)?;
+                    let bytes = encoded.len();
                     if bytes > limits.max_bytes {
                         let limit = limits.max_bytes;
                         break 'made refused(LedgerError::RecordTooLarge { bytes, limit }.into());
@@ -1730,8 +1739,7 @@ impl Ledger {
     ) -> Result<(Arc<TaskRecord>, u64), LedgerError> {
         let EncodedTask {
             record,
-            json,
-            task_json,
+            frame,
             published,
             created,
         } = encoded;
@@ -1744,21 +1752,36 @@ impl Ledger {
         } else {
             Vec::new()
         };
-        wal::encode(
-            frames,
-            &wal::EntryRef::Task {
-                record: &json,
-                events,
-            },
-        )?;
+        let encoded = match frame {
+            TaskFrame::Whole { json, task_json } => {
+                let entry = wal::EntryRef::Task {
+                    record: &json,
+                    events,
+                };
+                wal::encode(frames, &entry)?;
+                Some(applier::Encoded { json, task_json })
+            }
+            // sled stores whole records: the applier encodes this one when
+            // it applies it, once for all the writes it coalesced.
+            TaskFrame::Additions { head, additions } => {
+                let entry = wal::EntryRef::TaskAppend {
+                    head: &head,
+                    history_from: additions.history_from,
+                    history: &record.task.history[additions.history_from..],
+                    artifacts: &additions.artifacts,
+                    events,
+                };
+                wal::encode(frames, &entry)?;
+                None
+            }
+        };
         let record = Arc::new(record);
         // The overlay has the write before the flusher can publish it.
         let ticket = self
             .flusher
             .note_write(frames, published, |ticket, published| {
-                let encoded = applier::Encoded { json, task_json };
                 self.applier
-                    .add_task(record.clone(), Some(encoded), published, ticket, created)
+                    .add_task(record.clone(), encoded, published, ticket, created)
             });
         Ok((record, ticket))
     }
@@ -2424,37 +2447,107 @@ fn logs_events(record: &TaskRecord) -> bool {
 
 /// A task write with its JSON, encoded once for the log and for sled.
 struct EncodedTask {
+    /// The record after the write, its `logged_len` set.
     record: TaskRecord,
-    json: Box<RawValue>,
-    /// The task's part of `json`, for replies.
-    task_json: Arc<RawValue>,
+    frame: TaskFrame,
     published: Vec<Arc<LedgerEvent>>,
     /// The write creates the task (the applier then has nothing to read first).
     created: bool,
+}
+
+/// How a task write is logged.
+enum TaskFrame {
+    /// The whole record, as sled stores it too.
+    Whole {
+        json: Box<RawValue>,
+        /// The task's part of `json`, for replies.
+        task_json: Arc<RawValue>,
+    },
+    /// What the write added to a large record (see [`append`]).
+    Additions {
+        /// The record without its history and artifacts.
+        head: Box<RawValue>,
+        additions: append::Additions,
+    },
 }
 
 impl EncodedTask {
     /// Encodes `record` and, if the log takes them, its new events (each
     /// event keeps its JSON for the streams that carry it).
     fn new(
-        record: TaskRecord,
+        mut record: TaskRecord,
         published: Vec<Arc<LedgerEvent>>,
         created: bool,
     ) -> Result<Self, LedgerError> {
         let task_json: Arc<RawValue> = serde_json::value::to_raw_value(&record.task)?.into();
         let json = serde_json::value::to_raw_value(&RecordJson::new(&record, &*task_json))?;
-        if logs_events(&record) {
-            for event in &published {
-                event.json()?;
-            }
-        }
+        let total = json.get().len();
+        // A large record's next write may be logged as what it adds, and
+        // counted from this head's length.
+        let head = if total >= append::APPEND_FROM {
+            append::head_json(&mut record)?.get().len()
+        } else {
+            0
+        };
+        record.logged_len = append::LoggedLen { total, head };
+        Self::encode_events(&record, &published)?;
         Ok(Self {
             record,
-            json,
-            task_json,
+            frame: TaskFrame::Whole { json, task_json },
             published,
             created,
         })
+    }
+
+    /// Encodes a write that made `record` of `before`: as what it added, if
+    /// `before` was large and the write only added to its history and
+    /// artifacts; else whole.
+    fn after(
+        before: &TaskRecord,
+        mut record: TaskRecord,
+        published: Vec<Arc<LedgerEvent>>,
+    ) -> Result<Self, LedgerError> {
+        let was = before.logged_len;
+        let additions = (was.total >= append::APPEND_FROM)
+            .then(|| append::additions(&before.task, &record.task))
+            .flatten();
+        let Some(additions) = additions else {
+            return Self::new(record, published, false);
+        };
+        let head = append::head_json(&mut record)?;
+        let body = (was.total - was.head) as i64;
+        let growth = append::growth(&before.task, &record.task, &additions)?;
+        let total = head.get().len() + usize::try_from(body + growth).unwrap_or(0);
+        debug_assert_eq!(total, append::encoded_len(&record)?, "the counted length");
+        record.logged_len = append::LoggedLen {
+            total,
+            head: head.get().len(),
+        };
+        Self::encode_events(&record, &published)?;
+        Ok(Self {
+            record,
+            frame: TaskFrame::Additions { head, additions },
+            published,
+            created: false,
+        })
+    }
+
+    /// Encodes the events the log takes, which keep their JSON.
+    fn encode_events(
+        record: &TaskRecord,
+        published: &[Arc<LedgerEvent>],
+    ) -> Result<(), LedgerError> {
+        if logs_events(record) {
+            for event in published {
+                event.json()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The length of the record's JSON with the write.
+    fn len(&self) -> usize {
+        self.record.logged_len.total
     }
 }
 
@@ -3284,6 +3377,136 @@ mod tests {
             .unwrap();
         assert_eq!(made.version, before.version + 1);
         assert_eq!(ledger.flusher.latest_ticket(), written + 1);
+    }
+
+    /// A 1 KiB chunk of artifact `a1`, as an agent streams its answer.
+    fn chunk(task_id: &str, first: bool) -> StreamResponse {
+        StreamResponse::ArtifactUpdate(crate::protocol::TaskArtifactUpdateEvent {
+            task_id: task_id.to_string(),
+            context_id: "ctx".into(),
+            artifact: crate::protocol::Artifact {
+                artifact_id: "a1".into(),
+                parts: vec![crate::protocol::Part::text("x".repeat(1024))],
+                ..Default::default()
+            },
+            append: !first,
+            ..Default::default()
+        })
+    }
+
+    /// Writes `events` to `task_id`, within `limits`.
+    async fn write(
+        ledger: &Ledger,
+        task_id: &str,
+        limits: TaskLimits,
+        events: Vec<StreamResponse>,
+    ) -> Result<Arc<TaskRecord>, LedgerError> {
+        ledger
+            .update_within(task_id, limits, |_| Ok::<_, LedgerError>(events))
+            .await
+    }
+
+    /// Bytes of frames in the log's segments, each zero-filled after them.
+    fn logged_bytes(dir: &Path) -> usize {
+        let segments = wal::segments(&dir.join("wal")).unwrap();
+        let frames_len =
+            |bytes: Vec<u8>| bytes.iter().rposition(|&b| b != 0).map_or(0, |at| at + 1);
+        segments
+            .into_iter()
+            .map(|(_, path)| frames_len(std::fs::read(path).unwrap()))
+            .sum()
+    }
+
+    /// `ledger` after creating one WORKING task in it, with an artifact of
+    /// 24 chunks: a record of about 25 KiB.
+    async fn with_large_task(ledger: Ledger, task_id: &str) -> Ledger {
+        let ledger = with_working_task(ledger, task_id).await;
+        for i in 0..24 {
+            let chunk = vec![chunk(task_id, i == 0)];
+            write(&ledger, task_id, TaskLimits::NONE, chunk)
+                .await
+                .unwrap();
+        }
+        ledger
+    }
+
+    #[tokio::test]
+    async fn a_large_records_writes_log_what_they_add_and_replay_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = with_large_task(paused(dir.path()), "t1").await;
+        // sled holds the task as it is now; the log holds every write.
+        ledger.applier.apply_pending().unwrap();
+        let from = logged_bytes(dir.path());
+        for i in 24..64 {
+            let mut events = vec![chunk("t1", false)];
+            // Now and then a status message joins the history.
+            if i % 10 == 0 {
+                let message = crate::protocol::Message {
+                    message_id: format!("m{i}"),
+                    parts: vec![crate::protocol::Part::text("working on it")],
+                    ..Default::default()
+                };
+                let mut update = status("t1", TaskState::Working);
+                if let StreamResponse::StatusUpdate(update) = &mut update {
+                    update.status.message = Some(message);
+                }
+                events.push(update);
+            }
+            write(&ledger, "t1", TaskLimits::NONE, events)
+                .await
+                .unwrap();
+        }
+        // Whole records would have been forty of 25–65 KiB each.
+        let logged = logged_bytes(dir.path()) - from;
+        assert!(
+            logged < 40 * 3 * 1024,
+            "{logged} bytes logged for forty 1 KiB chunks"
+        );
+        let written = ledger.get("t1").unwrap().unwrap();
+        assert_eq!(written.task.artifacts[0].parts.len(), 64);
+        assert_eq!(written.task.history.len(), 4);
+        ledger.close();
+        drop(ledger);
+
+        // Rebuilt from the log at start-up, partly on what sled held.
+        let ledger = reopen(dir.path());
+        assert_eq!(ledger.get("t1").unwrap().as_ref(), Some(&written));
+        // A write after a restart is logged whole, then as additions again.
+        let before = ledger.flusher.latest_ticket();
+        for _ in 0..2 {
+            write(&ledger, "t1", TaskLimits::NONE, vec![chunk("t1", false)])
+                .await
+                .unwrap();
+        }
+        assert_eq!(ledger.flusher.latest_ticket(), before + 2);
+        let written = ledger.get("t1").unwrap().unwrap();
+        ledger.close();
+        drop(ledger);
+        let ledger = reopen(dir.path());
+        assert_eq!(ledger.get("t1").unwrap().as_ref(), Some(&written));
+        ledger.close();
+    }
+
+    #[tokio::test]
+    async fn a_write_logged_as_its_additions_is_held_to_the_whole_records_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = with_large_task(paused(dir.path()), "t1").await;
+        let before = ledger.get("t1").unwrap().unwrap();
+        let written = ledger.flusher.latest_ticket();
+        // A chunk more than the record's length before.
+        let limit = bytes_limit(before.logged_len.total + 1000);
+        let refused = write(&ledger, "t1", limit, vec![chunk("t1", false)]).await;
+        let Err(LedgerError::RecordTooLarge { bytes, .. }) = refused else {
+            panic!("the write was not refused for its length");
+        };
+        assert_eq!(ledger.flusher.latest_ticket(), written);
+        assert_eq!(ledger.get("t1").unwrap().unwrap(), before);
+        // At exactly that length, the write is taken, and it is that long.
+        let made = write(&ledger, "t1", bytes_limit(bytes), vec![chunk("t1", false)])
+            .await
+            .unwrap();
+        assert_eq!(serde_json::to_vec(&*made).unwrap().len(), bytes);
+        ledger.close();
     }
 
     #[tokio::test]

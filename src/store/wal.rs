@@ -21,7 +21,8 @@
 //! [`read_all`]).
 
 use super::TaskRecord;
-use crate::protocol::StreamResponse;
+use super::append::ArtifactChange;
+use crate::protocol::{Message, StreamResponse};
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -48,6 +49,24 @@ pub enum EntryRef<'a> {
         /// encoded (streams and the applier reuse the same bytes).
         events: Vec<(u64, &'a serde_json::value::RawValue)>,
     },
+    /// A large task's record after a write that only added to its history
+    /// and artifacts, as what it added (see [`super::append`]).
+    TaskAppend {
+        /// The record after the write without history or artifacts.
+        head: &'a serde_json::value::RawValue,
+        /// The history's length before the write.
+        #[serde(rename = "historyFrom")]
+        history_from: usize,
+        /// The messages the write added.
+        #[serde(skip_serializing_if = "<[Message]>::is_empty")]
+        history: &'a [Message],
+        /// The artifacts the write changed or added.
+        #[serde(skip_serializing_if = "<[ArtifactChange]>::is_empty")]
+        artifacts: &'a [ArtifactChange],
+        /// As in [`EntryRef::Task`].
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        events: Vec<(u64, &'a serde_json::value::RawValue)>,
+    },
     /// A raw key set (push configs, idempotency records, agents).
     Put {
         /// Key.
@@ -71,6 +90,23 @@ pub enum Entry {
         /// The record after the write.
         record: Box<TaskRecord>,
         /// The appended events with their sequence numbers.
+        events: Vec<(u64, StreamResponse)>,
+    },
+    /// See [`EntryRef::TaskAppend`].
+    TaskAppend {
+        /// The record after the write without history or artifacts.
+        head: Box<TaskRecord>,
+        /// The history's length before the write.
+        #[serde(rename = "historyFrom")]
+        history_from: usize,
+        /// The messages the write added.
+        #[serde(default)]
+        history: Vec<Message>,
+        /// The artifacts the write changed or added.
+        #[serde(default)]
+        artifacts: Vec<ArtifactChange>,
+        /// The appended events with their sequence numbers.
+        #[serde(default)]
         events: Vec<(u64, StreamResponse)>,
     },
     /// See [`EntryRef::Put`].

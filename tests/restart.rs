@@ -1490,9 +1490,11 @@ async fn chunk_streaming_agent(chunks: usize) -> serde_json::Value {
 
 /// Bytes of frames in the ledger's log (its segments are zero-filled after them).
 fn logged_bytes(data: &std::path::Path) -> usize {
-    let segments = std::fs::read_dir(data.join("wal")).unwrap();
-    segments
-        .map(|segment| std::fs::read(segment.unwrap().path()).unwrap())
+    let entries = std::fs::read_dir(data.join("wal")).unwrap();
+    entries
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "log"))
+        .map(|segment| std::fs::read(segment).unwrap())
         .map(|bytes| bytes.iter().rposition(|&b| b != 0).map_or(0, |at| at + 1))
         .sum()
 }

@@ -3,7 +3,7 @@
 //!
 //! An agent streaming its answer in chunks makes one write per chunk, and
 //! each write used to log the task's whole record: a 2 MB answer streamed in
-//! 2 000 chunks wrote 1.3 GB to the log and spent 2 s of CPU encoding it.
+//! 2 000 chunks made Baton write 1.3 GB to disk and spend 2 s of CPU.
 //! When a record is large ([`APPEND_FROM`]) and a write left its history and
 //! artifacts as they were but for messages, artifacts and parts added at
 //! their ends, the frame holds the record's other fields (its head) and
@@ -32,6 +32,20 @@ pub struct LoggedLen {
     pub total: usize,
     /// Its head's JSON, when `total` is at least [`APPEND_FROM`].
     pub head: usize,
+}
+
+impl LoggedLen {
+    /// The hint for `record`, whose JSON is `total` bytes long: a large
+    /// record's next write may be logged as what it adds, and counted from
+    /// its head's length.
+    pub fn of(record: &mut TaskRecord, total: usize) -> serde_json::Result<Self> {
+        let head = if total >= APPEND_FROM {
+            head_json(record)?.get().len()
+        } else {
+            0
+        };
+        Ok(Self { total, head })
+    }
 }
 
 impl PartialEq for LoggedLen {
@@ -67,7 +81,9 @@ pub struct Additions {
 }
 
 /// What `after` added to `before`'s history and artifacts, or None if it
-/// changed or removed anything there.
+/// changed or removed anything there. Compared as values: a number turned
+/// from 0.0 to -0.0 in place reads as unchanged, and start-up would
+/// rebuild it as 0.0.
 pub fn additions(before: &Task, after: &Task) -> Option<Additions> {
     let history_from = before.history.len();
     if after.history.get(..history_from)? != before.history.as_slice() {
@@ -143,47 +159,61 @@ fn with_parts(artifact: &Artifact, parts: Vec<Part>) -> Artifact {
     }
 }
 
-/// The record a logged addition made: `head` with `before`'s history and
-/// artifacts and the additions. Err says why they do not fit `before`.
+/// Makes `record` the record a logged addition made of it: `head` with
+/// `record`'s history and artifacts and the additions, moved, not copied.
+/// Err says why they do not fit `record`, which is then left as it was.
 pub fn apply(
-    before: &TaskRecord,
+    record: &mut TaskRecord,
     mut head: TaskRecord,
     history_from: usize,
     history: Vec<Message>,
     artifacts: Vec<ArtifactChange>,
-) -> Result<TaskRecord, String> {
-    if head.version != before.version + 1 {
+) -> Result<(), String> {
+    if head.version != record.version + 1 {
         return Err(format!(
             "version {} follows version {}",
-            head.version, before.version
+            head.version, record.version
         ));
     }
-    if history_from != before.task.history.len() {
+    if history_from != record.task.history.len() {
         return Err(format!(
             "it adds to a history of {history_from} messages, not {}",
-            before.task.history.len()
+            record.task.history.len()
         ));
     }
-    head.task.history = before.task.history.clone();
+    // Every change checked before any is made.
+    let mut count = record.task.artifacts.len();
+    for change in &artifacts {
+        let fits = match (change.parts_from, record.task.artifacts.get(change.index)) {
+            (Some(parts_from), Some(artifact)) => artifact.parts.len() == parts_from,
+            (None, Some(_)) => true,
+            (None, None) => change.index == count,
+            (Some(_), None) => false,
+        };
+        if !fits {
+            return Err(format!(
+                "artifact {} does not take its change",
+                change.index
+            ));
+        }
+        count = count.max(change.index + 1);
+    }
+    head.task.history = std::mem::take(&mut record.task.history);
     head.task.history.extend(history);
-    head.task.artifacts = before.task.artifacts.clone();
+    head.task.artifacts = std::mem::take(&mut record.task.artifacts);
     for change in artifacts {
-        let count = head.task.artifacts.len();
-        match (change.parts_from, head.task.artifacts.get_mut(change.index)) {
-            (Some(parts_from), Some(artifact)) if artifact.parts.len() == parts_from => {
-                artifact.parts.extend(change.artifact.parts);
+        match change.parts_from {
+            Some(_) => head.task.artifacts[change.index]
+                .parts
+                .extend(change.artifact.parts),
+            None if change.index < head.task.artifacts.len() => {
+                head.task.artifacts[change.index] = change.artifact;
             }
-            (None, Some(artifact)) => *artifact = change.artifact,
-            (None, None) if change.index == count => head.task.artifacts.push(change.artifact),
-            _ => {
-                return Err(format!(
-                    "artifact {} does not take its change",
-                    change.index
-                ));
-            }
+            None => head.task.artifacts.push(change.artifact),
         }
     }
-    Ok(head)
+    *record = head;
+    Ok(())
 }
 
 /// How much longer `after`'s history and artifacts are in JSON than
@@ -327,7 +357,15 @@ mod tests {
         let history = after.task.history[additions.history_from..].to_vec();
         let changes = serde_json::to_string(&additions.artifacts).unwrap();
         let changes = serde_json::from_str(&changes).unwrap();
-        apply(base, head, additions.history_from, history, changes)
+        let mut rebuilt = base.clone();
+        let applied = apply(&mut rebuilt, head, additions.history_from, history, changes);
+        match applied {
+            Ok(()) => Ok(rebuilt),
+            Err(why) => {
+                assert_eq!(&rebuilt, base, "left as it was");
+                Err(why)
+            }
+        }
     }
 
     #[test]

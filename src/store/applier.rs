@@ -96,6 +96,9 @@ pub struct PendingSet {
     /// Whether a write gathered was logged as what it added to a large
     /// record (see [`GATHER_COALESCING`]).
     additions: bool,
+    /// Tasks replayed from the log with writes that fit no record before
+    /// them ([`PendingSet::from_log`]): the log is kept for an operator.
+    unfit: std::collections::HashSet<String>,
     /// Raw key writes, by key.
     raw: HashMap<Vec<u8>, RawWrite>,
     /// The log ticket of the set's latest write: it is applied only once
@@ -179,49 +182,73 @@ impl PendingSet {
                     events,
                 } => {
                     let task_id = head.task.id.clone();
-                    let before = match set.tasks.get(&task_id) {
-                        Some(pending) => Some(pending.record.clone()),
-                        None => match in_sled.get(&task_id) {
-                            Some(record) => record.clone(),
-                            None => {
-                                let record = stored(&task_id)?.map(Arc::new);
-                                in_sled.insert(task_id.clone(), record.clone());
-                                record
-                            }
+                    let version = head.version;
+                    // Taken out while it changes, so that it is not copied.
+                    let in_log = set
+                        .tasks
+                        .get_mut(&task_id)
+                        .map(|p| std::mem::take(&mut p.record));
+                    let mut before = match in_log {
+                        Some(record) => Some(record),
+                        None => match in_sled.remove(&task_id) {
+                            Some(record) => record,
+                            None => stored_or_none(&task_id, &mut stored)?.map(Arc::new),
                         },
                     };
-                    // sled holds this write already (its application
-                    // came after the last checkpoint).
-                    if before
-                        .as_ref()
-                        .is_some_and(|before| before.version >= head.version)
-                    {
-                        continue;
-                    }
-                    let version = head.version;
-                    let rebuilt = match &before {
-                        Some(before) => {
-                            append::apply(before, *head, history_from, history, artifacts)
-                        }
+                    let rebuilt = match before.as_mut() {
                         None => Err("no record of the task comes before it".to_string()),
-                    };
-                    match rebuilt {
-                        Ok(record) => {
-                            let events = shared_events(&task_id, events);
-                            set.add_task(Arc::new(record), None, &events, false, 0);
+                        // sled holds this write already (its application
+                        // came after the last checkpoint).
+                        Some(record) if record.version >= version => Ok(false),
+                        Some(record) => {
+                            let record = Arc::make_mut(record);
+                            append::apply(record, *head, history_from, history, artifacts)
+                                .map(|()| true)
                         }
-                        // Only lost or damaged data does this.
-                        Err(why) => tracing::error!(
-                            task_id,
-                            version,
-                            "a logged write of a task does not fit the record before it ({why}); \
-                             the task is left as it was"
-                        ),
+                    };
+                    if let Err(why) = &rebuilt {
+                        // Only lost or damaged data does this; said once per task.
+                        if set.unfit.insert(task_id.clone()) {
+                            tracing::error!(
+                                task_id,
+                                version,
+                                "a logged write of a task does not fit the record before it \
+                                 ({why}); the task is left as it was, and the log is kept"
+                            );
+                        }
+                    }
+                    match (rebuilt, before, set.tasks.get_mut(&task_id)) {
+                        (Ok(true), Some(record), _) => {
+                            let events = shared_events(&task_id, events);
+                            set.add_task(record, None, &events, false, 0);
+                        }
+                        // Put back where it came from.
+                        (_, Some(record), Some(pending)) => pending.record = record,
+                        (_, record, None) => {
+                            in_sled.insert(task_id, record);
+                        }
+                        (_, None, Some(_)) => unreachable!("a record taken from the set"),
                     }
                 }
             }
         }
         Ok(set)
+    }
+}
+
+/// A task's record as `stored` reads it from sled; one that does not
+/// decode is none (the replay then leaves the task as it is, and keeps the
+/// log), as start-up leaves any such record.
+fn stored_or_none(
+    task_id: &str,
+    stored: &mut impl FnMut(&str) -> Result<Option<TaskRecord>, LedgerError>,
+) -> Result<Option<TaskRecord>, LedgerError> {
+    match stored(task_id) {
+        Err(err) if err.is_corrupt() => {
+            tracing::error!(task_id, %err, "the stored record of a task with logged writes does not decode");
+            Ok(None)
+        }
+        read => read,
     }
 }
 
@@ -621,7 +648,8 @@ impl Applier {
 
     /// A task's record if it has writes not yet in sled, or reached sled
     /// with the set applied last; with its task's JSON if its writer
-    /// encoded it (not for a record replayed from the log).
+    /// encoded it (not for a record replayed from the log, nor for a write
+    /// logged as what it added).
     pub fn task(&self, task_id: &str) -> Option<ReadTask> {
         let overlay = self.overlay.lock().expect("applier lock");
         let in_set = |set: &PendingSet| {
@@ -764,6 +792,13 @@ impl Applier {
         }
         self.flush()?;
         let replayed = wal::segments(&self.wal_dir).map_err(storage_io)?;
+        if !set.unfit.is_empty() && !replayed.is_empty() {
+            // They hold the only copy of the writes that fit no record.
+            let kept = wal::keep_damaged(&self.wal_dir, &replayed).map_err(storage_io)?;
+            let tasks = set.unfit.len();
+            tracing::error!(kept = %kept.display(), tasks, "the replayed log is kept, as it holds writes that were not replayed");
+            return Ok(());
+        }
         let replayed = replayed.into_iter().map(|(_, path)| path).collect();
         // One left would be replayed again at the next start, over newer writes.
         if let Some(kept) = delete_in_order(replayed, remove_durably).first() {

@@ -366,7 +366,12 @@ impl ReplyTask {
     pub fn into_record(self) -> Result<Arc<TaskRecord>, LedgerError> {
         match self {
             Self::Read(read) => Ok(read.record),
-            Self::Stored(stored) => Ok(Arc::new(decode_stored(&stored.bytes)?)),
+            Self::Stored(stored) => {
+                let mut record: TaskRecord = decode_stored(&stored.bytes)?;
+                // Stored as encoded: a format's record JSON never changes.
+                record.logged_len = append::LoggedLen::of(&mut record, stored.bytes.len())?;
+                Ok(Arc::new(record))
+            }
         }
     }
 }
@@ -2481,15 +2486,7 @@ impl EncodedTask {
     ) -> Result<Self, LedgerError> {
         let task_json: Arc<RawValue> = serde_json::value::to_raw_value(&record.task)?.into();
         let json = serde_json::value::to_raw_value(&RecordJson::new(&record, &*task_json))?;
-        let total = json.get().len();
-        // A large record's next write may be logged as what it adds, and
-        // counted from this head's length.
-        let head = if total >= append::APPEND_FROM {
-            append::head_json(&mut record)?.get().len()
-        } else {
-            0
-        };
-        record.logged_len = append::LoggedLen { total, head };
+        record.logged_len = append::LoggedLen::of(&mut record, json.get().len())?;
         Self::encode_events(&record, &published)?;
         Ok(Self {
             record,
@@ -2514,10 +2511,14 @@ impl EncodedTask {
         let Some(additions) = additions else {
             return Self::new(record, published, false);
         };
-        let head = append::head_json(&mut record)?;
-        let body = (was.total - was.head) as i64;
+        let body = was.total.checked_sub(was.head).map(|body| body as i64);
         let growth = append::growth(&before.task, &record.task, &additions)?;
-        let total = head.get().len() + usize::try_from(body + growth).unwrap_or(0);
+        // A hint that cannot be right: the record is logged whole.
+        let Some(body) = body.and_then(|body| usize::try_from(body + growth).ok()) else {
+            return Self::new(record, published, false);
+        };
+        let head = append::head_json(&mut record)?;
+        let total = head.get().len() + body;
         debug_assert_eq!(total, append::encoded_len(&record)?, "the counted length");
         record.logged_len = append::LoggedLen {
             total,
@@ -3484,6 +3485,72 @@ mod tests {
         drop(ledger);
         let ledger = reopen(dir.path());
         assert_eq!(ledger.get("t1").unwrap().as_ref(), Some(&written));
+        ledger.close();
+    }
+
+    /// The ledger in `dir`, just closed in this process, opened again with
+    /// its applier paused.
+    fn reopen_paused(dir: &Path) -> Ledger {
+        while_locked(|| Ledger::open_with_applier_paused(dir), ledger_locked).unwrap()
+    }
+
+    /// `task_id`, made large and checkpointed into sled by a clean close,
+    /// then written `chunks` chunks more, which only the log holds.
+    async fn large_task_with_chunks_in_the_log(dir: &Path, task_id: &str, chunks: usize) -> Ledger {
+        let ledger = with_large_task(Ledger::open(dir).unwrap(), task_id).await;
+        ledger.close();
+        drop(ledger);
+        let ledger = reopen_paused(dir);
+        for _ in 0..chunks {
+            let chunk = vec![chunk(task_id, false)];
+            write(&ledger, task_id, TaskLimits::NONE, chunk)
+                .await
+                .unwrap();
+        }
+        ledger
+    }
+
+    #[tokio::test]
+    async fn writes_after_a_restart_log_what_they_add_and_replay_on_sleds_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = large_task_with_chunks_in_the_log(dir.path(), "t1", 8).await;
+        // The first too: the record read from sled came with its length.
+        let logged = logged_bytes(dir.path());
+        assert!(
+            logged < 8 * 3 * 1024,
+            "{logged} bytes logged for eight 1 KiB chunks"
+        );
+        let written = ledger.get("t1").unwrap().unwrap();
+        ledger.close();
+        drop(ledger);
+
+        let ledger = reopen(dir.path());
+        assert_eq!(ledger.get("t1").unwrap().as_ref(), Some(&written));
+        // Their events came back with them: one WORKING, 24 chunks, 8 more.
+        let page = ledger.durable_events_after("t1", 25).await.unwrap();
+        let seqs: Vec<u64> = page.events.iter().map(|event| event.seq).collect();
+        assert_eq!(seqs, (26..=33).collect::<Vec<_>>());
+        ledger.close();
+    }
+
+    #[tokio::test]
+    async fn additions_to_a_record_that_does_not_decode_are_kept_not_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = large_task_with_chunks_in_the_log(dir.path(), "t1", 2).await;
+        ledger.create(record("t2"), vec![]).await.unwrap();
+        ledger.damage_record("t1");
+        ledger.close();
+        drop(ledger);
+
+        // Start-up goes on, the task left as it is and the log kept.
+        let ledger = reopen(dir.path());
+        assert!(ledger.get("t1").is_err_and(|err| err.is_corrupt()));
+        assert!(ledger.get("t2").unwrap().is_some());
+        let damaged = std::fs::read_dir(dir.path().join("wal").join("damaged")).unwrap();
+        let kept: Vec<_> = damaged
+            .flat_map(|folder| std::fs::read_dir(folder.unwrap().path()).unwrap())
+            .collect();
+        assert_eq!(kept.len(), 1, "the replayed segment");
         ledger.close();
     }
 

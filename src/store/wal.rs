@@ -243,7 +243,7 @@ fn read_segment(bytes: &[u8], entries: &mut Vec<Entry>) -> SegmentEnd {
 
 /// Moves `segments` to a folder of their own under `dir/damaged/`, named
 /// by the time, and returns it.
-fn keep_damaged(dir: &Path, segments: &[(u64, PathBuf)]) -> io::Result<PathBuf> {
+pub fn keep_damaged(dir: &Path, segments: &[(u64, PathBuf)]) -> io::Result<PathBuf> {
     let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ").to_string();
     let damaged = dir.join("damaged");
     let kept = damaged.join(stamp);

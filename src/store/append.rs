@@ -22,29 +22,31 @@ use serde_json::value::RawValue;
 /// they add: below it a whole record costs about what comparing it does.
 pub const APPEND_FROM: usize = 16 * 1024;
 
-/// The length of a record's JSON when its writer last logged it, and of
-/// its head (the record without history and artifacts) when it is large;
-/// 0 when it was read from sled or the log instead. A hint for the next
-/// write, not part of the record: records equal whatever their hints.
+/// The length of a record's JSON when it was last logged or read from
+/// sled, and of its history and artifacts when its writer counted them (a
+/// large record's). 0 for a record replayed from the log. A hint for the
+/// next write, not part of the record: records equal whatever their hints.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LoggedLen {
     /// The whole record's JSON.
     pub total: usize,
-    /// Its head's JSON, when `total` is at least [`APPEND_FROM`].
-    pub head: usize,
+    /// The part of `total` that its history and artifacts take. None when
+    /// not counted, as for a record read from sled: an older build may have
+    /// stored it otherwise (such as timestamps to the nanosecond), so its
+    /// stored length is no measure of its encoding.
+    pub body: Option<usize>,
 }
 
 impl LoggedLen {
-    /// The hint for `record`, whose JSON is `total` bytes long: a large
-    /// record's next write may be logged as what it adds, and counted from
-    /// its head's length.
+    /// The hint for `record`, whose JSON is `total` bytes long as just
+    /// encoded: a large record's next write may be logged as what it adds.
     pub fn of(record: &mut TaskRecord, total: usize) -> serde_json::Result<Self> {
-        let head = if total >= APPEND_FROM {
-            head_json(record)?.get().len()
+        let body = if total >= APPEND_FROM {
+            total.checked_sub(head_json(record)?.get().len())
         } else {
-            0
+            None
         };
-        Ok(Self { total, head })
+        Ok(Self { total, body })
     }
 }
 
@@ -181,9 +183,15 @@ pub fn apply(
             record.task.history.len()
         ));
     }
-    // Every change checked before any is made.
+    // Every change checked before any is made; each index once, in order,
+    // as the writer lists them.
     let mut count = record.task.artifacts.len();
+    let mut after = None;
     for change in &artifacts {
+        if after.is_some_and(|index| change.index <= index) {
+            return Err(format!("artifact {} changed out of order", change.index));
+        }
+        after = Some(change.index);
         let fits = match (change.parts_from, record.task.artifacts.get(change.index)) {
             (Some(parts_from), Some(artifact)) => artifact.parts.len() == parts_from,
             (None, Some(_)) => true,
@@ -247,6 +255,14 @@ pub fn growth(before: &Task, after: &Task, additions: &Additions) -> serde_json:
     }
     let (bytes, count) = new_artifacts;
     Ok(growth + appended_growth("artifacts", before.artifacts.len(), bytes, count))
+}
+
+/// How long `task`'s history and artifacts are in its JSON, counted.
+pub fn body_len(task: &Task) -> serde_json::Result<usize> {
+    let (history, artifacts) = (&task.history, &task.artifacts);
+    let history = appended_growth("history", 0, items_len(history)?, history.len());
+    let artifacts = appended_growth("artifacts", 0, items_len(artifacts)?, artifacts.len());
+    Ok((history + artifacts) as usize)
 }
 
 /// The growth of the JSON of a task's array field `name` (`,"name":[…]`,
@@ -450,6 +466,32 @@ mod tests {
         let why = refusal(&fewer_parts);
         assert!(why.contains("artifact 0"), "{why}");
         assert_eq!(rebuilt_on(&before, &before, &after).unwrap(), after);
+    }
+
+    #[test]
+    fn changes_to_one_artifact_twice_or_out_of_order_fit_nothing() {
+        let before = record(
+            4,
+            &[],
+            vec![artifact("a1", "", &["p1"]), artifact("a2", "", &["q1"])],
+        );
+        let change = |index: usize| ArtifactChange {
+            index,
+            parts_from: Some(1),
+            artifact: artifact("", "", &["more"]),
+        };
+        for changes in [vec![change(0), change(0)], vec![change(1), change(0)]] {
+            let mut rebuilt = before.clone();
+            let why = apply(
+                &mut rebuilt,
+                record(5, &[], Vec::new()),
+                0,
+                Vec::new(),
+                changes,
+            );
+            assert!(why.unwrap_err().contains("out of order"));
+            assert_eq!(rebuilt, before, "left as it was");
+        }
     }
 
     #[test]

@@ -368,8 +368,8 @@ impl ReplyTask {
             Self::Read(read) => Ok(read.record),
             Self::Stored(stored) => {
                 let mut record: TaskRecord = decode_stored(&stored.bytes)?;
-                // Stored as encoded: a format's record JSON never changes.
-                record.logged_len = append::LoggedLen::of(&mut record, stored.bytes.len())?;
+                let total = stored.bytes.len();
+                record.logged_len = append::LoggedLen { total, body: None };
                 Ok(Arc::new(record))
             }
         }
@@ -2511,10 +2511,14 @@ impl EncodedTask {
         let Some(additions) = additions else {
             return Self::new(record, published, false);
         };
-        let body = was.total.checked_sub(was.head).map(|body| body as i64);
+        // Counted once after a read from sled, then carried from write to write.
+        let body = match was.body {
+            Some(body) => body,
+            None => append::body_len(&before.task)?,
+        };
         let growth = append::growth(&before.task, &record.task, &additions)?;
         // A hint that cannot be right: the record is logged whole.
-        let Some(body) = body.and_then(|body| usize::try_from(body + growth).ok()) else {
+        let Ok(body) = usize::try_from(body as i64 + growth) else {
             return Self::new(record, published, false);
         };
         let head = append::head_json(&mut record)?;
@@ -2522,7 +2526,7 @@ impl EncodedTask {
         debug_assert_eq!(total, append::encoded_len(&record)?, "the counted length");
         record.logged_len = append::LoggedLen {
             total,
-            head: head.get().len(),
+            body: Some(body),
         };
         Self::encode_events(&record, &published)?;
         Ok(Self {
@@ -3530,6 +3534,42 @@ mod tests {
         let page = ledger.durable_events_after("t1", 25).await.unwrap();
         let seqs: Vec<u64> = page.events.iter().map(|event| event.seq).collect();
         assert_eq!(seqs, (26..=33).collect::<Vec<_>>());
+        ledger.close();
+    }
+
+    /// A record an older build stored otherwise (here with whitespace; in
+    /// fact with nanosecond timestamps) is counted, not measured by its
+    /// stored bytes, before its first write is logged as what it adds.
+    #[tokio::test]
+    async fn a_record_stored_longer_than_its_encoding_is_counted_before_additions() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = with_large_task(Ledger::open(dir.path()).unwrap(), "t1").await;
+        ledger.close();
+        drop(ledger);
+        {
+            let (_db, tree) = raw_tree(dir.path());
+            let stored = tree.get(keys::task("t1")).unwrap().unwrap();
+            let value: serde_json::Value = serde_json::from_slice(&stored).unwrap();
+            let pretty = serde_json::to_vec_pretty(&value).unwrap();
+            assert!(pretty.len() > stored.len());
+            tree.insert(keys::task("t1"), pretty).unwrap();
+            tree.flush().unwrap();
+        }
+        let ledger = reopen_paused(dir.path());
+        let grown = ledger.get("t1").unwrap().unwrap();
+        let whole = serde_json::to_vec(&grown).unwrap().len();
+        // Exactly one chunk more than the record's encoding is taken.
+        let chunk = vec![chunk("t1", false)];
+        let made = write(&ledger, "t1", TaskLimits::NONE, chunk).await.unwrap();
+        let added = serde_json::to_vec(&*made).unwrap().len();
+        assert_eq!(made.logged_len.total, added);
+        assert!(added - whole < 1100, "{whole} then {added}");
+        let logged = logged_bytes(dir.path());
+        assert!(logged < 3 * 1024, "{logged} bytes logged for a 1 KiB chunk");
+        ledger.close();
+        drop(ledger);
+        let ledger = reopen(dir.path());
+        assert_eq!(ledger.get("t1").unwrap().as_ref(), Some(&*made));
         ledger.close();
     }
 

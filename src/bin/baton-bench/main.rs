@@ -83,6 +83,7 @@ struct Settings {
     subscribers: usize,
     in_flight_tasks: usize,
     handoff_samples: usize,
+    long_stream_chunks: usize,
 }
 
 impl Settings {
@@ -101,6 +102,7 @@ impl Settings {
             subscribers: 1000,
             in_flight_tasks: 1000,
             handoff_samples: if quick { 20 } else { 100 },
+            long_stream_chunks: 2000,
         }
     }
 
@@ -330,6 +332,7 @@ async fn gateway_figures(bench: &Bench) -> Vec<Figure> {
     let mut figures = unary_figures(bench, &baton).await;
     figures.extend(wake);
     figures.extend(streaming_figures(bench, &baton).await);
+    figures.push(long_stream_figure(bench, &baton).await);
     bench.section("gateway: memory in flight");
     let held = bench.settings.in_flight_tasks;
     let name = format!("Baton RSS per 1 000 in-flight tasks ({held} held WORKING)");
@@ -1000,6 +1003,39 @@ async fn streaming_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {
     }
     bench.note_load();
     figures
+}
+
+/// One task streamed through Baton in many chunks, each its own write:
+/// what Baton spends on it, in CPU and in bytes written to disk.
+async fn long_stream_figure(bench: &Bench, baton: &BatonProcess) -> Figure {
+    let chunks = bench.settings.long_stream_chunks;
+    let name = format!("one task streamed in {chunks} chunks of 1 KiB through Baton");
+    let measured = async {
+        let (cpu, written) = (baton.cpu_ticks()?, procfs::write_bytes(baton.pid)?);
+        let started = Instant::now();
+        let events = streaming::long_stream(baton.addr, chunks).await?;
+        let elapsed = started.elapsed();
+        let cpu = baton.cpu_ticks()? - cpu;
+        let written = procfs::write_bytes(baton.pid)? - written;
+        anyhow::Ok((events, elapsed, cpu, written))
+    };
+    match measured.await {
+        Ok((events, elapsed, cpu, written)) => {
+            let cpu_ms = cpu as f64 * 1e3 / procfs::clock_ticks_per_second() as f64;
+            let shown = format!(
+                "{cpu_ms:.0} ms of CPU ({:.0} µs per chunk), {:.1} MB written ({:.1} KB per chunk), {events} events in {}",
+                cpu_ms * 1e3 / chunks as f64,
+                written as f64 / 1e6,
+                written as f64 / 1e3 / chunks as f64,
+                format_duration(elapsed),
+            );
+            progress(&name, &shown);
+            Figure::info(name, cpu_ms.round(), "ms", shown).note(
+                "chunks 1 ms apart at the upstream; bytes from /proc/PID/io write_bytes (log, sled and record file)",
+            )
+        }
+        Err(err) => Figure::failed(&name, "ms", None, &err),
+    }
 }
 
 async fn fan_out_figures(bench: &Bench, baton: &BatonProcess) -> Vec<Figure> {

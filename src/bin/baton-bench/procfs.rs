@@ -12,6 +12,17 @@ pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
     parse_cpu_ticks(&stat).with_context(|| format!("unexpected /proc/{pid}/stat: {stat}"))
 }
 
+/// Bytes process `pid` caused to be written to storage (`write_bytes` of
+/// `/proc/PID/io`).
+pub fn write_bytes(pid: u32) -> anyhow::Result<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .with_context(|| format!("reading /proc/{pid}/io"))?;
+    io.lines()
+        .find_map(|line| line.strip_prefix("write_bytes:"))
+        .and_then(|value| value.trim().parse().ok())
+        .with_context(|| format!("no write_bytes in /proc/{pid}/io: {io}"))
+}
+
 /// utime + stime from a `/proc/PID/stat` line.
 fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     let (user, system) = parse_user_system(stat)?;

@@ -4,7 +4,7 @@
 
 use crate::client::{Connection, SseReader, rpc};
 use crate::load::{self, json_rpc, latency_histogram, message_params};
-use crate::upstream::{FakeUpstream, HOLD_PREFIX};
+use crate::upstream::{FakeUpstream, HOLD_PREFIX, LONG_PREFIX};
 use anyhow::{Context as _, bail};
 use futures::StreamExt as _;
 use hdrhistogram::Histogram;
@@ -39,6 +39,27 @@ pub async fn create_held_task(baton: SocketAddr) -> anyhow::Result<String> {
         .as_str()
         .map(str::to_string)
         .with_context(|| format!("SendMessage returned no task: {result}"))
+}
+
+/// Streams one task of `chunks` chunks through Baton to its end; returns
+/// the events received.
+pub async fn long_stream(baton: SocketAddr, chunks: usize) -> anyhow::Result<usize> {
+    let params = message_params(&format!("{LONG_PREFIX}{chunks}-"), "");
+    let body = json_rpc(1, "SendStreamingMessage", &params);
+    let stream = async {
+        let mut connection = Connection::open(baton).await?;
+        let response = connection.post(STREAMING_AGENT_PATH, body).await?;
+        let mut events = SseReader::new(response.into_body());
+        let mut received = 0;
+        while let Some(event) = events.next_event().await? {
+            received += 1;
+            if crate::client::find(&event, b"TASK_STATE_COMPLETED").is_some() {
+                return Ok(received);
+            }
+        }
+        bail!("the stream ended after {received} events, before the task completed")
+    };
+    tokio::time::timeout(WAIT_LIMIT, stream).await?
 }
 
 /// Waits until `check` holds, polling, for at most [`WAIT_LIMIT`].

@@ -31,6 +31,15 @@ use tokio::sync::{oneshot, watch};
 /// A streaming message with this messageId prefix is held WORKING.
 pub const HOLD_PREFIX: &str = "hold-";
 
+/// A streaming message with this messageId prefix, followed by a count and
+/// a dash (`long-2000-…`), is answered with that many chunks of one artifact.
+pub const LONG_PREFIX: &str = "long-";
+
+/// Each chunk of a long stream: 1 KiB of text, one every millisecond, as a
+/// model streaming a long answer (paced, so each is its own write).
+const LONG_CHUNK_BYTES: usize = 1024;
+const LONG_CHUNK_GAP: Duration = Duration::from_millis(1);
+
 /// Longest a held stream stays open without a release.
 pub const HOLD_LIMIT: Duration = Duration::from_secs(120);
 
@@ -277,6 +286,14 @@ fn answer(kind: AgentKind, envelope: Envelope, shared: &Arc<Shared>) -> Response
         "SendStreamingMessage" if message_id.starts_with(HOLD_PREFIX) => {
             held_stream(id, &task_id(), context_id, shared)
         }
+        "SendStreamingMessage" if message_id.starts_with(LONG_PREFIX) => {
+            let chunks = message_id[LONG_PREFIX.len()..]
+                .split('-')
+                .next()
+                .and_then(|count| count.parse().ok())
+                .unwrap_or(1);
+            long_stream(id, &task_id(), context_id, chunks)
+        }
         "SendStreamingMessage" => {
             let task_id = task_id();
             let events: String = fast_stream(&task_id, context_id)
@@ -378,6 +395,38 @@ fn fast_stream(task_id: &str, context_id: &str) -> [String; 5] {
         ),
         format!(r#"{{"statusUpdate":{{{ids},"status":{{"state":"TASK_STATE_COMPLETED"}}}}}}"#),
     ]
+}
+
+/// A stream that reports the task WORKING, then `chunks` chunks of one
+/// artifact, [`LONG_CHUNK_GAP`] apart, then completes it.
+fn long_stream(id: &str, task_id: &str, context_id: &str, chunks: usize) -> Response<Body> {
+    let ids = format!(r#""taskId":"{task_id}","contextId":"{context_id}""#);
+    let text = "x".repeat(LONG_CHUNK_BYTES);
+    let chunk = move |n: usize| {
+        let (append, last) = (n > 0, n + 1 == chunks);
+        format!(
+            r#"{{"artifactUpdate":{{{ids},"artifact":{{"artifactId":"long","parts":[{{"text":"{text}"}}]}},"append":{append},"lastChunk":{last}}}}}"#
+        )
+    };
+    let ids = format!(r#""taskId":"{task_id}","contextId":"{context_id}""#);
+    let completed =
+        format!(r#"{{"statusUpdate":{{{ids},"status":{{"state":"TASK_STATE_COMPLETED"}}}}}}"#);
+    let events = std::iter::once(task_json(task_id, context_id, "TASK_STATE_WORKING"))
+        .chain((0..chunks).map(chunk))
+        .chain(std::iter::once(completed));
+    let id = id.to_owned();
+    let frames = futures::stream::iter(events)
+        .then(|event| async move {
+            tokio::time::sleep(LONG_CHUNK_GAP).await;
+            event
+        })
+        .map(move |event| Ok::<_, Infallible>(Frame::data(Bytes::from(sse_event(&id, &event)))));
+    let mut response = Response::new(http_body_util::BodyExt::boxed(StreamBody::new(frames)));
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/event-stream"),
+    );
+    response
 }
 
 /// Counts a held stream while it is open, however it ends.

@@ -1011,12 +1011,14 @@ async fn long_stream_figure(bench: &Bench, baton: &BatonProcess) -> Figure {
     let chunks = bench.settings.long_stream_chunks;
     let name = format!("one task streamed in {chunks} chunks of 1 KiB through Baton");
     let measured = async {
-        let (cpu, written) = (baton.cpu_ticks()?, procfs::write_bytes(baton.pid)?);
+        let data_dir = bench.scratch.path();
+        let written = procfs::device_written_bytes(data_dir)?;
+        let cpu = baton.cpu_ticks()?;
         let started = Instant::now();
         let events = streaming::long_stream(baton.addr, chunks).await?;
         let elapsed = started.elapsed();
         let cpu = baton.cpu_ticks()? - cpu;
-        let written = procfs::write_bytes(baton.pid)? - written;
+        let written = procfs::device_written_bytes(data_dir)? - written;
         anyhow::Ok((events, elapsed, cpu, written))
     };
     match measured.await {
@@ -1031,7 +1033,7 @@ async fn long_stream_figure(bench: &Bench, baton: &BatonProcess) -> Figure {
             );
             progress(&name, &shown);
             Figure::info(name, cpu_ms.round(), "ms", shown).note(
-                "chunks 1 ms apart at the upstream; bytes from /proc/PID/io write_bytes (log, sled and record file)",
+                "chunks 1 ms apart at the upstream; bytes written to the ledger's block device, all dirty pages synced before and after",
             )
         }
         Err(err) => Figure::failed(&name, "ms", None, &err),

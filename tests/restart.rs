@@ -1479,13 +1479,10 @@ async fn chunk_streaming_agent(chunks: usize) -> serde_json::Value {
         let sse = [(axum::http::header::CONTENT_TYPE, "text/event-stream")];
         (sse, axum::body::Body::from_stream(stream)).into_response()
     });
-    let url = serve_on_loopback(app).await;
-    json!({"name": "writer", "description": "Streams its answer in chunks.", "version": "1.0.0",
-        "supportedInterfaces": [{"url": format!("{url}/a2a"), "protocolBinding": "JSONRPC",
-            "protocolVersion": "1.0"}],
-        "capabilities": {"streaming": true},
-        "defaultInputModes": ["text/plain"], "defaultOutputModes": ["text/plain"],
-        "skills": [{"id": "write", "name": "Write", "description": "Writes.", "tags": ["write"]}]})
+    let mut card = common::agents::card("writer");
+    card.supported_interfaces[0].url = format!("{}/a2a", serve_on_loopback(app).await);
+    card.capabilities.streaming = Some(true);
+    serde_json::to_value(card).unwrap()
 }
 
 /// Bytes of frames in the ledger's log (its segments are zero-filled after them).

@@ -23,31 +23,20 @@ use serde_json::value::RawValue;
 pub const APPEND_FROM: usize = 16 * 1024;
 
 /// The length of a record's JSON when it was last logged or read from
-/// sled, and of its history and artifacts when its writer counted them (a
-/// large record's). 0 for a record replayed from the log. A hint for the
-/// next write, not part of the record: records equal whatever their hints.
+/// sled (0 for a record replayed from the log), and of its history and
+/// artifacts once a write logged as what it added counted them. A hint for
+/// the next write, not part of the record: records equal whatever their
+/// hints.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LoggedLen {
-    /// The whole record's JSON.
+    /// The whole record's JSON, as encoded or as stored.
     pub total: usize,
-    /// The part of `total` that its history and artifacts take. None when
-    /// not counted, as for a record read from sled: an older build may have
-    /// stored it otherwise (such as timestamps to the nanosecond), so its
-    /// stored length is no measure of its encoding.
+    /// The part of `total` that its history and artifacts take, as encoded
+    /// now. Counted at the first write logged as what it added, then carried
+    /// from write to write; not taken from a stored length, as an older
+    /// build may have stored the record otherwise (such as timestamps to the
+    /// nanosecond).
     pub body: Option<usize>,
-}
-
-impl LoggedLen {
-    /// The hint for `record`, whose JSON is `total` bytes long as just
-    /// encoded: a large record's next write may be logged as what it adds.
-    pub fn of(record: &mut TaskRecord, total: usize) -> serde_json::Result<Self> {
-        let body = if total >= APPEND_FROM {
-            total.checked_sub(head_json(record)?.get().len())
-        } else {
-            None
-        };
-        Ok(Self { total, body })
-    }
 }
 
 impl PartialEq for LoggedLen {

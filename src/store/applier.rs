@@ -46,7 +46,7 @@ use super::hub::LedgerEvent;
 use super::record_file::{Pointer, RecordFile};
 use super::{LedgerError, ReadTask, TaskMap, TaskRecord, append, keys, wal};
 use crate::protocol::wire::ProtoEnum as _;
-use crate::protocol::{StreamResponse, TaskState};
+use crate::protocol::{Message, StreamResponse, TaskState};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -181,58 +181,66 @@ impl PendingSet {
                     artifacts,
                     events,
                 } => {
-                    let task_id = head.task.id.clone();
-                    let version = head.version;
-                    // Taken out while it changes, so that it is not copied.
-                    let in_log = set
-                        .tasks
-                        .get_mut(&task_id)
-                        .map(|p| std::mem::take(&mut p.record));
-                    let mut before = match in_log {
-                        Some(record) => Some(record),
-                        None => match in_sled.remove(&task_id) {
-                            Some(record) => record,
-                            None => stored_or_none(&task_id, &mut stored)?.map(Arc::new),
-                        },
-                    };
-                    let rebuilt = match before.as_mut() {
-                        None => Err("no record of the task comes before it".to_string()),
-                        // sled holds this write already (its application
-                        // came after the last checkpoint).
-                        Some(record) if record.version >= version => Ok(false),
-                        Some(record) => {
-                            let record = Arc::make_mut(record);
-                            append::apply(record, *head, history_from, history, artifacts)
-                                .map(|()| true)
-                        }
-                    };
-                    if let Err(why) = &rebuilt {
-                        // Only lost or damaged data does this; said once per task.
-                        if set.unfit.insert(task_id.clone()) {
-                            tracing::error!(
-                                task_id,
-                                version,
-                                "a logged write of a task does not fit the record before it \
-                                 ({why}); the task is left as it was, and the log is kept"
-                            );
-                        }
-                    }
-                    match (rebuilt, before, set.tasks.get_mut(&task_id)) {
-                        (Ok(true), Some(record), _) => {
-                            let events = shared_events(&task_id, events);
-                            set.add_task(record, None, &events, false, 0);
-                        }
-                        // Put back where it came from.
-                        (_, Some(record), Some(pending)) => pending.record = record,
-                        (_, record, None) => {
-                            in_sled.insert(task_id, record);
-                        }
-                        (_, None, Some(_)) => unreachable!("a record taken from the set"),
-                    }
+                    let additions = (history_from, history, artifacts);
+                    let events = shared_events(&head.task.id, events);
+                    set.replay_additions(*head, additions, events, &mut in_sled, &mut stored)?;
                 }
             }
         }
         Ok(set)
+    }
+
+    /// Rebuilds a write logged as what it added on the record before it,
+    /// changed in place: the set's, else sled's (read once per task into
+    /// `in_sled`). A write sled holds already is skipped; one that fits no
+    /// record leaves its task as it was and is noted in `unfit`.
+    fn replay_additions(
+        &mut self,
+        head: TaskRecord,
+        (history_from, history, artifacts): (usize, Vec<Message>, Vec<append::ArtifactChange>),
+        events: Vec<Arc<LedgerEvent>>,
+        in_sled: &mut TaskMap<Option<Arc<TaskRecord>>>,
+        stored: &mut impl FnMut(&str) -> Result<Option<TaskRecord>, LedgerError>,
+    ) -> Result<(), LedgerError> {
+        let (task_id, version) = (head.task.id.clone(), head.version);
+        let apply = |record: &mut Arc<TaskRecord>| {
+            let record = Arc::make_mut(record);
+            append::apply(record, head, history_from, history, artifacts)
+        };
+        let rebuilt = match self.tasks.get_mut(&task_id) {
+            Some(pending) => apply(&mut pending.record).map(|()| pending.record.clone()),
+            None => {
+                let cached = match in_sled.entry(task_id.clone()) {
+                    std::collections::hash_map::Entry::Occupied(cached) => cached.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(slot) => {
+                        slot.insert(stored_or_none(&task_id, stored)?.map(Arc::new))
+                    }
+                };
+                match cached {
+                    // sled holds this write already (its application came
+                    // after the last checkpoint).
+                    Some(record) if record.version >= version => return Ok(()),
+                    // Taken out once applied: from now on the set holds it.
+                    Some(record) => apply(record).map(|()| cached.take().expect("applied")),
+                    None => Err("no record of the task comes before it".to_string()),
+                }
+            }
+        };
+        match rebuilt {
+            Ok(record) => self.add_task(record, None, &events, false, 0),
+            // Only lost or damaged data does this; said once per task.
+            Err(why) => {
+                if self.unfit.insert(task_id.clone()) {
+                    tracing::error!(
+                        task_id,
+                        version,
+                        "a logged write of a task does not fit the record before it \
+                         ({why}); the task is left as it was, and the log is kept"
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -301,10 +309,10 @@ pub struct Applier {
     apply_lock: RwLock<()>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Whether the last set taken wrote its tasks twice or more on average,
-    /// or added to a large record; picks the next gather window. A set of [`GATHER_SINGLE`] sees that
-    /// only where each task is written about once a millisecond or more
-    /// (here each of 64 writers writes its task every ~0.4 ms), so slower
-    /// writers stay on the short window.
+    /// or added to a large record; picks the next gather window. A set of
+    /// [`GATHER_SINGLE`] sees the former only where each task is written
+    /// about once a millisecond or more (here each of 64 writers writes its
+    /// task every ~0.4 ms), so slower writers stay on the short window.
     coalescing: AtomicBool,
     /// Set while an application runs, and left set when it fails part way
     /// (or start-up finds one the process stopped in): sled may then hold

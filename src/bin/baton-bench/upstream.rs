@@ -381,7 +381,7 @@ pub fn transfer_payload() -> serde_json::Value {
 /// A task snapshot, a status update with a message, two artifact chunks and
 /// the completion: five events.
 fn fast_stream(task_id: &str, context_id: &str) -> [String; 5] {
-    let ids = format!(r#""taskId":"{task_id}","contextId":"{context_id}""#);
+    let ids = task_ids(task_id, context_id);
     [
         task_json(task_id, context_id, "TASK_STATE_WORKING"),
         format!(
@@ -393,34 +393,50 @@ fn fast_stream(task_id: &str, context_id: &str) -> [String; 5] {
         format!(
             r#"{{"artifactUpdate":{{{ids},"artifact":{{"artifactId":"a1","parts":[{{"text":"chunk-2"}}]}},"append":true,"lastChunk":true}}}}"#
         ),
-        format!(r#"{{"statusUpdate":{{{ids},"status":{{"state":"TASK_STATE_COMPLETED"}}}}}}"#),
+        completed_update(&ids),
     ]
 }
 
 /// A stream that reports the task WORKING, then `chunks` chunks of one
 /// artifact, [`LONG_CHUNK_GAP`] apart, then completes it.
 fn long_stream(id: &str, task_id: &str, context_id: &str, chunks: usize) -> Response<Body> {
-    let ids = format!(r#""taskId":"{task_id}","contextId":"{context_id}""#);
+    let ids = task_ids(task_id, context_id);
     let text = "x".repeat(LONG_CHUNK_BYTES);
-    let chunk = move |n: usize| {
+    let chunk = |n: usize| {
         let (append, last) = (n > 0, n + 1 == chunks);
         format!(
             r#"{{"artifactUpdate":{{{ids},"artifact":{{"artifactId":"long","parts":[{{"text":"{text}"}}]}},"append":{append},"lastChunk":{last}}}}}"#
         )
     };
-    let ids = format!(r#""taskId":"{task_id}","contextId":"{context_id}""#);
-    let completed =
-        format!(r#"{{"statusUpdate":{{{ids},"status":{{"state":"TASK_STATE_COMPLETED"}}}}}}"#);
-    let events = std::iter::once(task_json(task_id, context_id, "TASK_STATE_WORKING"))
+    let events: Vec<String> = std::iter::once(task_json(task_id, context_id, "TASK_STATE_WORKING"))
         .chain((0..chunks).map(chunk))
-        .chain(std::iter::once(completed));
+        .chain(std::iter::once(completed_update(&ids)))
+        .collect();
     let id = id.to_owned();
     let frames = futures::stream::iter(events)
         .then(|event| async move {
             tokio::time::sleep(LONG_CHUNK_GAP).await;
             event
         })
-        .map(move |event| Ok::<_, Infallible>(Frame::data(Bytes::from(sse_event(&id, &event)))));
+        .map(move |event| Bytes::from(sse_event(&id, &event)));
+    event_stream(frames)
+}
+
+/// The `"taskId":…,"contextId":…` members of an event about a task.
+fn task_ids(task_id: &str, context_id: &str) -> String {
+    format!(r#""taskId":"{task_id}","contextId":"{context_id}""#)
+}
+
+/// A status update completing the task its `ids` name.
+fn completed_update(ids: &str) -> String {
+    format!(r#"{{"statusUpdate":{{{ids},"status":{{"state":"TASK_STATE_COMPLETED"}}}}}}"#)
+}
+
+/// A `text/event-stream` response sending `frames` as they come.
+fn event_stream(
+    frames: impl futures::Stream<Item = Bytes> + Send + Sync + 'static,
+) -> Response<Body> {
+    let frames = frames.map(|bytes| Ok::<_, Infallible>(Frame::data(bytes)));
     let mut response = Response::new(http_body_util::BodyExt::boxed(StreamBody::new(frames)));
     response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -442,10 +458,10 @@ impl Drop for HeldGuard {
 /// artifact and completes.
 fn held_stream(id: &str, task_id: &str, context_id: &str, shared: &Arc<Shared>) -> Response<Body> {
     let first = sse_event(id, &task_json(task_id, context_id, "TASK_STATE_WORKING"));
-    let ids = format!(r#""taskId":"{task_id}","contextId":"{context_id}""#);
+    let ids = task_ids(task_id, context_id);
     let rest = [
         format!(r#"{{"artifactUpdate":{{{ids},"artifact":{{"artifactId":"released","parts":[{{"text":"released"}}]}},"lastChunk":true}}}}"#),
-        format!(r#"{{"statusUpdate":{{{ids},"status":{{"state":"TASK_STATE_COMPLETED"}}}}}}"#),
+        completed_update(&ids),
     ]
     .iter()
     .map(|event| sse_event(id, event))
@@ -461,12 +477,6 @@ fn held_stream(id: &str, task_id: &str, context_id: &str, shared: &Arc<Shared>) 
         Bytes::from(rest)
     };
     let frames = futures::stream::once(async move { Bytes::from(first) })
-        .chain(futures::stream::once(released))
-        .map(|bytes| Ok::<_, Infallible>(Frame::data(bytes)));
-    let mut response = Response::new(http_body_util::BodyExt::boxed(StreamBody::new(frames)));
-    response.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("text/event-stream"),
-    );
-    response
+        .chain(futures::stream::once(released));
+    event_stream(frames)
 }

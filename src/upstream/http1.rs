@@ -169,9 +169,20 @@ async fn read_answer(
     // How long the head was at its last parse, and at its last look for
     // the blank line that ends it: 0 before the first.
     let (mut parsed, mut scanned) = (0, 0);
+    // Empty lines before the status line, dropped as they come: httparse
+    // skips them, but each would make the head worth parsing again.
+    let mut skipped = 0;
     loop {
+        let empty = empty_lines_at(&buffer[start..]);
+        if empty > 0 {
+            buffer.drain(start..start + empty);
+            skipped += empty;
+            (parsed, scanned) = (0, 0);
+        }
         let seen = buffer.len() - start;
-        if seen > scanned && worth_parsing(&buffer[start..], parsed, scanned) {
+        // A lone `\r` may start one more empty line.
+        let head_begun = buffer[start..] != *b"\r";
+        if seen > scanned && head_begun && worth_parsing(&buffer[start..], parsed, scanned) {
             parsed = seen;
             if let Some(head) = parse_head(&buffer[start..])? {
                 let body_start = start + head.length;
@@ -179,7 +190,7 @@ async fn read_answer(
                     // Dropped, so that interim heads without end stay
                     // bounded by the head limit (and the caller's timeout).
                     buffer.drain(..body_start);
-                    (start, parsed, scanned) = (0, 0, 0);
+                    (start, parsed, scanned, skipped) = (0, 0, 0, 0);
                     continue;
                 }
                 let Head {
@@ -199,13 +210,13 @@ async fn read_answer(
             }
         }
         scanned = seen;
-        if buffer.len() - start > MAX_HEAD_BYTES {
+        if buffer.len() - start + skipped > MAX_HEAD_BYTES {
             return Err(Failed::Malformed(format!(
                 "the answer's head is longer than {MAX_HEAD_BYTES} bytes"
             )));
         }
         if fill(reader, &mut buffer).await.map_err(Failed::Io)? == 0 {
-            return Err(if buffer.is_empty() {
+            return Err(if buffer.is_empty() && skipped == 0 {
                 Failed::Closed
             } else {
                 Failed::Io(io::ErrorKind::UnexpectedEof.into())
@@ -229,6 +240,19 @@ fn worth_parsing(head: &[u8], parsed: usize, scanned: usize) -> bool {
     let fresh = &head[scanned.saturating_sub(2)..];
     memchr::memchr_iter(b'\n', fresh)
         .any(|at| matches!(&fresh[at + 1..], [b'\n', ..] | [b'\r', b'\n', ..]))
+}
+
+/// The length of the empty lines (`\n` or `\r\n`) at the start of `bytes`;
+/// a lone `\r` at its end waits for what follows it.
+fn empty_lines_at(bytes: &[u8]) -> usize {
+    let mut length = 0;
+    loop {
+        match &bytes[length..] {
+            [b'\n', ..] => length += 1,
+            [b'\r', b'\n', ..] => length += 2,
+            _ => return length,
+        }
+    }
 }
 
 /// An answer's head, as far as the client acts on it.
@@ -600,6 +624,20 @@ mod tests {
             let text = String::from_utf8_lossy(wire);
             assert_eq!(answer.expect(&text).0.body, b"{}", "{text}");
         }
+        // Empty lines before the status line are skipped once, not parsed
+        // again at each byte, and count against the head's limit.
+        let blank = b"\r\n\n".repeat(MAX_HEAD_BYTES / 6);
+        let wire = [
+            &blank[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}",
+        ]
+        .concat();
+        let (answer, parses) = dripped(&wire).await;
+        assert_eq!(answer.unwrap().0.body, b"{}");
+        assert!(parses <= 20, "{parses} parses");
+        let (answer, parses) = dripped(&blank.repeat(3)).await;
+        assert!(matches!(answer, Err(Failed::Malformed(_))), "{answer:?}");
+        assert!(parses <= 6, "{parses} parses");
         // What is not HTTP is still refused before its head could end.
         for wire in [&b"SMTP ready\r\n"[..], b"HTTP/1.1 20x OK\r\n"] {
             let (answer, parses) = dripped(wire).await;

@@ -545,17 +545,12 @@ async fn fill(reader: &mut (impl AsyncRead + Unpin), buffer: &mut Vec<u8>) -> io
 
 /// Whether an idle connection is still open: the agent has not closed it
 /// nor sent anything unasked. Costs a system call only when the runtime
-/// saw the socket become readable.
+/// saw the socket become readable. (`try_read` reads that readiness
+/// without spending the task's budget, which `poll_read_ready` does: once
+/// spent, it says `Pending` of a closed connection too.)
 pub fn is_open(stream: &TcpStream) -> bool {
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    match stream.poll_read_ready(&mut cx) {
-        Poll::Pending => true,
-        Poll::Ready(Err(_)) => false,
-        Poll::Ready(Ok(())) => {
-            let mut probe = [0u8; 1];
-            matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-        }
-    }
+    let mut probe = [0u8; 1];
+    matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
 }
 
 #[cfg(test)]

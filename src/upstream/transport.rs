@@ -627,6 +627,28 @@ mod tests {
         assert_eq!(seen.lock().unwrap().connections, 3);
     }
 
+    /// More idle connections closed by the agent than a task's budget of
+    /// readiness checks (128; spent on a worker of a multi-threaded
+    /// runtime, as Baton's are): none of them is lent again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn many_idle_connections_the_agent_closed_are_all_passed_over() {
+        let (uri, seen) = raw_agent(Some(1)).await;
+        let transport = Transport::new(&uri, &loopback_policy(), Duration::from_secs(5));
+        let calls = (0..200).map(|_| transport.call(post(b"{}".to_vec()), &"test", 1024));
+        for answer in futures::future::join_all(calls).await {
+            answer.unwrap();
+        }
+        // Long enough for the connections to see the closes.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // In a task of its own, which has a budget, as a request's has.
+        let call = tokio::spawn(async move {
+            let answer = transport.call(post(b"{}".to_vec()), &"test", 1024).await;
+            answer.map(|_| ()).map_err(|err| err.to_string())
+        });
+        call.await.unwrap().expect("a call on a new connection");
+        assert_eq!(seen.lock().unwrap().connections, 201);
+    }
+
     #[tokio::test]
     async fn a_connection_still_sending_when_answered_is_not_lent_again() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -841,9 +841,6 @@ impl Worker {
             // nothing new. (One no further than the events sent is still
             // sent: it is owed for events this webhook missed.)
             let mut latest_through = None;
-            // A notification was given up: the next one is the task as it
-            // is, which holds what that one told.
-            let mut behind = false;
             loop {
                 let queued = receiver.try_recv().ok();
                 let notification = match queued.or_else(|| owed.settle().map(Notification::owed)) {
@@ -864,10 +861,20 @@ impl Worker {
                     told,
                     _pending,
                 } = notification;
-                let told = if behind { Told::Latest } else { told };
-                let (event, body, is_latest) = match told {
+                let told = match told {
                     Told::Event { event, .. } if event.seq <= sent_through => continue,
-                    Told::Event { event, .. } if worker.handled(&config, &event) => continue,
+                    Told::Event { event, body } => match worker.mark(&config) {
+                        // Handled, or the config was made after it.
+                        Some(mark) if mark.through >= event.seq => continue,
+                        // An earlier event was never handled (given up, here
+                        // or by a pipeline before this one, or cut off by a
+                        // stop): the task as it is holds what it told.
+                        Some(mark) if mark.through.saturating_add(1) < event.seq => Told::Latest,
+                        _ => Told::Event { event, body },
+                    },
+                    latest => latest,
+                };
+                let (event, body, is_latest) = match told {
                     Told::Event { event, body } => (event, body, false),
                     Told::Latest => match worker.latest(&config.task_id).await {
                         Some((event, _)) if latest_through >= Some(event.seq) => continue,
@@ -882,11 +889,10 @@ impl Worker {
                         if is_latest {
                             latest_through = Some(event.seq);
                         }
-                        behind = false;
                     }
-                    // Not marked handled: a restart owes the webhook the
-                    // task as it is, as its next notification here is.
-                    Delivery::GivenUp => behind = true,
+                    // Not marked handled: the webhook's next notification is
+                    // the task as it is, and until then a restart owes it.
+                    Delivery::GivenUp => {}
                 }
             }
         });
@@ -915,18 +921,17 @@ impl Worker {
         }
     }
 
-    /// Whether `config`'s mark already stands at `event`: so it does for a
-    /// config made after the event was queued, deleted and made again under
-    /// its id included, which is owed only what comes after it.
-    fn handled(&self, config: &TaskPushNotificationConfig, event: &LedgerEvent) -> bool {
-        let Some(ledger) = self.ledger.upgrade() else {
-            return false;
-        };
+    /// How far `config`'s notifications were handled. A config made after
+    /// an event was queued, deleted and made again under its id included,
+    /// stands at its task's last event then: it is owed only what comes
+    /// after. `None` if the ledger cannot say.
+    fn mark(&self, config: &TaskPushNotificationConfig) -> Option<PushMark> {
+        let ledger = self.ledger.upgrade()?;
         match ledger.push_mark(&config.task_id, &config.id) {
-            Ok(mark) => mark.is_some_and(|mark| mark.through >= event.seq),
+            Ok(mark) => mark,
             Err(err) => {
                 tracing::warn!(task_id = %config.task_id, %err, "cannot read how far a push config was handled");
-                false
+                None
             }
         }
     }
@@ -1601,6 +1606,46 @@ mod tests {
             ["task \"TASK_STATE_INPUT_REQUIRED\""]
         );
         assert!(ledger.push_backlog().unwrap().is_empty(), "made up");
+    }
+
+    /// A notification given up is owed by the webhook's next one also when
+    /// a new pipeline takes it (the one that gave up ended idle).
+    #[tokio::test]
+    async fn a_notification_given_up_is_owed_by_the_next_pipelines_first() {
+        let (url, seen) = recording_webhook(2, Duration::ZERO).await;
+        let settings = PushSettings {
+            max_attempts: 2,
+            initial_backoff: Duration::from_millis(10),
+            ..PushSettings::default()
+        };
+        let ((_dir, ledger), worker, config) = worker_with(url, settings).await;
+        let states = [
+            TaskState::Working,
+            TaskState::InputRequired,
+            TaskState::Working,
+        ];
+        task_in(&ledger, &states).await;
+        let pipeline = Worker::pipeline(&worker, None, Arc::default());
+        let first = notification_at(&worker, &config, states[0], 1);
+        pipeline.sender.try_send(first).unwrap();
+        for _ in 0..250 {
+            if worker.stats.failed.load(Ordering::Relaxed) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(worker.stats.failed.load(Ordering::Relaxed), 1, "given up");
+        drop(pipeline);
+
+        let next = Worker::pipeline(&worker, None, Arc::default());
+        let second = notification_at(&worker, &config, states[1], 2);
+        next.sender.try_send(second).unwrap();
+        assert_eq!(settled(&seen, 1).await, ["task \"TASK_STATE_WORKING\""]);
+        assert!(ledger.push_backlog().unwrap().is_empty(), "made up");
+        // The task as it was read held the third event, so that is not sent.
+        let third = notification_at(&worker, &config, states[2], 3);
+        next.sender.try_send(third).unwrap();
+        assert_eq!(settled(&seen, 1).await.len(), 1);
     }
 
     #[test]

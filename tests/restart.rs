@@ -1267,6 +1267,42 @@ async fn a_routed_call_unacknowledged_at_a_crash_is_retried_after_restart() {
     worker.stop().await;
 }
 
+/// An agent registered under an id a routing rule later names as a tenant
+/// label does not take that label's calls after the restart that brings
+/// the rule: they follow the rule.
+#[tokio::test]
+async fn a_stored_agent_does_not_take_the_calls_of_a_tenant_label_named_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = config_dir.path().join("baton.toml");
+    let builder =
+        || BatonProcess::builder(dir.path()).args(["--allow-upstream", "127.0.0.0/8,::1"]);
+    let mut first = builder().start();
+    let (_, card) = first
+        .get_json("/agents/scenario/.well-known/agent-card.json")
+        .await;
+    let registered = first
+        .registry("RegisterAgent", json!({"id": "acme", "card": card}))
+        .await;
+    assert!(registered.get("error").is_none(), "{registered}");
+    first.terminate();
+    first.wait_exit(Duration::from_secs(20));
+
+    let rule = "[[route]]\nwhen = { tenant = \"acme\" }\nto = { agent = \"echo\" }\n";
+    std::fs::write(&config, rule).unwrap();
+    let second = builder().args(["--config"]).args([&config]).start();
+    second.wait_for_log("tenant label", Duration::from_secs(5));
+    let reply = second
+        .call(
+            "SendMessage",
+            json!({"tenant": "acme", "message": user_message(&message_id("m"), "hello")}),
+        )
+        .await;
+    let task = &reply["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{reply}");
+    assert_eq!(common::artifact_names(task), ["echo"], "the rule's agent");
+}
+
 /// The same for a transfer: the message built for its target is kept until
 /// the target acknowledges it, so after the restart the ladder delivers it
 /// again, with its messageId, and the target's work completes the task.

@@ -360,6 +360,9 @@ impl Registry {
             {
                 tracing::warn!(agent = %record.id, "the agent's card has no JSON-RPC interface of protocol version 1; Baton calls its first JSON-RPC one, in 1.0: register the agent again with a 1.0 interface");
             }
+            if self.is_reserved(&record.id) {
+                tracing::warn!(agent = %record.id, owner = %record.owner, "the agent's id is a tenant label of the routing rules: calls with that tenant follow the rules, and the agent is reached at /agents/{{id}}/a2a only");
+            }
             match (self.connect)(&record.id, &record.card) {
                 Ok(agent) => {
                     routed.push(NewAgent {

@@ -674,15 +674,16 @@ async fn serve_rpc(
     let mut pinned = path_pinned || !tenant.is_empty();
     let mut tenant_label = None;
     let (agent_id, published) = match path_agent.or((!tenant.is_empty()).then_some(tenant)) {
+        // A label the routing rules match: the call is the gateway's, as
+        // one without a tenant. The label wins over an agent of that id (one
+        // registered before a rule named it; none can be since).
+        Some(id) if pinned && !path_pinned && state.gateway.routes_tenant(&id) => {
+            pinned = false;
+            tenant_label = Some(id);
+            (state.settings.default_agent.clone(), None)
+        }
         Some(id) => match state.gateway.agent(&id) {
             Some(published) => (id, Some(published)),
-            // Not an agent, but a label the routing rules match: the call
-            // is the gateway's, as one without a tenant.
-            None if pinned && !path_pinned && state.gateway.routes_tenant(&id) => {
-                pinned = false;
-                tenant_label = Some(id);
-                (state.settings.default_agent.clone(), None)
-            }
             None => {
                 let error =
                     GatewayError::invalid_field("tenant", format!("no agent {id:?} is registered"));

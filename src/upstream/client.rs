@@ -173,6 +173,22 @@ impl UpstreamClient {
         CallLabel { method }
     }
 
+    /// A failure to reach the agent as callers see it: the causes name the
+    /// agent's host (the guard's reasons, a certificate's names), which a
+    /// caller of another agency must not learn (see [`CallLabel`]). The log
+    /// keeps them, at debug level.
+    fn hide_address(&self, err: AgentError) -> AgentError {
+        let hide = |detail: String| {
+            tracing::debug!(upstream = %self.url, %detail, "the agent could not be reached");
+            hidden_address(detail, self.url.host_str().unwrap_or_default())
+        };
+        match err {
+            AgentError::Unreachable(detail) => AgentError::Unreachable(hide(detail)),
+            AgentError::Timeout(detail) => AgentError::Timeout(hide(detail)),
+            other => other,
+        }
+    }
+
     /// The request for one call: guard checked, envelope encoded, headers
     /// checked.
     fn request<'a, P: Serialize>(
@@ -184,7 +200,10 @@ impl UpstreamClient {
     ) -> Result<(u64, Call<'a>), AgentError> {
         // Resolvers never see IP literals, so those are checked here.
         self.policy.check_url(&self.url).map_err(|reason| {
-            AgentError::Unreachable(format!("{}: {reason}", self.label(method)))
+            self.hide_address(AgentError::Unreachable(format!(
+                "{}: {reason}",
+                self.label(method)
+            )))
         })?;
         // Header values go on the wire as they are: none may break a line.
         if let Some((name, _)) = extra.iter().find(|(_, value)| !is_header_value(value)) {
@@ -231,7 +250,8 @@ impl UpstreamClient {
         let timeout = self.settings.request_timeout;
         let answer = tokio::time::timeout(timeout, exchange)
             .await
-            .map_err(|_| AgentError::Timeout(format!("{label}: no answer within {timeout:?}")))??;
+            .map_err(|_| AgentError::Timeout(format!("{label}: no answer within {timeout:?}")))?
+            .map_err(|err| self.hide_address(err))?;
         let content_type = answer.content_type.as_ref().and_then(|v| v.to_str().ok());
         decode_reply(
             &label,
@@ -257,7 +277,7 @@ impl UpstreamClient {
         let response = tokio::time::timeout(timeout, self.http.stream(request))
             .await
             .map_err(|_| timed_out())?
-            .map_err(|e| failure(&label, &e))?;
+            .map_err(|e| self.hide_address(failure(&label, &e)))?;
         let (parts, body) = response.into_parts();
         let (status, content_type) = (parts.status, content_type(&parts.headers));
         let mut stream = UpstreamStream {
@@ -286,6 +306,39 @@ impl UpstreamClient {
         stream.ready.push_back(Ok(event));
         Ok(stream)
     }
+}
+
+/// `detail` without `host` (a URL's host: a name, an IPv4 address or a
+/// bracketed IPv6 one) and without the names a refused certificate holds.
+fn hidden_address(mut detail: String, host: &str) -> String {
+    // rustls says which names the certificate holds after what it expected.
+    const PRESENTED: &str = "; certificate is only valid for";
+    if let Some(at) = detail.find(PRESENTED) {
+        detail.truncate(at);
+    }
+    detail = replace_whole(&detail, host, "the agent's host");
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if bare != host {
+        detail = replace_whole(&detail, bare, "the agent's host");
+    }
+    detail
+}
+
+/// `text` with each `name` that stands whole (not inside a longer host
+/// name or word: a host may be a single label such as `agent`) replaced.
+fn replace_whole(text: &str, name: &str, with: &str) -> String {
+    let in_name = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':');
+    let mut replaced = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = (!name.is_empty()).then(|| rest.find(name)).flatten() {
+        let (before, after) = (&rest[..at], &rest[at + name.len()..]);
+        let whole = !before.ends_with(in_name) && !after.starts_with(in_name);
+        replaced.push_str(before);
+        replaced.push_str(if whole { with } else { name });
+        rest = after;
+    }
+    replaced.push_str(rest);
+    replaced
 }
 
 /// Names a call in error messages (`SendMessage to the agent`); written
@@ -813,6 +866,49 @@ mod tests {
         assert!(
             matches!(&err, AgentError::Unreachable(why) if why.contains("--allow-upstream")),
             "{err:?}"
+        );
+        // The reasons do not name the agent's host to the caller.
+        for (url, host) in [
+            ("http://127.0.0.1:9/a2a", "127.0.0.1"),
+            ("http://localhost:9/a2a", "localhost"),
+            ("http://[::1]:9/a2a", "::1"),
+        ] {
+            let client = guarded_client(url);
+            let err = client.cancel_task(CancelTaskRequest::default()).await;
+            let text = err.unwrap_err().to_string();
+            assert!(!text.contains(host), "{text}");
+            assert!(text.contains("the agent's host"), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_host_is_hidden_only_where_it_stands_whole() {
+        let detail = "GetTask to the agent: agent resolves only to internal addresses";
+        assert_eq!(
+            hidden_address(detail.to_string(), "agent"),
+            "GetTask to the agent: the agent's host resolves only to internal addresses"
+        );
+        let detail = "outbound connection to ::1 refused; 10.0.0.1 is not 10.0.0.10";
+        assert_eq!(
+            hidden_address(detail.to_string(), "[::1]"),
+            "outbound connection to the agent's host refused; 10.0.0.1 is not 10.0.0.10"
+        );
+        assert_eq!(
+            hidden_address(detail.to_string(), "10.0.0.1"),
+            "outbound connection to ::1 refused; the agent's host is not 10.0.0.10"
+        );
+    }
+
+    #[test]
+    fn a_refused_certificates_names_are_hidden() {
+        let detail = "SendMessage to the agent: client error (Connect): invalid peer certificate: \
+            certificate not valid for name \"agent.acme.corp\"; certificate is only valid for \
+            DnsName(\"*.acme.internal\")";
+        let hidden = hidden_address(detail.to_string(), "agent.acme.corp");
+        assert_eq!(
+            hidden,
+            "SendMessage to the agent: client error (Connect): invalid peer certificate: \
+            certificate not valid for name \"the agent's host\""
         );
     }
 

@@ -966,6 +966,15 @@ impl Worker {
                 tracing::debug!(task_id = %event.task_id, "push config deleted; notification not sent");
                 return Delivery::Done;
             };
+            // A config made again under its id since the first attempt is
+            // owed only what comes after it (its mark says so).
+            if attempt > 1
+                && self
+                    .mark(&config)
+                    .is_some_and(|mark| mark.through >= event.seq)
+            {
+                return Delivery::Done;
+            }
             let url = match self.webhook_url(&config) {
                 Ok(url) => url,
                 Err(reason) => {
@@ -1388,6 +1397,32 @@ mod tests {
             pipeline.sender.try_send(queued).unwrap();
         }
         assert_eq!(settled(&seen, 1).await, ["\"TASK_STATE_COMPLETED\""]);
+    }
+
+    /// A config made again under its id while a notification waits for its
+    /// retry is not sent it.
+    #[tokio::test]
+    async fn a_config_made_again_during_a_retry_is_not_sent_the_retried_event() {
+        let (url, seen) = recording_webhook(1, Duration::ZERO).await;
+        let settings = PushSettings {
+            initial_backoff: Duration::from_millis(600),
+            ..PushSettings::default()
+        };
+        let ((_dir, ledger), worker, config) = worker_with(url, settings).await;
+        let latest = task_in(&ledger, &[TaskState::Working]).await;
+        let pipeline = Worker::pipeline(&worker, None, Arc::default());
+        let queued = notification_at(&worker, &config, TaskState::Working, latest);
+        pipeline.sender.try_send(queued).unwrap();
+        // The first attempt fails at once; its retry waits 300-600 ms.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        ledger.delete_push_config("t", &config.id).await.unwrap();
+        ledger.put_push_config(&config, 10).await.unwrap().unwrap();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "{:?}",
+            seen.lock().unwrap()
+        );
     }
 
     /// A notification a webhook's full queue refused makes its next one the

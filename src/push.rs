@@ -66,6 +66,11 @@ pub struct PushSettings {
     /// Of those, POSTs in flight to one host (name or address, and port):
     /// many tasks' configs may name one webhook host, which may hang.
     pub max_in_flight_per_host: usize,
+    /// Notifications held at once over all webhooks (queued, retrying or
+    /// owed): each holds its event and body, and a webhook that hangs holds
+    /// its pipeline's. Past it a new one is refused as a full queue refuses
+    /// it: its webhook is owed the task as it is instead.
+    pub max_held: u64,
     /// Whether anything is sent (`--disable-push` turns it off): off, stored
     /// configs are kept and nothing is sent or marked handled, so a start
     /// with push on again sends what they are owed.
@@ -86,6 +91,7 @@ impl Default for PushSettings {
             request_timeout: Duration::from_secs(10),
             max_in_flight: 256,
             max_in_flight_per_host: 16,
+            max_held: 16_384,
             enabled: true,
         }
     }
@@ -787,6 +793,15 @@ impl Worker {
                     _pending: Pending::count(&self.stats),
                 },
             };
+            // This one is counted already: past the bound if it is more.
+            if self.stats.pending.load(Ordering::Acquire) > self.settings.max_held {
+                pipeline
+                    .debt
+                    .owe(notification.config, notification._pending);
+                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%task_id, bound = self.settings.max_held, "push notifications held at their bound; notification dropped");
+                continue;
+            }
             let refused = match pipeline.sender.try_send(notification) {
                 Ok(()) => None,
                 // Ended idle since: a new one takes it, after the old one
@@ -1423,6 +1438,40 @@ mod tests {
             "{:?}",
             seen.lock().unwrap()
         );
+    }
+
+    /// Past the bound on notifications held over all webhooks, more are
+    /// refused as a full queue refuses them: their webhook is owed the task
+    /// as it is, one notification, however many events were refused.
+    #[tokio::test]
+    async fn notifications_held_over_all_webhooks_are_bounded() {
+        let settings = PushSettings {
+            max_held: 8,
+            ..PushSettings::default()
+        };
+        let url = "http://127.0.0.1:9/".to_string();
+        let ((_dir, _ledger), worker, config) = worker_with(url, settings).await;
+        // A pipeline that never delivers: it holds all it takes.
+        let (sender, _receiver) = mpsc::channel(WEBHOOK_QUEUE);
+        let (_finish, finished) = oneshot::channel();
+        let key = (config.task_id.clone(), config.id.clone());
+        let held = Pipeline {
+            sender,
+            finished,
+            debt: Arc::default(),
+        };
+        let mut pipelines = HashMap::from([(key.clone(), held)]);
+        let mut prune_at = PRUNE_AT_LEAST;
+        for seq in 1..=40 {
+            let told = notification_at(&worker, &config, TaskState::Working, seq).told;
+            worker
+                .hand_out("t", &told, None, &mut pipelines, &mut prune_at)
+                .await;
+        }
+        // Eight queued and the debt.
+        assert_eq!(worker.stats.pending.load(Ordering::Relaxed), 9);
+        assert_eq!(worker.stats.dropped.load(Ordering::Relaxed), 32);
+        assert!(pipelines[&key].debt.is_owed());
     }
 
     /// A notification a webhook's full queue refused makes its next one the

@@ -186,6 +186,10 @@ pub struct PushStats {
     /// Events and notifications queued and not yet delivered or given up:
     /// what a stop waits for ([`PushDispatcher::drain`]).
     pub pending: AtomicU64,
+    /// Of those, the notifications webhooks' pipelines hold (queued,
+    /// retrying, or owed), bounded by [`PushSettings::max_held`]; the events
+    /// in the shards' queues are bounded by their capacity.
+    pub held: AtomicU64,
 }
 
 /// Queues events for webhook delivery.
@@ -424,18 +428,36 @@ impl Gaps {
 /// dropped: however an event or notification ends (delivered, given up,
 /// refused by a full queue, or lost with a task that panicked), a stop does
 /// not wait for it any more.
-struct Pending(Arc<PushStats>);
+struct Pending {
+    stats: Arc<PushStats>,
+    /// Also one of [`PushStats::held`].
+    held: bool,
+}
 
 impl Pending {
     fn count(stats: &Arc<PushStats>) -> Self {
         stats.pending.fetch_add(1, Ordering::AcqRel);
-        Self(stats.clone())
+        Self {
+            stats: stats.clone(),
+            held: false,
+        }
+    }
+
+    /// A notification a shard hands a webhook's pipeline.
+    fn held(stats: &Arc<PushStats>) -> Self {
+        stats.held.fetch_add(1, Ordering::AcqRel);
+        let mut pending = Self::count(stats);
+        pending.held = true;
+        pending
     }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        self.0.pending.fetch_sub(1, Ordering::AcqRel);
+        self.stats.pending.fetch_sub(1, Ordering::AcqRel);
+        if self.held {
+            self.stats.held.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -790,11 +812,11 @@ impl Worker {
                 None => Notification {
                     config,
                     told: told.clone(),
-                    _pending: Pending::count(&self.stats),
+                    _pending: Pending::held(&self.stats),
                 },
             };
             // This one is counted already: past the bound if it is more.
-            if self.stats.pending.load(Ordering::Acquire) > self.settings.max_held {
+            if self.stats.held.load(Ordering::Acquire) > self.settings.max_held {
                 pipeline
                     .debt
                     .owe(notification.config, notification._pending);
@@ -1469,6 +1491,7 @@ mod tests {
                 .await;
         }
         // Eight queued and the debt.
+        assert_eq!(worker.stats.held.load(Ordering::Relaxed), 9);
         assert_eq!(worker.stats.pending.load(Ordering::Relaxed), 9);
         assert_eq!(worker.stats.dropped.load(Ordering::Relaxed), 32);
         assert!(pipelines[&key].debt.is_owed());

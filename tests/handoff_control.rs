@@ -209,6 +209,48 @@ async fn a_passed_deadline_fails_the_task_and_cancels_it_downstream_at_once() {
 }
 
 /// The payload the tests below hand off, to `target`, under one fixed id.
+/// A deadline that passed before the call arrived: the agent is never
+/// called, and the caller learns why.
+#[tokio::test]
+async fn a_deadline_passed_before_the_call_never_reaches_the_agent() {
+    let gateway = baton().start().await;
+    let send = |return_immediately: bool| {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
+            "message": user_message(&message_id("m"), "too late"),
+            "configuration": {"returnImmediately": return_immediately}}});
+        let headers = [
+            ("content-type", "application/json"),
+            ("a2a-version", "1.0"),
+            ("baton-deadline", "2000-01-01T00:00:00.000Z"),
+        ];
+        let gateway = &gateway;
+        async move {
+            gateway
+                .post_raw("/agents/echo/a2a", body.to_string(), &headers)
+                .await
+        }
+    };
+    // No task is made, blocking or not; the error says the deadline passed.
+    for return_immediately in [false, true] {
+        let refused = send(return_immediately).await;
+        assert_eq!(refused.code(), Some(-32603), "{}", refused.body);
+        assert_eq!(
+            refused.body["error"]["data"][0]["reason"],
+            "UPSTREAM_TIMEOUT"
+        );
+        assert!(
+            refused.body["error"]["message"]
+                .to_string()
+                .contains("deadline passed"),
+            "{}",
+            refused.body
+        );
+    }
+    let listed = gateway.call("ListTasks", json!({})).await;
+    assert_eq!(listed.result()["tasks"], json!([]), "{}", listed.body);
+    gateway.stop().await;
+}
+
 fn payload(target: Value) -> Value {
     handoff_payload("triage", target, json!({"handoffId": "hf_1"}))
 }

@@ -1759,6 +1759,51 @@ async fn a_task_two_abandoned_attempts_share_is_canceled_once() {
     gateway.stop().await;
 }
 
+/// A deadline that falls in the pause before a retry fails the task at the
+/// deadline, not once the pause is over.
+#[tokio::test]
+async fn a_deadline_in_the_pause_before_a_retry_fails_the_task_at_once() {
+    let gateway = baton()
+        .tune(|settings| {
+            quick_ladder(settings);
+            settings.retry_delay = Duration::from_secs(5);
+        })
+        .start()
+        .await;
+    let silent = VendorAgent::start("silent", &["refund"], |_| Reply::Silent)
+        .await
+        .unwrap();
+    register(&gateway, "silent", &silent, json!({})).await;
+    // After the 300 ms ackTimeout, in the 5 s pause.
+    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(800);
+    let mut message = handoff_message(handoff_payload(
+        "triage",
+        json!({"to": "silent"}),
+        json!({}),
+    ));
+    message["metadata"]["urn:baton:handoff:v1"] = json!({
+        "deadline": baton::protocol::wire::format_timestamp(&deadline)
+    });
+    let reply = gateway
+        .call(
+            "SendMessage",
+            json!({"message": message, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let id = reply.result()["task"]["id"].as_str().unwrap().to_string();
+    let failed = gateway
+        .wait_for_state("/a2a", &id, "TASK_STATE_FAILED")
+        .await;
+    assert_eq!(reason(&failed), "DEADLINE_EXCEEDED", "{failed}");
+    let late = chrono::Utc::now() - deadline;
+    assert!(
+        late < chrono::Duration::seconds(2),
+        "failed {late} after the deadline"
+    );
+    silent.stop().await;
+    gateway.stop().await;
+}
+
 #[tokio::test]
 async fn a_canceled_task_still_cancels_what_its_abandoned_attempt_created() {
     // A long retry delay: the caller cancels while the ladder waits.

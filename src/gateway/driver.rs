@@ -47,6 +47,8 @@ pub(super) struct Execution {
     /// outlive the task once abandoned (see `Driver::run`); meanwhile the
     /// driver passes a cancel of the task on itself.
     detached: bool,
+    /// Whether the agent was polled: a call not begun creates no task.
+    begun: bool,
 }
 
 impl Execution {
@@ -69,6 +71,7 @@ impl Execution {
             outcome: None,
             cancel,
             detached,
+            begun: false,
         }
     }
 
@@ -80,6 +83,7 @@ impl Execution {
     /// Drives the execution until it ends; keeps its outcome.
     async fn progress(&mut self) {
         if let Some(future) = self.future.as_mut() {
+            self.begun = true;
             self.outcome = Some(future.await);
             self.future = None;
         }
@@ -598,13 +602,12 @@ impl Driver {
                     self.sweep_abandoned(agent.clone(), execution, receiver);
                     return TurnEnd::Settled;
                 }
-                // The agent runs here; its end closes the channel, which
-                // ends this loop once its last events are in.
-                () = execution.progress(), if execution.running() => continue,
+                // Before the agent's progress: one whose deadline passed
+                // before its turn began is never called.
                 _ = &mut expiry => {
                     // As at a cancel: a task the agent has not named yet is
                     // learned and canceled.
-                    if execution.detached && !acked {
+                    if execution.detached && execution.begun && !acked {
                         self.sweep_abandoned(agent.clone(), execution, receiver);
                     } else {
                         execution.abort();
@@ -620,6 +623,9 @@ impl Driver {
                     }
                     return TurnEnd::Settled;
                 }
+                // The agent runs here; its end closes the channel, which
+                // ends this loop once its last events are in.
+                () = execution.progress(), if execution.running() => continue,
                 _ = &mut ack_timer, if ack_timeout.is_some() && !acked => {
                     // A turn continuing the agent's task creates none.
                     if execution.detached {
@@ -1638,11 +1644,13 @@ pub(super) fn status_update(
 }
 
 /// Sleeps until `deadline`, forever without one.
-async fn until(deadline: Option<DateTime<Utc>>) {
+pub(super) async fn until(deadline: Option<DateTime<Utc>>) {
     match deadline {
+        // One passed already is ready at its first poll.
         Some(deadline) => {
-            let left = (deadline - Utc::now()).to_std().unwrap_or_default();
-            tokio::time::sleep(left).await;
+            if let Ok(left) = (deadline - Utc::now()).to_std() {
+                tokio::time::sleep(left).await;
+            }
         }
         None => std::future::pending::<()>().await,
     }

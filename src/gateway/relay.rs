@@ -695,6 +695,8 @@ impl Driver {
             tokio::select! {
                 _ = pause => {}
                 _ = self.task_cancel.cancelled() => return None,
+                // Checked below: the task fails at its deadline, not after the pause.
+                () = super::driver::until(self.deadline) => {}
             }
             if self.deadline.is_some_and(|d| d <= Utc::now()) {
                 self.expire(&turn.agent).await;

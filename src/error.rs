@@ -173,8 +173,9 @@ impl From<crate::agents::AgentError> for GatewayError {
             A::InvalidResponse(detail) => Self::invalid_agent_response(detail),
             // Codes about the envelope Baton sent the agent, not about the
             // caller's request: the agent did not answer as an A2A server.
+            // So is -32009: the version refused is the 1.0 Baton sends.
             A::Refused {
-                code: code @ (-32700 | -32600 | -32601),
+                code: code @ (-32700 | -32600 | -32601 | -32009),
                 message,
                 ..
             } => Self::invalid_agent_response(format!(
@@ -456,8 +457,9 @@ mod tests {
             })
             .to_rpc_error()
         };
-        // About the envelope Baton sent, so the agent's fault, not the caller's.
-        for code in [-32700, -32600, -32601] {
+        // About the envelope (or version) Baton sent, so the agent's fault,
+        // not the caller's.
+        for code in [-32700, -32600, -32601, -32009] {
             let error = refused(code, None);
             assert_eq!(error["code"], -32006, "{code}: {error}");
             assert_eq!(error["data"][0]["reason"], "INVALID_AGENT_RESPONSE");

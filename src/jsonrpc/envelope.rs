@@ -74,7 +74,12 @@ pub fn parse_request(body: &[u8]) -> Result<RpcRequest<'_>, EnvelopeError<'_>> {
         }),
     };
     let envelope = match parsed {
-        Ok(envelope) => envelope,
+        // Members the envelope skips are not checked for UTF-8 either.
+        Ok(envelope) if body.is_ascii() || std::str::from_utf8(body).is_ok() => envelope,
+        Ok(_) => {
+            let why = "the request is not valid UTF-8".to_string();
+            return fail(None, GatewayError::Parse(why));
+        }
         Err(err) => {
             // Valid JSON of the wrong shape is an invalid request, not a parse
             // error. Skipping values does not check the UTF-8 of strings,
@@ -138,11 +143,17 @@ pub fn parse_request(body: &[u8]) -> Result<RpcRequest<'_>, EnvelopeError<'_>> {
         None => empty_params(),
         Some(p) if p.get() == "null" => empty_params(),
         Some(p) if p.get().starts_with('{') => p,
-        Some(_) => {
+        // A structured value, but A2A's params are objects.
+        Some(p) if p.get().starts_with('[') => {
             return fail(
                 Some(id),
                 GatewayError::invalid_field("params", "must be an object"),
             );
+        }
+        // JSON-RPC 2.0 §4.2: params are structured, or the request is invalid.
+        Some(_) => {
+            let why = "params must be an object".to_string();
+            return fail(Some(id), GatewayError::InvalidRequest(why));
         }
     };
     Ok(RpcRequest { id, method, params })
@@ -491,6 +502,13 @@ mod tests {
         let mut latin1 = br#"{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":""#.to_vec();
         latin1.extend_from_slice(b"\xff\"}}");
         assert_eq!(parse_request(&latin1).unwrap_err().error.code(), -32700);
+        // Also in a member the envelope does not read.
+        let mut skipped = br#"{"jsonrpc":"2.0","id":1,"method":"GetTask","x":""#.to_vec();
+        skipped.extend_from_slice(b"\xff\"}");
+        assert_eq!(parse_request(&skipped).unwrap_err().error.code(), -32700);
+        let accented =
+            "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"GetTask\",\"x\":\"\u{e9}t\u{e9}\"}";
+        assert!(parse_request(accented.as_bytes()).is_ok());
         // An object of the wrong shape says what is wrong, not that it is
         // no object.
         let repeated =
@@ -519,6 +537,14 @@ mod tests {
             code("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"GetTask\",\"params\":[1]}"),
             -32602
         );
+        // Params that are not structured make the request invalid.
+        for params in ["5", "\"x\"", "true"] {
+            let body =
+                format!(r#"{{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{params}}}"#);
+            let refused = parse_request(body.as_bytes()).unwrap_err();
+            assert_eq!(refused.error.code(), -32600, "{params}");
+            assert!(refused.id.is_some(), "the id is echoed");
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ mod process;
 
 use baton::demo::vendor::{Received, Reply, VendorAgent};
 use baton::protocol::TaskState;
-use common::{message_id, reason, user_message};
+use common::{handoff_message, handoff_payload, message_id, reason, user_message};
 use process::BatonProcess;
 use serde_json::{Value, json};
 
@@ -183,4 +183,16 @@ async fn a_gateway_may_reach_an_agent_under_the_id_it_has_behind_the_other() {
     .await;
     assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{task}");
     assert_eq!(reason(&task), "HANDOFF_CYCLE", "{task}");
+
+    // A handoff to it, which A routes and B receives with its payload, is
+    // the same delivery one hop on, not a cycle either.
+    let payload = handoff_payload("triage", json!({"to": "billing"}), json!({}));
+    let message = json!({"message": handoff_message(payload)});
+    let reply = a.rpc("/a2a", "SendMessage", message).await;
+    let task = &reply["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{reply}");
+    let handed = billing.sends().into_iter().last().unwrap();
+    let control = &handed.params["message"]["metadata"]["urn:baton:handoff:v1"];
+    assert_eq!(control["chain"], json!(["billing"]), "{control}");
+    assert_eq!(control["hops"], 2);
 }

@@ -297,6 +297,7 @@ impl Gateway {
             skill,
             payload: Some(Box::new(payload.clone())),
             refusal: None,
+            relayed: false,
         };
         // A payload another gateway already routed arrives with its handoffId
         // in the control: it is a delivery to the addressed agent, whose id
@@ -306,7 +307,11 @@ impl Gateway {
                 .and_then(|c| c.handoff_id)
                 .is_some_and(|id| id == payload.handoff_id);
         if routed_upstream {
-            return Ok((addressed, accepted(None)));
+            let relayed = Handoff {
+                relayed: true,
+                ..accepted(None)
+            };
+            return Ok((addressed, relayed));
         }
         match &payload.target {
             HandoffTarget::Agent(to) => {
@@ -843,8 +848,10 @@ impl Gateway {
                 // A gateway that relays to this agent under the same id
                 // (its card points here) delivered it already: the same
                 // delivery one hop on, not a cycle. A handoff names its
-                // sender, so it is never taken for one.
-                if handoff.payload.is_none() && merged.chain.last() == Some(&agent_id) {
+                // sender, so it is never taken for one, unless another
+                // gateway routed it already.
+                let relay = handoff.payload.is_none() || handoff.relayed;
+                if relay && merged.chain.last() == Some(&agent_id) {
                     merged.chain.pop();
                 }
                 // Who hands off: the payload's sender, else the agent that
@@ -1488,6 +1495,8 @@ struct Handoff {
     payload: Option<Box<HandoffPayload>>,
     /// Why it is refused, if it is: the reason code and its detail.
     refusal: Option<(&'static str, serde_json::Value)>,
+    /// A payload another gateway routed already, delivered here one hop on.
+    relayed: bool,
 }
 
 impl Handoff {

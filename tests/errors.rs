@@ -322,6 +322,10 @@ async fn unknown_methods_are_32601() {
         must(check_error(&wire, 200, -32601).map_err(|e| format!("{method}: {e}")));
         assert_eq!(id_of(&wire), json!(method));
     }
+    // The method is looked up before its params' tenant is.
+    let params = json!({"id": "x", "tenant": "no-such-agent"});
+    let wire = call(&baton, "/a2a", json!(1), "NoSuchMethod", params).await;
+    must(check_error(&wire, 200, -32601));
     baton.stop().await;
 }
 
@@ -1275,12 +1279,13 @@ fn bad_input_rows() -> Vec<Row> {
         row("ListTaskPushNotificationConfigs", json!({"taskId": "t", "pageSize": -1}), P, Some("pageSize")),
         row("DeleteTaskPushNotificationConfig", json!({"id": "c1"}), P, Some("taskId")),
         row("DeleteTaskPushNotificationConfig", json!({"taskId": "t"}), P, Some("id")),
-        // Params that are not an object
+        // Params by position, which A2A's methods do not take
         row("GetTask", json!(["x"]), P, Some("params")),
         row("SendMessage", json!([msg(json!({}))]), P, Some("params")),
-        row("ListTasks", json!("all"), P, Some("params")),
-        row("CancelTask", json!(5), P, Some("params")),
-        row("GetExtendedAgentCard", json!(true), P, Some("params")),
+        // Params that are not structured: no valid request (JSON-RPC 2.0 §4.2)
+        row("ListTasks", json!("all"), -32600, None),
+        row("CancelTask", json!(5), -32600, None),
+        row("GetExtendedAgentCard", json!(true), -32600, None),
         row("GetExtendedAgentCard", json!({"tenant": 5}), P, Some("tenant")),
         // Unknown methods
         row("message/send", send(msg(json!({}))), -32601, None),

@@ -122,9 +122,11 @@ pub fn dispatch<'a>(
             decode_params::<crate::protocol::GetExtendedAgentCardRequest>(params)
                 .and(extended_card),
         )),
-        other => answered(error_reply(
-            Some(id),
-            &GatewayError::MethodNotFound(format!("{other:?} is not an A2A 1.0 method")),
-        )),
+        other => answered(error_reply(Some(id), &unknown_method(other))),
     }
+}
+
+/// The error for a method A2A 1.0 does not have (-32601).
+pub fn unknown_method(name: &str) -> GatewayError {
+    GatewayError::MethodNotFound(format!("{name:?} is not an A2A 1.0 method"))
 }

@@ -37,6 +37,20 @@ pub mod methods {
     pub const DELETE_PUSH_CONFIG: &str = "DeleteTaskPushNotificationConfig";
     /// GetExtendedAgentCard.
     pub const GET_EXTENDED_AGENT_CARD: &str = "GetExtendedAgentCard";
+    /// Every method, in the spec's order.
+    pub const ALL: [&str; 11] = [
+        SEND_MESSAGE,
+        SEND_STREAMING_MESSAGE,
+        GET_TASK,
+        LIST_TASKS,
+        CANCEL_TASK,
+        SUBSCRIBE_TO_TASK,
+        CREATE_PUSH_CONFIG,
+        GET_PUSH_CONFIG,
+        LIST_PUSH_CONFIGS,
+        DELETE_PUSH_CONFIG,
+        GET_EXTENDED_AGENT_CARD,
+    ];
     /// The four push-notification-config methods.
     pub const PUSH_CONFIG_METHODS: [&str; 4] = [
         CREATE_PUSH_CONFIG,

@@ -667,6 +667,11 @@ async fn serve_rpc(
     if let Err(error) = check_version(requested_version(&headers, query.as_deref())) {
         return error_reply(Some(request.id), &error);
     }
+    // Before its params are looked at (their tenant, a send's extensions).
+    if !methods::ALL.contains(&&*request.method) {
+        let error = crate::jsonrpc::dispatch::unknown_method(&request.method);
+        return error_reply(Some(request.id), &error);
+    }
 
     // The card of the endpoint addressed: an agent's, or the gateway's own.
     let tenant = peek_tenant(request.params);

@@ -243,7 +243,9 @@ impl AddressCounts {
 
 /// The client an address counts for: an IPv4 address (also when mapped
 /// into IPv6 by a dual-stack socket), or an IPv6 /64, the least a host is
-/// given (RFC 6177), so that one host cannot step around its bound.
+/// given (RFC 6177), so that one host cannot step around its bound by
+/// changing its interface id. (A host given a shorter prefix counts once
+/// per /64 it uses.)
 fn client_of(address: IpAddr) -> IpAddr {
     match address.to_canonical() {
         IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),

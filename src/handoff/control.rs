@@ -353,10 +353,12 @@ impl Control {
         now: DateTime<Utc>,
     ) -> Self {
         let sources: Vec<&Control> = incoming.metadata.iter().chain(lineage).collect();
-        let trace_id = incoming
-            .traceparent
-            .as_deref()
-            .and_then(trace_id_of)
+        // The ledger's line of work keeps its trace, as it keeps its chain:
+        // a caller's HTTP client may start a trace of its own. Without one,
+        // the W3C header, then the metadata.
+        let trace_id = lineage
+            .and_then(|l| valid_trace_id(&l.trace_id))
+            .or_else(|| incoming.traceparent.as_deref().and_then(trace_id_of))
             .or_else(|| sources.iter().find_map(|c| valid_trace_id(&c.trace_id)))
             .unwrap_or_else(new_trace_id);
         let hops = sources
@@ -707,6 +709,26 @@ mod tests {
             None,
             "an all-zero parent id is invalid too"
         );
+    }
+
+    /// A call linked under a task the ledger knows stays in that task's
+    /// trace, whatever trace its HTTP client started.
+    #[test]
+    fn the_lineages_trace_wins_over_a_callers_new_traceparent() {
+        let incoming = Incoming {
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+            ..Incoming::default()
+        };
+        let lineage = Control {
+            trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+            ..Control::default()
+        };
+        let control = Control::merge(&incoming, Some(&lineage), Limits::default(), at(0));
+        assert_eq!(control.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        // A lineage without a valid trace id leaves the header's.
+        let blank = Control::default();
+        let control = Control::merge(&incoming, Some(&blank), Limits::default(), at(0));
+        assert_eq!(control.trace_id, "0af7651916cd43dd8448eb211c80319c");
     }
 
     #[test]

@@ -1679,20 +1679,24 @@ mod tests {
         );
     }
 
-    /// A notification given up after its last attempt is still owed: the
-    /// webhook's next one is the task as it is, and until that is
-    /// delivered a restart owes it too.
-    #[tokio::test]
-    async fn a_notification_given_up_is_owed_by_the_next_and_by_a_restart() {
-        let (url, seen) = recording_webhook(2, Duration::ZERO).await;
+    /// A task in `states` whose webhook at `url` is given its first event on
+    /// a pipeline, which gives it up after two failed attempts.
+    async fn first_given_up(
+        url: String,
+        states: &[TaskState],
+    ) -> (
+        (tempfile::TempDir, Arc<Ledger>),
+        Arc<Worker>,
+        TaskPushNotificationConfig,
+        Pipeline,
+    ) {
         let settings = PushSettings {
             max_attempts: 2,
             initial_backoff: Duration::from_millis(10),
             ..PushSettings::default()
         };
-        let ((_dir, ledger), worker, config) = worker_with(url, settings).await;
-        let states = [TaskState::Working, TaskState::InputRequired];
-        task_in(&ledger, &states).await;
+        let ((dir, ledger), worker, config) = worker_with(url, settings).await;
+        task_in(&ledger, states).await;
         let pipeline = Worker::pipeline(&worker, None, Arc::default());
         let first = notification_at(&worker, &config, states[0], 1);
         pipeline.sender.try_send(first).unwrap();
@@ -1703,6 +1707,17 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(worker.stats.failed.load(Ordering::Relaxed), 1, "given up");
+        ((dir, ledger), worker, config, pipeline)
+    }
+
+    /// A notification given up after its last attempt is still owed: the
+    /// webhook's next one is the task as it is, and until that is
+    /// delivered a restart owes it too.
+    #[tokio::test]
+    async fn a_notification_given_up_is_owed_by_the_next_and_by_a_restart() {
+        let (url, seen) = recording_webhook(2, Duration::ZERO).await;
+        let states = [TaskState::Working, TaskState::InputRequired];
+        let ((_dir, ledger), worker, config, pipeline) = first_given_up(url, &states).await;
         let owed = vec![("t".to_string(), vec!["hook".to_string()])];
         assert_eq!(ledger.push_backlog().unwrap(), owed, "a restart owes it");
 
@@ -1720,28 +1735,12 @@ mod tests {
     #[tokio::test]
     async fn a_notification_given_up_is_owed_by_the_next_pipelines_first() {
         let (url, seen) = recording_webhook(2, Duration::ZERO).await;
-        let settings = PushSettings {
-            max_attempts: 2,
-            initial_backoff: Duration::from_millis(10),
-            ..PushSettings::default()
-        };
-        let ((_dir, ledger), worker, config) = worker_with(url, settings).await;
         let states = [
             TaskState::Working,
             TaskState::InputRequired,
             TaskState::Working,
         ];
-        task_in(&ledger, &states).await;
-        let pipeline = Worker::pipeline(&worker, None, Arc::default());
-        let first = notification_at(&worker, &config, states[0], 1);
-        pipeline.sender.try_send(first).unwrap();
-        for _ in 0..250 {
-            if worker.stats.failed.load(Ordering::Relaxed) == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert_eq!(worker.stats.failed.load(Ordering::Relaxed), 1, "given up");
+        let ((_dir, ledger), worker, config, pipeline) = first_given_up(url, &states).await;
         drop(pipeline);
 
         let next = Worker::pipeline(&worker, None, Arc::default());

@@ -1759,17 +1759,22 @@ async fn a_task_two_abandoned_attempts_share_is_canceled_once() {
     gateway.stop().await;
 }
 
-/// A deadline that falls in the pause before a retry fails the task at the
-/// deadline, not once the pause is over.
-#[tokio::test]
-async fn a_deadline_in_the_pause_before_a_retry_fails_the_task_at_once() {
-    let gateway = baton()
+/// A Baton whose ladder waits 5 s before a retry (after a 300 ms ackTimeout).
+async fn with_a_long_retry_pause() -> TestBaton {
+    baton()
         .tune(|settings| {
             quick_ladder(settings);
             settings.retry_delay = Duration::from_secs(5);
         })
         .start()
-        .await;
+        .await
+}
+
+/// A deadline that falls in the pause before a retry fails the task at the
+/// deadline, not once the pause is over.
+#[tokio::test]
+async fn a_deadline_in_the_pause_before_a_retry_fails_the_task_at_once() {
+    let gateway = with_a_long_retry_pause().await;
     let silent = VendorAgent::start("silent", &["refund"], |_| Reply::Silent)
         .await
         .unwrap();
@@ -1806,14 +1811,8 @@ async fn a_deadline_in_the_pause_before_a_retry_fails_the_task_at_once() {
 
 #[tokio::test]
 async fn a_canceled_task_still_cancels_what_its_abandoned_attempt_created() {
-    // A long retry delay: the caller cancels while the ladder waits.
-    let gateway = baton()
-        .tune(|settings| {
-            quick_ladder(settings);
-            settings.retry_delay = Duration::from_secs(5);
-        })
-        .start()
-        .await;
+    // The caller cancels while the ladder waits.
+    let gateway = with_a_long_retry_pause().await;
     let slow = VendorAgent::start("slow", &["refund"], |_| {
         Reply::Late(Duration::from_millis(900), Box::new(Reply::Working))
     })

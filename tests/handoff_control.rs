@@ -792,6 +792,60 @@ async fn a_deadline_fails_the_task_at_once_even_when_the_agent_ignores_the_cance
     gateway.stop().await;
 }
 
+/// A caller continuing a task may shorten its deadline (DESIGN.md §3.1):
+/// the answer's earlier `Baton-Deadline` fails the task then, and the task
+/// keeps it.
+#[tokio::test]
+async fn a_continuation_may_shorten_the_tasks_deadline() {
+    let card = common::agents::card("asker");
+    let gateway = baton()
+        .agent("asker", common::agents::AsksThenWorks(card))
+        .start()
+        .await;
+    let asked = gateway
+        .call_at(
+            "/agents/asker/a2a",
+            "SendMessage",
+            json!({"message": user_message(&message_id("q"), "help")}),
+        )
+        .await;
+    let task = &asked.result()["task"];
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{task}"
+    );
+    let task_id = task["id"].as_str().unwrap().to_string();
+
+    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(500);
+    let deadline_text = baton::protocol::wire::format_timestamp(&deadline);
+    let answer = json!({"jsonrpc": "2.0", "id": 2, "method": "SendMessage", "params": {
+        "message": common::user_message_on(&task_id, &message_id("a"), "here you go"),
+        "configuration": {"returnImmediately": true}}});
+    let headers = [
+        ("content-type", "application/json"),
+        ("a2a-version", "1.0"),
+        ("baton-deadline", deadline_text.as_str()),
+    ];
+    let reply = gateway
+        .post_raw("/agents/asker/a2a", answer.to_string(), &headers)
+        .await;
+    assert!(reply.code().is_none(), "{}", reply.body);
+    let failed = gateway
+        .wait_for_state("/agents/asker/a2a", &task_id, "TASK_STATE_FAILED")
+        .await;
+    assert_eq!(reason(&failed), "DEADLINE_EXCEEDED", "{failed}");
+    let late = chrono::Utc::now() - deadline;
+    assert!(
+        late < chrono::Duration::seconds(2),
+        "failed {late} after it"
+    );
+    assert_eq!(
+        failed["metadata"]["urn:baton:handoff:v1"]["deadline"], deadline_text,
+        "the task keeps the shorter deadline"
+    );
+    gateway.stop().await;
+}
+
 /// A vendor agent that refunds, registered at `gateway` as `billing` with
 /// `limits` (`maxHops`, ...).
 async fn refunding_billing(gateway: &TestBaton, limits: Value) -> baton::demo::vendor::VendorAgent {

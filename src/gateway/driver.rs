@@ -14,7 +14,7 @@ use crate::agents::{
     AgentError, AgentEvent, AgentEvents, AgentRequest, FollowUpReceiver, UpstreamRef,
 };
 use crate::error::GatewayError;
-use crate::handoff::control::Control;
+use crate::handoff::control::{Control, Incoming};
 use crate::handoff::payload::{HANDOFF_MEDIA_TYPE, find_data};
 use crate::handoff::reasons::{self, status_part};
 use crate::lifecycle::TransitionError;
@@ -503,6 +503,17 @@ impl Driver {
                     return Err(TransitionError::AnsweredMeanwhile(now).into());
                 }
                 reopened = reopen_escalated_delivery(current);
+                // Limits the continuing caller shortened hold from now on,
+                // across a restart too.
+                if let Some(stored) = &mut Control::read_from(current.task.metadata.as_ref()) {
+                    let asked = Incoming {
+                        metadata: Control::read_from(message.metadata.as_ref()),
+                        ..Incoming::default()
+                    };
+                    if stored.shorten_to(&asked) {
+                        stored.write_into(&mut current.task.metadata);
+                    }
+                }
                 current.task.history.push(message.clone());
                 registered = gateway.register_follower(&task_id, &turn.agent);
                 if current.task.status.state == TaskState::Working {

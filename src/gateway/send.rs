@@ -801,7 +801,14 @@ impl Gateway {
         // continuation stays on the hop of its task.
         let mut parent_history = Vec::new();
         let control = match &continued {
-            Some(record) => Control::read_from(record.task.metadata.as_ref()).unwrap_or_default(),
+            Some(record) => {
+                let mut control =
+                    Control::read_from(record.task.metadata.as_ref()).unwrap_or_default();
+                let mut incoming = ctx.incoming.clone();
+                incoming.metadata = Control::read_from(message.metadata.as_ref());
+                control.shorten_to(&incoming);
+                control
+            }
             None => {
                 let mut incoming = ctx.incoming.clone();
                 incoming.metadata = Control::read_from(message.metadata.as_ref());

@@ -343,6 +343,28 @@ pub fn next_traceparent(trace_id: &str) -> String {
 }
 
 impl Control {
+    /// Takes a continuing caller's limits where they are shorter (DESIGN.md
+    /// §3.1: a caller may shorten them, never lengthen them): the earlier
+    /// deadline and the smaller `maxHops` of `incoming`'s headers and
+    /// metadata. Says whether either changed. Hops and chain stay the
+    /// task's: a continuation stays on its hop.
+    pub fn shorten_to(&mut self, incoming: &Incoming) -> bool {
+        let asked = incoming.metadata.as_ref();
+        let deadline = [asked.and_then(|c| c.deadline), incoming.deadline]
+            .into_iter()
+            .flatten()
+            .chain(self.deadline)
+            .min();
+        let max_hops = [asked.map_or(0, |c| c.max_hops), self.max_hops]
+            .into_iter()
+            .filter(|n| *n > 0)
+            .min()
+            .unwrap_or(0);
+        let changed = deadline != self.deadline || max_hops != self.max_hops;
+        (self.deadline, self.max_hops) = (deadline, max_hops);
+        changed
+    }
+
     /// The control of a request before delivery: the largest hops, longest
     /// chain and earliest deadline of `lineage`, the metadata and the
     /// headers; limits only ever shortened.
@@ -709,6 +731,38 @@ mod tests {
             None,
             "an all-zero parent id is invalid too"
         );
+    }
+
+    #[test]
+    fn a_continuation_shortens_limits_and_never_lengthens_them() {
+        let stored = Control {
+            deadline: Some(at(60)),
+            max_hops: 4,
+            hops: 2,
+            ..Control::default()
+        };
+        let asking = |deadline, max_hops, header| Incoming {
+            metadata: Some(Control {
+                deadline,
+                max_hops,
+                hops: 9,
+                ..Control::default()
+            }),
+            deadline: header,
+            ..Incoming::default()
+        };
+        let mut shorter = stored.clone();
+        assert!(shorter.shorten_to(&asking(Some(at(30)), 3, Some(at(40)))));
+        assert_eq!(
+            (shorter.deadline, shorter.max_hops, shorter.hops),
+            (Some(at(30)), 3, 2)
+        );
+        let mut longer = stored.clone();
+        assert!(!longer.shorten_to(&asking(Some(at(90)), 8, None)));
+        assert_eq!(longer, stored);
+        // 0 is no maxHops given.
+        assert!(!longer.shorten_to(&asking(None, 0, None)));
+        assert_eq!(longer, stored);
     }
 
     /// A call linked under a task the ledger knows stays in that task's

@@ -1,4 +1,5 @@
 //! Agents for tests: one that waits to be released, ones that fail, one
+//! that asks for input and then works until stopped, one
 //! that never answers a cancel, one that finishes its work when asked to
 //! cancel, one that hands its task on as it refuses a cancel, one that
 //! reports a burst of artifacts, one that reports artifacts until stopped,
@@ -151,6 +152,25 @@ impl Agent for FailingAgent {
 
     async fn execute(&self, _: AgentRequest, _: AgentEvents) -> Result<(), AgentError> {
         Err(AgentError::Failed("the model backend is down".into()))
+    }
+}
+
+/// Asks for input on a new task, then works on the answer until stopped.
+pub struct AsksThenWorks(pub AgentCard);
+
+#[async_trait]
+impl Agent for AsksThenWorks {
+    fn card(&self) -> &AgentCard {
+        &self.0
+    }
+
+    async fn execute(&self, request: AgentRequest, events: AgentEvents) -> Result<(), AgentError> {
+        if request.task.is_none() {
+            events.status(TaskState::InputRequired, None).await;
+            return Ok(());
+        }
+        events.status(TaskState::Working, None).await;
+        std::future::pending().await
     }
 }
 

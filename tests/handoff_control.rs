@@ -156,14 +156,7 @@ async fn a_passed_deadline_fails_the_task_and_cancels_it_downstream_at_once() {
         .post_raw(
             "/agents/slow/a2a",
             body.to_string(),
-            &[
-                ("content-type", "application/json"),
-                ("a2a-version", "1.0"),
-                (
-                    "baton-deadline",
-                    &baton::protocol::wire::format_timestamp(&deadline),
-                ),
-            ],
+            &deadline_headers(&baton::protocol::wire::format_timestamp(&deadline)),
         )
         .await;
     let task_id = reply.result()["task"]["id"].as_str().unwrap().to_string();
@@ -208,7 +201,6 @@ async fn a_passed_deadline_fails_the_task_and_cancels_it_downstream_at_once() {
     upstream.stop().await;
 }
 
-/// The payload the tests below hand off, to `target`, under one fixed id.
 /// A deadline that passed before the call arrived: the agent is never
 /// called, and the caller learns why.
 #[tokio::test]
@@ -218,11 +210,7 @@ async fn a_deadline_passed_before_the_call_never_reaches_the_agent() {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
             "message": user_message(&message_id("m"), "too late"),
             "configuration": {"returnImmediately": return_immediately}}});
-        let headers = [
-            ("content-type", "application/json"),
-            ("a2a-version", "1.0"),
-            ("baton-deadline", "2000-01-01T00:00:00.000Z"),
-        ];
+        let headers = deadline_headers("2000-01-01T00:00:00.000Z");
         let gateway = &gateway;
         async move {
             gateway
@@ -251,6 +239,7 @@ async fn a_deadline_passed_before_the_call_never_reaches_the_agent() {
     gateway.stop().await;
 }
 
+/// The payload the tests below hand off, to `target`, under one fixed id.
 fn payload(target: Value) -> Value {
     handoff_payload("triage", target, json!({"handoffId": "hf_1"}))
 }
@@ -780,15 +769,10 @@ async fn a_deadline_fails_the_task_at_once_even_when_the_agent_ignores_the_cance
         )
         .await;
     let task_id = reply.result()["task"]["id"].as_str().unwrap().to_string();
-    let failed = gateway
-        .wait_for_state("/a2a", &task_id, "TASK_STATE_FAILED")
+    let seconds = chrono::Duration::seconds(1);
+    gateway
+        .failed_at_deadline("/a2a", &task_id, deadline, seconds)
         .await;
-    assert_eq!(reason(&failed), "DEADLINE_EXCEEDED", "{failed}");
-    let late = chrono::Utc::now() - deadline;
-    assert!(
-        late < chrono::Duration::seconds(1),
-        "failed {late} after the deadline"
-    );
     gateway.stop().await;
 }
 
@@ -821,24 +805,15 @@ async fn a_continuation_may_shorten_the_tasks_deadline() {
     let answer = json!({"jsonrpc": "2.0", "id": 2, "method": "SendMessage", "params": {
         "message": common::user_message_on(&task_id, &message_id("a"), "here you go"),
         "configuration": {"returnImmediately": true}}});
-    let headers = [
-        ("content-type", "application/json"),
-        ("a2a-version", "1.0"),
-        ("baton-deadline", deadline_text.as_str()),
-    ];
+    let headers = deadline_headers(&deadline_text);
     let reply = gateway
         .post_raw("/agents/asker/a2a", answer.to_string(), &headers)
         .await;
     assert!(reply.code().is_none(), "{}", reply.body);
+    let seconds = chrono::Duration::seconds(2);
     let failed = gateway
-        .wait_for_state("/agents/asker/a2a", &task_id, "TASK_STATE_FAILED")
+        .failed_at_deadline("/agents/asker/a2a", &task_id, deadline, seconds)
         .await;
-    assert_eq!(reason(&failed), "DEADLINE_EXCEEDED", "{failed}");
-    let late = chrono::Utc::now() - deadline;
-    assert!(
-        late < chrono::Duration::seconds(2),
-        "failed {late} after it"
-    );
     assert_eq!(
         failed["metadata"]["urn:baton:handoff:v1"]["deadline"], deadline_text,
         "the task keeps the shorter deadline"

@@ -482,6 +482,12 @@ impl Driver {
         let mut reopened = false;
         let mut registered = None;
         let gateway = &self.gateway;
+        // Limits the continuing caller shortened: decoded before the write
+        // lock, kept by the task from now on, across a restart too.
+        let asked = Incoming {
+            metadata: Control::read_from(message.metadata.as_ref()),
+            ..Incoming::default()
+        };
         let appended = gateway
             .ledger
             .update_within(&task_id, limits, |current| {
@@ -503,16 +509,10 @@ impl Driver {
                     return Err(TransitionError::AnsweredMeanwhile(now).into());
                 }
                 reopened = reopen_escalated_delivery(current);
-                // Limits the continuing caller shortened hold from now on,
-                // across a restart too.
-                if let Some(stored) = &mut Control::read_from(current.task.metadata.as_ref()) {
-                    let asked = Incoming {
-                        metadata: Control::read_from(message.metadata.as_ref()),
-                        ..Incoming::default()
-                    };
-                    if stored.shorten_to(&asked) {
-                        stored.write_into(&mut current.task.metadata);
-                    }
+                if let Some(stored) = &mut Control::read_from(current.task.metadata.as_ref())
+                    && stored.shorten_to(&asked)
+                {
+                    stored.write_into(&mut current.task.metadata);
                 }
                 current.task.history.push(message.clone());
                 registered = gateway.register_follower(&task_id, &turn.agent);

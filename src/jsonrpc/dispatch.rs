@@ -122,7 +122,12 @@ pub fn dispatch<'a>(
             decode_params::<crate::protocol::GetExtendedAgentCardRequest>(params)
                 .and(extended_card),
         )),
-        other => answered(error_reply(Some(id), &unknown_method(other))),
+        other => {
+            // `methods::ALL`, which the front door checks first, lists only
+            // the methods matched above.
+            debug_assert!(!methods::ALL.contains(&other), "{other} has no arm");
+            answered(error_reply(Some(id), &unknown_method(other)))
+        }
     }
 }
 

@@ -529,6 +529,15 @@ pub fn handoff_message(payload: Value) -> Value {
     })
 }
 
+/// The headers of a JSON-RPC post that sets `Baton-Deadline`.
+pub fn deadline_headers(deadline: &str) -> [(&'static str, &str); 3] {
+    [
+        ("content-type", "application/json"),
+        ("a2a-version", "1.0"),
+        ("baton-deadline", deadline),
+    ]
+}
+
 /// The names of the task's artifacts, in order.
 pub fn artifact_names(task: &Value) -> Vec<&str> {
     task["artifacts"]
@@ -602,6 +611,24 @@ impl TestBaton {
     }
 
     /// Polls GetTask on `path` until the task reaches `state`; panics after [`WAIT`].
+    /// Waits for task `task_id` to fail with `DEADLINE_EXCEEDED`, and
+    /// checks it did so within `bound` of `deadline`; returns the task.
+    pub async fn failed_at_deadline(
+        &self,
+        path: &str,
+        task_id: &str,
+        deadline: chrono::DateTime<chrono::Utc>,
+        bound: chrono::Duration,
+    ) -> Value {
+        let failed = self
+            .wait_for_state(path, task_id, "TASK_STATE_FAILED")
+            .await;
+        assert_eq!(reason(&failed), "DEADLINE_EXCEEDED", "{failed}");
+        let late = chrono::Utc::now() - deadline;
+        assert!(late < bound, "failed {late} after the deadline");
+        failed
+    }
+
     pub async fn wait_for_state(&self, path: &str, task_id: &str, state: &str) -> Value {
         let wait = async {
             loop {
